@@ -1,0 +1,42 @@
+"""pycutlass: build, compile, cache, launch and tune CUTLASS kernels from Python objects.
+
+``import pycutlass as cutlass`` runs the snippets of the PyCUTLASS guide. Importing creates no files, starts no
+CUDA context and needs no GPU: CUDA, RMM and the compilers are touched only when used.
+"""
+from __future__ import annotations
+
+from . import compiler, conv, gemm  # noqa: F401  (namespaces of the users' API)
+from .description.coords import GemmCoord, MatrixCoord, Tensor4DCoord
+from .description.math_instruction import MathInstruction
+from .description.tensor_description import TensorDescription
+from .description.tile_description import TileDescription
+from .description.types import (BatchedIdentitySwizzle, DataType, HorizontalSwizzle, IdentitySwizzle1,
+                                 IdentitySwizzle2, IdentitySwizzle4, IdentitySwizzle8, LayoutType, MathOperation,
+                                 OpClass, StridedDgradHorizontalSwizzle, StridedDgradIdentitySwizzle1,
+                                 StridedDgradIdentitySwizzle4, SwizzlingFunctor)
+from .epilogue import (FastLinearCombinationClamp, LinearCombination, LinearCombinationClamp,
+                       LinearCombinationGeneric, gelu, hardswish, identity, leaky_relu, relu, sigmoid, silu, tanh)
+from .errors import (ArgumentError, CacheError, CacheIntegrityWarning, CompilationError, CudaError,
+                     DescriptionError, NoGpuError, PyCutlassError, ToolchainError)
+from .operations import GemmOperationUniversal, ReductionOperation
+from .runtime.arguments.gemm import GemmArguments
+from .runtime.arguments.reduction import ReductionArguments
+from .runtime.memory import get_allocated_size, get_memory_pool
+
+__version__ = "0.1.0"
+
+float64 = DataType.float64
+float32 = DataType.float32
+tfloat32 = DataType.tfloat32
+float16 = DataType.float16
+bfloat16 = DataType.bfloat16
+int8 = DataType.int8
+int32 = DataType.int32
+
+RowMajor = LayoutType.RowMajor
+ColumnMajor = LayoutType.ColumnMajor
+RowMajorInterleaved32 = LayoutType.RowMajorInterleaved32
+ColumnMajorInterleaved32 = LayoutType.ColumnMajorInterleaved32
+TensorNHWC = LayoutType.TensorNHWC
+TensorNC32HW32 = LayoutType.TensorNC32HW32
+TensorC32RSK32 = LayoutType.TensorC32RSK32

@@ -1,0 +1,539 @@
+"""SQLite-backed store of compiled kernel binaries, shared safely by every process of a user.
+
+Layout: each binary is stored once (``binaries``, keyed by the sha256 of its bytes); each cache key,
+i.e. one operation, is a row of ``kernels`` pointing at the binary it was compiled into, so the
+operations of one translation unit share one binary. ``claims`` rows let one process at a time
+compile a key while the others wait for its result instead of compiling it again.
+
+Everything read back is verified (sha256, size) before it is returned, because what is returned is
+loaded and run as native code. A corrupt file, or one of another schema version, is moved aside and
+replaced by an empty cache, with a :class:`CacheIntegrityWarning`: the cost is a recompile.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import random
+import socket
+import sqlite3
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlite_utils import Database
+
+from pycutlass.cache.location import default_cache_path, ensure_cache_dir
+from pycutlass.errors import CacheError, CacheIntegrityWarning
+
+SCHEMA_VERSION = 1
+MEMORY = ":memory:"
+
+_CONNECT_TIMEOUT_S = 60
+# busy_timeout first, so that switching to WAL also waits for other processes instead of failing.
+_PRAGMAS = ("PRAGMA busy_timeout=60000", "PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL")
+_CLAIM_POLL_MIN_S = 0.02
+_CLAIM_POLL_MAX_S = 0.2
+# Primary SQLite result codes meaning "the file is damaged or is not a database at all".
+_CORRUPTION_CODES = {getattr(sqlite3, "SQLITE_CORRUPT", 11), getattr(sqlite3, "SQLITE_NOTADB", 26)}
+_HOST = socket.gethostname()
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A verified cached kernel: ``binary`` hashes to ``sha256``; ``name`` is the kernel symbol."""
+
+    key: str
+    name: str
+    binary: bytes = field(repr=False)
+    sha256: str
+    kind: str
+    meta: dict = field(default_factory=dict, hash=False)
+
+
+class _SchemaMismatch(Exception):
+    def __init__(self, found: object):
+        super().__init__(found)
+        self.found = found
+
+
+class ArtifactCache:
+    """A cache of compiled kernels in one SQLite file, or in memory for ``path=":memory:"``.
+
+    Nothing is opened or created until the first call that needs the database. Safe to share
+    between threads (calls are serialized) and between processes (SQLite WAL + claims).
+    ``private_dir=True`` creates and checks the parent directory with :func:`ensure_cache_dir`;
+    an explicit path is otherwise trusted as given (its parent is created if missing).
+    """
+
+    def __init__(self, path: str | os.PathLike, *, private_dir: bool = False):
+        self._memory = os.fspath(path) == MEMORY
+        self._path = None if self._memory else Path(path).expanduser()
+        self._private_dir = private_dir
+        self._lock = threading.RLock()
+        self._db: Database | None = None
+        self._db_pid: int | None = None
+        self._file_identity: tuple[int, int] | None = None
+
+    @property
+    def path(self) -> Path | str:
+        """The database file, or ``":memory:"``."""
+        return MEMORY if self._path is None else self._path
+
+    def __repr__(self) -> str:
+        return f"ArtifactCache({os.fspath(self.path)!r})"
+
+    def __enter__(self) -> ArtifactCache:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ---- public API -------------------------------------------------------------------------
+
+    def lookup(self, key: str) -> Artifact | None:
+        """The verified artifact stored under ``key``, or None (missing, or failed verification)."""
+        return self._with_recovery(lambda db: self._lookup(db, key))
+
+    def store(self, entries: Iterable[tuple[str, str, Mapping[str, Any] | None]], binary: bytes, kind: str) -> str:
+        """Store ``binary`` once and point every ``(key, name, meta)`` entry at it; returns its sha256.
+
+        All entries are written in one transaction: other processes see all of them or none.
+        """
+        binary = bytes(binary)
+        sha256 = hashlib.sha256(binary).hexdigest()
+        now = time.time()
+        kernel_rows = [
+            {
+                "key": key,
+                "binary_sha256": sha256,
+                "name": name,
+                "meta": json.dumps(dict(meta or {}), sort_keys=True),
+                "created": now,
+                "last_used": now,
+            }
+            for key, name, meta in entries
+        ]
+        if not kernel_rows:
+            raise ValueError("store() needs at least one (key, name, meta) entry for the binary")
+        binary_row = {"sha256": sha256, "data": binary, "size": len(binary), "kind": kind, "created": now}
+
+        def write(db: Database) -> None:
+            with _immediate(db):
+                replaced = _binaries_of(db, [row["key"] for row in kernel_rows])
+                db["binaries"].insert(binary_row, ignore=True)
+                db["kernels"].insert_all(kernel_rows, replace=True)
+                _drop_orphan_binaries(db, replaced - {sha256})
+
+        self._with_recovery(write)
+        return sha256
+
+    @contextlib.contextmanager
+    def claim(self, keys: Iterable[str], timeout: float = 600.0) -> Iterator[None]:
+        """Hold the right to compile ``keys``: across processes, one holder per key at a time.
+
+        All keys are taken atomically (so two callers wanting overlapping sets cannot deadlock),
+        waiting with short sleeps while another live holder has any of them. A claim whose process
+        died on this host, or that is older than ``timeout`` seconds, is taken over. Inside the
+        block, look the keys up again: the previous holder has probably stored them.
+        """
+        wanted = sorted(set(keys))
+        if not wanted:
+            yield
+            return
+        owner = uuid.uuid4().hex  # per claim, so threads of one process also exclude each other
+        delay = _CLAIM_POLL_MIN_S
+        while not self._with_recovery(lambda db: _try_claim(db, wanted, owner, timeout)):
+            time.sleep(random.uniform(_CLAIM_POLL_MIN_S, delay))  # jitter keeps waiters out of step
+            delay = min(delay * 1.5, _CLAIM_POLL_MAX_S)
+        try:
+            yield
+        finally:
+            self._with_recovery(lambda db: _release_claim(db, owner))
+
+    def entries(self) -> list[dict[str, Any]]:
+        """One dict per key: key, name, sha256, size, kind, created, last_used, meta; newest use first."""
+        rows = self._with_recovery(
+            lambda db: list(
+                db.query(
+                    "SELECT k.key, k.name, k.binary_sha256 AS sha256, b.size, b.kind, k.created, "
+                    "k.last_used, k.meta FROM kernels k LEFT JOIN binaries b ON b.sha256 = k.binary_sha256 "
+                    "ORDER BY k.last_used DESC, k.key"
+                )
+            )
+        )
+        for row in rows:
+            row["meta"] = _parse_meta(row["meta"])
+        return rows
+
+    def size_bytes(self) -> int:
+        """Total size of the stored binaries (each counted once), in bytes."""
+        return self._with_recovery(
+            lambda db: next(db.query("SELECT COALESCE(SUM(size), 0) AS total FROM binaries"))["total"]
+        )
+
+    def remove(self, key: str) -> bool:
+        """Forget ``key`` (and its binary once no other key uses it). True if it was present."""
+
+        def delete(db: Database) -> bool:
+            with _immediate(db):
+                shas = _binaries_of(db, [key])
+                if not shas:
+                    return False
+                db.execute("DELETE FROM kernels WHERE key = ?", [key])
+                _drop_orphan_binaries(db, shas)
+                return True
+
+        return self._with_recovery(delete)
+
+    def clear(self) -> int:
+        """Remove every kernel and binary; returns the number of rows removed (kernels + binaries)."""
+
+        def delete_all(db: Database) -> int:
+            with _immediate(db):
+                removed = db.execute("DELETE FROM kernels").rowcount
+                removed += db.execute("DELETE FROM binaries").rowcount
+            if not self._memory:
+                # Give the space back to the file system; if another process is busy it is merely reused later.
+                with contextlib.suppress(sqlite3.OperationalError):
+                    db.execute("VACUUM")
+                    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            return removed
+
+        return self._with_recovery(delete_all)
+
+    def close(self) -> None:
+        """Close the connection; the next call reopens it."""
+        with self._lock:
+            db, self._db = self._db, None
+            if db is not None and self._db_pid == os.getpid():
+                db.close()
+
+    # ---- connection, recovery ---------------------------------------------------------------
+
+    def _with_recovery(self, operation: Callable[[Database], _T]) -> _T:
+        """Run ``operation`` on the connection; if the file turns out corrupt, start over on a fresh one."""
+        with self._lock:
+            try:
+                try:
+                    return operation(self._database())
+                except sqlite3.DatabaseError as exc:
+                    if self._memory or not _is_corruption(exc):
+                        raise
+                    self._discard_corrupt_file(exc)
+                    return operation(self._database())
+            except sqlite3.Error as exc:
+                raise CacheError(f"artifact cache {os.fspath(self.path)}: {exc}") from exc
+
+    def _database(self) -> Database:
+        if self._db is not None and self._db_pid == os.getpid():
+            return self._db
+        # A connection inherited through fork() must be neither used nor closed (SQLite forbids both).
+        self._db = None
+        self._db = _connect(MEMORY) if self._memory else self._open_file()
+        self._db_pid = os.getpid()
+        return self._db
+
+    def _open_file(self) -> Database:
+        assert self._path is not None
+        parent = self._path.parent
+        if self._private_dir:
+            ensure_cache_dir(parent)
+        else:
+            try:
+                parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as exc:
+                raise CacheError(f"cannot create the directory of artifact cache {self._path}: {exc}") from exc
+        for attempt in (1, 2):
+            identity = _file_identity(self._path)
+            try:
+                db = _connect(self._path)
+            except _SchemaMismatch as exc:
+                if attempt == 2:
+                    raise CacheError(
+                        f"artifact cache {self._path} was just recreated with schema {exc.found}"
+                    ) from exc
+                self._move_aside(
+                    f"schema-v{exc.found}", identity,
+                    f"has schema version {exc.found}, this pycutlass uses {SCHEMA_VERSION}",
+                )
+                continue
+            except sqlite3.DatabaseError as exc:
+                if attempt == 2 or not _is_corruption(exc):
+                    raise
+                self._move_aside("corrupt", identity, f"is corrupt ({exc})")
+                continue
+            self._file_identity = _file_identity(self._path)
+            return db
+        raise AssertionError("unreachable")
+
+    def _discard_corrupt_file(self, exc: sqlite3.DatabaseError) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                db.close()
+        self._move_aside("corrupt", self._file_identity, f"is corrupt ({exc})")
+
+    def _move_aside(self, reason: str, identity: tuple[int, int] | None, problem: str) -> None:
+        """Rename the database (with its -wal/-shm) to ``<path>.<reason>-<timestamp>`` and warn.
+
+        Only if it is still the file we opened: another process may have replaced it already.
+        """
+        assert self._path is not None
+        if identity is None or _file_identity(self._path) != identity:
+            return
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target = Path(f"{self._path}.{reason}-{stamp}")
+        counter = 1
+        while target.exists():
+            counter += 1
+            target = Path(f"{self._path}.{reason}-{stamp}-{counter}")
+        try:
+            os.replace(self._path, target)
+            # A leftover WAL would be replayed into the new, empty database: it must go too.
+            for suffix in ("-wal", "-shm"):
+                side = Path(f"{self._path}{suffix}")
+                if side.exists():
+                    os.replace(side, Path(f"{target}{suffix}"))
+        except OSError as exc:
+            raise CacheError(f"cache file {self._path} {problem}, and it could not be moved aside: {exc}") from exc
+        warnings.warn(
+            f"cache file {self._path} {problem}; moved to {target}; starting empty",
+            CacheIntegrityWarning,
+            stacklevel=2,
+        )
+
+    def _lookup(self, db: Database, key: str) -> Artifact | None:
+        rows = list(
+            db.query(
+                "SELECT k.name, k.meta, k.binary_sha256, b.data, b.size, b.kind "
+                "FROM kernels k LEFT JOIN binaries b ON b.sha256 = k.binary_sha256 WHERE k.key = ?",
+                [key],
+            )
+        )
+        if not rows:
+            return None
+        row = rows[0]
+        meta = _parse_meta(row["meta"])
+        problem = _verification_problem(row["data"], row["size"], row["binary_sha256"])
+        if problem is None and meta is None:
+            problem = "its metadata is not a JSON object"
+        if problem is not None:
+            warnings.warn(
+                f"cached kernel {key!r} failed verification ({problem}); discarded, it will be rebuilt",
+                CacheIntegrityWarning,
+                stacklevel=5,  # the caller of lookup()
+            )
+            # Every key pointing at the bad binary is bad too.
+            with _immediate(db):
+                db.execute("DELETE FROM kernels WHERE key = ? OR binary_sha256 = ?", [key, row["binary_sha256"]])
+                db.execute("DELETE FROM binaries WHERE sha256 = ?", [row["binary_sha256"]])
+            return None
+        # Bookkeeping only: a read-only or very busy cache must still serve its hits.
+        with contextlib.suppress(sqlite3.OperationalError):
+            db.execute("UPDATE kernels SET last_used = ? WHERE key = ?", [time.time(), key])
+        return Artifact(
+            key=key, name=row["name"], binary=row["data"], sha256=row["binary_sha256"], kind=row["kind"], meta=meta
+        )
+
+
+# ---- helpers on a connection ----------------------------------------------------------------
+
+
+def _connect(target: str | Path) -> Database:
+    """Open, configure, and check or create the schema. Raises _SchemaMismatch or sqlite3 errors."""
+    conn = sqlite3.connect(
+        os.fspath(target), timeout=_CONNECT_TIMEOUT_S, isolation_level=None, check_same_thread=False
+    )
+    # Text that is not UTF-8 (a damaged or tampered file) must read back as a mismatch, not raise.
+    conn.text_factory = lambda raw: raw.decode("utf-8", errors="replace")
+    try:
+        # No plugins: they would run arbitrary code on every connection.
+        db = Database(conn, recursive_triggers=False, execute_plugins=False)
+        for pragma in _PRAGMAS:
+            db.execute(pragma)
+        _ensure_schema(db)
+        return db
+    except BaseException:
+        conn.close()
+        raise
+
+
+def _ensure_schema(db: Database) -> None:
+    with _immediate(db):  # two processes creating a fresh file at once must not both do it
+        tables = set(db.table_names())
+        if "meta" in tables:
+            rows = list(db.query("SELECT value FROM meta WHERE name = 'schema_version'"))
+            found: object = _as_int(rows[0]["value"]) if rows else None
+        else:
+            found = None if tables else SCHEMA_VERSION  # tables without meta: not ours
+        if found != SCHEMA_VERSION:
+            raise _SchemaMismatch(found)
+        db["meta"].create({"name": str, "value": str}, pk="name", if_not_exists=True)
+        db["meta"].insert({"name": "schema_version", "value": str(SCHEMA_VERSION)}, replace=True)
+        db["binaries"].create(
+            {"sha256": str, "data": bytes, "size": int, "kind": str, "created": float},
+            pk="sha256", if_not_exists=True,
+        )
+        db["kernels"].create(
+            {"key": str, "binary_sha256": str, "name": str, "meta": str, "created": float, "last_used": float},
+            pk="key", if_not_exists=True,
+        )
+        db["kernels"].create_index(["binary_sha256"], if_not_exists=True)
+        db["claims"].create(
+            {"key": str, "owner": str, "pid": int, "host": str, "acquired": float},
+            pk="key", if_not_exists=True,
+        )
+
+
+@contextlib.contextmanager
+def _immediate(db: Database) -> Iterator[Database]:
+    """A write transaction that takes the write lock up front.
+
+    A deferred transaction that reads and then writes fails at once with SQLITE_BUSY in WAL mode
+    when another process wrote in between; taking the lock first makes it wait on busy_timeout.
+    """
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+        db.conn.execute("COMMIT")
+    except BaseException:
+        if db.conn.in_transaction:
+            db.conn.execute("ROLLBACK")
+        raise
+
+
+def _try_claim(db: Database, keys: list[str], owner: str, timeout: float) -> bool:
+    now = time.time()
+    with _immediate(db):
+        held = list(
+            db.query(
+                "SELECT key, pid, host, acquired FROM claims WHERE key IN (SELECT value FROM json_each(?))",
+                [json.dumps(keys)],
+            )
+        )
+        if any(not _claim_is_stale(row, now, timeout) for row in held):
+            return False
+        db["claims"].insert_all(
+            [{"key": key, "owner": owner, "pid": os.getpid(), "host": _HOST, "acquired": now} for key in keys],
+            replace=True,  # takes over stale claims
+        )
+    return True
+
+
+def _release_claim(db: Database, owner: str) -> None:
+    # By owner: a claim taken over from us (we were too slow) stays with its new holder.
+    with _immediate(db):
+        db.execute("DELETE FROM claims WHERE owner = ?", [owner])
+
+
+def _claim_is_stale(claim: Mapping[str, Any], now: float, timeout: float) -> bool:
+    if now - claim["acquired"] > timeout:
+        return True
+    return claim["host"] == _HOST and not _pid_alive(claim["pid"])
+
+
+def _pid_alive(pid: int) -> bool:
+    if os.name != "posix":
+        return True  # os.kill(pid, 0) is not a probe on Windows; rely on the timeout there
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # e.g. PermissionError: it exists, as another user
+    return True
+
+
+def _binaries_of(db: Database, keys: list[str]) -> set[str]:
+    rows = db.query(
+        "SELECT binary_sha256 FROM kernels WHERE key IN (SELECT value FROM json_each(?))", [json.dumps(keys)]
+    )
+    return {row["binary_sha256"] for row in rows}
+
+
+def _drop_orphan_binaries(db: Database, shas: Iterable[str]) -> None:
+    for sha in shas:
+        db.execute(
+            "DELETE FROM binaries WHERE sha256 = ? "
+            "AND NOT EXISTS (SELECT 1 FROM kernels WHERE binary_sha256 = binaries.sha256)",
+            [sha],
+        )
+
+
+def _verification_problem(data: object, size: object, sha256: str) -> str | None:
+    if data is None:
+        return "its binary is missing"
+    if not isinstance(data, bytes):
+        return f"its binary is stored as {type(data).__name__}, not bytes"
+    if len(data) != size:
+        return f"its binary is {len(data)} bytes, {size} were stored"
+    if hashlib.sha256(data).hexdigest() != sha256:
+        return "its binary does not match its sha256"
+    return None
+
+
+def _parse_meta(text: object) -> dict | None:
+    try:
+        meta = json.loads(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _as_int(value: object) -> object:
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return value
+
+
+def _is_corruption(exc: sqlite3.DatabaseError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in _CORRUPTION_CODES
+    return type(exc) is sqlite3.DatabaseError  # older Pythons: no code; subclasses are other failures
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+# ---- the process-wide default cache ---------------------------------------------------------
+
+_default_lock = threading.Lock()
+_default_cache: ArtifactCache | None = None
+
+
+def get_cache() -> ArtifactCache:
+    """The process-wide cache: ``set_cache_path``'s, else ``<default_cache_dir()>/compiled_cache.db``.
+
+    Its directory is created (private to this user) when the cache is first used, not before.
+    """
+    global _default_cache
+    with _default_lock:
+        if _default_cache is None:
+            _default_cache = ArtifactCache(default_cache_path(), private_dir=True)
+        return _default_cache
+
+
+def set_cache_path(path: str | os.PathLike | None) -> ArtifactCache:
+    """Point the process-wide cache at ``path`` (``":memory:"`` for in-memory, None for the default)."""
+    global _default_cache
+    with _default_lock:
+        if _default_cache is not None:
+            _default_cache.close()
+        _default_cache = None if path is None else ArtifactCache(path)
+    return get_cache()

@@ -1,0 +1,124 @@
+"""Compiler backends: CUDA C++ source in, cubin out. Device code only, so no host compiler is ever involved.
+
+Both backends produce the same kind of artifact (a cubin holding each operation's kernel and Params builder),
+so the runtime's launch path is shared.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ..errors import CompilationError, ToolchainError
+from . import toolchain
+
+COMMON_DEFINES = ("-DNDEBUG",)  # without it CUTLASS keeps device asserts (and Hopper warns of slow wgmma)
+
+
+class Backend:
+    name = "backend"
+
+    def flags(self, arch: int) -> list[str]:
+        raise NotImplementedError
+
+    def version(self) -> str:
+        raise NotImplementedError
+
+    def compile(self, source: str, arch: int, unit_name: str) -> bytes:
+        raise NotImplementedError
+
+    def include_flags(self) -> list[str]:
+        dirs = [*toolchain.cutlass_include_dirs(), *toolchain.cuda_include_dirs()]
+        return [f"-I{d}" for d in dirs]
+
+
+class NvccBackend(Backend):
+    name = "nvcc"
+
+    def __init__(self, extra_flags: tuple[str, ...] = ()):
+        self.extra_flags = tuple(extra_flags)
+
+    def flags(self, arch: int) -> list[str]:
+        return ["-cubin", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-O3", *COMMON_DEFINES, "-std=c++17",
+                "--expt-relaxed-constexpr", "-Xptxas=-warn-spills", *self.extra_flags]
+
+    def version(self) -> str:
+        return f"nvcc {toolchain.nvcc_version()}"
+
+    def compile(self, source: str, arch: int, unit_name: str) -> bytes:
+        nvcc = toolchain.nvcc_path()
+        with tempfile.TemporaryDirectory(prefix="pycutlass-nvcc-") as tmp:
+            src = Path(tmp) / f"{unit_name}.cu"
+            out = Path(tmp) / f"{unit_name}.cubin"
+            src.write_text(source)
+            cmd = [str(nvcc), *self.flags(arch), *self.include_flags(), "-o", str(out), str(src)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0 or not out.is_file():
+                raise CompilationError(f"nvcc failed (exit {proc.returncode}) compiling {unit_name} for sm_{arch}",
+                                       log=(proc.stderr + proc.stdout)[-20000:], source=source)
+            return out.read_bytes()
+
+
+class NvrtcBackend(Backend):
+    """NVRTC from pip: needs no nvcc and no host compiler.
+
+    ``-default-device`` makes unannotated functions device functions (CUTLASS has some); NVRTC rejects
+    ``--expt-relaxed-constexpr`` and does not need it with that flag.
+    """
+
+    name = "nvrtc"
+
+    def __init__(self, extra_flags: tuple[str, ...] = ()):
+        self.extra_flags = tuple(extra_flags)
+
+    def flags(self, arch: int) -> list[str]:
+        return [f"--gpu-architecture=sm_{arch}", "-std=c++17", "-default-device", *COMMON_DEFINES,
+                *self.extra_flags]
+
+    def version(self) -> str:
+        return f"nvrtc {toolchain.nvrtc_version()}"
+
+    def compile(self, source: str, arch: int, unit_name: str) -> bytes:
+        try:
+            from cuda.bindings import nvrtc
+        except ImportError as exc:
+            raise ToolchainError("the NVRTC backend needs cuda-bindings and nvidia-cuda-nvrtc") from exc
+        ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
+        options = [o.encode() for o in (*self.flags(arch), *self.include_flags())]
+        err, prog = nvrtc.nvrtcCreateProgram(source.encode(), f"{unit_name}.cu".encode(), 0, [], [])
+        if err != ok:
+            raise CompilationError(f"nvrtcCreateProgram failed: {err!r}")
+        try:
+            (compile_err,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
+            _, log_size = nvrtc.nvrtcGetProgramLogSize(prog)
+            log = b" " * log_size
+            nvrtc.nvrtcGetProgramLog(prog, log)
+            if compile_err != ok:
+                raise CompilationError(f"NVRTC failed ({compile_err.name}) compiling {unit_name} for sm_{arch}",
+                                       log=log.decode(errors="replace").rstrip("\x00 ")[-20000:], source=source)
+            err, size = nvrtc.nvrtcGetCUBINSize(prog)
+            if err != ok or size == 0:
+                raise CompilationError(f"NVRTC produced no cubin for {unit_name} (sm_{arch}): {err!r}")
+            cubin = b" " * size
+            (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
+            if err != ok:
+                raise CompilationError(f"nvrtcGetCUBIN failed: {err!r}")
+            return bytes(cubin)
+        finally:
+            nvrtc.nvrtcDestroyProgram(prog)
+
+
+def backend_by_name(name: str, extra_flags: tuple[str, ...] = ()) -> Backend:
+    if name == "nvcc":
+        return NvccBackend(extra_flags)
+    if name == "nvrtc":
+        return NvrtcBackend(extra_flags)
+    raise ValueError(f"unknown compiler backend {name!r}; choose 'nvcc' or 'nvrtc'")
+
+
+def compile_in_subprocess(backend_name: str, extra_flags: tuple[str, ...], source: str, arch: int,
+                          unit_name: str) -> bytes:
+    """Entry point for process pools: NVRTC serializes compiles across threads of one process."""
+    os.environ.setdefault("PYCUTLASS_COMPILE_WORKER", "1")
+    return backend_by_name(backend_name, extra_flags).compile(source, arch, unit_name)

@@ -1,0 +1,73 @@
+"""MathInstruction: the instruction a warp issues in the main loop, validated against what CUTLASS 2.x offers."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import DescriptionError
+from .types import DataType, MathOperation, OpClass
+
+_T, _S = OpClass.TensorOp, OpClass.Simt
+_F64, _F32, _TF32, _F16, _BF16, _S8, _S32 = (DataType.float64, DataType.float32, DataType.tfloat32,
+                                             DataType.float16, DataType.bfloat16, DataType.int8, DataType.int32)
+_MA = MathOperation.multiply_add
+_FAST = (MathOperation.multiply_add_fast_f32, MathOperation.multiply_add_fast_f16,
+         MathOperation.multiply_add_fast_bf16)
+
+# (opclass, instruction shape, element a/b, accumulator) -> allowed math operations.
+# The table of the users' API document; float32 operands on tensor cores need a fast_* emulation mode.
+VALID_MATH_INSTRUCTIONS: dict[tuple, tuple[MathOperation, ...]] = {
+    (_T, (8, 8, 4), _F64, _F64): (_MA,),
+    (_T, (16, 8, 8), _TF32, _F32): (_MA,),
+    (_T, (16, 8, 8), _F32, _F32): _FAST,
+    (_T, (16, 8, 8), _F16, _F32): (_MA,),
+    (_T, (16, 8, 8), _BF16, _F32): (_MA,),
+    (_T, (16, 8, 16), _F16, _F16): (_MA,),
+    (_T, (16, 8, 16), _F16, _F32): (_MA,),
+    (_T, (16, 8, 16), _BF16, _F32): (_MA,),
+    (_T, (16, 8, 32), _S8, _S32): (MathOperation.multiply_add_saturate,),
+    (_S, (1, 1, 1), _F64, _F64): (_MA,),
+    (_S, (1, 1, 1), _F32, _F32): (_MA,),
+}
+
+
+def _describe_valid() -> str:
+    rows = []
+    for (opclass, shape, element, acc), ops in VALID_MATH_INSTRUCTIONS.items():
+        names = "/".join(op.name for op in ops)
+        rows.append(f"  {opclass.name} {list(shape)} {element.label}->{acc.label}: {names}")
+    return "\n".join(rows)
+
+
+@dataclass(frozen=True)
+class MathInstruction:
+    instruction_shape: tuple[int, int, int]
+    element_a: DataType
+    element_b: DataType
+    element_accumulator: DataType
+    opcode_class: OpClass
+    math_operation: MathOperation = MathOperation.multiply_add
+
+    def __post_init__(self):
+        shape = tuple(int(x) for x in self.instruction_shape)
+        object.__setattr__(self, "instruction_shape", shape)
+        for field, value, kind in (("element_a", self.element_a, DataType), ("element_b", self.element_b, DataType),
+                                   ("element_accumulator", self.element_accumulator, DataType),
+                                   ("opcode_class", self.opcode_class, OpClass),
+                                   ("math_operation", self.math_operation, MathOperation)):
+            if not isinstance(value, kind):
+                raise DescriptionError(f"MathInstruction.{field} must be a {kind.__name__}, got {value!r}")
+        if self.element_a != self.element_b:
+            raise DescriptionError(f"MathInstruction: element_a ({self.element_a.label}) and element_b "
+                                   f"({self.element_b.label}) must be the same type")
+        key = (self.opcode_class, shape, self.element_a, self.element_accumulator)
+        allowed = VALID_MATH_INSTRUCTIONS.get(key)
+        if allowed is None or self.math_operation not in allowed:
+            raise DescriptionError(
+                f"MathInstruction {self.opcode_class.name} {list(shape)} {self.element_a.label}->"
+                f"{self.element_accumulator.label} with {self.math_operation.name} is not supported. "
+                f"Valid combinations:\n{_describe_valid()}")
+
+    # PyCUTLASS spelled these positionally; keep aliases that read well in emitted code.
+    @property
+    def opclass(self) -> OpClass:
+        return self.opcode_class

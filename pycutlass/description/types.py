@@ -1,0 +1,108 @@
+"""Enumerations shared by every description: data types, layouts, op classes, math operations, swizzles.
+
+These are pure data. Their C++ spellings live in ``pycutlass.emit.names`` and their numpy/torch
+spellings in ``pycutlass.runtime.tensors``, so this module imports nothing heavy.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class DataType(enum.Enum):
+    """Element types of operands and accumulators. ``bits`` is the storage size."""
+
+    float64 = ("float64", 64)
+    float32 = ("float32", 32)
+    tfloat32 = ("tfloat32", 32)  # stored as float32, multiplied on tensor cores as tf32
+    float16 = ("float16", 16)
+    bfloat16 = ("bfloat16", 16)
+    int8 = ("int8", 8)
+    int32 = ("int32", 32)
+
+    def __init__(self, label: str, bits: int):
+        self.label = label
+        self.bits = bits
+
+    @property
+    def is_integer(self) -> bool:
+        return self in (DataType.int8, DataType.int32)
+
+    @property
+    def is_float(self) -> bool:
+        return not self.is_integer
+
+    def __repr__(self) -> str:
+        return f"pycutlass.{self.label}"
+
+
+class LayoutType(enum.Enum):
+    RowMajor = "RowMajor"
+    ColumnMajor = "ColumnMajor"
+    RowMajorInterleaved32 = "RowMajorInterleaved32"
+    ColumnMajorInterleaved32 = "ColumnMajorInterleaved32"
+    TensorNHWC = "TensorNHWC"
+    TensorNC32HW32 = "TensorNC32HW32"
+    TensorC32RSK32 = "TensorC32RSK32"
+
+    @property
+    def is_matrix(self) -> bool:
+        return self in MATRIX_LAYOUTS
+
+    @property
+    def is_interleaved(self) -> bool:
+        return self in (LayoutType.RowMajorInterleaved32, LayoutType.ColumnMajorInterleaved32,
+                        LayoutType.TensorNC32HW32, LayoutType.TensorC32RSK32)
+
+    def __repr__(self) -> str:
+        return f"pycutlass.{self.value}"
+
+
+MATRIX_LAYOUTS = frozenset({LayoutType.RowMajor, LayoutType.ColumnMajor,
+                            LayoutType.RowMajorInterleaved32, LayoutType.ColumnMajorInterleaved32})
+TENSOR_LAYOUTS = frozenset({LayoutType.TensorNHWC, LayoutType.TensorNC32HW32, LayoutType.TensorC32RSK32})
+
+
+class OpClass(enum.Enum):
+    TensorOp = "TensorOp"
+    Simt = "Simt"
+
+
+class MathOperation(enum.Enum):
+    multiply_add = "multiply_add"
+    multiply_add_fast_f32 = "multiply_add_fast_f32"
+    multiply_add_fast_f16 = "multiply_add_fast_f16"
+    multiply_add_fast_bf16 = "multiply_add_fast_bf16"
+    multiply_add_saturate = "multiply_add_saturate"
+
+
+@dataclass(frozen=True)
+class SwizzlingFunctor:
+    """Threadblock rasterization. ``log_tile`` is the CTA swizzle width of identity swizzles."""
+
+    name: str
+    kind: str  # "gemm", "batched", "strided_dgrad", "horizontal"
+    log_tile: int = 0
+
+    def __repr__(self) -> str:
+        return f"pycutlass.{self.name}"
+
+
+IdentitySwizzle1 = SwizzlingFunctor("IdentitySwizzle1", "gemm", 1)
+IdentitySwizzle2 = SwizzlingFunctor("IdentitySwizzle2", "gemm", 2)
+IdentitySwizzle4 = SwizzlingFunctor("IdentitySwizzle4", "gemm", 4)
+IdentitySwizzle8 = SwizzlingFunctor("IdentitySwizzle8", "gemm", 8)
+HorizontalSwizzle = SwizzlingFunctor("HorizontalSwizzle", "horizontal")
+BatchedIdentitySwizzle = SwizzlingFunctor("BatchedIdentitySwizzle", "batched")
+StridedDgradIdentitySwizzle1 = SwizzlingFunctor("StridedDgradIdentitySwizzle1", "strided_dgrad", 1)
+StridedDgradIdentitySwizzle4 = SwizzlingFunctor("StridedDgradIdentitySwizzle4", "strided_dgrad", 4)
+StridedDgradHorizontalSwizzle = SwizzlingFunctor("StridedDgradHorizontalSwizzle", "strided_dgrad_horizontal")
+
+GEMM_SWIZZLES = (IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4, IdentitySwizzle8,
+                 HorizontalSwizzle, BatchedIdentitySwizzle)
+CONV_SWIZZLES = (IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4, IdentitySwizzle8, HorizontalSwizzle,
+                 StridedDgradIdentitySwizzle1, StridedDgradIdentitySwizzle4, StridedDgradHorizontalSwizzle)
+
+# Shared memory per thread block that a kernel may opt into, by compute capability (bytes).
+MAX_SHARED_MEMORY_BYTES = {70: 96 * 1024, 75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024,
+                           89: 99 * 1024, 90: 227 * 1024}

@@ -1,0 +1,74 @@
+"""Elementwise activations for LinearCombinationGeneric: ``relu(pycutlass.float32)`` and friends.
+
+Each activation names the CUTLASS functor template it emits and how many runtime arguments it takes
+(``leaky_relu`` takes its negative slope). ``reference`` is the float64 formula tests compare against.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..description.types import DataType
+from ..errors import DescriptionError
+
+
+@dataclass(frozen=True)
+class Activation:
+    name: str
+    cpp_template: str
+    element: DataType
+    argument_names: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not isinstance(self.element, DataType) or self.element.is_integer:
+            raise DescriptionError(f"activation {self.name} computes in a floating-point type, got {self.element!r}")
+
+    @property
+    def num_arguments(self) -> int:
+        return len(self.argument_names)
+
+
+def _factory(name: str, cpp_template: str, argument_names: tuple[str, ...] = ()):
+    def make(element: DataType = DataType.float32) -> Activation:
+        return Activation(name, cpp_template, element, argument_names)
+
+    make.__name__ = name
+    make.__doc__ = f"The {name} activation computed in ``element``."
+    return make
+
+
+identity = _factory("identity", "cutlass::epilogue::thread::Identity")
+relu = _factory("relu", "cutlass::epilogue::thread::ReLu")
+leaky_relu = _factory("leaky_relu", "cutlass::epilogue::thread::LeakyReLU", ("leaky_alpha",))
+tanh = _factory("tanh", "cutlass::epilogue::thread::Tanh")
+sigmoid = _factory("sigmoid", "cutlass::epilogue::thread::Sigmoid")
+silu = _factory("silu", "cutlass::epilogue::thread::SiLu")
+hardswish = _factory("hardswish", "cutlass::epilogue::thread::HardSwish")
+gelu = _factory("gelu", "cutlass::epilogue::thread::GELU")
+
+ACTIVATIONS = {f.__name__: f for f in (identity, relu, leaky_relu, tanh, sigmoid, silu, hardswish, gelu)}
+
+
+def reference(name: str, x, *args):
+    """Float64 reference of an activation on a numpy array (used by tests and examples)."""
+    import numpy as np
+
+    x = np.asarray(x, dtype=np.float64)
+    if name == "identity":
+        return x
+    if name == "relu":
+        return np.maximum(x, 0.0)
+    if name == "leaky_relu":
+        return np.where(x > 0, x, x * args[0])
+    if name == "tanh":
+        return np.tanh(x)
+    if name == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-x))
+    if name == "silu":
+        return x / (1.0 + np.exp(-x))
+    if name == "hardswish":
+        return x * np.clip(x + 3.0, 0.0, 6.0) / 6.0
+    if name == "gelu":
+        erf = np.vectorize(math.erf)
+        return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+    raise KeyError(name)

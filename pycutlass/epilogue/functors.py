@@ -1,0 +1,105 @@
+"""Epilogue functors: D = f(alpha * accumulator + beta * C), and the runtime values they take."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..description.types import DataType
+from ..errors import ArgumentError, DescriptionError
+from .activations import Activation
+
+
+@dataclass(frozen=True)
+class EpilogueArguments:
+    """The ``output_op`` value of an operation: alpha, beta and the activation's own arguments."""
+
+    alpha: float
+    beta: float
+    activation_args: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class EpilogueFunctor:
+    element_output: DataType
+    alignment: int
+    element_accumulator: DataType = DataType.float32
+    element_epilogue: DataType = DataType.float32
+    kind: str = field(default="LinearCombination", init=False)
+    activation: Activation | None = field(default=None, init=False)
+
+    def __post_init__(self):
+        for name in ("element_output", "element_accumulator", "element_epilogue"):
+            if not isinstance(getattr(self, name), DataType):
+                raise DescriptionError(f"{type(self).__name__}.{name} must be a DataType, got {getattr(self, name)!r}")
+        if self.element_epilogue.is_integer:
+            raise DescriptionError(f"{type(self).__name__}: the epilogue computes in a floating-point type, "
+                                   f"got {self.element_epilogue.label}")
+        max_alignment = 128 // self.element_output.bits
+        if not isinstance(self.alignment, int) or self.alignment < 1 or self.alignment > max_alignment \
+                or self.alignment & (self.alignment - 1):
+            raise DescriptionError(f"{type(self).__name__}.alignment {self.alignment!r} must be a power of two "
+                                   f"<= {max_alignment} for {self.element_output.label}")
+
+    @property
+    def num_activation_args(self) -> int:
+        return self.activation.num_arguments if self.activation else 0
+
+    def make_arguments(self, alpha=1.0, beta=0.0, *activation_args) -> EpilogueArguments:
+        if len(activation_args) != self.num_activation_args:
+            names = self.activation.argument_names if self.activation else ()
+            raise ArgumentError(f"{self.describe()} takes alpha, beta and {self.num_activation_args} activation "
+                                f"argument(s) {list(names)}; got {len(activation_args)} activation argument(s)")
+        try:
+            values = (float(alpha), float(beta), *(float(a) for a in activation_args))
+        except (TypeError, ValueError):
+            raise ArgumentError(f"epilogue arguments must be numbers, got alpha={alpha!r}, beta={beta!r}, "
+                                f"activation args={activation_args!r}") from None
+        return EpilogueArguments(values[0], values[1], tuple(values[2:]))
+
+    def describe(self) -> str:
+        act = f"<{self.activation.name}>" if self.activation else ""
+        return f"{self.kind}{act}"
+
+
+@dataclass(frozen=True)
+class LinearCombination(EpilogueFunctor):
+    pass
+
+
+@dataclass(frozen=True)
+class LinearCombinationClamp(EpilogueFunctor):
+    kind: str = field(default="LinearCombinationClamp", init=False)
+
+
+@dataclass(frozen=True)
+class FastLinearCombinationClamp(EpilogueFunctor):
+    """int8 output from int32 accumulators computed in float; CUTLASS's fast path, valid for K <= 256."""
+
+    element_accumulator: DataType = field(default=DataType.int32, init=False)
+    element_epilogue: DataType = field(default=DataType.float32, init=False)
+    kind: str = field(default="FastLinearCombinationClamp", init=False)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.element_output is not DataType.int8:
+            raise DescriptionError(f"FastLinearCombinationClamp writes int8 output, got {self.element_output.label}")
+
+
+class LinearCombinationGeneric(EpilogueFunctor):
+    """D = activation(alpha * accumulator + beta * C). First argument: an activation such as ``relu(float32)``."""
+
+    def __init__(self, activation: Activation, element_output: DataType, alignment: int,
+                 element_accumulator: DataType = DataType.float32, element_epilogue: DataType = DataType.float32):
+        if not isinstance(activation, Activation):
+            raise DescriptionError(f"LinearCombinationGeneric needs an activation such as relu(pycutlass.float32) "
+                                   f"as its first argument, got {activation!r}")
+        object.__setattr__(self, "activation", activation)
+        object.__setattr__(self, "kind", "LinearCombinationGeneric")
+        object.__setattr__(self, "element_output", element_output)
+        object.__setattr__(self, "alignment", alignment)
+        object.__setattr__(self, "element_accumulator", element_accumulator)
+        object.__setattr__(self, "element_epilogue", element_epilogue)
+        self.__post_init__()
+
+    def __repr__(self) -> str:
+        return (f"LinearCombinationGeneric({self.activation.name}, {self.element_output!r}, {self.alignment}, "
+                f"{self.element_accumulator!r}, {self.element_epilogue!r})")

@@ -1,0 +1,48 @@
+"""Typed errors. Every failure a user can cause names what was wrong and what is allowed."""
+from __future__ import annotations
+
+
+class PyCutlassError(Exception):
+    """Base class of every error pycutlass raises on purpose."""
+
+
+class DescriptionError(PyCutlassError, ValueError):
+    """An operation, tile, tensor or math-instruction description is not a valid configuration."""
+
+
+class ArgumentError(PyCutlassError, ValueError):
+    """Runtime arguments (tensors, sizes, modes) do not fit the operation they are given to."""
+
+
+class CompilationError(PyCutlassError, RuntimeError):
+    """The backend compiler failed; ``log`` holds its output and ``source`` the translation unit."""
+
+    def __init__(self, message: str, log: str = "", source: str = ""):
+        super().__init__(message + (f"\n--- compiler log ---\n{log}" if log else ""))
+        self.log = log
+        self.source = source
+
+
+class ToolchainError(PyCutlassError, RuntimeError):
+    """A required tool or header tree (nvcc, NVRTC, CUTLASS, CUDA headers) could not be found."""
+
+
+class CudaError(PyCutlassError, RuntimeError):
+    """A CUDA driver call failed. ``code`` is the CUresult name, ``operation`` the operation involved."""
+
+    def __init__(self, message: str, code: str = "", operation: str = ""):
+        super().__init__(message)
+        self.code = code
+        self.operation = operation
+
+
+class NoGpuError(PyCutlassError, RuntimeError):
+    """A GPU is needed (to allocate, copy or launch) but none is usable on this machine."""
+
+
+class CacheError(PyCutlassError, RuntimeError):
+    """The artifact cache could not be opened or written."""
+
+
+class CacheIntegrityWarning(UserWarning):
+    """A cached artifact or the cache file failed verification; it was discarded and will be rebuilt."""

@@ -1,0 +1,165 @@
+"""GemmOperationUniversal: a CUTLASS 2.x (Sm80-family) GEMM, runnable in Gemm, split-K, batched and array modes."""
+from __future__ import annotations
+
+from ..description.tensor_description import TensorDescription
+from ..description.tile_description import TileDescription
+from ..description.types import (GEMM_SWIZZLES, DataType, IdentitySwizzle1, LayoutType, OpClass,
+                                 SwizzlingFunctor)
+from ..emit import names
+from ..emit.emitter import render
+from ..epilogue.functors import EpilogueFunctor
+from ..errors import DescriptionError
+from .base import Operation, check_compute_capability
+
+_PLAIN = (LayoutType.RowMajor, LayoutType.ColumnMajor)
+_INTERLEAVED_GEMM = (LayoutType.ColumnMajorInterleaved32, LayoutType.RowMajorInterleaved32,
+                     LayoutType.ColumnMajorInterleaved32)
+
+
+def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDescription,
+                        C: TensorDescription, epilogue: EpilogueFunctor, what: str) -> None:
+    """Shared by GEMM and grouped GEMM: operand types must match the instruction and the epilogue."""
+    for label, desc in (("A", A), ("B", B), ("C", C)):
+        if not isinstance(desc, TensorDescription):
+            raise DescriptionError(f"{what}: {label} must be a TensorDescription, got {desc!r}")
+    if not isinstance(tile, TileDescription):
+        raise DescriptionError(f"{what}: tile_description must be a TileDescription, got {tile!r}")
+    if not isinstance(epilogue, EpilogueFunctor):
+        raise DescriptionError(f"{what}: epilogue_functor must be an epilogue functor such as LinearCombination, "
+                               f"got {epilogue!r}")
+    math = tile.math_instruction
+    operand = math.element_a
+    allowed = {operand}
+    if operand is DataType.tfloat32:
+        allowed.add(DataType.float32)  # tf32 operands live in memory as float32
+    for label, desc in (("A", A), ("B", B)):
+        if desc.element not in allowed:
+            raise DescriptionError(f"{what}: {label}.element is {desc.element.label} but the math instruction "
+                                   f"multiplies {operand.label}; use one of {sorted(e.label for e in allowed)}")
+    if epilogue.element_output is not C.element:
+        raise DescriptionError(f"{what}: the epilogue writes {epilogue.element_output.label} but C is "
+                               f"{C.element.label}; they must match")
+    if epilogue.alignment != C.alignment:
+        raise DescriptionError(f"{what}: epilogue alignment {epilogue.alignment} must equal C's alignment "
+                               f"{C.alignment}")
+    if epilogue.element_accumulator is not math.element_accumulator:
+        raise DescriptionError(f"{what}: the epilogue reads {epilogue.element_accumulator.label} accumulators but the "
+                               f"math instruction accumulates in {math.element_accumulator.label}")
+    if math.opcode_class is OpClass.TensorOp and tile.stages > 2:
+        # Multistage main loops copy with cp.async, whose smallest transfer is 4 bytes.
+        for label, desc in (("A", A), ("B", B)):
+            if desc.access_bits < 32:
+                raise DescriptionError(
+                    f"{what}: {label} alignment {desc.alignment} x {desc.element.bits} bits is below the 32-bit "
+                    f"minimum of multistage ({tile.stages}-stage) kernels; raise the alignment or use stages=2")
+
+
+class GemmOperationUniversal(Operation):
+    kind = "gemm"
+
+    def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
+                 C: TensorDescription, epilogue_functor: EpilogueFunctor,
+                 swizzling_functor: SwizzlingFunctor = IdentitySwizzle1, visitor: bool = False):
+        self.compute_capability = check_compute_capability(arch)
+        if visitor:
+            raise DescriptionError("the epilogue visitor tree is not supported; use LinearCombinationGeneric for "
+                                   "activations and a broadcast C for bias")
+        check_operand_types(tile_description, A, B, C, epilogue_functor, "GemmOperationUniversal")
+        if swizzling_functor not in GEMM_SWIZZLES:
+            raise DescriptionError(f"GemmOperationUniversal: swizzling_functor must be one of "
+                                   f"{[s.name for s in GEMM_SWIZZLES]}, got {swizzling_functor!r}")
+        self.tile_description = tile_description
+        self.A, self.B, self.C = A, B, C
+        self.epilogue_functor = epilogue_functor
+        self.swizzling_functor = swizzling_functor
+        self.arch = arch
+        self._check_layouts()
+        tile_description.check_shared_memory(arch)
+
+    def _check_layouts(self) -> None:
+        math = self.tile_description.math_instruction
+        layouts = (self.A.layout, self.B.layout, self.C.layout)
+        interleaved = any(layout.is_interleaved for layout in layouts)
+        if any(not layout.is_matrix for layout in layouts):
+            raise DescriptionError(f"GemmOperationUniversal: A, B and C need matrix layouts (RowMajor, ColumnMajor, "
+                                   f"or interleaved-32 for int8), got {[layout.value for layout in layouts]}")
+        if interleaved:
+            if math.element_a is not DataType.int8 or layouts != _INTERLEAVED_GEMM:
+                raise DescriptionError(
+                    "interleaved int8 GEMM takes A ColumnMajorInterleaved32, B RowMajorInterleaved32 and C "
+                    f"ColumnMajorInterleaved32; got {[layout.value for layout in layouts]}")
+            if self.C.element is not DataType.int8:
+                raise DescriptionError("interleaved int8 GEMM writes int8 output (C.element must be int8)")
+            for label, desc in (("A", self.A), ("B", self.B)):
+                if desc.alignment != 16:
+                    raise DescriptionError(f"interleaved int8 GEMM needs {label} alignment 16, got {desc.alignment}")
+        elif math.element_a is DataType.int8 and math.opcode_class is OpClass.TensorOp:
+            if (self.A.layout, self.B.layout) != (LayoutType.RowMajor, LayoutType.ColumnMajor):
+                raise DescriptionError("int8 tensor-op GEMM reads K-contiguous operands: A must be RowMajor and B "
+                                       f"ColumnMajor, got A {self.A.layout.value}, B {self.B.layout.value}")
+
+    # --- identity -------------------------------------------------------------------------------------------
+    def _signature(self) -> tuple:
+        return ("gemm_universal", self.compute_capability, self.tile_description, self.A, self.B, self.C,
+                self.epilogue_functor, self.swizzling_functor)
+
+    def _readable_name(self) -> str:
+        math = self.tile_description.math_instruction
+        s = names.SHORT
+        lay = "".join(names.LAYOUT_SHORT[d.layout] for d in (self.A, self.B, self.C))
+        return (f"gemm_sm{self.compute_capability}_{math.opcode_class.name.lower()}_"
+                f"{s[self.A.element]}{s[self.C.element]}{s[math.element_accumulator]}_{lay}_"
+                f"{self.tile_description.procedural_name()}_a{self.A.alignment}{self.B.alignment}{self.C.alignment}")
+
+    @property
+    def element_accumulator(self) -> DataType:
+        return self.tile_description.math_instruction.element_accumulator
+
+    @property
+    def transposed(self) -> bool:
+        """Column-major outputs are computed as (B^T A^T)^T with a row-major output."""
+        return self.C.layout is LayoutType.ColumnMajor
+
+    # --- emission -------------------------------------------------------------------------------------------
+    def headers(self) -> list[str]:
+        return ["cutlass/gemm/kernel/default_gemm_universal.h", "cutlass/gemm/threadblock/threadblock_swizzle.h",
+                *names.epilogue_headers(self.epilogue_functor)]
+
+    def _operand_element(self, desc: TensorDescription) -> str:
+        math = self.tile_description.math_instruction
+        if math.element_a is DataType.tfloat32:
+            return names.ELEMENT[DataType.tfloat32]
+        return names.ELEMENT[desc.element]
+
+    def emit_body(self) -> str:
+        tile = self.tile_description
+        math = tile.math_instruction
+        A, B, C = self.A, self.B, self.C
+        layout_a, layout_b, layout_c = A.layout, B.layout, C.layout
+        if self.transposed:
+            # D^T = B^T A^T: swap the operands and transpose each layout.
+            A, B = B, A
+            layout_a, layout_b = names.TRANSPOSED[A.layout], names.TRANSPOSED[B.layout]
+            layout_c = LayoutType.RowMajor
+        activation = self.epilogue_functor.activation
+        return render(
+            "gemm_universal.cu.j2", name=self.name, summary=self.describe(),
+            epilogue=names.epilogue_functor(self.epilogue_functor),
+            element_a=self._operand_element(A), layout_a=names.LAYOUT[layout_a], alignment_a=A.alignment,
+            element_b=self._operand_element(B), layout_b=names.LAYOUT[layout_b], alignment_b=B.alignment,
+            element_c=names.ELEMENT[C.element], layout_c=names.LAYOUT[layout_c],
+            element_accumulator=names.ELEMENT[math.element_accumulator],
+            opclass=names.OPCLASS[math.opcode_class], arch_tag=names.arch_tag(self.compute_capability),
+            threadblock_shape=tile.threadblock_shape, warp_shape=tile.warp_shape,
+            instruction_shape=math.instruction_shape, swizzle=names.gemm_swizzle(self.swizzling_functor),
+            stages=tile.stages, math_operation=names.MATH_OPERATION[math.math_operation],
+            transposed=self.transposed, activation_args=activation.argument_names if activation else ())
+
+    def describe(self) -> str:
+        math = self.tile_description.math_instruction
+        return (f"GEMM sm{self.compute_capability} {math.opcode_class.name} {math.math_operation.name} "
+                f"A={self.A.element.label}/{self.A.layout.value}/{self.A.alignment} "
+                f"B={self.B.element.label}/{self.B.layout.value}/{self.B.alignment} "
+                f"C={self.C.element.label}/{self.C.layout.value}/{self.C.alignment} "
+                f"acc={math.element_accumulator.label} tile={self.tile_description.procedural_name()} "
+                f"epilogue={self.epilogue_functor.describe()} swizzle={self.swizzling_functor.name}")

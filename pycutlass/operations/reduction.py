@@ -1,0 +1,80 @@
+"""ReductionOperation: sums the partial products of parallel split-K and applies the epilogue."""
+from __future__ import annotations
+
+from ..description.coords import MatrixCoord
+from ..description.tensor_description import TensorDescription
+from ..description.types import DataType, LayoutType
+from ..emit import names
+from ..emit.emitter import render
+from ..epilogue.functors import EpilogueFunctor
+from ..errors import DescriptionError
+from .base import Operation, check_compute_capability
+
+
+class ReductionOperation(Operation):
+    kind = "reduction"
+
+    def __init__(self, shape: MatrixCoord, C: TensorDescription, element_accumulator: DataType,
+                 element_workspace: DataType | None = None, element_compute: DataType = DataType.float32,
+                 epilogue_functor: EpilogueFunctor | None = None, count: int = 1, partitions_per_stage: int = 4,
+                 arch: int = 80):
+        self.compute_capability = check_compute_capability(arch)
+        if not isinstance(shape, MatrixCoord):
+            shape = MatrixCoord(*shape)
+        if not isinstance(C, TensorDescription):
+            raise DescriptionError(f"ReductionOperation: C must be a TensorDescription, got {C!r}")
+        if C.layout not in (LayoutType.RowMajor, LayoutType.ColumnMajor):
+            raise DescriptionError(f"ReductionOperation: C must be RowMajor or ColumnMajor, got {C.layout.value}")
+        element_workspace = element_workspace or element_accumulator
+        if epilogue_functor is None:
+            from ..epilogue import LinearCombination
+
+            epilogue_functor = LinearCombination(C.element, count, element_accumulator, element_compute)
+        if epilogue_functor.element_output is not C.element or epilogue_functor.alignment != count:
+            raise DescriptionError("ReductionOperation: the epilogue must write C's element type with alignment == "
+                                   f"count ({count}); got {epilogue_functor.element_output.label} x "
+                                   f"{epilogue_functor.alignment}")
+        if epilogue_functor.element_accumulator is not element_accumulator:
+            raise DescriptionError("ReductionOperation: the epilogue's accumulator type must be element_accumulator")
+        if count < 1 or count & (count - 1) or count * C.element.bits > 128:
+            raise DescriptionError(f"ReductionOperation: count {count} must be a power of two within one 128-bit "
+                                   f"access of the {C.element.label} output")
+        rows, cols = shape
+        if rows < 1 or cols < count or cols % count or (cols // count) * rows > 1024:
+            raise DescriptionError(f"ReductionOperation: shape {rows}x{cols} needs cols a multiple of count {count} "
+                                   f"and at most 1024 threads ((cols / count) * rows)")
+        self.shape = (rows, cols)
+        self.C = C
+        self.element_accumulator = element_accumulator
+        self.element_workspace = element_workspace
+        self.element_compute = element_compute
+        self.epilogue_functor = epilogue_functor
+        self.count = count
+        self.partitions_per_stage = partitions_per_stage
+
+    def _signature(self) -> tuple:
+        return ("reduction", self.compute_capability, self.shape, self.C, self.element_accumulator,
+                self.element_workspace, self.element_compute, self.epilogue_functor, self.count,
+                self.partitions_per_stage)
+
+    def _readable_name(self) -> str:
+        s = names.SHORT
+        return (f"reduce_splitk_{s[self.element_workspace]}{s[self.element_accumulator]}{s[self.C.element]}_"
+                f"{self.shape[0]}x{self.shape[1]}_c{self.count}")
+
+    def headers(self) -> list[str]:
+        return ["cutlass/reduction/kernel/reduce_split_k.h", "cutlass/reduction/thread/reduction_operators.h",
+                *names.epilogue_headers(self.epilogue_functor)]
+
+    def emit_body(self) -> str:
+        activation = self.epilogue_functor.activation
+        return render("reduction.cu.j2", name=self.name, summary=self.describe(),
+                      epilogue=names.epilogue_functor(self.epilogue_functor), shape=self.shape,
+                      element_accumulator=names.ELEMENT[self.element_accumulator],
+                      element_workspace=names.ELEMENT[self.element_workspace], count=self.count,
+                      partitions_per_stage=self.partitions_per_stage,
+                      activation_args=activation.argument_names if activation else ())
+
+    def describe(self) -> str:
+        return (f"split-K reduction {self.element_workspace.label}->{self.C.element.label}/{self.C.layout.value} "
+                f"shape={self.shape} count={self.count} epilogue={self.epilogue_functor.describe()}")

@@ -1,0 +1,86 @@
+"""ReductionArguments: reduce a parallel split-K workspace into D = epilogue(alpha * sum + beta * C)."""
+from __future__ import annotations
+
+from ...description.types import LayoutType
+from ...emit.abi import ReductionArgs, fill_epilogue
+from ...errors import ArgumentError
+from ..tensors import describe
+from .base import OperationArguments
+from .gemm import coerce_output_op
+from .matrix import check_output_geometry, matrix_geometry
+
+
+class ReductionArguments(OperationArguments):
+    """``workspace``: the address of ``partitions`` packed M x N slices in C's layout (``GemmArguments.ptr_D``),
+    or the GemmArguments/Conv2dArguments object that owns it (which also keeps it alive)."""
+
+    def __init__(self, operation, problem_size, partitions: int, workspace, destination, source=None,
+                 output_op=None, partition_stride: int | None = None, stream=None):
+        from ...operations.reduction import ReductionOperation
+
+        if not isinstance(operation, ReductionOperation):
+            raise ArgumentError(f"ReductionArguments needs a ReductionOperation, got {type(operation).__name__}")
+        if stream is None and hasattr(workspace, "stream"):
+            stream = workspace.stream  # run on the producer's stream so the workspace is ready
+        super().__init__(operation, stream)
+        try:
+            m, n = (int(v) for v in problem_size)
+        except (TypeError, ValueError):
+            raise ArgumentError(f"problem_size must be [M, N], got {problem_size!r}") from None
+        if isinstance(partitions, bool) or int(partitions) < 1:
+            raise ArgumentError(f"partitions must be a positive integer, got {partitions!r}")
+        self.problem_size = (m, n)
+        self.partitions = int(partitions)
+        self._producer = None
+        if hasattr(workspace, "ptr_D"):
+            self._producer = workspace
+            workspace = workspace.ptr_D
+        if not isinstance(workspace, int) or workspace == 0:
+            raise ArgumentError(f"workspace must be a device address (GemmArguments.ptr_D) or the arguments object "
+                                f"that owns it, got {workspace!r}")
+        self.workspace = workspace
+        self.partition_stride = m * n if partition_stride is None else int(partition_stride)
+        self.output_op = coerce_output_op(operation, output_op)
+        layout = operation.C.layout
+        contiguous = n if layout is LayoutType.RowMajor else m
+        if contiguous % operation.count:
+            raise ArgumentError(f"{'N' if layout is LayoutType.RowMajor else 'M'}={contiguous} must be a multiple of "
+                                f"the reduction's count {operation.count}")
+        if source is None and self.output_op.beta != 0:
+            raise ArgumentError(f"source (C) is None but beta is {self.output_op.beta}")
+        self._infos = {}
+        for label, tensor in (("destination", destination), ("source", source)):
+            if tensor is None:
+                continue
+            info = describe(tensor, label)
+            if info.element is not operation.C.element:
+                raise ArgumentError(f"{label}: expected {operation.C.element.label} elements, got {info.element.label}")
+            geometry = matrix_geometry(info, layout, m, n, 1, allow_broadcast=label == "source")
+            if label == "destination":
+                check_output_geometry(info, geometry, layout, m, n, 1)
+            if geometry.ld % operation.count and not geometry.broadcast:
+                raise ArgumentError(f"{label}: leading dimension {geometry.ld} must be a multiple of {operation.count}")
+            self._infos[label] = (info, geometry)
+        self._materialize()
+        self.addresses, self.lds = {}, {}
+        for label, (info, geometry) in self._infos.items():
+            address = self.tensors.address(info, is_output=label == "destination")
+            if address % (operation.count * info.itemsize):
+                raise ArgumentError(f"{label}: address {address:#x} is not aligned to {operation.count} elements")
+            self.addresses[label], self.lds[label] = address, geometry.ld
+        if "source" not in self.addresses:
+            self.addresses["source"], self.lds["source"] = self.addresses["destination"], self.lds["destination"]
+
+    def abi_struct(self) -> ReductionArgs:
+        m, n = self.problem_size
+        transposed = self.operation.C.layout is LayoutType.ColumnMajor
+        a = ReductionArgs()
+        a.m, a.n = (n, m) if transposed else (m, n)  # the kernel reduces a row-major view
+        a.partitions = self.partitions
+        a.partition_stride = self.partition_stride
+        a.workspace = self.workspace
+        a.ld_workspace = a.n
+        a.destination, a.ld_destination = self.addresses["destination"], self.lds["destination"]
+        a.source, a.ld_source = self.addresses["source"], self.lds["source"]
+        fill_epilogue(a, self.output_op)
+        return a

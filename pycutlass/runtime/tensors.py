@@ -1,0 +1,220 @@
+"""Tensor adapters: torch, numpy, cupy, ``__cuda_array_interface__`` and DLPack objects -> a device view.
+
+Device tensors are used in place (their strides give leading dimensions and batch strides). Host tensors
+(numpy, CPU torch) must be dense; they are copied to the device when the arguments are built and, for
+outputs, copied back by ``arguments.sync()``. Validation that needs no GPU (dtype, shape, strides) happens
+in ``describe()``, before any allocation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..description.types import DataType
+from ..errors import ArgumentError
+
+_NUMPY_TO_TYPE = {np.dtype(np.float64): DataType.float64, np.dtype(np.float32): DataType.float32,
+                  np.dtype(np.float16): DataType.float16, np.dtype(np.int8): DataType.int8,
+                  np.dtype(np.int32): DataType.int32}
+_TYPESTR_TO_TYPE = {"<f8": DataType.float64, "<f4": DataType.float32, "<f2": DataType.float16,
+                    "|i1": DataType.int8, "<i1": DataType.int8, "<i4": DataType.int32}
+_TORCH_NAMES = {"float64": DataType.float64, "float32": DataType.float32, "float16": DataType.float16,
+                "bfloat16": DataType.bfloat16, "int8": DataType.int8, "int32": DataType.int32}
+
+
+def storage_type(element: DataType) -> DataType:
+    """tf32 operands are float32 in memory."""
+    return DataType.float32 if element is DataType.tfloat32 else element
+
+
+@dataclass
+class TensorInfo:
+    """What the kernel needs to know about one operand, found without touching the GPU."""
+
+    name: str
+    kind: str  # "device" or "host"
+    element: DataType
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # in elements
+    source: object = field(repr=False, default=None)
+    device_address: int = 0  # for device tensors
+    host_array: np.ndarray | None = field(repr=False, default=None)  # for host tensors (dense)
+    torch_cpu: object = field(repr=False, default=None)  # a CPU torch tensor to copy results back into
+    device_index: int | None = None
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape)) if self.shape else 1
+
+    @property
+    def itemsize(self) -> int:
+        return self.element.bits // 8
+
+    def span_bytes(self) -> int:
+        """Bytes from the first to one past the last element addressed (strides may be 0 or permuted)."""
+        if any(s == 0 for s in self.shape):
+            return 0
+        last = sum((n - 1) * abs(st) for n, st in zip(self.shape, self.strides))
+        return (last + 1) * self.itemsize
+
+
+def _is_torch(obj) -> bool:
+    return type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr")
+
+
+def describe(obj, name: str) -> TensorInfo:
+    """Classify ``obj`` and read dtype, shape and strides. Raises ArgumentError for anything unusable."""
+    if obj is None:
+        raise ArgumentError(f"{name}: a tensor is required, got None")
+    if _is_torch(obj):
+        dtype_name = str(obj.dtype).replace("torch.", "")
+        element = _TORCH_NAMES.get(dtype_name)
+        if element is None:
+            raise ArgumentError(f"{name}: torch dtype {obj.dtype} is not supported; use one of "
+                                f"{sorted(_TORCH_NAMES)}")
+        shape, strides = tuple(obj.shape), tuple(obj.stride())
+        if obj.is_cuda:
+            return TensorInfo(name, "device", element, shape, strides, obj, device_address=obj.data_ptr(),
+                              device_index=obj.device.index)
+        if obj.device.type != "cpu":
+            raise ArgumentError(f"{name}: torch tensors must be on a CUDA device or the CPU, got {obj.device}")
+        host = obj.detach()
+        if dtype_name == "bfloat16":
+            array = host.view(dtype=__import__("torch").int16).numpy()
+        else:
+            array = host.numpy()
+        info = _host_info(array, name, element)
+        info.torch_cpu = obj
+        return info
+    if isinstance(obj, np.ndarray):
+        element = _NUMPY_TO_TYPE.get(obj.dtype)
+        if element is None and obj.dtype.name == "bfloat16":  # ml_dtypes
+            element = DataType.bfloat16
+        if element is None:
+            raise ArgumentError(f"{name}: numpy dtype {obj.dtype} is not supported; use float64, float32, "
+                                f"float16, bfloat16 (ml_dtypes), int8 or int32")
+        return _host_info(obj, name, element)
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        element = _TYPESTR_TO_TYPE.get(cai["typestr"])
+        if element is None:
+            raise ArgumentError(f"{name}: element type {cai['typestr']!r} is not supported")
+        shape = tuple(int(s) for s in cai["shape"])
+        itemsize = element.bits // 8
+        if cai.get("strides") is None:
+            strides = _contiguous_strides(shape)
+        else:
+            byte_strides = tuple(int(s) for s in cai["strides"])
+            if any(s % itemsize for s in byte_strides):
+                raise ArgumentError(f"{name}: strides {byte_strides} bytes are not multiples of the element size")
+            strides = tuple(s // itemsize for s in byte_strides)
+        address = int(cai["data"][0])
+        return TensorInfo(name, "device", element, shape, strides, obj, device_address=address)
+    if hasattr(obj, "__dlpack__"):
+        try:
+            import torch
+
+            return describe(torch.utils.dlpack.from_dlpack(obj), name)
+        except ImportError:
+            pass
+        try:
+            import cupy
+
+            return describe(cupy.from_dlpack(obj), name)
+        except ImportError:
+            pass
+        raise ArgumentError(f"{name}: a DLPack tensor needs torch or cupy installed to be read")
+    raise ArgumentError(f"{name}: expected a torch tensor, numpy array, cupy array or an object with "
+                        f"__cuda_array_interface__ or __dlpack__, got {type(obj).__name__}")
+
+
+def _contiguous_strides(shape) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(int(n), 1)
+    return tuple(reversed(strides))
+
+
+def _host_info(array: np.ndarray, name: str, element: DataType) -> TensorInfo:
+    if not (array.flags.c_contiguous or array.flags.f_contiguous):
+        raise ArgumentError(f"{name}: host arrays must be C- or Fortran-contiguous to be copied to the GPU "
+                            f"(strides {array.strides}); pass a contiguous array or a device tensor")
+    itemsize = array.itemsize
+    strides = tuple(s // itemsize for s in array.strides)
+    if array.size <= 1:
+        strides = _contiguous_strides(array.shape)
+    return TensorInfo(name, "host", element, tuple(array.shape), strides, array, host_array=array)
+
+
+class DeviceTensors:
+    """Owns the device copies of host tensors for one Arguments object and copies outputs back."""
+
+    def __init__(self, stream: int):
+        self.stream = stream
+        self.buffers = []  # keep-alive for every buffer the kernel sees
+        self._copy_back: list[tuple[TensorInfo, object]] = []
+
+    def address(self, info: TensorInfo, is_output: bool = False) -> int:
+        """The device address of ``info``'s first element, copying host tensors in."""
+        from . import driver
+        from .memory import device_buffer, device_buffer_from_host
+
+        if info.kind == "device":
+            if info.device_index is not None and info.device_index != driver.device_ordinal():
+                raise ArgumentError(f"{info.name}: tensor is on cuda:{info.device_index} but pycutlass runs on "
+                                    f"cuda:{driver.device_ordinal()}")
+            if info.device_index is None and info.numel and info.device_address:
+                ordinal = driver.pointer_device_ordinal(info.device_address)
+                if ordinal is None:
+                    raise ArgumentError(f"{info.name}: address {info.device_address:#x} is not device memory known "
+                                        f"to the CUDA driver")
+                if ordinal != driver.device_ordinal():
+                    raise ArgumentError(f"{info.name}: tensor is on cuda:{ordinal} but pycutlass runs on "
+                                        f"cuda:{driver.device_ordinal()}")
+            return info.device_address
+        array = info.host_array
+        if array.size == 0:
+            buffer = device_buffer(1, self.stream)
+        else:
+            buffer = device_buffer_from_host(array.ctypes.data, array.nbytes, self.stream)
+        self.buffers.append(buffer)
+        if is_output:
+            self._copy_back.append((info, buffer))
+        return int(buffer.ptr)
+
+    def allocate(self, nbytes: int) -> int:
+        from .memory import device_buffer
+
+        buffer = device_buffer(nbytes, self.stream)
+        self.buffers.append(buffer)
+        return int(buffer.ptr)
+
+    def upload(self, data: bytes | np.ndarray) -> int:
+        """A device copy of small host data (pointer arrays, problem sizes); kept alive with the arguments."""
+        from .memory import device_buffer_from_host
+
+        array = np.frombuffer(data, dtype=np.uint8) if isinstance(data, (bytes, bytearray)) else \
+            np.ascontiguousarray(data)
+        self._pinned_host = getattr(self, "_pinned_host", [])
+        self._pinned_host.append(array)  # the async copy reads it until the stream reaches it
+        buffer = device_buffer_from_host(array.ctypes.data, array.nbytes, self.stream)
+        self.buffers.append(buffer)
+        return int(buffer.ptr)
+
+    def copy_back(self) -> None:
+        """After the stream is synchronized: copy host-tensor outputs back into the user's arrays."""
+        from . import driver
+
+        for info, buffer in self._copy_back:
+            array = info.host_array
+            if array.size:
+                driver.memcpy_dtoh(array.ctypes.data, int(buffer.ptr), array.nbytes, self.stream)
+        if self._copy_back:
+            driver.synchronize_stream(self.stream)
+        for info, _ in self._copy_back:
+            if info.torch_cpu is not None and info.host_array.ctypes.data != info.torch_cpu.data_ptr():
+                import torch
+
+                info.torch_cpu.copy_(torch.from_numpy(info.host_array))
