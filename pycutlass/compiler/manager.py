@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 from ..emit.emitter import translation_unit
+from ..errors import CompilationError
 from . import toolchain
 from .backends import Backend, NvccBackend, NvrtcBackend, compile_in_subprocess
 from .target import resolve_target
@@ -127,7 +128,8 @@ class Compiler:
                         report.from_disk += 1
                     else:
                         still_missing.append((op, arch))
-                for unit_ops, arch, binary in self._compile_units(still_missing, backend, jobs):
+                failures = []
+                for unit_ops, arch, binary in self._compile_units(still_missing, backend, jobs, failures):
                     entries = [(keys[(op, arch)], op.name, {"kernel": op.kernel_symbol, "builder": op.builder_symbol,
                                                              "backend": backend.name, "arch": arch,
                                                              "description": op.describe()}) for op in unit_ops]
@@ -135,6 +137,14 @@ class Compiler:
                     for op in unit_ops:
                         results[keys[(op, arch)]] = self._remember(keys[(op, arch)], binary, sha, op, backend, arch)
                     report.compiled += len(unit_ops)
+                if failures:  # the units that compiled are cached; name the ones that did not
+                    report.seconds = time.perf_counter() - start
+                    self.last_report = report
+                    failed = [op.name for ops, _, _ in failures for op in ops]
+                    first = failures[0][2]
+                    raise CompilationError(f"{len(failed)} operation(s) failed to compile with {backend.name}: "
+                                           f"{', '.join(failed)}. First error: {first}",
+                                           log=getattr(first, "log", ""), source=getattr(first, "source", ""))
         report.seconds = time.perf_counter() - start
         self.last_report = report
         return [results[keys[(op, arch)]] for op, arch in keyed]
@@ -145,8 +155,8 @@ class Compiler:
             self._memory[key] = kernel
         return kernel
 
-    def _compile_units(self, missing, backend: Backend, jobs: int | None):
-        """Yields (operations, arch, cubin) per translation unit."""
+    def _compile_units(self, missing, backend: Backend, jobs: int | None, failures: list):
+        """Yields (operations, arch, cubin) per translation unit; appends (operations, arch, error) on failure."""
         by_arch: dict[int, list] = {}
         for op, arch in missing:
             by_arch.setdefault(arch, []).append(op)
@@ -156,7 +166,12 @@ class Compiler:
             units.extend((ops[i::n], arch) for i in range(n))
         if len(units) == 1:
             ops, arch = units[0]
-            yield ops, arch, backend.compile(translation_unit(ops), arch, _unit_name(ops))
+            try:
+                binary = backend.compile(translation_unit(ops), arch, _unit_name(ops))
+            except CompilationError as error:
+                failures.append((ops, arch, error))
+                return
+            yield ops, arch, binary
             return
         if backend.name == "nvrtc":  # NVRTC serializes threads of one process: use processes
             pool = futures.ProcessPoolExecutor(max_workers=len(units), mp_context=multiprocessing.get_context("spawn"))
@@ -167,7 +182,12 @@ class Compiler:
                                    arch, _unit_name(ops)): (ops, arch) for ops, arch in units}
             for done in futures.as_completed(pending):
                 ops, arch = pending[done]
-                yield ops, arch, done.result()
+                try:
+                    binary = done.result()
+                except CompilationError as error:
+                    failures.append((ops, arch, error))
+                    continue
+                yield ops, arch, binary
 
 
 def _unit_name(ops) -> str:

@@ -7,3 +7,6 @@ __all__ = ["GemmOperationUniversal", "Operation", "ReductionOperation"]
 from .gemm_grouped import GemmOperationGrouped, SchedulerMode  # noqa: E402
 
 __all__ += ["GemmOperationGrouped", "SchedulerMode"]
+from .conv2d import Conv2dOperation  # noqa: E402
+
+__all__ += ["Conv2dOperation"]

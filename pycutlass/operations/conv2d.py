@@ -17,13 +17,16 @@ Which CUTLASS specializations exist (cutlass/conv/kernel/default_conv2d_{fprop,d
   strided-dgrad kernel, which static_asserts a StridedDgrad* swizzle, and does not support dilation > 1 nor split-K
   with stride > 1).
 * wgrad: TensorOp and SIMT, analytic / optimized; ``StrideSupport`` has no effect.
+* swizzles: IdentitySwizzle1/2/4/8, and StridedDgradIdentitySwizzle1/4 for strided dgrad only. HorizontalSwizzle
+  and StridedDgradHorizontalSwizzle do not compile with the conv kernels (no ``get_tile_offset(int)``).
 
 Split-K. Serial (``SplitKMode.Serial``, ``split_k_slices`` > 1): slices of one output tile take turns through a
 semaphore per (m, n) tile; ``LaunchInfo.semaphore_count`` = grid m * n ints, zeroed before the launch, are needed.
 Parallel (``SplitKMode.Parallel``): ``ImplicitGemmConvolution`` writes slice ``k`` of the K reduction with its
 epilogue to ``ptr_D + k * implicit_gemm_tensor_c_size(kind, problem)`` elements (ElementC = this operation's
 C element), i.e. the workspace is ``split_k_slices`` consecutive packed copies of the C tensor (NPQK for fprop,
-NHWC for dgrad, KRSC for wgrad). A reduction then sums the slices and applies alpha, beta and C. To keep the
+NHWC for dgrad, KRSC for wgrad); equivalently each slice is the implicit GEMM's M x N output, row-major with
+ld = N (NPQ x K, NHW x C, K x RSC), slices ``partition_stride`` = M * N elements apart. A reduction then sums the slices and applies alpha, beta and C. To keep the
 partial sums exact, build the conv operation with ``C.element`` = the accumulator type and run it with alpha = 1,
 beta = 0. No semaphores are used in parallel mode.
 """
@@ -34,8 +37,9 @@ import ctypes
 from ..conv import Conv2dProblemSize, IteratorAlgorithm, Operator, SplitKMode, StrideSupport
 from ..description.tensor_description import TensorDescription
 from ..description.tile_description import TileDescription
-from ..description.types import (CONV_SWIZZLES, DataType, IdentitySwizzle1, LayoutType, OpClass,
-                                 SwizzlingFunctor)
+from ..description.types import (CONV_SWIZZLES, DataType, IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4,
+                                 IdentitySwizzle8, LayoutType, OpClass, StridedDgradIdentitySwizzle1,
+                                 StridedDgradIdentitySwizzle4, SwizzlingFunctor)
 from ..emit import abi, names
 from ..emit.emitter import render
 from ..epilogue.functors import EpilogueFunctor
@@ -61,6 +65,11 @@ KERNEL_HEADER = {Operator.fprop: "cutlass/conv/kernel/default_conv2d_fprop.h",
                  Operator.wgrad: "cutlass/conv/kernel/default_conv2d_wgrad.h"}
 ALGORITHM_SHORT = {IteratorAlgorithm.analytic: "analytic", IteratorAlgorithm.optimized: "optimized",
                    IteratorAlgorithm.fixed_channels: "fixedch", IteratorAlgorithm.few_channels: "fewch"}
+
+# Swizzles that build with CUTLASS 4.2's conv kernels. The horizontal ones (GemmHorizontalThreadblockSwizzle,
+# StridedDgradHorizontalThreadblockSwizzle) lack get_tile_offset(int), which the conv kernels call.
+IDENTITY_SWIZZLES = (IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4, IdentitySwizzle8)
+STRIDED_DGRAD_SWIZZLES = (StridedDgradIdentitySwizzle1, StridedDgradIdentitySwizzle4)
 
 _NHWC = LayoutType.TensorNHWC
 _INTERLEAVED = (LayoutType.TensorNC32HW32, LayoutType.TensorC32RSK32, LayoutType.TensorNC32HW32)
@@ -97,7 +106,8 @@ class Conv2dOperation(Operation):
         self.compute_capability = check_compute_capability(arch)
         check_operand_types(tile_description, A, B, C, epilogue_functor, what)
         if swizzling_functor not in CONV_SWIZZLES:
-            raise DescriptionError(f"{what}: swizzling_functor must be one of {[s.name for s in CONV_SWIZZLES]}, "
+            raise DescriptionError(f"{what}: swizzling_functor must be one of "
+                                   f"{[s.name for s in IDENTITY_SWIZZLES + STRIDED_DGRAD_SWIZZLES]}, "
                                    f"got {swizzling_functor!r}")
         self.conv_kind = conv_kind
         self.iterator_algorithm = iterator_algorithm
@@ -161,16 +171,21 @@ class Conv2dOperation(Operation):
                     f"{what}: fixed_channels runs problems with C == the access size of both A and B, so A and B "
                     f"need the same alignment (got A {self.A.alignment}, B {self.B.alignment})")
 
-        strided_dgrad = self.is_strided_dgrad
-        if self.swizzling_functor.kind.startswith("strided_dgrad") and not strided_dgrad:
+        swizzle = self.swizzling_functor
+        if swizzle.kind in ("horizontal", "strided_dgrad_horizontal"):
             raise DescriptionError(
-                f"{what}: {self.swizzling_functor.name} is for dgrad with StrideSupport.Strided only (it has no "
-                f"GEMM tiling for other kernels); use IdentitySwizzle1/2/4/8 or HorizontalSwizzle")
-        if strided_dgrad and not self.swizzling_functor.kind.startswith("strided_dgrad"):
+                f"{what}: {swizzle.name} does not build with CUTLASS's convolution kernels (they call "
+                f"get_tile_offset(log_tile), which the horizontal swizzles lack); use IdentitySwizzle1/2/4/8, or "
+                f"StridedDgradIdentitySwizzle1/4 for strided dgrad")
+        if self.is_strided_dgrad:
+            if swizzle not in STRIDED_DGRAD_SWIZZLES:
+                raise DescriptionError(
+                    f"{what}: dgrad with StrideSupport.Strided runs CUTLASS's strided-dgrad kernel, which needs "
+                    f"StridedDgradIdentitySwizzle1 or StridedDgradIdentitySwizzle4 (got {swizzle.name}); or use "
+                    f"StrideSupport.Unity for stride-1 problems")
+        elif swizzle not in IDENTITY_SWIZZLES:
             raise DescriptionError(
-                f"{what}: dgrad with StrideSupport.Strided runs CUTLASS's strided-dgrad kernel, which needs "
-                f"StridedDgradIdentitySwizzle1, StridedDgradIdentitySwizzle4 or StridedDgradHorizontalSwizzle "
-                f"(got {self.swizzling_functor.name}); or use StrideSupport.Unity for stride-1 problems")
+                f"{what}: {swizzle.name} is for dgrad with StrideSupport.Strided only; use IdentitySwizzle1/2/4/8")
 
     @property
     def is_strided_dgrad(self) -> bool:
@@ -264,10 +279,7 @@ class Conv2dOperation(Operation):
 
     def grid_shape(self, problem_size: Conv2dProblemSize) -> tuple[int, int, int]:
         m, n, k = self.tiled_shape(problem_size)
-        swizzle = self.swizzling_functor
-        if swizzle.kind in ("horizontal", "strided_dgrad_horizontal"):
-            return n, m, k
-        width = swizzle.log_tile  # GemmIdentityThreadblockSwizzle<N>::get_log_tile
+        width = self.swizzling_functor.log_tile  # GemmIdentityThreadblockSwizzle<N>::get_log_tile
         log_tile = 3 if width >= 8 and n >= 6 else 2 if width >= 4 and n >= 3 else 1 if width >= 2 and n >= 2 else 0
         tile = 1 << log_tile
         return m * tile, -(-n // tile), k

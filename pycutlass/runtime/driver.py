@@ -98,9 +98,12 @@ def occupancy(function, block_threads: int, shared_memory_bytes: int, what: str)
 
 def launch(function, grid, block, shared_memory_bytes: int, stream: int, params_address: int, what: str) -> None:
     """``params_address``: the address of a void*[] holding one pointer per kernel parameter."""
-    driver = _driver()
-    check(driver.cuLaunchKernel(function, grid[0], grid[1], grid[2], block[0], block[1], block[2],
-                                shared_memory_bytes, stream, params_address, 0), "cuLaunchKernel", what)
+    from cuda.bindings.driver import CUresult, cuLaunchKernel
+
+    (err,) = cuLaunchKernel(function, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                            shared_memory_bytes, stream, params_address, 0)
+    if err != CUresult.CUDA_SUCCESS:  # the fast path stays a single call; errors get the full treatment
+        check((err,), "cuLaunchKernel", what)
 
 
 def memcpy_dtoh(host_address: int, device_address: int, nbytes: int, stream: int) -> None:
@@ -119,6 +122,12 @@ def memset_d8(device_address: int, value: int, nbytes: int, stream: int) -> None
 
 def synchronize_stream(stream: int, what: str = "") -> None:
     check(_driver().cuStreamSynchronize(stream), "cuStreamSynchronize", what)
+
+
+def allocate_persistent(nbytes: int, what: str) -> int:
+    """Driver memory that lives as long as a loaded module (not argument memory, so not tracked by RMM)."""
+    ensure_context()
+    return int(check(_driver().cuMemAlloc(nbytes), "cuMemAlloc", what))
 
 
 def pointer_device_ordinal(address: int) -> int | None:

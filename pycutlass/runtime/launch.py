@@ -32,10 +32,8 @@ class LoadedOperation:
         self.builder = driver.get_function(module, compiled.builder_symbol)
         self.dynamic_smem_opt_in = _STATIC_SHARED_MEMORY_LIMIT
         self.build_lock = threading.Lock()
-        from .memory import device_buffer
-
-        self._scratch = device_buffer(ctypes.sizeof(LaunchInfo) + MAX_PARAMS_BYTES)
-        self.scratch_info = int(self._scratch.ptr)
+        # Where the builder writes Params; lives with the module, like the kernel itself.
+        self.scratch_info = driver.allocate_persistent(ctypes.sizeof(LaunchInfo) + MAX_PARAMS_BYTES, self.name)
         self.scratch_params = self.scratch_info + ctypes.sizeof(LaunchInfo)
 
     def ensure_shared_memory(self, nbytes: int) -> None:
@@ -79,10 +77,13 @@ class PreparedLaunch:
         return 0 in self.grid
 
     def launch(self, stream: int) -> None:
-        if self.empty:
+        if self.empty:  # CUDA rejects empty grids; an empty problem has nothing to write
             return
         driver.launch(self.function, self.grid, self.block, self.shared_memory_bytes, stream,
-                      ctypes.addressof(self.param_pointers), self.name)
+                      self.param_address, self.name)
+
+    def __post_init__(self):
+        self.param_address = ctypes.addressof(self.param_pointers)
 
 
 def prepare(operation, abi_struct, stream: int) -> PreparedLaunch:

@@ -242,7 +242,7 @@ def test_emission_shares_a_unit_with_a_gemm():
         assert source.count(f"void {op.builder_symbol}(") == 1
         assert re.search(rf"\b{op.kernel_symbol}\(typename {op.name}_ns::Kernel::Params params\)", source)
     for op in ops[:2] + ops[3:]:
-        assert f"extern \"C\" __device__ const int {op.shared_storage_symbol} =" in source
+        assert f"extern \"C\" __device__ const int {op.shared_storage_symbol} =\n" in source
         assert f"pycutlass_abi::GemmGroupedArgs a, pycutlass_abi::LaunchInfo *info" in source
     device, host, _, host_bf16 = ops
     assert "GroupScheduleMode::kDeviceOnly" in device.emit_body()
@@ -261,7 +261,7 @@ def test_emission_shares_a_unit_with_a_gemm():
         defined = set(re.findall(r"^namespace (\w+) \{", body, re.M)
                       + re.findall(r"^(?!static_assert)(\w+)\(", body, re.M)
                       + re.findall(r"extern \"C\" __global__ void (?!__launch_bounds__)(\w+)\(", body)
-                      + re.findall(r"extern \"C\" __device__ const int (\w+) =", body))
+                      + re.findall(r"extern \"C\" __device__ const int (\w+) =$", body, re.M))
         expected = {op.name + "_ns", op.kernel_symbol, op.builder_symbol, op.shared_storage_symbol}
         assert defined == expected | ({op.precompute_symbol} if op.precompute_symbol else set())
 

@@ -1,0 +1,253 @@
+"""GemmGroupedArguments: a list of independent GEMMs (each its own M, N, K and tensors) for GemmOperationGrouped.
+
+Validation (sizes, dtypes, shapes, strides, alignment, device-tensor addresses) completes in ``__init__`` before
+anything touches the GPU. Then one device buffer holds the per-problem arrays the kernel reads (problem sizes,
+A/B/C/D pointers, leading dimensions), owned by these arguments like the copies of host tensors and, in
+SchedulerMode.Host, the schedule workspace; all live as long as the arguments object.
+
+Zero-sized problems: M == 0 or N == 0 gives no output tile, so the kernel's scheduler skips the problem (it stays
+in the list, keeping problem indices equal to the user's). K == 0 is computed by the kernel as D = epilogue(beta *
+C): with an empty K extent every A/B load is predicated off, the accumulators stay zero and the epilogue still runs
+over the M x N output. A group without any output tile launches nothing.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from ...emit.abi import GemmGroupedArgs, LaunchInfo, fill_epilogue
+from ...errors import ArgumentError, CudaError
+from ..tensors import describe, storage_type
+from .base import OperationArguments
+from .gemm import check_problem_alignment, coerce_output_op, coerce_problem_size
+from .matrix import MatrixGeometry, check_output_geometry, matrix_geometry
+
+_ARRAY_ALIGNMENT = 16  # bytes; each per-problem array starts aligned in the shared buffer
+_shared_storage_bytes: dict[tuple[str, str], int] = {}  # (cubin sha256, operation name) -> bytes
+_precompute_functions: dict[tuple[str, str], object] = {}
+
+
+def _list_of(name: str, values, count: int, allow_none: bool = False) -> list:
+    if values is None and allow_none:
+        return [None] * count
+    if not isinstance(values, (list, tuple)):
+        raise ArgumentError(f"{name} must be a list with one tensor per problem, got {type(values).__name__}")
+    if len(values) != count:
+        raise ArgumentError(f"{name} has {len(values)} tensor(s) but there are {count} problem(s)")
+    return list(values)
+
+
+class GemmGroupedArguments(OperationArguments):
+    """``D_i = epilogue(alpha * A_i @ B_i + beta * C_i)`` for every problem ``i`` of ``problem_sizes``.
+
+    ``As``, ``Bs``, ``Cs``, ``Ds``: one 2-D tensor per problem (torch, numpy, cupy, ``__cuda_array_interface__``
+    or DLPack), with the operation's layouts; each may have its own leading dimension. ``Cs`` may be None (or hold
+    None entries) when beta is 0. One alpha/beta (``output_op``) applies to the whole group.
+    """
+
+    def __init__(self, operation, problem_sizes, As, Bs, Cs, Ds, output_op=None, stream=None):
+        from ...operations.gemm_grouped import GemmOperationGrouped
+
+        if not isinstance(operation, GemmOperationGrouped):
+            raise ArgumentError(f"GemmGroupedArguments needs a GemmOperationGrouped, got {type(operation).__name__}")
+        super().__init__(operation, stream)
+        if not isinstance(problem_sizes, (list, tuple)):
+            raise ArgumentError(f"problem_sizes must be a list of pycutlass.gemm.GemmCoord(M, N, K), "
+                                f"got {type(problem_sizes).__name__}")
+        problems = []
+        for index, problem in enumerate(problem_sizes):
+            try:
+                problems.append(coerce_problem_size(problem))
+            except ArgumentError as exc:
+                raise ArgumentError(f"problem {index}: {exc}") from None
+        self.problem_sizes = problems
+        count = len(problems)
+        As, Bs, Ds = (_list_of(name, values, count) for name, values in (("As", As), ("Bs", Bs), ("Ds", Ds)))
+        Cs = _list_of("Cs", Cs, count, allow_none=True)
+        self.output_op = coerce_output_op(operation, output_op)
+        functor = operation.epilogue_functor
+        self.tile_count = operation.tile_count(problems)
+
+        self._operands: list[dict] = []
+        for index, problem in enumerate(problems):
+            m, n, k = problem
+            try:
+                check_problem_alignment(operation, m, n, k)
+            except ArgumentError as exc:
+                raise ArgumentError(f"problem {index} {problem}: {exc}") from None
+            if functor.kind == "FastLinearCombinationClamp" and k > 256:
+                raise ArgumentError(f"problem {index}: FastLinearCombinationClamp is exact only for K <= 256, "
+                                    f"got K={k}")
+            if Cs[index] is None and self.output_op.beta != 0:
+                raise ArgumentError(f"problem {index}: Cs[{index}] is None but beta is {self.output_op.beta}; "
+                                    f"pass C or set beta to 0")
+            operands = {}
+            for label, tensor, rows, cols, desc in (("A", As[index], m, k, operation.A),
+                                                    ("B", Bs[index], k, n, operation.B),
+                                                    ("C", Cs[index], m, n, operation.C),
+                                                    ("D", Ds[index], m, n, operation.C)):
+                if tensor is None and label == "C":
+                    continue
+                operands[label] = self._describe_operand(index, label, tensor, rows, cols, desc)
+            self._operands.append(operands)
+        self._materialize()
+
+    # --- validation (no GPU) --------------------------------------------------------------------------------
+    def _describe_operand(self, index: int, label: str, tensor, rows: int, cols: int, desc):
+        name = f"{label}s[{index}] (problem {index}, operand {label})"
+        if tensor is None:
+            raise ArgumentError(f"{name}: a tensor is required, got None")
+        info = describe(tensor, name)
+        if info.element is not storage_type(desc.element):
+            raise ArgumentError(f"{name}: the operation expects {storage_type(desc.element).label} elements, got "
+                                f"{info.element.label}")
+        if len(info.shape) != 2 and not (label == "C" and len(info.shape) == 1):
+            raise ArgumentError(f"{name}: expected a 2-D tensor of shape ({rows}, {cols}), got shape {info.shape}")
+        geometry = matrix_geometry(info, desc.layout, rows, cols, 1, allow_broadcast=label == "C")
+        if label == "D":
+            check_output_geometry(info, geometry, desc.layout, rows, cols, 1)
+        if info.numel == 0:  # never accessed (M, N or K is 0): any aligned leading dimension will do
+            return info, MatrixGeometry(-(-max(geometry.ld, 1) // desc.alignment) * desc.alignment, 0)
+        if geometry.ld % desc.alignment and not geometry.broadcast:
+            raise ArgumentError(f"{name}: leading dimension {geometry.ld} is not a multiple of the operation's "
+                                f"{label if label != 'D' else 'C'} alignment {desc.alignment}")
+        vector_bytes = desc.alignment * info.itemsize
+        if info.kind == "device" and info.device_address % vector_bytes:
+            raise ArgumentError(f"{name}: address {info.device_address:#x} is not aligned to the operation's "
+                                f"{vector_bytes}-byte vector accesses (alignment {desc.alignment}); use an aligned "
+                                f"tensor or an operation with a smaller alignment")
+        return info, geometry
+
+    # --- device state ---------------------------------------------------------------------------------------
+    def _materialize(self) -> None:
+        super()._materialize()
+        count = len(self.problem_sizes)
+        sizes = np.zeros((count, 3), dtype=np.int32)  # cutlass::gemm::GemmCoord: 3 x int32
+        pointers = {label: np.zeros(count, dtype=np.uint64) for label in "ABCD"}
+        lds = {label: np.zeros(count, dtype=np.int64) for label in "ABCD"}
+        for index, (problem, operands) in enumerate(zip(self.problem_sizes, self._operands)):
+            sizes[index] = tuple(problem)
+            for label in "ABDC":
+                if label not in operands:  # beta == 0 without C: C aliases D and is never read
+                    pointers["C"][index], lds["C"][index] = pointers["D"][index], lds["D"][index]
+                    continue
+                info, geometry = operands[label]
+                pointers[label][index] = self.tensors.address(info, is_output=label == "D")
+                lds[label][index] = geometry.ld
+        # One buffer for all per-problem arrays: [sizes][ptr A][ptr B][ptr C][ptr D][ld A][ld B][ld C][ld D].
+        arrays = [("problem_sizes", sizes)] + [(f"ptr_{x}", pointers[x]) for x in "ABCD"] + \
+                 [(f"ld{x.lower()}", lds[x]) for x in "ABCD"]
+        blob, offsets = bytearray(), {}
+        for field, array in arrays:
+            blob.extend(b"\0" * (-len(blob) % _ARRAY_ALIGNMENT))
+            offsets[field] = len(blob)
+            blob.extend(array.tobytes())
+        base = self.tensors.upload(bytes(blob)) if count else 0
+        self.device_arrays = {field: base + offset for field, offset in offsets.items()} if count else \
+            {field: 0 for field, _ in arrays}
+        self.workspace = 0
+        self.workspace_bytes = 0
+        self.threadblock_count = 0
+
+    def abi_struct(self) -> GemmGroupedArgs:
+        a = GemmGroupedArgs()
+        a.problem_count = len(self.problem_sizes)
+        a.threadblock_count = self.threadblock_count
+        a.tile_count = self.tile_count
+        a.problem_sizes = self.device_arrays["problem_sizes"]
+        a.ptr_A, a.ptr_B, a.ptr_C, a.ptr_D = (self.device_arrays[f"ptr_{x}"] for x in "ABCD")
+        a.lda, a.ldb, a.ldc, a.ldd = (self.device_arrays[f"ld{x}"] for x in "abcd")
+        a.workspace = self.workspace
+        a.workspace_bytes = self.workspace_bytes
+        fill_epilogue(a, self.output_op)
+        return a
+
+    def prepared(self):
+        if self._prepared is None:
+            self._prepared = self._prepare()
+        return self._prepared
+
+    def _prepare(self):
+        """Size the persistent grid from the occupancy, build Params on the device and write the Host schedule."""
+        from .. import driver
+        from ..launch import PreparedLaunch, loaded, prepare
+
+        op = self.operation
+        lo = loaded(op)
+        smem = _shared_storage(op, self.stream)
+        lo.ensure_shared_memory(smem)
+        occupancy = driver.occupancy(lo.kernel, op.thread_count, smem, op.name)
+        if occupancy <= 0:
+            raise CudaError(f"{op.name}: the kernel ({smem} bytes of shared memory, {op.thread_count} threads) "
+                            f"cannot be resident on an SM", operation=op.name)
+        sm_count = driver.device_attribute("MULTIPROCESSOR_COUNT")
+        self.threadblock_count = op.grid_for(sm_count, occupancy, self.problem_sizes) if self.problem_sizes else 0
+        if self.threadblock_count == 0:  # no output tile in the whole group
+            params = (ctypes.c_byte * 1)()
+            return PreparedLaunch(lo.kernel, (0, 1, 1), (op.thread_count, 1, 1), smem, params,
+                                  driver.pointer_array(ctypes.addressof(params)), 0, op.name)
+        if op.precompute_symbol:
+            self.workspace_bytes = op.workspace_bytes(self.problem_sizes, self.threadblock_count)
+            self.workspace = self.tensors.allocate(self.workspace_bytes)
+        abi_struct = self.abi_struct()
+        launch = prepare(op, abi_struct, self.stream)
+        if op.precompute_symbol:
+            self._write_schedule(lo, abi_struct)
+        return launch
+
+    def _write_schedule(self, lo, abi_struct) -> None:
+        """Run <name>_precompute once; the schedule depends only on the sizes and the grid, fixed per arguments."""
+        from .. import driver
+        from ...operations.gemm_grouped import PRECOMPUTE_THREADS
+
+        op = self.operation
+        key = _module_key(op)
+        function = _precompute_functions.get(key)
+        if function is None:
+            function = _precompute_functions[key] = driver.get_function(_module_of(op), op.precompute_symbol)
+        info = LaunchInfo()
+        info_device = self.tensors.allocate(ctypes.sizeof(LaunchInfo))
+        driver.memset_d8(info_device, 0, ctypes.sizeof(LaunchInfo), self.stream)
+        info_ptr = ctypes.c_uint64(info_device)
+        args = driver.pointer_array(ctypes.addressof(abi_struct), ctypes.addressof(info_ptr))
+        driver.launch(function, (1, 1, 1), (PRECOMPUTE_THREADS, 1, 1), 0, self.stream, ctypes.addressof(args),
+                      op.name + " precompute")
+        driver.memcpy_dtoh(ctypes.addressof(info), info_device, ctypes.sizeof(info), self.stream)
+        driver.synchronize_stream(self.stream, op.name + " precompute")
+        if info.status != 0:
+            raise ArgumentError(f"{op.name}: the Host schedule could not be written (cutlass::Status {info.status}): "
+                                f"{self.tile_count} tiles, {self.threadblock_count} blocks, workspace "
+                                f"{self.workspace_bytes} bytes")
+
+
+def _module_key(op) -> tuple[str, str]:
+    from ...compiler.manager import COMPILER
+
+    return COMPILER.lookup(op).sha256, op.name
+
+
+def _module_of(op):
+    """The module runtime.launch loaded for ``op`` (``loaded(op)`` must have run)."""
+    from .. import launch
+
+    return launch._modules[_module_key(op)[0]]
+
+
+def _shared_storage(op, stream: int) -> int:
+    """``<name>_shared_storage_bytes`` from the loaded module (cached per module and operation)."""
+    from .. import driver
+
+    key = _module_key(op)
+    value = _shared_storage_bytes.get(key)
+    if value is None:
+        cuda = driver._driver()
+        address, size = driver.check(cuda.cuModuleGetGlobal(_module_of(op), op.shared_storage_symbol.encode()),
+                                     f"cuModuleGetGlobal({op.shared_storage_symbol})", op.name)
+        if int(size) != 4:
+            raise CudaError(f"{op.shared_storage_symbol} is {int(size)} bytes, expected an int", operation=op.name)
+        holder = ctypes.c_int32()
+        driver.memcpy_dtoh(ctypes.addressof(holder), int(address), 4, stream)
+        driver.synchronize_stream(stream, op.name)
+        value = _shared_storage_bytes[key] = int(holder.value)
+    return value

@@ -1,0 +1,53 @@
+"""GPU fixtures: one RMM pool per session, operations precompiled in parallel, allocator checked per test."""
+from __future__ import annotations
+
+import gc
+import os
+
+import numpy as np
+import pytest
+
+import pycutlass as cutlass
+
+
+@pytest.fixture(scope="session")
+def memory_pool():
+    cutlass.get_memory_pool(2**28, 2**34)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def allocator_returns_to_baseline(request):
+    """Every GPU test must give back what its arguments allocated."""
+    if "gpu" not in request.keywords:
+        yield
+        return
+    request.getfixturevalue("memory_pool")
+    gc.collect()
+    before = cutlass.get_allocated_size()
+    yield
+    gc.collect()
+    after = cutlass.get_allocated_size()
+    assert after == before, f"allocator not back to baseline: {after - before} bytes still held"
+
+
+def precompile(operations, backend: str = "nvcc") -> None:
+    """Compile every operation a module needs in parallel units (the host has many cores)."""
+    previous = cutlass.compiler.backend()
+    try:
+        cutlass.compiler.nvrtc() if backend == "nvrtc" else cutlass.compiler.nvcc()
+        cutlass.compiler.add_module(operations, jobs=min(16, os.cpu_count() or 1, len(operations)))
+    except cutlass.CompilationError as error:
+        # Tests of the operations that compiled still run; the others fail with this error when they compile.
+        print(f"precompile ({backend}): {str(error)[:2000]}")
+    finally:
+        cutlass.compiler.COMPILER.use(previous)
+
+
+def relative_error(got, reference) -> float:
+    got = np.asarray(got, dtype=np.float64)
+    reference = np.asarray(reference, dtype=np.float64)
+    if not np.all(np.isfinite(got)):
+        return float("inf")  # NaN poison left behind, or an overflow: never passes
+    denominator = np.linalg.norm(reference)
+    return float(np.linalg.norm(got - reference) / (denominator if denominator else 1.0))
