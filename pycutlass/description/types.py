@@ -98,8 +98,8 @@ StridedDgradIdentitySwizzle1 = SwizzlingFunctor("StridedDgradIdentitySwizzle1", 
 StridedDgradIdentitySwizzle4 = SwizzlingFunctor("StridedDgradIdentitySwizzle4", "strided_dgrad", 4)
 StridedDgradHorizontalSwizzle = SwizzlingFunctor("StridedDgradHorizontalSwizzle", "strided_dgrad_horizontal")
 
-GEMM_SWIZZLES = (IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4, IdentitySwizzle8,
-                 HorizontalSwizzle, BatchedIdentitySwizzle)
+# GemmUniversal takes swizzles whose tile offset comes from a log tile; the horizontal one is conv-only.
+GEMM_SWIZZLES = (IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4, IdentitySwizzle8, BatchedIdentitySwizzle)
 CONV_SWIZZLES = (IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4, IdentitySwizzle8, HorizontalSwizzle,
                  StridedDgradIdentitySwizzle1, StridedDgradIdentitySwizzle4, StridedDgradHorizontalSwizzle)
 

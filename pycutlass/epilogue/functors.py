@@ -101,5 +101,6 @@ class LinearCombinationGeneric(EpilogueFunctor):
         self.__post_init__()
 
     def __repr__(self) -> str:
-        return (f"LinearCombinationGeneric({self.activation.name}, {self.element_output!r}, {self.alignment}, "
+        # The activation's full repr (with its compute type) keeps operation names unique.
+        return (f"LinearCombinationGeneric({self.activation!r}, {self.element_output!r}, {self.alignment}, "
                 f"{self.element_accumulator!r}, {self.element_epilogue!r})")

@@ -135,6 +135,14 @@ class Conv2dOperation(Operation):
         elif element not in _FLOAT_TYPES:
             raise DescriptionError(f"{what}: unsupported operand type {element.label}")
 
+        if element is DataType.float64 and math.opcode_class is OpClass.TensorOp:
+            for label, desc in (("A", self.A), ("B", self.B)):
+                if desc.alignment != 1:
+                    raise DescriptionError(
+                        f"{what}: float64 tensor-op convolutions load A and B one 64-bit element at a time "
+                        f"(CUTLASS's double-precision thread maps), so {label} alignment must be 1, got "
+                        f"{desc.alignment}")
+
         if any(layout.is_interleaved for layout in layouts):
             if layouts != _INTERLEAVED:
                 raise DescriptionError(

@@ -27,8 +27,7 @@ DTYPE_LAYOUT += [(cfg, (R, CM, R)) for cfg in ("f16acc16", "f16_1688", "bf16_168
                                                 "f32_fast_f16", "f32_fast_bf16", "f64_simt")]
 DTYPE_LAYOUT += [("f32_simt", (CM, R, CM)), ("f64_simt", (CM, CM, R))]
 ACTIVATIONS = ["relu", "leaky_relu", "tanh", "sigmoid", "silu", "hardswish", "gelu"]
-SWIZZLES = [cutlass.IdentitySwizzle1, cutlass.IdentitySwizzle2, cutlass.IdentitySwizzle4, cutlass.IdentitySwizzle8,
-            cutlass.HorizontalSwizzle]
+SWIZZLES = [cutlass.IdentitySwizzle1, cutlass.IdentitySwizzle2, cutlass.IdentitySwizzle4, cutlass.IdentitySwizzle8]
 
 
 def _op_dtype(cfg, layouts):

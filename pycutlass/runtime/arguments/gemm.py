@@ -179,6 +179,20 @@ class GemmArguments(OperationArguments):
             if geometry.ld % alignment and not geometry.broadcast and not op.C.layout.is_interleaved:
                 raise ArgumentError(f"{label}: leading dimension {geometry.ld} is not a multiple of the operation's "
                                     f"alignment {alignment}")
+        if k == 0:
+            # Nothing is multiplied, but the main loop still forms A/B addresses: give it a real, zeroed buffer
+            # (an empty tensor's pointer may be null) with leading dimension 0 so every address stays inside it.
+            stand_in = self.tensors.allocate(256)
+            from .. import driver
+
+            driver.memset_d8(stand_in, 0, 256, self.stream)
+            for label in ("A", "B"):
+                if self.gemm_mode is Mode.Array:
+                    self.addresses[label] = self.tensors.upload(np.full(self.batch, stand_in, dtype=np.uint64))
+                else:
+                    self.addresses[label] = stand_in
+                self.lds[label] = 0
+                self.batch_strides[label] = 0
         if "C" not in self.addresses:  # beta == 0: the kernel does not read C
             self.addresses["C"], self.lds["C"], self.batch_strides["C"] = (self.addresses["D"], self.lds["D"],
                                                                            self.batch_strides["D"])

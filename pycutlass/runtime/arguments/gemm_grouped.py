@@ -8,7 +8,9 @@ SchedulerMode.Host, the schedule workspace; all live as long as the arguments ob
 Zero-sized problems: M == 0 or N == 0 gives no output tile, so the kernel's scheduler skips the problem (it stays
 in the list, keeping problem indices equal to the user's). K == 0 is computed by the kernel as D = epilogue(beta *
 C): with an empty K extent every A/B load is predicated off, the accumulators stay zero and the epilogue still runs
-over the M x N output. A group without any output tile launches nothing.
+over the M x N output. Predicated-off cp.async still needs a mapped address, so the A and B of K == 0 problems point
+at a small zeroed stand-in buffer (an empty tensor's pointer may be null). A group without any output tile launches
+nothing.
 """
 from __future__ import annotations
 
@@ -126,11 +128,19 @@ class GemmGroupedArguments(OperationArguments):
         sizes = np.zeros((count, 3), dtype=np.int32)  # cutlass::gemm::GemmCoord: 3 x int32
         pointers = {label: np.zeros(count, dtype=np.uint64) for label in "ABCD"}
         lds = {label: np.zeros(count, dtype=np.int64) for label in "ABCD"}
+        stand_in = self._empty_operand_stand_in()
         for index, (problem, operands) in enumerate(zip(self.problem_sizes, self._operands)):
             sizes[index] = tuple(problem)
+            m, n, k = problem
             for label in "ABDC":
                 if label not in operands:  # beta == 0 without C: C aliases D and is never read
                     pointers["C"][index], lds["C"][index] = pointers["D"][index], lds["D"][index]
+                    continue
+                if label in "AB" and k == 0 and m and n:
+                    # K == 0 still runs the main loop with every load predicated off, but cp.async faults on an
+                    # unmapped address even with a zero source size (an empty tensor's pointer may be 0). Point
+                    # A and B at a zeroed stand-in that covers every address the iterators form with ld = 0.
+                    pointers[label][index], lds[label][index] = stand_in, 0
                     continue
                 info, geometry = operands[label]
                 pointers[label][index] = self.tensors.address(info, is_output=label == "D")
@@ -149,6 +159,25 @@ class GemmGroupedArguments(OperationArguments):
         self.workspace = 0
         self.workspace_bytes = 0
         self.threadblock_count = 0
+
+    def _empty_operand_stand_in(self) -> int:
+        """A zeroed device buffer for the A and B of K == 0 problems (0 when there are none).
+
+        With ld = 0 an iterator's addresses stay within the contiguous extent of one operand (at most the problem's
+        M or N rounded up to a tile) plus the K-steps the pipelined main loop advances (a few threadblock K tiles).
+        """
+        needed = [max(m, n) for m, n, k in self.problem_sizes if k == 0 and m and n]
+        if not needed:
+            return 0
+        tile_m, tile_n, tile_k = self.operation.tile_description.threadblock_shape
+        stages = self.operation.tile_description.stages
+        elements = max(needed) + max(tile_m, tile_n) + 2 * (stages + 1) * tile_k
+        nbytes = elements * 8  # enough for any element type
+        from .. import driver
+
+        address = self.tensors.allocate(nbytes)
+        driver.memset_d8(address, 0, nbytes, self.stream)
+        return address
 
     def abi_struct(self) -> GemmGroupedArgs:
         a = GemmGroupedArgs()
@@ -193,10 +222,10 @@ class GemmGroupedArguments(OperationArguments):
         abi_struct = self.abi_struct()
         launch = prepare(op, abi_struct, self.stream)
         if op.precompute_symbol:
-            self._write_schedule(lo, abi_struct)
+            self._write_schedule(abi_struct)
         return launch
 
-    def _write_schedule(self, lo, abi_struct) -> None:
+    def _write_schedule(self, abi_struct) -> None:
         """Run <name>_precompute once; the schedule depends only on the sizes and the grid, fixed per arguments."""
         from .. import driver
         from ...operations.gemm_grouped import PRECOMPUTE_THREADS

@@ -1,0 +1,224 @@
+"""Conv2dArguments: tensors, problem size, split-K mode and epilogue values for one Conv2dOperation launch.
+
+Accepted tensor forms for an operand whose CUTLASS extent is (N, H, W, C) (see ``pycutlass.conv`` for which
+extent each operand of fprop / dgrad / wgrad has):
+
+- 4-D (N, H, W, C), packed NHWC (numpy / cupy / torch ``contiguous()``);
+- 4-D torch-style (N, C, H, W) in ``channels_last`` memory (its strides are the packed NHWC ones);
+- 1-D packed (PyCUTLASS style): N * H * W * C contiguous elements in NHWC order;
+- C only: a bias vector of the channel count, broadcast over N, H and W (1-D of length C, or a 4-D view with zero
+  strides everywhere but the channels, e.g. ``bias.view(1, K, 1, 1).expand(N, K, P, Q)`` in torch);
+- interleaved layouts (TensorNC32HW32, TensorC32RSK32): contiguous tensors of N * H * W * C elements in the
+  interleaved order.
+Anything else raises ArgumentError naming the operand; nothing is copied to "fix" a view.
+"""
+from __future__ import annotations
+
+from ...conv import Conv2dProblemSize, Operator, SplitKMode
+from ...description.types import LayoutType
+from ...errors import ArgumentError
+from ..tensors import TensorInfo, describe, storage_type
+from .base import OperationArguments
+from .gemm import coerce_output_op
+
+_FAST_CLAMP_MAX_K = 256
+
+# The role of each operand per kind, for messages.
+_ROLES = {Operator.fprop: ("activation", "filter", "output"),
+          Operator.dgrad: ("output gradient", "filter", "input gradient"),
+          Operator.wgrad: ("output gradient", "activation", "filter gradient")}
+
+
+def _packed_strides(extent) -> tuple[int, int, int, int]:
+    n, h, w, c = extent
+    return (h * w * c, w * c, c, 1)
+
+
+def _nhwc_strides(info: TensorInfo, extent) -> tuple[int, int, int, int] | None:
+    """The tensor's strides in NHWC order if it is a 4-D view of ``extent`` (NHWC or channels_last NCHW)."""
+    n, h, w, c = extent
+    if info.shape == (n, h, w, c):
+        return info.strides
+    if info.shape == (n, c, h, w):
+        sn, sc, sh, sw = info.strides
+        return (sn, sh, sw, sc)
+    return None
+
+
+def _matches(strides, expected, extent) -> bool:
+    """Strides equal, ignoring dimensions of size 1 (never stepped along)."""
+    return all(size <= 1 or s == e for s, e, size in zip(strides, expected, extent))
+
+
+class Conv2dArguments(OperationArguments):
+    """D = epilogue(alpha * conv(A, B) + beta * C) for a Conv2dOperation (PyCUTLASS's constructor).
+
+    ``split_k_mode=SplitKMode.Serial`` with ``split_k_slices`` > 1 reduces the slices in the kernel through
+    semaphores these arguments own. ``SplitKMode.Parallel`` writes ``split_k_slices`` partial results to a workspace
+    owned by these arguments (``ptr_D``; slice k at k * ``partition_stride`` elements, each the implicit GEMM's
+    M x N output, row-major), to be reduced into D by a ReductionOperation / ReductionArguments
+    (``problem_size=args.reduction_problem_size``, ``partitions=args.split_k_slices``, ``workspace=args``).
+    """
+
+    def __init__(self, operation, problem_size, A, B, C, D, output_op=None, split_k_mode=SplitKMode.Serial,
+                 split_k_slices: int = 1, stream=None):
+        from ...operations.conv2d import Conv2dOperation
+
+        if not isinstance(operation, Conv2dOperation):
+            raise ArgumentError(f"Conv2dArguments needs a Conv2dOperation, got {type(operation).__name__}")
+        super().__init__(operation, stream)
+        if not isinstance(problem_size, Conv2dProblemSize):
+            raise ArgumentError(f"problem_size must be a pycutlass.conv.Conv2dProblemSize, got {problem_size!r}")
+        try:
+            self.split_k_mode = SplitKMode(split_k_mode)
+        except ValueError:
+            raise ArgumentError(f"split_k_mode must be pycutlass.conv.SplitKMode.Serial or .Parallel, "
+                                f"got {split_k_mode!r}") from None
+        if isinstance(split_k_slices, bool) or not hasattr(split_k_slices, "__index__") or int(split_k_slices) < 1:
+            raise ArgumentError(f"split_k_slices must be a positive integer, got {split_k_slices!r}")
+        split_k_slices = int(split_k_slices)
+        if split_k_slices != problem_size.split_k_slices:
+            if problem_size.split_k_slices != 1 and split_k_slices != 1:
+                raise ArgumentError(f"split_k_slices={split_k_slices} disagrees with the problem size's "
+                                    f"split_k_slices={problem_size.split_k_slices}")
+            problem_size = problem_size.reset_split_k_slices(max(split_k_slices, problem_size.split_k_slices))
+        self.problem_size = problem_size
+        self.split_k_slices = problem_size.split_k_slices
+        operation.check_problem_size(problem_size)
+        self.output_op = coerce_output_op(operation, output_op)
+
+        kind = operation.conv_kind
+        gemm = problem_size.implicit_gemm_size(kind)
+        functor = operation.epilogue_functor
+        if functor.kind == "FastLinearCombinationClamp" and gemm.k() > _FAST_CLAMP_MAX_K:
+            raise ArgumentError(f"FastLinearCombinationClamp is exact only for an implicit GEMM K <= "
+                                f"{_FAST_CLAMP_MAX_K}; this problem has K = R*S*C = {gemm.k()}")
+        self.parallel = self.split_k_mode is SplitKMode.Parallel and self.split_k_slices > 1
+        if self.parallel:
+            if functor.activation is not None or functor.kind != "LinearCombination":
+                raise ArgumentError("SplitKMode.Parallel writes raw partial sums: build the convolution with a "
+                                    "LinearCombination epilogue and apply alpha, beta and activations in the "
+                                    "ReductionOperation")
+            self.output_op = operation.epilogue_type(1.0, 0.0)
+        elif C is None and self.output_op.beta != 0:
+            raise ArgumentError(f"C is None but beta is {self.output_op.beta}; pass C or set beta to 0")
+
+        roles = _ROLES[kind]
+        extents = {"A": tuple(problem_size.tensor_a_extent(kind)), "B": tuple(problem_size.tensor_b_extent(kind)),
+                   "C": tuple(problem_size.tensor_c_extent(kind)), "D": tuple(problem_size.tensor_c_extent(kind))}
+        descriptions = {"A": operation.A, "B": operation.B, "C": operation.C, "D": operation.C}
+        self._operands: dict[str, tuple[TensorInfo, tuple | None]] = {}
+        for label, tensor in (("A", A), ("B", B), ("C", C), ("D", D)):
+            if tensor is None and (label == "C" or (label == "D" and self.parallel)):
+                continue
+            role = roles[{"A": 0, "B": 1, "C": 2, "D": 2}[label]]
+            info = describe(tensor, f"{label} ({role})")
+            desc = descriptions[label]
+            if not (self.parallel and label in ("C", "D")):  # in parallel split-K, C and D are the reduction's
+                if info.element is not storage_type(desc.element):
+                    raise ArgumentError(f"{info.name}: the operation expects {storage_type(desc.element).label} "
+                                        f"elements, got {info.element.label}")
+            c_strides = self._check_geometry(info, desc.layout, extents[label], allow_broadcast=label == "C")
+            self._operands[label] = (info, c_strides)
+        self._materialize()
+
+    # --- validation (no GPU) --------------------------------------------------------------------------------
+    @staticmethod
+    def _check_geometry(info: TensorInfo, layout: LayoutType, extent, allow_broadcast: bool):
+        """Returns C's (w, h, n) strides for the kernel (None: packed)."""
+        n, h, w, c = extent
+        count = n * h * w * c
+        shape_text = f"(N, H, W, C) = {extent}"
+        if layout.is_interleaved:
+            if info.numel != count or not _is_contiguous(info):
+                raise ArgumentError(f"{info.name}: an interleaved {layout.value} operand must be a contiguous tensor of "
+                                    f"{count} elements in interleaved order; got shape {info.shape}, strides "
+                                    f"{info.strides}")
+            return None
+        if len(info.shape) == 1:
+            if info.shape[0] == count and (info.shape[0] <= 1 or info.strides[0] == 1):
+                return None
+            if allow_broadcast and info.shape[0] == c and (c <= 1 or info.strides[0] == 1):
+                return (0, 0, 0)
+            hint = f" or a bias vector of {c}" if allow_broadcast else ""
+            raise ArgumentError(f"{info.name}: a 1-D operand must hold {count} contiguous elements (packed NHWC "
+                                f"{shape_text}){hint}; got shape {info.shape}, strides {info.strides}")
+        if len(info.shape) != 4:
+            raise ArgumentError(f"{info.name}: expected a 4-D tensor of shape {(n, h, w, c)} (NHWC) or {(n, c, h, w)} "
+                                f"(NCHW in channels_last memory), or a packed 1-D tensor; got shape {info.shape}")
+        strides = _nhwc_strides(info, extent)
+        if strides is None:
+            raise ArgumentError(f"{info.name}: expected shape {(n, h, w, c)} (NHWC) or {(n, c, h, w)} (NCHW in "
+                                f"channels_last memory) for {shape_text}; got shape {info.shape}")
+        if _matches(strides, _packed_strides(extent), extent):
+            return None
+        if allow_broadcast and _matches(strides, (0, 0, 0, 1), extent):
+            return (0, 0, 0)
+        broadcast = " or a bias broadcast (zero strides but unit channel stride)" if allow_broadcast else ""
+        raise ArgumentError(f"{info.name}: the kernel reads packed NHWC tensors{broadcast}: expected NHWC strides "
+                            f"{_packed_strides(extent)}, got {strides} (shape {info.shape}, strides {info.strides}); "
+                            f"pass a contiguous NHWC tensor or torch's channels_last memory format")
+
+    # --- device state ---------------------------------------------------------------------------------------
+    def _materialize(self) -> None:
+        super()._materialize()
+        op = self.operation
+        kind = op.conv_kind
+        self.addresses = {}
+        alignments = {"A": op.A.alignment, "B": op.B.alignment, "C": op.C.alignment, "D": op.C.alignment}
+        for label, (info, _) in self._operands.items():
+            address = self.tensors.address(info, is_output=label == "D")
+            vector_bytes = alignments[label] * info.itemsize  # a broadcast bias is read with the same vectors
+            if address % vector_bytes:
+                raise ArgumentError(f"{info.name}: address {address:#x} is not aligned to the operation's "
+                                    f"{vector_bytes}-byte vector accesses (alignment {alignments[label]}); use an "
+                                    f"aligned tensor or an operation with a smaller alignment")
+            self.addresses[label] = address
+        self.c_strides = self._operands["C"][1] if "C" in self._operands else None
+        self.partition_stride = self.problem_size.tensor_c_size(kind)
+        self.workspace = 0
+        if self.parallel:
+            itemsize = op.C.element.bits // 8
+            self.workspace = self.tensors.allocate(op.workspace_elements(self.problem_size, SplitKMode.Parallel)
+                                                   * itemsize)
+            self.addresses["C"] = self.addresses["D"] = self.workspace
+            self.c_strides = None
+        if "C" not in self.addresses:  # beta == 0: the kernel does not read C
+            self.addresses["C"] = self.addresses["D"]
+            self.c_strides = None
+        self.ptr_D = self.addresses["D"]
+        self.semaphore = 0
+        self._semaphore_capacity = op.semaphore_count(self.problem_size, self.split_k_mode)
+        if self._semaphore_capacity:
+            from .. import driver
+
+            nbytes = 4 * self._semaphore_capacity
+            self.semaphore = self.tensors.allocate(nbytes)
+            driver.memset_d8(self.semaphore, 0, nbytes, self.stream)  # the kernel resets it after use
+
+    @property
+    def reduction_problem_size(self) -> tuple[int, int]:
+        """(M, N) of the implicit GEMM: the row-major matrix each parallel split-K slice holds."""
+        gemm = self.problem_size.implicit_gemm_size(self.operation.conv_kind)
+        return gemm.m(), gemm.n()
+
+    def abi_struct(self):
+        return self.operation.make_abi_arguments(
+            self.problem_size, self.addresses["A"], self.addresses["B"], self.addresses["C"], self.addresses["D"],
+            self.output_op, self.split_k_mode, self.semaphore, self.c_strides)
+
+    def prepared(self):
+        launch = super().prepared()
+        if launch.semaphore_count > self._semaphore_capacity:
+            raise ArgumentError(f"{self.operation.name}: serial split-K needs {launch.semaphore_count} semaphores, "
+                                f"{self._semaphore_capacity} were allocated")
+        return launch
+
+
+def _is_contiguous(info: TensorInfo) -> bool:
+    expected = 1
+    for n, s in zip(reversed(info.shape), reversed(info.strides)):
+        if n > 1 and s != expected:
+            return False
+        expected *= n
+    return True
