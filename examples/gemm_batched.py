@@ -4,8 +4,8 @@
 
 Batched: each operand is one tensor of `batch` matrices a fixed stride apart (the stride is read from the 3-D
 tensor). Array: each operand is a list of `batch` separate matrices (pycutlass uploads an array of their
-addresses); they only need to share a leading dimension. Both use the BatchedIdentitySwizzle, which puts the
-batch index on the grid's z dimension.
+addresses); they only need to share a leading dimension. The operation uses the BatchedIdentitySwizzle, as the
+users' guide suggests for both modes; each matrix of the batch gets its own slice of the grid (z).
 """
 import numpy as np
 

@@ -21,8 +21,8 @@ B = cutlass.TensorDescription(cutlass.float16, cutlass.ColumnMajor, 8)
 
 # The GEMM writes float32 partial sums: its C is float32 (4 floats = one 128-bit access) and its epilogue plain.
 partials = cutlass.TensorDescription(cutlass.float32, cutlass.RowMajor, 4)
-gemm = cutlass.GemmOperationUniversal(
-    cc, tile_description, A, B, partials, cutlass.LinearCombination(cutlass.float32, 4, cutlass.float32, cutlass.float32))
+plain = cutlass.LinearCombination(cutlass.float32, 4, cutlass.float32, cutlass.float32)
+gemm = cutlass.GemmOperationUniversal(cc, tile_description, A, B, partials, plain)
 
 # The reduction reads float32 slices and writes float16 D; each of its threads handles `count` (8) elements of a
 # row, a block covers `shape` (4 rows x 256 columns). Its epilogue defaults to LinearCombination(C, count, ...).

@@ -6,8 +6,9 @@
 
 Invalid combinations (warp tiles that do not divide into instructions, too much shared memory, ...) are
 rejected by TileDescription / GemmOperationUniversal (and one check of this example's own) with a
-DescriptionError while the grid is built, before anything is compiled. The valid ones compile with add_module(..., jobs=os.cpu_count()): the cache misses are
-split over that many translation units compiled in parallel (and cached: a second run compiles nothing).
+DescriptionError while the grid is built, before anything is compiled. The valid ones compile with
+add_module(..., jobs=os.cpu_count()): the cache misses are split over that many translation units compiled in
+parallel (and cached: a second run compiles nothing).
 On a GPU each tile is checked once against a float64 reference (output poisoned with NaN first), then timed
 with CUDA events (warm-up, then the median of repeats) and listed best first.
 """
@@ -68,7 +69,7 @@ for shape, stages, warps in itertools.product(threadblock_shapes, stage_counts, 
     except cutlass.DescriptionError as error:  # e.g. 128x256x64 with 5 stages needs 240 KiB of shared memory
         rejected.append(f"{list(shape)} s{stages} w{list(warps)}: {str(error).splitlines()[0]}")
 print(f"{len(operations)} valid tile configurations, {len(rejected)} rejected, e.g.")
-for reason in rejected[:3]:
+for reason in rejected[::max(1, len(rejected) // 3)][:3]:  # a few, spread over the grid
     print(f"  {reason}")
 
 # --- compile them all, in parallel ----------------------------------------------------------------------------
@@ -128,9 +129,10 @@ for operation in operations:
     us = median_time_us(operation, arguments, args.repeats)
     tile = operation.tile_description
     rows.append(("x".join(map(str, tile.threadblock_shape)), "x".join(map(str, tile.warp_count)), tile.stages,
-                 us, 2 * M * N * K / us / 1e6, f"{error:.1e}" + ("" if results[-1] else " FAIL")))
+                 us, 2 * M * N * K / us / 1e6, error, "ok" if results[-1] else "FAIL"))
     del arguments  # frees its device copies
 
 rows.sort(key=lambda row: row[3])
-print(tabulate(rows, headers=["tile", "warps", "stages", "time (us)", "TFLOP/s", "rel. error"], floatfmt=".1f"))
+print(tabulate(rows, headers=["tile", "warps", "stages", "time (us)", "TFLOP/s", "rel. error", "check"],
+               floatfmt=("", "", "", ".1f", ".1f", ".1e")))
 common.finish(results)

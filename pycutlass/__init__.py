@@ -18,8 +18,12 @@ from .epilogue import (FastLinearCombinationClamp, LinearCombination, LinearComb
                        LinearCombinationGeneric, gelu, hardswish, identity, leaky_relu, relu, sigmoid, silu, tanh)
 from .errors import (ArgumentError, CacheError, CacheIntegrityWarning, CompilationError, CudaError,
                      DescriptionError, NoGpuError, PyCutlassError, ToolchainError)
-from .operations import GemmOperationUniversal, ReductionOperation
+from .conv import Conv2dProblemSize, IteratorAlgorithm, StrideSupport
+from .operations import (Conv2dOperation, GemmOperationGrouped, GemmOperationUniversal, ReductionOperation,
+                         SchedulerMode)
+from .runtime.arguments.conv2d import Conv2dArguments
 from .runtime.arguments.gemm import GemmArguments
+from .runtime.arguments.gemm_grouped import GemmGroupedArguments
 from .runtime.arguments.reduction import ReductionArguments
 from .runtime.memory import get_allocated_size, get_memory_pool
 

@@ -319,7 +319,28 @@ def implicit_gemm_tensor_c_size(kind, problem_size: Conv2dProblemSize) -> int:
     return problem_size.tensor_c_size(kind)
 
 
+def interleaved_filter_gather(k: int) -> list[int]:
+    """The output-channel order interleaved int8 fprop kernels expect in a TensorC32RSK32 filter.
+
+    CUTLASS's interleaved kernels skip shared memory in the epilogue, which needs the filter's K (output channel)
+    index permuted within each group of 32, as ``cutlass::reorder_convK<32>`` (tools/util/host_reorder.h) does:
+    ``reordered[..., j, :] = filter[..., gather[j], :]`` along the K axis of the (C/32, R, S, K, 32) tensor.
+    """
+    from .gemm import interleaved_column_gather
+
+    return interleaved_column_gather(k)
+
+
+def reorder_interleaved_filter(filter_c32rsk32):
+    """Return ``filter_c32rsk32`` (a numpy/torch/cupy array of shape (C/32, R, S, K, 32)) with its K axis in the
+    order interleaved int8 fprop kernels read (see ``interleaved_filter_gather``). The input is not modified."""
+    shape = tuple(getattr(filter_c32rsk32, "shape", ()))
+    if len(shape) != 5 or shape[4] != 32:
+        raise ArgumentError(f"reorder_interleaved_filter takes a 5-D (C/32, R, S, K, 32) filter, got shape {shape}")
+    return filter_c32rsk32[:, :, :, interleaved_filter_gather(shape[3]), :]
+
+
 __all__ = ["Conv2dProblemSize", "ConvKind", "IteratorAlgorithm", "Mode", "Operator", "SplitKMode", "StrideSupport",
            "implicit_gemm_problem_size", "implicit_gemm_tensor_a_extent", "implicit_gemm_tensor_a_size",
            "implicit_gemm_tensor_b_extent", "implicit_gemm_tensor_b_size", "implicit_gemm_tensor_c_extent",
-           "implicit_gemm_tensor_c_size"]
+           "implicit_gemm_tensor_c_size", "interleaved_filter_gather", "reorder_interleaved_filter"]

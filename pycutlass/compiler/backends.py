@@ -13,7 +13,16 @@ from pathlib import Path
 from ..errors import CompilationError, ToolchainError
 from . import toolchain
 
-COMMON_DEFINES = ("-DNDEBUG",)  # without it CUTLASS keeps device asserts (and Hopper warns of slow wgmma)
+COMMON_DEFINES = ("-DNDEBUG",)
+_LOG_LIMIT = 20000
+
+
+def clip_log(log: str) -> str:
+    """Template errors are long: keep the first error (the head) and the end of the log."""
+    if len(log) <= _LOG_LIMIT:
+        return log
+    half = _LOG_LIMIT // 2
+    return f"{log[:half]}\n[... {len(log) - _LOG_LIMIT} characters omitted ...]\n{log[-half:]}"  # without it CUTLASS keeps device asserts (and Hopper warns of slow wgmma)
 
 
 class Backend:
@@ -56,7 +65,7 @@ class NvccBackend(Backend):
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0 or not out.is_file():
                 raise CompilationError(f"nvcc failed (exit {proc.returncode}) compiling {unit_name} for sm_{arch}",
-                                       log=(proc.stderr + proc.stdout)[-20000:], source=source)
+                                       log=clip_log(proc.stderr + proc.stdout), source=source)
             return out.read_bytes()
 
 
@@ -96,7 +105,7 @@ class NvrtcBackend(Backend):
             nvrtc.nvrtcGetProgramLog(prog, log)
             if compile_err != ok:
                 raise CompilationError(f"NVRTC failed ({compile_err.name}) compiling {unit_name} for sm_{arch}",
-                                       log=log.decode(errors="replace").rstrip("\x00 ")[-20000:], source=source)
+                                       log=clip_log(log.decode(errors="replace").rstrip("\x00 ")), source=source)
             err, size = nvrtc.nvrtcGetCUBINSize(prog)
             if err != ok or size == 0:
                 raise CompilationError(f"NVRTC produced no cubin for {unit_name} (sm_{arch}): {err!r}")

@@ -142,8 +142,9 @@ class Compiler:
                     self.last_report = report
                     failed = [op.name for ops, _, _ in failures for op in ops]
                     first = failures[0][2]
+                    summary = str(first).split("\n--- compiler log ---")[0]
                     raise CompilationError(f"{len(failed)} operation(s) failed to compile with {backend.name}: "
-                                           f"{', '.join(failed)}. First error: {first}",
+                                           f"{', '.join(failed)}. First error: {summary}",
                                            log=getattr(first, "log", ""), source=getattr(first, "source", ""))
         report.seconds = time.perf_counter() - start
         self.last_report = report
@@ -164,6 +165,8 @@ class Compiler:
         for arch, ops in by_arch.items():
             n = max(1, min(jobs or 1, len(ops)))
             units.extend((ops[i::n], arch) for i in range(n))
+        if not units:  # another process compiled everything while we waited for the claim
+            return
         if len(units) == 1:
             ops, arch = units[0]
             try:

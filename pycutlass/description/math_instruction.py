@@ -14,11 +14,11 @@ _FAST = (MathOperation.multiply_add_fast_f32, MathOperation.multiply_add_fast_f1
          MathOperation.multiply_add_fast_bf16)
 
 # (opclass, instruction shape, element a/b, accumulator) -> allowed math operations.
-# The table of the users' API document; float32 operands on tensor cores need a fast_* emulation mode.
+# The table of the users' API document.
 VALID_MATH_INSTRUCTIONS: dict[tuple, tuple[MathOperation, ...]] = {
     (_T, (8, 8, 4), _F64, _F64): (_MA,),
     (_T, (16, 8, 8), _TF32, _F32): (_MA,),
-    (_T, (16, 8, 8), _F32, _F32): _FAST,
+    (_T, (16, 8, 8), _F32, _F32): (_MA, *_FAST),  # multiply_add rounds float32 operands to tf32
     (_T, (16, 8, 8), _F16, _F32): (_MA,),
     (_T, (16, 8, 8), _BF16, _F32): (_MA,),
     (_T, (16, 8, 16), _F16, _F16): (_MA,),

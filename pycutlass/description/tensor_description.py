@@ -19,7 +19,8 @@ class TensorDescription:
         if not isinstance(self.layout, LayoutType):
             raise DescriptionError(f"TensorDescription.layout must be a layout (e.g. pycutlass.RowMajor), "
                                    f"got {self.layout!r}")
-        max_alignment = 128 // self.element.bits
+        # CUTLASS's double-precision kernels access one element at a time.
+        max_alignment = 1 if self.element is DataType.float64 else 128 // self.element.bits
         allowed = [a for a in (1, 2, 4, 8, 16) if a <= max_alignment]
         if not isinstance(self.alignment, int) or self.alignment not in allowed:
             raise DescriptionError(

@@ -52,6 +52,11 @@ class TileDescription:
                     raise DescriptionError(
                         f"warp tile {list(warp)} (threadblock {list(tb)} / warps {list(warps)}) is not a multiple "
                         f"of the instruction shape {list(inst)} along {axis}")
+            if warp[1] not in (32, 64):
+                # CUTLASS's tensor-op epilogues are written for warp tiles 32 or 64 wide: 16 does not compile and
+                # 128 compiles but writes wrong results in the mixed-precision epilogue.
+                raise DescriptionError(f"warp tile {list(warp)} (threadblock {list(tb)} / warps {list(warps)}) must be "
+                                       f"32 or 64 wide in N for tensor-op epilogues; change warp_count")
             if tb[2] < 2 * inst[2] and self.math_instruction.element_a.bits < 64:
                 raise DescriptionError(f"threadblock K ({tb[2]}) must hold at least two instruction K-steps "
                                        f"({2 * inst[2]}) for {self.math_instruction.element_a.label}")

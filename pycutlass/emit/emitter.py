@@ -10,7 +10,7 @@ from . import abi
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 
-BASE_HEADERS = ("cutlass/cutlass.h",)
+BASE_HEADERS = ("cutlass/cutlass.h", "cutlass/numeric_types.h")  # the latter brings fixed-width ints
 
 
 @functools.lru_cache(maxsize=None)

@@ -10,6 +10,8 @@ Which CUTLASS specializations exist (cutlass/conv/kernel/default_conv2d_{fprop,d
 
 * fprop: TensorOp analytic / optimized / fixed_channels / few_channels (NHWC); TensorOp analytic / optimized with
   interleaved int8 (A TensorNC32HW32, B TensorC32RSK32, C TensorNC32HW32); SIMT analytic / optimized.
+  Interleaved kernels read the filter with its output channels permuted within groups of 32
+  (``cutlass::reorder_convK``): pass ``pycutlass.conv.reorder_interleaved_filter(filter)``.
   ``StrideSupport`` does not restrict strides (fprop iterators handle any stride); in the TensorOp optimized
   multistage and SIMT kernels it selects the epilogue's output iterator (Unity: packed row-major NPQ x K;
   Strided: a 4-D NHWC iterator). Both are accepted, as PyCUTLASS accepted them.
@@ -26,9 +28,9 @@ Parallel (``SplitKMode.Parallel``): ``ImplicitGemmConvolution`` writes slice ``k
 epilogue to ``ptr_D + k * implicit_gemm_tensor_c_size(kind, problem)`` elements (ElementC = this operation's
 C element), i.e. the workspace is ``split_k_slices`` consecutive packed copies of the C tensor (NPQK for fprop,
 NHWC for dgrad, KRSC for wgrad); equivalently each slice is the implicit GEMM's M x N output, row-major with
-ld = N (NPQ x K, NHW x C, K x RSC), slices ``partition_stride`` = M * N elements apart. A reduction then sums the slices and applies alpha, beta and C. To keep the
-partial sums exact, build the conv operation with ``C.element`` = the accumulator type and run it with alpha = 1,
-beta = 0. No semaphores are used in parallel mode.
+ld = N (NPQ x K, NHW x C, K x RSC), slices ``partition_stride`` = M * N elements apart. A reduction then sums the
+slices and applies alpha, beta and C. To keep the partial sums exact, build the conv operation with ``C.element`` =
+the accumulator type and run it with alpha = 1, beta = 0. No semaphores are used in parallel mode.
 """
 from __future__ import annotations
 

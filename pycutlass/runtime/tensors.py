@@ -137,10 +137,25 @@ def _contiguous_strides(shape) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def _is_dense(array: np.ndarray) -> bool:
+    """True when the array fills one block of memory in some axis order (e.g. a transposed contiguous array)."""
+    if array.size <= 1:
+        return True
+    dims = sorted((abs(st), n) for n, st in zip(array.shape, array.strides) if n > 1)
+    expected = array.itemsize
+    for stride, n in dims:
+        if stride != expected:
+            return False
+        expected *= n
+    return all(st >= 0 for st in array.strides)
+
+
 def _host_info(array: np.ndarray, name: str, element: DataType) -> TensorInfo:
-    if not (array.flags.c_contiguous or array.flags.f_contiguous):
-        raise ArgumentError(f"{name}: host arrays must be C- or Fortran-contiguous to be copied to the GPU "
-                            f"(strides {array.strides}); pass a contiguous array or a device tensor")
+    # The block is copied as is, so the device copy keeps the array's strides.
+    if not _is_dense(array):
+        raise ArgumentError(f"{name}: host arrays must be dense (a contiguous array, possibly transposed) to be "
+                            f"copied to the GPU (shape {array.shape}, strides {array.strides}); pass a contiguous "
+                            f"array or a device tensor")
     itemsize = array.itemsize
     strides = tuple(s // itemsize for s in array.strides)
     if array.size <= 1:

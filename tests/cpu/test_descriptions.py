@@ -57,6 +57,7 @@ def int8_parts(layout_a=cutlass.RowMajor, layout_b=cutlass.ColumnMajor, layout_c
 SEED_TABLE = [
     (T, [8, 8, 4], cutlass.float64, cutlass.float64, MO.multiply_add),
     (T, [16, 8, 8], cutlass.tfloat32, cutlass.float32, MO.multiply_add),
+    (T, [16, 8, 8], cutlass.float32, cutlass.float32, MO.multiply_add),
     (T, [16, 8, 8], cutlass.float32, cutlass.float32, MO.multiply_add_fast_f32),
     (T, [16, 8, 8], cutlass.float32, cutlass.float32, MO.multiply_add_fast_f16),
     (T, [16, 8, 8], cutlass.float32, cutlass.float32, MO.multiply_add_fast_bf16),
@@ -114,10 +115,6 @@ def test_seed_table_rows_are_accepted(row):
     assert names.OPCLASS[opclass] in body
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "library bug: pycutlass/description/math_instruction.py VALID_MATH_INSTRUCTIONS maps (TensorOp, 16x8x8, "
-    "float32, float32) to the fast_* operations only, but the seed table lists multiply_add for that row and "
-    "CUTLASS has DefaultMmaTensorOp<..., float, ..., arch::OpMultiplyAdd> (TF32 internally)"))
 def test_seed_table_float32_tensorop_multiply_add_is_accepted():
     math = cutlass.MathInstruction([16, 8, 8], cutlass.float32, cutlass.float32, cutlass.float32, T, MO.multiply_add)
     assert "cutlass::arch::OpMultiplyAdd>" in _gemm_for_row(math).emit_body()
@@ -223,7 +220,7 @@ def test_tile_stages_out_of_range(stages):
 
 
 def test_tile_too_much_shared_memory_for_sm80():
-    big = f16_tile((256, 256, 64), 6, (2, 2, 1))  # 6 * (256*64 + 64*256) * 2 B = 384 KiB
+    big = f16_tile((256, 256, 64), 6, (4, 4, 1))  # 6 * (256*64 + 64*256) * 2 B = 384 KiB
     assert big.shared_memory_bytes() == 384 * 1024
     with pytest.raises(DescriptionError) as info:
         big.check_shared_memory(80)
@@ -261,11 +258,6 @@ def test_tensor_f16_alignment_16_rejected():
         td(cutlass.float16, cutlass.ColumnMajor, 16)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "library bug: pycutlass/description/tensor_description.py allows any alignment up to 128 bits, so float64 "
-    "alignment 2 is accepted (and GemmOperationUniversal does not catch it); CUTLASS's Sm80 double-precision "
-    "DefaultMmaCore uses kAccessSizeInBits = 64 (1 element) and the GEMM fails to compile (14 errors in "
-    "RegularTileAccessIterator)"))
 def test_tensor_f64_alignment_2_rejected():
     with pytest.raises(DescriptionError, match="alignment"):
         A = td(cutlass.float64, cutlass.RowMajor, 2)
@@ -533,7 +525,7 @@ def _variants():
         "base": f16_gemm(**base),
         "arch90": f16_gemm(arch=90),
         "arch86": f16_gemm(arch=86),
-        "tile_shape": f16_gemm(tile=f16_tile((128, 256, 32))),
+        "tile_shape": f16_gemm(tile=f16_tile((128, 256, 32), warps=(2, 4, 1))),
         "stages": f16_gemm(tile=f16_tile(stages=4)),
         "warps": f16_gemm(tile=f16_tile(warps=(4, 2, 1))),
         "acc_f16": f16_gemm(tile=f16_tile(math=f16_math(cutlass.float16)),
@@ -570,12 +562,17 @@ def test_different_descriptions_make_different_names():
     assert len({op.emit() for op in ops}) == len(ops)  # and each emits different code
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "library bug: LinearCombinationGeneric.__repr__ (pycutlass/epilogue/functors.py) omits the activation's "
-    "element, and Operation.name (pycutlass/operations/base.py) hashes repr(_signature()); so GEMMs with "
-    "relu(float32) and relu(float16) are unequal operations with the same name (duplicate symbols in one unit)"))
 def test_unequal_operations_never_share_a_name():
+    """Regression: the activation's compute type once dropped out of the name (equal names, unequal ops)."""
     relu32 = f16_gemm(epilogue=cutlass.LinearCombinationGeneric(cutlass.relu(cutlass.float32), cutlass.float16, 8))
     relu16 = f16_gemm(epilogue=cutlass.LinearCombinationGeneric(cutlass.relu(cutlass.float16), cutlass.float16, 8))
     assert relu32 != relu16
     assert relu32.name != relu16.name
+
+
+@pytest.mark.parametrize("shape,warps", [((64, 64, 32), (2, 4, 1)), ((128, 256, 32), (2, 2, 1)),
+                                         ((64, 256, 32), (4, 2, 1))])
+def test_tensor_op_warp_tiles_must_be_32_or_64_wide(shape, warps):
+    """16-wide warp tiles do not compile and 128-wide ones give wrong results in CUTLASS's mixed epilogue."""
+    with pytest.raises(DescriptionError, match="must be 32 or 64 wide in N"):
+        f16_tile(shape, 3, warps)

@@ -26,6 +26,8 @@ CONFIGS = {
                       tile=[128, 128, 32], stages=3, warps=[2, 2, 1], align=8, tol=2e-2),
     "tf32": dict(inst=[16, 8, 8], el=D.tfloat32, acc=D.float32, math=MO.multiply_add, cls=TensorOp,
                  tile=[128, 128, 32], stages=3, warps=[2, 2, 1], align=4, tol=5e-3, storage=D.float32),
+    "f32_ma": dict(inst=[16, 8, 8], el=D.float32, acc=D.float32, math=MO.multiply_add, cls=TensorOp,
+                   tile=[128, 128, 32], stages=3, warps=[2, 2, 1], align=4, tol=5e-3),  # tf32 internally
     "f32_fast_f32": dict(inst=[16, 8, 8], el=D.float32, acc=D.float32, math=MO.multiply_add_fast_f32, cls=TensorOp,
                          tile=[128, 128, 32], stages=3, warps=[2, 2, 1], align=4, tol=1e-5),
     "f32_fast_f16": dict(inst=[16, 8, 8], el=D.float32, acc=D.float32, math=MO.multiply_add_fast_f16, cls=TensorOp,

@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import time
 
 import pycutlass as cutlass
 
 SUITES = {"tests.gpu.test_gemm": (("NVCC_OPS", "nvcc"), ("NVRTC_OPS", "nvrtc")),
-          "benchmarks/gemm.py": (("all_operations", "nvcc"),)}
+          "benchmarks/gemm.py": (("all_operations", "nvcc"),),
+          "tests.gpu.test_gemm_grouped": (("GROUPED_OPS", "nvcc"), ("NVRTC_OPS", "nvrtc")),
+          "benchmarks/grouped_gemm.py": (("operations", "nvcc"),)}
 
 
 def _load(suite: str):
     if suite.endswith(".py"):  # benchmark scripts are not a package
-        import importlib.util
         import sys
         from pathlib import Path
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import pycutlass as cutlass
-from pycutlass.gemm import GemmCoord, Mode
+from pycutlass.gemm import GemmCoord, Mode, reorder_interleaved_b
 
 from .conftest import precompile, relative_error
 from .gemm_cases import (CM, CMI32, CONFIGS, RI32, D, R, check_integer, deinterleave, epilogue_reference, make_op,
@@ -23,7 +23,7 @@ def _layout_id(layouts):
 
 # --- the operations this module runs -------------------------------------------------------------------------
 DTYPE_LAYOUT = [(cfg, lay) for cfg in ("f16", "bf16", "tf32", "f64", "f32_simt") for lay in LAYOUTS]
-DTYPE_LAYOUT += [(cfg, (R, CM, R)) for cfg in ("f16acc16", "f16_1688", "bf16_1688", "f32_fast_f32",
+DTYPE_LAYOUT += [(cfg, (R, CM, R)) for cfg in ("f16acc16", "f16_1688", "bf16_1688", "f32_ma", "f32_fast_f32",
                                                 "f32_fast_f16", "f32_fast_bf16", "f64_simt")]
 DTYPE_LAYOUT += [("f32_simt", (CM, R, CM)), ("f64_simt", (CM, CM, R))]
 ACTIVATIONS = ["relu", "leaky_relu", "tanh", "sigmoid", "silu", "hardswish", "gelu"]
@@ -85,7 +85,8 @@ def run_gemm(op, m, n, k, lib="torch", alpha=1.25, beta=-0.5, activation_args=()
     out = op.C.element
     c = random_values(rng, (n,) if c_vector else (m, n), out) if with_c else None
     A = to_tensor(a, storage, op.A.layout, lib)
-    B = to_tensor(b, storage, op.B.layout, lib)
+    # Interleaved int8 kernels read B's columns in their own order (cutlass::reorder_column<32>).
+    B = to_tensor(reorder_interleaved_b(b) if op.B.layout is RI32 else b, storage, op.B.layout, lib)
     C = None
     if c is not None:
         C = to_tensor(c, out, R, lib) if c_vector and lib != "numpy" else \

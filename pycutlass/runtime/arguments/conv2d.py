@@ -9,7 +9,8 @@ extent each operand of fprop / dgrad / wgrad has):
 - C only: a bias vector of the channel count, broadcast over N, H and W (1-D of length C, or a 4-D view with zero
   strides everywhere but the channels, e.g. ``bias.view(1, K, 1, 1).expand(N, K, P, Q)`` in torch);
 - interleaved layouts (TensorNC32HW32, TensorC32RSK32): contiguous tensors of N * H * W * C elements in the
-  interleaved order.
+  interleaved order; the C32RSK32 filter with its output channels in the kernels' order
+  (``pycutlass.conv.reorder_interleaved_filter``, as CUTLASS's ``reorder_convK``).
 Anything else raises ArgumentError naming the operand; nothing is copied to "fix" a view.
 """
 from __future__ import annotations
@@ -131,8 +132,8 @@ class Conv2dArguments(OperationArguments):
         shape_text = f"(N, H, W, C) = {extent}"
         if layout.is_interleaved:
             if info.numel != count or not _is_contiguous(info):
-                raise ArgumentError(f"{info.name}: an interleaved {layout.value} operand must be a contiguous tensor of "
-                                    f"{count} elements in interleaved order; got shape {info.shape}, strides "
+                raise ArgumentError(f"{info.name}: an interleaved {layout.value} operand must be a contiguous tensor "
+                                    f"of {count} elements in interleaved order; got shape {info.shape}, strides "
                                     f"{info.strides}")
             return None
         if len(info.shape) == 1:

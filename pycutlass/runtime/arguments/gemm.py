@@ -79,6 +79,8 @@ class GemmArguments(OperationArguments):
             raise ArgumentError(f"GemmArguments needs a GemmOperationUniversal, got {type(operation).__name__}")
         super().__init__(operation, stream)
         try:
+            if isinstance(gemm_mode, bool):
+                raise ValueError
             mode = Mode(gemm_mode)
         except ValueError:
             raise ArgumentError(f"gemm_mode must be one of {[m.name for m in Mode if m != Mode.Grouped]}, "
@@ -135,13 +137,32 @@ class GemmArguments(OperationArguments):
                                     f"got {sorted({g.ld for g in geometries})}")
             for info in infos:
                 self._check_dtype(info, element, label, parallel)
+                self._check_alignment(label, info, geometries[0])
             return ("list", infos, geometries[0])
         info = describe(tensor, label)
         self._check_dtype(info, element, label, parallel)
         geometry = matrix_geometry(info, layout, rows, cols, batch, allow_broadcast=label == "C")
         if label == "D":
             check_output_geometry(info, geometry, layout, rows, cols, batch)
+        self._check_alignment(label, info, geometry)
         return ("tensor", info, geometry)
+
+    def _check_alignment(self, label, info, geometry):
+        """Leading dimensions, batch strides and device addresses must allow the operation's vector accesses."""
+        op = self.operation
+        alignment = (op.C if label == "D" else getattr(op, label)).alignment
+        if op.C.layout.is_interleaved or geometry.broadcast:
+            alignment_of_strides = 1
+        else:
+            alignment_of_strides = alignment
+        if geometry.ld % alignment_of_strides:
+            raise ArgumentError(f"{info.name}: leading dimension {geometry.ld} is not a multiple of the operation's "
+                                f"{label} alignment {alignment}")
+        if self.batch > 1 and geometry.batch_stride % alignment_of_strides:
+            raise ArgumentError(f"{info.name}: batch stride {geometry.batch_stride} is not a multiple of the "
+                                f"operation's {label} alignment {alignment}")
+        if info.kind == "device":
+            self._check_address(info, info.device_address, alignment)
 
     def _check_dtype(self, info, element, label, parallel):
         if parallel and label in ("C", "D"):
@@ -156,7 +177,10 @@ class GemmArguments(OperationArguments):
         op = self.operation
         m, n, k = self.problem_size
         self.addresses, self.lds, self.batch_strides = {}, {}, {}
+        parallel = self.gemm_mode is Mode.GemmSplitKParallel
         for label, (form, infos, geometry) in self._operands.items():
+            if parallel and label in ("C", "D"):
+                continue  # they belong to the reduction: not copied here, so sync() cannot overwrite its result
             alignment = getattr(op, label if label != "D" else "C").alignment
             if form == "list":
                 addresses = [self.tensors.address(info, is_output=label == "D") for info in infos]
@@ -176,9 +200,6 @@ class GemmArguments(OperationArguments):
                     self.addresses[label] = address
                 self.batch_strides[label] = geometry.batch_stride
             self.lds[label] = geometry.ld
-            if geometry.ld % alignment and not geometry.broadcast and not op.C.layout.is_interleaved:
-                raise ArgumentError(f"{label}: leading dimension {geometry.ld} is not a multiple of the operation's "
-                                    f"alignment {alignment}")
         if k == 0:
             # Nothing is multiplied, but the main loop still forms A/B addresses: give it a real, zeroed buffer
             # (an empty tensor's pointer may be null) with leading dimension 0 so every address stays inside it.
@@ -193,6 +214,8 @@ class GemmArguments(OperationArguments):
                     self.addresses[label] = stand_in
                 self.lds[label] = 0
                 self.batch_strides[label] = 0
+        if parallel:
+            self.addresses["D"], self.lds["D"], self.batch_strides["D"] = 0, 0, 0  # the workspace, below
         if "C" not in self.addresses:  # beta == 0: the kernel does not read C
             self.addresses["C"], self.lds["C"], self.batch_strides["C"] = (self.addresses["D"], self.lds["D"],
                                                                            self.batch_strides["D"])
