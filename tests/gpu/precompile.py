@@ -14,7 +14,9 @@ import pycutlass as cutlass
 SUITES = {"tests.gpu.test_gemm": (("NVCC_OPS", "nvcc"), ("NVRTC_OPS", "nvrtc")),
           "benchmarks/gemm.py": (("all_operations", "nvcc"),),
           "tests.gpu.test_gemm_grouped": (("GROUPED_OPS", "nvcc"), ("NVRTC_OPS", "nvrtc")),
-          "benchmarks/grouped_gemm.py": (("operations", "nvcc"),)}
+          "benchmarks/grouped_gemm.py": (("operations", "nvcc"),),
+          "tests.gpu.test_conv2d": (("NVCC_OPS", "nvcc"), ("NVRTC_OPS", "nvrtc")),
+          "benchmarks/conv2d.py": (("operations", "nvcc"),)}
 
 
 def _load(suite: str):

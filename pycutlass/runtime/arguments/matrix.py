@@ -65,6 +65,11 @@ def matrix_geometry(info: TensorInfo, layout: LayoutType, rows: int, cols: int, 
                     allow_broadcast: bool = False) -> MatrixGeometry:
     shape, strides = info.shape, info.strides
     expected = f"({rows}, {cols})" if batch == 1 else f"({batch}, {rows}, {cols})"
+    if rows == 0 or cols == 0:
+        # An empty operand is never addressed, and libraries report arbitrary strides for it (torch: (0, 0)).
+        if info.numel != 0:
+            raise ArgumentError(f"{info.name}: expected shape {expected}, got {shape}")
+        return MatrixGeometry(_packed_ld(layout, rows, cols), rows * cols)
     if layout.is_interleaved:
         if info.numel != batch * rows * cols or not _is_contiguous(info):
             raise ArgumentError(f"{info.name}: an interleaved {layout.value} operand must be a contiguous tensor of "
