@@ -169,11 +169,12 @@ def compile_and_load() -> list[dict]:
                 if out.returncode:
                     rows.append({"backend": backend, "phase": phase, "error": out.stderr[-500:]})
                     continue
-                result = [line for line in out.stdout.splitlines() if line.startswith("RESULT")]
-                if not result:
-                    rows.append({"backend": backend, "phase": phase, "error": (out.stdout + out.stderr)[-500:]})
+                fields = next((line.split()[1:] for line in reversed(out.stdout.splitlines())
+                               if line.startswith("RESULT ")), [])
+                if len(fields) != 5:
+                    rows.append({"backend": backend, "phase": phase, "error": (out.stdout + out.stderr)[-300:]})
                     continue
-                compiled, from_disk, seconds, load, imp = result[-1].split()[1:]
+                compiled, from_disk, seconds, load, imp = fields
                 rows.append({"backend": backend, "phase": phase, "compiled": int(compiled),
                              "from cache": int(from_disk), "add_module ms": float(seconds) * 1e3,
                              "module load ms": float(load) * 1e3, "import ms": float(imp) * 1e3})
@@ -186,7 +187,8 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="*", default=None, choices=list(GRIDS))
     parser.add_argument("--jobs", type=int, default=min(6, os.cpu_count() or 1))
     parser.add_argument("--out", default="results/gemm.json")
-    parser.add_argument("--skip-compile-timing", action="store_true")
+    parser.add_argument("--sections", nargs="*", default=["throughput", "host_overhead", "compile"],
+                        choices=["throughput", "host_overhead", "compile"])
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
     if cutlass.compiler.target.detected_compute_capability() is None:
@@ -196,15 +198,17 @@ def main() -> None:
     start = time.perf_counter()
     cutlass.compiler.add_module([op for ops in operations(args.dtypes).values() for op in ops], jobs=args.jobs)
     print(f"grid compile/load: {time.perf_counter() - start:.1f} s ({cutlass.compiler.last_report()})")
-    results = {"throughput": throughput(args), "host_overhead": host_overhead()}
-    if not args.skip_compile_timing:
-        results["compile"] = compile_and_load()
-    print(f"\n# GEMM benchmark on {device_name()}")
-    print_table("Best tile vs cuBLAS (torch.matmul)", results["throughput"])
-    print_table("Host overhead", results["host_overhead"])
-    if "compile" in results:
-        print_table("Compile and warm load (GPU host)", results["compile"])
-    write_json(args.out, results)
+    results = {}
+    sections = [("throughput", "Best tile vs cuBLAS (torch.matmul)", lambda: throughput(args)),
+                ("host_overhead", "Host overhead", host_overhead),
+                ("compile", "Compile and warm load (GPU host)", compile_and_load)]
+    for key, title, section in sections:
+        if key not in args.sections:
+            continue
+        results[key] = section()
+        print(f"\n# GEMM benchmark on {device_name()}")
+        print_table(title, results[key])
+        write_json(args.out, results)  # after every section, so a late failure loses nothing
 
 
 if __name__ == "__main__":
