@@ -129,8 +129,8 @@ CONV_OPS = {
     "wgrad_f64_simt_analytic": conv_op(WGRAD, ANALYTIC, "f64_simt"),
 }
 # Parallel split-K: f32 partials -> f16 D = epilogue(alpha * sum + beta * C).
-REDUCTION = cutlass.ReductionOperation(cutlass.MatrixCoord(4, 32 * 8), cutlass.TensorDescription(F16, cutlass.RowMajor, 8),
-                                       F32, F32, F32, count=8)
+REDUCTION = cutlass.ReductionOperation(
+    cutlass.MatrixCoord(4, 32 * 8), cutlass.TensorDescription(F16, cutlass.RowMajor, 8), F32, F32, F32, count=8)
 REDUCTION_RELU = cutlass.ReductionOperation(
     cutlass.MatrixCoord(4, 32 * 8), cutlass.TensorDescription(F16, cutlass.RowMajor, 8), F32, F32, F32,
     cutlass.LinearCombinationGeneric(cutlass.relu(F32), F16, 8, F32, F32), count=8)

@@ -1,0 +1,270 @@
+"""Conv2d throughput: pycutlass fprop / dgrad / wgrad (f16 NHWC, f32 accumulation) against cuDNN through torch, on
+the ResNet-50 convolution layers.
+
+    python benchmarks/conv2d.py [--quick] [--kinds fprop dgrad wgrad] [--batches 32 128] [--out results/conv2d.json]
+
+torch: ``torch.nn.functional.conv2d`` (fprop) and ``torch.nn.grad.conv2d_input`` / ``conv2d_weight`` (dgrad /
+wgrad, i.e. ``aten.convolution_backward``), channels_last float16 tensors, ``torch.backends.cudnn.benchmark = True``.
+pycutlass: for each layer, the best of a small grid of tiles (optimized iterators; dgrad with stride 1 runs the
+Unity kernels, with stride 2 the strided-dgrad kernels), each also with serial split-K when its tiles alone do not
+fill the GPU (not for strided dgrad, which cannot split K at stride > 1). Each candidate's output (NaN-poisoned
+first) is checked once against torch's result before it is timed; times are medians (``bench_ms``) of
+``op.run(arguments)`` with the arguments built once. TFLOP/s = 2 * N*P*Q * K * R*S*C / time for every kind.
+Target (the issue): fprop geomean >= 0.6x cuDNN.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import pycutlass as cutlass  # noqa: E402
+from common import bench_ms, device_name, print_table, write_json  # noqa: E402
+from pycutlass.conv import Conv2dProblemSize, IteratorAlgorithm, Mode, Operator, StrideSupport  # noqa: E402
+from pycutlass.operations.conv2d import Conv2dOperation  # noqa: E402
+
+D = cutlass.DataType
+KINDS = ("fprop", "dgrad", "wgrad")
+BATCHES = (32, 128)
+TARGET = {"kind": "fprop", "geomean_vs_cudnn": 0.6}
+TOLERANCE = 1e-2  # relative Frobenius error against torch's float16 result
+
+# The distinct ResNet-50 (torchvision, stride on the 3x3) layers benchmarked: name -> (C, K, H, W, R, S, stride),
+# H x W the layer's input; padding R // 2.
+LAYERS = {
+    "conv2_x 3x3 64->64": (64, 64, 56, 56, 3, 3, 1),
+    "conv2_x 1x1 64->256": (64, 256, 56, 56, 1, 1, 1),
+    "conv2_x 1x1 256->64": (256, 64, 56, 56, 1, 1, 1),
+    "conv3_x 3x3 128->128 s2": (128, 128, 56, 56, 3, 3, 2),
+    "conv3_x 3x3 128->128": (128, 128, 28, 28, 3, 3, 1),
+    "conv3_x 1x1 512->128": (512, 128, 28, 28, 1, 1, 1),
+    "conv4_x 3x3 256->256": (256, 256, 14, 14, 3, 3, 1),
+    "conv4_x 1x1 256->1024": (256, 1024, 14, 14, 1, 1, 1),
+    "conv5_x 3x3 512->512": (512, 512, 7, 7, 3, 3, 1),
+    "conv5_x 1x1 1024->2048 s2": (1024, 2048, 14, 14, 1, 1, 2),
+}
+QUICK_LAYERS = ["conv2_x 3x3 64->64", "conv3_x 3x3 128->128 s2", "conv4_x 3x3 256->256", "conv5_x 3x3 512->512"]
+
+# (threadblock, stages, warps): warp tiles 64x64 (N of a warp tile must be 32 or 64)
+TILES = [([128, 128, 32], 3, [2, 2, 1]), ([128, 128, 64], 3, [2, 2, 1]), ([256, 128, 32], 3, [4, 2, 1]),
+         ([128, 256, 32], 3, [2, 4, 1])]
+ALIGN = 8
+MAX_SPLIT_K = 16
+
+
+def _op(kind: Operator, stride_support: StrideSupport, shape, stages, warps) -> Conv2dOperation:
+    math_inst = cutlass.MathInstruction([16, 8, 16], D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp,
+                                        cutlass.MathOperation.multiply_add)
+    tile = cutlass.TileDescription(shape, stages, warps, math_inst)
+    tensor = cutlass.TensorDescription(D.float16, cutlass.TensorNHWC, ALIGN)
+    epilogue = cutlass.LinearCombination(D.float16, ALIGN, D.float32, D.float32)
+    strided_dgrad = kind is Operator.dgrad and stride_support is StrideSupport.Strided
+    swizzle = cutlass.StridedDgradIdentitySwizzle1 if strided_dgrad else cutlass.IdentitySwizzle4
+    return Conv2dOperation(kind, IteratorAlgorithm.optimized, 80, tile, tensor, tensor, tensor, stride_support,
+                           epilogue, swizzle)
+
+
+def grid(kinds=None) -> dict[tuple[str, int], list[Conv2dOperation]]:
+    """(kind, 1 or 2 = the strides it serves) -> the tile grid's operations; invalid tiles are skipped."""
+    ops = {}
+    for name in kinds or KINDS:
+        kind = Operator(name)
+        for stride in (1, 2):
+            # dgrad at stride 1 runs the Unity kernel; at stride 2 the strided-dgrad kernel. fprop/wgrad: one grid.
+            if kind is not Operator.dgrad and stride == 2:
+                ops[name, 2] = ops[name, 1]
+                continue
+            support = StrideSupport.Unity if kind is Operator.dgrad and stride == 1 else StrideSupport.Strided
+            ops[name, stride] = []
+            for shape, stages, warps in TILES:
+                try:
+                    ops[name, stride].append(_op(kind, support, shape, stages, warps))
+                except cutlass.DescriptionError as error:
+                    print(f"skip {name} {shape} s{stages}: {error}")
+    return ops
+
+
+def operations() -> list[Conv2dOperation]:
+    """Every benchmarked operation (tests/gpu/precompile.py compiles them ahead of time)."""
+    return list(dict.fromkeys(op for ops in grid().values() for op in ops))
+
+
+def _problem(layer, batch: int, split_k: int = 1) -> Conv2dProblemSize:
+    c, k, h, w, r, s, stride = LAYERS[layer]
+    pad = r // 2
+    return Conv2dProblemSize((batch, h, w, c), (k, r, s, c), (pad, pad, pad, pad), (stride, stride), (1, 1),
+                             Mode.cross_correlation, split_k, 1)
+
+
+def _split_k_choices(op, ps, sm_count: int) -> list[int]:
+    """1, plus a split-K that brings the op's tile count near one wave when the tiles alone leave SMs idle."""
+    if op.is_strided_dgrad and max(ps.stride_h, ps.stride_w) > 1:
+        return [1]
+    m, n, _ = op.tiled_shape(ps)
+    tiles = m * n
+    if tiles >= sm_count:
+        return [1]
+    gemm_k = ps.implicit_gemm_size(op.conv_kind).k()
+    k_tiles = -(-gemm_k // op.tile_description.threadblock_shape[2])
+    split = min(MAX_SPLIT_K, max(2, round(sm_count / tiles)), max(1, k_tiles // 4))  # >= 4 K-steps per slice
+    return [1] + ([split] if split > 1 else [])
+
+
+def _relative_error(got, reference) -> float:
+    import torch
+
+    if not torch.isfinite(got).all().item():
+        return float("inf")
+    reference = reference.float()
+    return ((got.float() - reference).norm() / reference.norm()).item()
+
+
+def run_layer(kind: str, layer: str, batch: int, ops_by_stride: dict, args, sm_count: int) -> tuple[dict, list]:
+    import torch
+    import torch.nn.functional as F
+
+    cl = torch.channels_last
+    ps = _problem(layer, batch)
+    c, k, h, w, r, s, stride = LAYERS[layer]
+    pad = r // 2
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(batch, c, h, w, device="cuda", generator=gen).half().contiguous(memory_format=cl)
+    wt = (torch.randn(k, c, r, s, device="cuda", generator=gen) / math.sqrt(c * r * s)).half() \
+        .contiguous(memory_format=cl)
+    dy = torch.randn(batch, k, ps.P, ps.Q, device="cuda", generator=gen).half().contiguous(memory_format=cl)
+    flops = 2.0 * batch * ps.P * ps.Q * k * r * s * c
+
+    if kind == "fprop":
+        def torch_fn():
+            return F.conv2d(x, wt, stride=stride, padding=pad)
+        A, B, out_shape = x, wt, (batch, k, ps.P, ps.Q)
+    elif kind == "dgrad":
+        def torch_fn():
+            return torch.nn.grad.conv2d_input(x.shape, wt, dy, stride=stride, padding=pad)
+        A, B, out_shape = dy, wt, (batch, c, h, w)
+    else:
+        def torch_fn():
+            return torch.nn.grad.conv2d_weight(x, wt.shape, dy, stride=stride, padding=pad)
+        A, B, out_shape = dy, x, (k, c, r, s)
+    reference = torch_fn()
+    torch.cuda.synchronize()
+    assert tuple(reference.shape) == out_shape, (reference.shape, out_shape)
+    torch_ms = bench_ms(torch_fn, args.warmup_ms, args.rep_ms)
+
+    out = torch.empty(out_shape, device="cuda", dtype=torch.float16).contiguous(memory_format=cl)
+    rows, best = [], None
+    for op in ops_by_stride[1 if stride == 1 else 2]:
+        for split in _split_k_choices(op, ps, sm_count):
+            label = f"{op.tile_description.procedural_name()}" + (f" splitK{split}" if split > 1 else "")
+            try:
+                arguments = cutlass.Conv2dArguments(op, ps, A, B, None, out, split_k_slices=split)
+            except cutlass.ArgumentError as error:
+                rows.append({"kind": kind, "layer": layer, "batch": batch, "config": label,
+                             "error": str(error)[:160]})
+                continue
+            out.fill_(float("nan"))
+            op.run(arguments)
+            arguments.sync()
+            error = _relative_error(out, reference)
+            ok = error < TOLERANCE
+            ms = bench_ms(lambda: op.run(arguments), args.warmup_ms, args.rep_ms) if ok else float("nan")
+            row = {"kind": kind, "layer": layer, "batch": batch, "config": label, "ms": ms,
+                   "TFLOP/s": flops / ms / 1e9 if ok else 0.0, "rel_err": error, "correct": ok}
+            rows.append(row)
+            if args.verbose:
+                print(row, flush=True)
+            if ok and (best is None or ms < best["ms"]):
+                best = row
+            del arguments
+    cudnn_tflops = flops / torch_ms / 1e9
+    summary = {"kind": kind, "layer": layer, "batch": batch,
+               "NHWC / KRS": f"{batch}x{h}x{w}x{c} / {k}x{r}x{s}" + (f" s{stride}" if stride > 1 else ""),
+               "GFLOP": flops / 1e9, "best config": best["config"] if best else "none correct",
+               "pycutlass TFLOP/s": best["TFLOP/s"] if best else 0.0, "cuDNN TFLOP/s": cudnn_tflops,
+               "ratio": best["TFLOP/s"] / cudnn_tflops if best else 0.0,
+               "pycutlass err": best["rel_err"] if best else float("nan")}
+    print({key: (f"{v:.3g}" if isinstance(v, float) else v) for key, v in summary.items()}, flush=True)
+    del x, wt, dy, reference, out
+    return summary, rows
+
+
+def geomean(values) -> float:
+    values = [v for v in values if v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help=f"batch 32 and {len(QUICK_LAYERS)} layers only")
+    parser.add_argument("--kinds", nargs="*", default=list(KINDS), choices=KINDS)
+    parser.add_argument("--batches", nargs="*", type=int, default=None, help=f"default {list(BATCHES)}")
+    parser.add_argument("--jobs", type=int, default=min(6, os.cpu_count() or 1))
+    parser.add_argument("--warmup-ms", type=float, default=25)
+    parser.add_argument("--rep-ms", type=float, default=150)
+    parser.add_argument("--out", default="results/conv2d.json")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args()
+    if cutlass.compiler.target.detected_compute_capability() is None:
+        print("no GPU: benchmarks/conv2d.py needs the GPU host (tests/gpu/precompile.py can compile its operations "
+              "here)")
+        return
+    import torch
+
+    torch.backends.cudnn.benchmark = True
+    cutlass.get_memory_pool(2**30, 2**36)
+    by_key = grid(args.kinds)
+    start = time.perf_counter()
+    cutlass.compiler.add_module(list(dict.fromkeys(op for ops in by_key.values() for op in ops)), jobs=args.jobs)
+    print(f"grid compile/load: {time.perf_counter() - start:.1f} s ({cutlass.compiler.last_report()})", flush=True)
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    batches = args.batches or ([32] if args.quick else list(BATCHES))
+    layers = QUICK_LAYERS if args.quick else list(LAYERS)
+
+    summaries, rows = [], []
+    for kind in args.kinds:
+        ops_by_stride = {stride: by_key[kind, stride] for stride in (1, 2)}
+        for batch in batches:
+            for layer in layers:
+                summary, layer_rows = run_layer(kind, layer, batch, ops_by_stride, args, sm_count)
+                summaries.append(summary)
+                rows += layer_rows
+            torch.cuda.empty_cache()
+
+    geomeans = []
+    for kind in args.kinds:
+        for batch in batches:
+            ratios = [s["ratio"] for s in summaries if s["kind"] == kind and s["batch"] == batch]
+            geomeans.append({"kind": kind, "batch": batch, "layers": len(ratios),
+                             "geomean ratio vs cuDNN": geomean(ratios),
+                             "geomean pycutlass TFLOP/s": geomean(s["pycutlass TFLOP/s"] for s in summaries
+                                                                  if s["kind"] == kind and s["batch"] == batch),
+                             "geomean cuDNN TFLOP/s": geomean(s["cuDNN TFLOP/s"] for s in summaries
+                                                              if s["kind"] == kind and s["batch"] == batch),
+                             "failed layers": sum(1 for r in ratios if r <= 0)})
+    fprop = [s["ratio"] for s in summaries if s["kind"] == TARGET["kind"]]
+    target = None
+    if fprop:
+        value = geomean(fprop)
+        target = {**TARGET, "measured": value, "met": value >= TARGET["geomean_vs_cudnn"] and all(r > 0 for r in fprop)}
+
+    print(f"\n# Conv2d benchmark on {device_name()} (torch {torch.__version__}, cuDNN "
+          f"{torch.backends.cudnn.version()}), float16 NHWC, f32 accumulation")
+    for kind in args.kinds:
+        print_table(f"{kind}: best pycutlass config vs cuDNN", [s for s in summaries if s["kind"] == kind])
+    print_table("Geomean of the pycutlass / cuDNN throughput ratio", geomeans)
+    if target:
+        print(f"\ntarget: fprop geomean >= {TARGET['geomean_vs_cudnn']}x cuDNN: measured {target['measured']:.2f}x "
+              f"-> {'met' if target['met'] else 'NOT met'}")
+    write_json(args.out, {"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+                          "layers": {name: dict(zip(("C", "K", "H", "W", "R", "S", "stride"), LAYERS[name]))
+                                     for name in layers},
+                          "batches": batches, "tiles": [f"{s} s{st} {w}" for s, st, w in TILES],
+                          "target": target, "geomeans": geomeans, "summary": summaries, "kernels": rows})
+
+
+if __name__ == "__main__":
+    main()
