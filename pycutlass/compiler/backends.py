@@ -101,7 +101,8 @@ class NvrtcBackend(Backend):
         try:
             (compile_err,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
             _, log_size = nvrtc.nvrtcGetProgramLogSize(prog)
-            log = b" " * log_size
+            # NVRTC writes into this buffer: never let it be CPython's shared 1-byte bytes object.
+            log = b" " * max(log_size, 2)
             nvrtc.nvrtcGetProgramLog(prog, log)
             if compile_err != ok:
                 raise CompilationError(f"NVRTC failed ({compile_err.name}) compiling {unit_name} for sm_{arch}",
@@ -109,11 +110,11 @@ class NvrtcBackend(Backend):
             err, size = nvrtc.nvrtcGetCUBINSize(prog)
             if err != ok or size == 0:
                 raise CompilationError(f"NVRTC produced no cubin for {unit_name} (sm_{arch}): {err!r}")
-            cubin = b" " * size
+            cubin = b" " * max(size, 2)
             (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
             if err != ok:
                 raise CompilationError(f"nvrtcGetCUBIN failed: {err!r}")
-            return bytes(cubin)
+            return bytes(cubin[:size])
         finally:
             nvrtc.nvrtcDestroyProgram(prog)
 

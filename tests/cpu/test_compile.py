@@ -393,3 +393,12 @@ def test_nvrtc_with_pip_headers_only(monkeypatch, tmp_path):
         monkeypatch.undo()
         _clear_toolchain_caches()
     assert toolchain.cuda_home() is not None or not _have_nvcc()  # the real toolchain is back
+
+
+def test_nvrtc_does_not_corrupt_shared_bytes_objects():
+    """A clean compile has a 1-byte log; writing it into b" " * 1 would overwrite CPython's shared b" "."""
+    from pycutlass.compiler.backends import NvrtcBackend
+
+    cubin = NvrtcBackend().compile('extern "C" __global__ void pycutlass_tiny_kernel() {}', 90, "tiny")
+    assert cubin[:4] == b"\x7fELF"
+    assert b" " == bytes([32]) and " ".join(["a", "b"]).encode() == b"a b"

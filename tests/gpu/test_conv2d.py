@@ -274,7 +274,7 @@ def run_conv(op, ps, lib="torch", alpha=1.25, beta=-0.5, with_c=True, bias=None,
     reference = epilogue_reference(op, conv_reference(kind, ps, a, b), c, alpha, beta, activation_args)
     for _ in range(runs):  # reused arguments: serial split-K semaphores must reset themselves
         if hasattr(Dt, "fill_"):
-            Dt.fill_(float("nan"))
+            Dt.fill_(float("nan") if Dt.is_floating_point() else -77)
         op.run(args)
         args.sync()
         got = from_lib(Dt, lib)

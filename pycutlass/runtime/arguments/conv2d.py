@@ -38,12 +38,17 @@ def _packed_strides(extent) -> tuple[int, int, int, int]:
 def _nhwc_strides(info: TensorInfo, extent) -> tuple[int, int, int, int] | None:
     """The tensor's strides in NHWC order if it is a 4-D view of ``extent`` (NHWC or channels_last NCHW)."""
     n, h, w, c = extent
+    candidates = []
     if info.shape == (n, h, w, c):
-        return info.strides
+        candidates.append(tuple(info.strides))
     if info.shape == (n, c, h, w):
         sn, sc, sh, sw = info.strides
-        return (sn, sh, sw, sc)
-    return None
+        candidates.append((sn, sh, sw, sc))
+    if not candidates:
+        return None
+    # When C == H == W both readings fit the shape; the one whose strides are packed NHWC is the tensor's.
+    packed = (h * w * c, w * c, c, 1)
+    return next((cand for cand in candidates if _matches(cand, packed, extent)), candidates[0])
 
 
 def _matches(strides, expected, extent) -> bool:

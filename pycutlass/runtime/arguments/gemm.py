@@ -150,6 +150,8 @@ class GemmArguments(OperationArguments):
     def _check_alignment(self, label, info, geometry):
         """Leading dimensions, batch strides and device addresses must allow the operation's vector accesses."""
         op = self.operation
+        if info.numel == 0:
+            return  # never addressed
         alignment = (op.C if label == "D" else getattr(op, label)).alignment
         if op.C.layout.is_interleaved or geometry.broadcast:
             alignment_of_strides = 1
