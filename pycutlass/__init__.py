@@ -44,3 +44,20 @@ ColumnMajorInterleaved32 = LayoutType.ColumnMajorInterleaved32
 TensorNHWC = LayoutType.TensorNHWC
 TensorNC32HW32 = LayoutType.TensorNC32HW32
 TensorC32RSK32 = LayoutType.TensorC32RSK32
+
+__all__ = [
+    "ArgumentError", "BatchedIdentitySwizzle", "CacheError", "CacheIntegrityWarning", "ColumnMajor",
+    "ColumnMajorInterleaved32", "CompilationError", "Conv2dArguments", "Conv2dOperation", "Conv2dProblemSize",
+    "CudaError", "DataType", "DescriptionError", "FastLinearCombinationClamp", "GemmArguments", "GemmCoord",
+    "GemmGroupedArguments", "GemmOperationGrouped", "GemmOperationUniversal", "HorizontalSwizzle",
+    "IdentitySwizzle1", "IdentitySwizzle2", "IdentitySwizzle4", "IdentitySwizzle8", "IteratorAlgorithm",
+    "LayoutType", "LinearCombination", "LinearCombinationClamp", "LinearCombinationGeneric", "MathInstruction",
+    "MathOperation", "MatrixCoord", "NoGpuError", "OpClass", "PyCutlassError", "ReductionArguments",
+    "ReductionOperation", "RowMajor", "RowMajorInterleaved32", "SchedulerMode", "StrideSupport",
+    "StridedDgradHorizontalSwizzle", "StridedDgradIdentitySwizzle1", "StridedDgradIdentitySwizzle4",
+    "SwizzlingFunctor", "Tensor4DCoord", "TensorC32RSK32", "TensorDescription", "TensorNC32HW32", "TensorNHWC",
+    "TileDescription", "ToolchainError", "bfloat16", "compiler", "conv", "description", "emit", "epilogue",
+    "errors", "float16", "float32", "float64", "gelu", "gemm", "get_allocated_size", "get_memory_pool",
+    "hardswish", "identity", "int32", "int8", "leaky_relu", "operations", "relu", "runtime", "sigmoid", "silu",
+    "tanh", "tfloat32",
+]

@@ -52,6 +52,7 @@ class Compiler:
         self.backend: Backend | None = None
         self.target_arch: int | None = None
         self._memory: dict[str, CompiledKernel] = {}
+        self._keys: dict[tuple, str] = {}
         self._lock = threading.Lock()
         self.last_report = CompileReport()
 
@@ -72,6 +73,14 @@ class Compiler:
     # --- keys -----------------------------------------------------------------------------------------------
     def cache_key(self, operation, arch: int, backend: Backend | None = None) -> str:
         backend = backend or self.current_backend()
+        memo = (operation.name, arch, backend.name, tuple(backend.flags(arch)), backend.version(),
+                toolchain.cutlass_version())
+        key = self._keys.get(memo)
+        if key is None:  # hashing the source is cheap once; launches look keys up often
+            key = self._keys[memo] = self._compute_key(operation, arch, backend)
+        return key
+
+    def _compute_key(self, operation, arch: int, backend: Backend) -> str:
         material = {
             "schema": CACHE_KEY_SCHEMA,
             "source": operation.emit(),

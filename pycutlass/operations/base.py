@@ -61,9 +61,12 @@ class Operation:
 
     def emit(self) -> str:
         """The complete translation unit for this operation alone, as the compiler sees it."""
-        from ..emit.emitter import translation_unit
+        source = self.__dict__.get("_source")
+        if source is None:  # descriptions are immutable, so the source is rendered once
+            from ..emit.emitter import translation_unit
 
-        return translation_unit([self])
+            source = self.__dict__["_source"] = translation_unit([self])
+        return source
 
     def __eq__(self, other) -> bool:
         return type(other) is type(self) and other._signature() == self._signature()
@@ -83,3 +86,21 @@ class Operation:
         from ..runtime.launch import launch_operation
 
         launch_operation(self, arguments)
+
+
+class TiledOperation(Operation):
+    """An operation with a tile description and A, B, C operands (GEMM, grouped GEMM, conv)."""
+
+    @property
+    def element_accumulator(self):
+        return self.tile_description.math_instruction.element_accumulator
+
+    def _types_and_tile_name(self, layouts: str) -> str:
+        """The shared part of readable names: arch, op class, types, layouts, tile and alignments."""
+        from ..emit import names
+
+        math = self.tile_description.math_instruction
+        s = names.SHORT
+        return (f"sm{self.compute_capability}_{math.opcode_class.name.lower()}_"
+                f"{s[self.A.element]}{s[self.C.element]}{s[math.element_accumulator]}_{layouts}_"
+                f"{self.tile_description.procedural_name()}_a{self.A.alignment}{self.B.alignment}{self.C.alignment}")

@@ -46,7 +46,7 @@ from ..emit import abi, names
 from ..emit.emitter import render
 from ..epilogue.functors import EpilogueFunctor
 from ..errors import ArgumentError, DescriptionError
-from .base import Operation, check_compute_capability
+from .base import TiledOperation, check_compute_capability
 from .gemm import check_operand_types
 
 # C++ spellings of the conv enums (kept here: only this operation uses them).
@@ -81,7 +81,7 @@ _MAX_TENSOR_BYTES = 2**31  # cutlass::conv::device::ImplicitGemmConvolution::can
 _MAX_GRID_YZ = 65535
 
 
-class Conv2dOperation(Operation):
+class Conv2dOperation(TiledOperation):
     """A 2-D convolution as an implicit GEMM; the PyCUTLASS constructor.
 
     ``A``, ``B`` and ``C`` describe the implicit GEMM's operands (see ``pycutlass.conv``): for fprop the activation,
@@ -335,17 +335,9 @@ class Conv2dOperation(Operation):
                 self.tile_description, self.A, self.B, self.C, self.epilogue_functor, self.swizzling_functor)
 
     def _readable_name(self) -> str:
-        math = self.tile_description.math_instruction
-        s = names.SHORT
         layout = "nc32hw32" if self.A.layout.is_interleaved else "nhwc"
-        return (f"conv2d_{self.conv_kind.name}_{ALGORITHM_SHORT[self.iterator_algorithm]}_"
-                f"{self.stride_support.value}_sm{self.compute_capability}_{math.opcode_class.name.lower()}_"
-                f"{s[self.A.element]}{s[self.C.element]}{s[math.element_accumulator]}_{layout}_"
-                f"{self.tile_description.procedural_name()}_a{self.A.alignment}{self.B.alignment}{self.C.alignment}")
-
-    @property
-    def element_accumulator(self) -> DataType:
-        return self.tile_description.math_instruction.element_accumulator
+        return (f"conv2d_{self.conv_kind.name}_{ALGORITHM_SHORT[self.iterator_algorithm]}_{self.stride_support.value}_"
+                f"{self._types_and_tile_name(layout)}")
 
     @property
     def arguments_struct(self) -> type[ctypes.Structure]:

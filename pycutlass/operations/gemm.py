@@ -9,7 +9,7 @@ from ..emit import names
 from ..emit.emitter import render
 from ..epilogue.functors import EpilogueFunctor
 from ..errors import DescriptionError
-from .base import Operation, check_compute_capability
+from .base import TiledOperation, check_compute_capability
 
 _PLAIN = (LayoutType.RowMajor, LayoutType.ColumnMajor)
 _INTERLEAVED_GEMM = (LayoutType.ColumnMajorInterleaved32, LayoutType.RowMajorInterleaved32,
@@ -54,7 +54,7 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
                     f"minimum of multistage ({tile.stages}-stage) kernels; raise the alignment or use stages=2")
 
 
-class GemmOperationUniversal(Operation):
+class GemmOperationUniversal(TiledOperation):
     kind = "gemm"
 
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
@@ -104,16 +104,8 @@ class GemmOperationUniversal(Operation):
                 self.epilogue_functor, self.swizzling_functor)
 
     def _readable_name(self) -> str:
-        math = self.tile_description.math_instruction
-        s = names.SHORT
-        lay = "".join(names.LAYOUT_SHORT[d.layout] for d in (self.A, self.B, self.C))
-        return (f"gemm_sm{self.compute_capability}_{math.opcode_class.name.lower()}_"
-                f"{s[self.A.element]}{s[self.C.element]}{s[math.element_accumulator]}_{lay}_"
-                f"{self.tile_description.procedural_name()}_a{self.A.alignment}{self.B.alignment}{self.C.alignment}")
-
-    @property
-    def element_accumulator(self) -> DataType:
-        return self.tile_description.math_instruction.element_accumulator
+        layouts = "".join(names.LAYOUT_SHORT[d.layout] for d in (self.A, self.B, self.C))
+        return f"gemm_{self._types_and_tile_name(layouts)}"
 
     @property
     def transposed(self) -> bool:

@@ -47,7 +47,7 @@ from ..emit import names
 from ..emit.emitter import render
 from ..epilogue.functors import EpilogueFunctor
 from ..errors import ArgumentError, DescriptionError
-from .base import Operation, check_compute_capability
+from .base import TiledOperation, check_compute_capability
 from .gemm import GemmOperationUniversal, check_operand_types
 
 # sizeof(GroupedProblemVisitor<...>::ProblemInfo): two int32 (problem index, first tile); static_assert-ed in C++.
@@ -87,7 +87,7 @@ def _as_triple(problem, index: int) -> tuple[int, int, int]:
     return m, n, k
 
 
-class GemmOperationGrouped(Operation):
+class GemmOperationGrouped(TiledOperation):
     kind = "gemm_grouped"
 
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
@@ -126,17 +126,8 @@ class GemmOperationGrouped(Operation):
                 self.epilogue_functor, self.swizzling_functor, self.precompute_mode.value)
 
     def _readable_name(self) -> str:
-        math = self.tile_description.math_instruction
-        s = names.SHORT
-        lay = "".join(names.LAYOUT_SHORT[d.layout] for d in (self.A, self.B, self.C))
-        return (f"gemm_grouped_sm{self.compute_capability}_{math.opcode_class.name.lower()}_"
-                f"{s[self.A.element]}{s[self.C.element]}{s[math.element_accumulator]}_{lay}_"
-                f"{self.tile_description.procedural_name()}_a{self.A.alignment}{self.B.alignment}{self.C.alignment}_"
-                f"{self.precompute_mode.value.lower()}")
-
-    @property
-    def element_accumulator(self) -> DataType:
-        return self.tile_description.math_instruction.element_accumulator
+        layouts = "".join(names.LAYOUT_SHORT[d.layout] for d in (self.A, self.B, self.C))
+        return f"gemm_grouped_{self._types_and_tile_name(layouts)}_{self.precompute_mode.value.lower()}"
 
     @property
     def transposed(self) -> bool:

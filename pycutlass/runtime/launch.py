@@ -59,6 +59,11 @@ def loaded(operation) -> LoadedOperation:
     return found
 
 
+class _Readback(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("info", LaunchInfo), ("params", ctypes.c_byte * MAX_PARAMS_BYTES)]
+
+
 @dataclass
 class PreparedLaunch:
     """Everything a launch needs, computed once per Arguments: run() then costs one cuLaunchKernel."""
@@ -89,17 +94,17 @@ class PreparedLaunch:
 def prepare(operation, abi_struct, stream: int) -> PreparedLaunch:
     """Run the operation's device-side Params builder on ``abi_struct`` and read back Params and grid."""
     op = loaded(operation)
-    info = LaunchInfo()
-    params = (ctypes.c_byte * MAX_PARAMS_BYTES)()
+    # LaunchInfo and the Params bytes sit back to back in the scratch buffer: one copy brings both.
+    readback = _Readback()
     with op.build_lock:
         info_ptr = ctypes.c_uint64(op.scratch_info)
         params_ptr = ctypes.c_uint64(op.scratch_params)
         args = driver.pointer_array(ctypes.addressof(abi_struct), ctypes.addressof(info_ptr),
                                     ctypes.addressof(params_ptr))
         driver.launch(op.builder, (1, 1, 1), (1, 1, 1), 0, stream, ctypes.addressof(args), operation.name + " builder")
-        driver.memcpy_dtoh(ctypes.addressof(info), op.scratch_info, ctypes.sizeof(info), stream)
-        driver.memcpy_dtoh(ctypes.addressof(params), op.scratch_params, MAX_PARAMS_BYTES, stream)
+        driver.memcpy_dtoh(ctypes.addressof(readback), op.scratch_info, ctypes.sizeof(readback), stream)
         driver.synchronize_stream(stream, operation.name + " builder")
+    info, params = readback.info, readback.params
     if info.status != 0:
         raise ArgumentError(f"{operation.name}: CUTLASS rejected the arguments (cutlass::Status {info.status})")
     if not 0 < info.params_bytes <= MAX_PARAMS_BYTES:
