@@ -82,8 +82,10 @@ class NvrtcBackend(Backend):
         self.extra_flags = tuple(extra_flags)
 
     def flags(self, arch: int) -> list[str]:
-        return [f"--gpu-architecture=sm_{arch}", "-std=c++17", "-default-device", *COMMON_DEFINES,
-                *self.extra_flags]
+        # --split-compile=0 runs NVVM's optimizer on all cores: several operations in one unit compile in
+        # parallel (4 GEMMs: 5.0 s -> 4.0 s on 2 cores) while one compiles as fast as before.
+        return [f"--gpu-architecture=sm_{arch}", "-std=c++17", "-default-device", "--split-compile=0",
+                *COMMON_DEFINES, *self.extra_flags]
 
     def version(self) -> str:
         return f"nvrtc {toolchain.nvrtc_version()}"
