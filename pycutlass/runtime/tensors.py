@@ -51,6 +51,16 @@ class TensorInfo:
     def itemsize(self) -> int:
         return self.element.bits // 8
 
+    @property
+    def is_contiguous(self) -> bool:
+        """Row-major packed (C order), ignoring dimensions of size 1."""
+        expected = 1
+        for n, s in zip(reversed(self.shape), reversed(self.strides)):
+            if n > 1 and s != expected:
+                return False
+            expected *= n
+        return True
+
     def span_bytes(self) -> int:
         """Bytes from the first to one past the last element addressed (strides may be 0 or permuted)."""
         if any(s == 0 for s in self.shape):

@@ -29,6 +29,8 @@ from pycutlass.compiler.manager import COMPILER, Compiler
 from pycutlass.emit import emitter
 from pycutlass.emit.emitter import translation_unit
 
+from .conftest import clear_toolchain_caches
+
 ELF_MAGIC = b"\x7fELF"
 EM_CUDA = 190
 TARGET = 90
@@ -78,11 +80,6 @@ def global_compiler(backend=None):
         COMPILER.backend, COMPILER.target_arch, COMPILER.last_report = saved[0], saved[1], saved[3]
         COMPILER._memory.clear()
         COMPILER._memory.update(saved[2])
-
-
-def _clear_toolchain_caches():
-    for fn in (toolchain.cuda_include_dirs, toolchain.nvcc_path, toolchain.nvcc_version, toolchain.nvrtc_version):
-        fn.cache_clear()
 
 
 def assert_cubin(binary: bytes, ops) -> None:
@@ -367,7 +364,7 @@ def test_nvrtc_with_pip_headers_only(monkeypatch, tmp_path):
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.setattr(toolchain, "cuda_home", lambda: None)  # or it falls back to /usr/local/cuda
-    _clear_toolchain_caches()
+    clear_toolchain_caches()
     try:
         with pytest.raises(ToolchainError, match="nvcc not found"):
             toolchain.nvcc_path()
@@ -391,7 +388,7 @@ def test_nvrtc_with_pip_headers_only(monkeypatch, tmp_path):
         print(f"nvrtc: one f16 GEMM in {seconds:.1f} s, cubin {len(kernel.binary)} bytes")
     finally:
         monkeypatch.undo()
-        _clear_toolchain_caches()
+        clear_toolchain_caches()
     assert toolchain.cuda_home() is not None or not _have_nvcc()  # the real toolchain is back
 
 

@@ -20,7 +20,6 @@ import pycutlass as pc
 from pycutlass import compiler
 from pycutlass.cache.store import ArtifactCache
 from pycutlass.compiler import toolchain
-from pycutlass.compiler.manager import COMPILER
 from pycutlass.conv import (Conv2dProblemSize, ConvKind, IteratorAlgorithm, Mode, Operator, SplitKMode,
                             StrideSupport)
 from pycutlass.description.coords import MatrixCoord, Tensor4DCoord
@@ -28,6 +27,8 @@ from pycutlass.emit import abi
 from pycutlass.emit.emitter import translation_unit
 from pycutlass.errors import ArgumentError, DescriptionError, ToolchainError
 from pycutlass.operations.conv2d import Conv2dOperation
+
+from .conftest import clear_toolchain_caches
 
 F16, F32, TF32, BF16, F64, S8, S32 = (pc.float16, pc.float32, pc.tfloat32, pc.bfloat16, pc.float64, pc.int8,
                                       pc.int32)
@@ -421,25 +422,6 @@ def test_emitted_symbols_are_prefixed_and_two_ops_share_one_unit():
 
 
 # --- real compiles (one nvcc unit, one NVRTC; slow) -------------------------------------------------------------
-@pytest.fixture
-def compiler_state():
-    """Compile for sm_90 here; restore the backend, target and in-memory table afterwards."""
-    saved = (COMPILER.backend, COMPILER.target_arch, dict(COMPILER._memory))
-    compiler.set_target_arch(90)
-    try:
-        yield
-    finally:
-        COMPILER.backend, COMPILER.target_arch = saved[0], saved[1]
-        COMPILER._memory.clear()
-        COMPILER._memory.update(saved[2])
-
-
-def _clear_toolchain_caches():
-    for fn in (toolchain.cuda_include_dirs, toolchain.nvcc_path, toolchain.nvcc_version, toolchain.nvrtc_version,
-               toolchain.cutlass_include_dirs):
-        fn.cache_clear()
-
-
 def _assert_symbols(binary: bytes, ops) -> None:
     for op in ops:
         for symbol in (op.kernel_symbol, op.builder_symbol):
@@ -469,7 +451,7 @@ def test_compile_with_nvrtc_and_pip_headers_only(compiler_state, monkeypatch, tm
     monkeypatch.setenv("PATH", os.pathsep.join(path))
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))  # no toolkit: headers come from the pip wheels
     monkeypatch.delenv("CUDA_PATH", raising=False)
-    _clear_toolchain_caches()
+    clear_toolchain_caches()
     try:
         with pytest.raises(ToolchainError):
             toolchain.nvcc_path()
@@ -485,4 +467,4 @@ def test_compile_with_nvrtc_and_pip_headers_only(compiler_state, monkeypatch, tm
         print(f"nvrtc: 1 conv2d fprop in {seconds:.1f} s")
     finally:
         monkeypatch.undo()
-        _clear_toolchain_caches()
+        clear_toolchain_caches()

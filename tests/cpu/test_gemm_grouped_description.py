@@ -17,12 +17,13 @@ import pycutlass
 from pycutlass import compiler
 from pycutlass.cache.store import ArtifactCache
 from pycutlass.compiler import toolchain
-from pycutlass.compiler.manager import COMPILER
 from pycutlass.emit import abi
 from pycutlass.emit.emitter import translation_unit
 from pycutlass.errors import ArgumentError, DescriptionError, ToolchainError
 from pycutlass.operations import GemmOperationGrouped, GemmOperationUniversal, SchedulerMode
 from pycutlass.operations.gemm_grouped import PRECOMPUTE_THREADS, PROBLEM_INFO_BYTES
+
+from .conftest import clear_toolchain_caches
 
 c = pycutlass
 
@@ -267,25 +268,6 @@ def test_emission_shares_a_unit_with_a_gemm():
 
 
 # --- real compiles (one nvcc, one NVRTC; slow) --------------------------------------------------------------
-@pytest.fixture
-def compiler_state():
-    """Compile for sm_90 here; restore the backend, target and in-memory table afterwards."""
-    saved = (COMPILER.backend, COMPILER.target_arch, dict(COMPILER._memory))
-    compiler.set_target_arch(90)
-    try:
-        yield
-    finally:
-        COMPILER.backend, COMPILER.target_arch = saved[0], saved[1]
-        COMPILER._memory.clear()
-        COMPILER._memory.update(saved[2])
-
-
-def _clear_toolchain_caches():
-    for fn in (toolchain.cuda_include_dirs, toolchain.nvcc_path, toolchain.nvcc_version, toolchain.nvrtc_version,
-               toolchain.cutlass_include_dirs):
-        fn.cache_clear()
-
-
 def _assert_symbols(binary: bytes, ops) -> None:
     for op in ops:
         symbols = [op.kernel_symbol, op.builder_symbol]
@@ -318,7 +300,7 @@ def test_compile_with_nvrtc_and_pip_headers_only(compiler_state, monkeypatch, tm
     monkeypatch.setenv("PATH", os.pathsep.join(path))
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))  # no toolkit: headers come from the pip wheels
     monkeypatch.delenv("CUDA_PATH", raising=False)
-    _clear_toolchain_caches()
+    clear_toolchain_caches()
     try:
         with pytest.raises(ToolchainError):
             toolchain.nvcc_path()
@@ -334,4 +316,4 @@ def test_compile_with_nvrtc_and_pip_headers_only(compiler_state, monkeypatch, tm
         print(f"nvrtc: 2 grouped in {seconds:.1f} s")
     finally:
         monkeypatch.undo()
-        _clear_toolchain_caches()
+        clear_toolchain_caches()

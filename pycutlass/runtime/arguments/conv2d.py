@@ -136,7 +136,7 @@ class Conv2dArguments(OperationArguments):
         count = n * h * w * c
         shape_text = f"(N, H, W, C) = {extent}"
         if layout.is_interleaved:
-            if info.numel != count or not _is_contiguous(info):
+            if info.numel != count or not info.is_contiguous:
                 raise ArgumentError(f"{info.name}: an interleaved {layout.value} operand must be a contiguous tensor "
                                     f"of {count} elements in interleaved order; got shape {info.shape}, strides "
                                     f"{info.strides}")
@@ -220,11 +220,3 @@ class Conv2dArguments(OperationArguments):
                                 f"{self._semaphore_capacity} were allocated")
         return launch
 
-
-def _is_contiguous(info: TensorInfo) -> bool:
-    expected = 1
-    for n, s in zip(reversed(info.shape), reversed(info.strides)):
-        if n > 1 and s != expected:
-            return False
-        expected *= n
-    return True

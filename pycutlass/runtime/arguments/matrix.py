@@ -71,7 +71,7 @@ def matrix_geometry(info: TensorInfo, layout: LayoutType, rows: int, cols: int, 
             raise ArgumentError(f"{info.name}: expected shape {expected}, got {shape}")
         return MatrixGeometry(_packed_ld(layout, rows, cols), rows * cols)
     if layout.is_interleaved:
-        if info.numel != batch * rows * cols or not _is_contiguous(info):
+        if info.numel != batch * rows * cols or not info.is_contiguous:
             raise ArgumentError(f"{info.name}: an interleaved {layout.value} operand must be a contiguous tensor of "
                                 f"{batch * rows * cols} elements in interleaved order; got shape {shape}, strides "
                                 f"{strides}")
@@ -104,14 +104,6 @@ def matrix_geometry(info: TensorInfo, layout: LayoutType, rows: int, cols: int, 
         return MatrixGeometry(ld, strides[0] if batch > 1 else rows * cols, broadcast)
     raise ArgumentError(f"{info.name}: expected a 1-D, 2-D or 3-D tensor of shape {expected}, got shape {shape}")
 
-
-def _is_contiguous(info: TensorInfo) -> bool:
-    expected = 1
-    for n, s in zip(reversed(info.shape), reversed(info.strides)):
-        if n > 1 and s != expected:
-            return False
-        expected *= n
-    return True
 
 
 def check_output_geometry(info: TensorInfo, geometry: MatrixGeometry, layout: LayoutType, rows: int, cols: int,
