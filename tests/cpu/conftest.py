@@ -26,3 +26,23 @@ def clear_toolchain_caches() -> None:
     for fn in (toolchain.cuda_include_dirs, toolchain.nvcc_path, toolchain.nvcc_version, toolchain.nvrtc_version,
                toolchain.cutlass_include_dirs):
         fn.cache_clear()
+
+
+@pytest.fixture
+def toolkit_hidden():
+    """No nvcc on PATH and no CUDA toolkit: headers must come from the pip wheels (as on a pip-only machine)."""
+    import os
+    from pathlib import Path
+
+    with pytest.MonkeyPatch.context() as patch:
+        path = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d and not (Path(d) / "nvcc").exists()]
+        patch.setenv("PATH", os.pathsep.join(path))
+        patch.delenv("CUDA_HOME", raising=False)
+        patch.delenv("CUDA_PATH", raising=False)
+        patch.setattr(toolchain, "cuda_home", lambda: None)  # or it falls back to /usr/local/cuda
+        clear_toolchain_caches()
+        yield
+    clear_toolchain_caches()
+    import shutil
+
+    assert toolchain.cuda_home() is not None or shutil.which("nvcc") is None  # the real toolchain is back

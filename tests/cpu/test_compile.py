@@ -29,7 +29,6 @@ from pycutlass.compiler.manager import COMPILER, Compiler
 from pycutlass.emit import emitter
 from pycutlass.emit.emitter import translation_unit
 
-from .conftest import clear_toolchain_caches
 
 ELF_MAGIC = b"\x7fELF"
 EM_CUDA = 190
@@ -357,39 +356,28 @@ def test_concurrent_processes_compile_once(tmp_path):
 
 
 # --- (b) NVRTC with the toolkit hidden ---------------------------------------------------------------------------------
-def test_nvrtc_with_pip_headers_only(monkeypatch, tmp_path):
+def test_nvrtc_with_pip_headers_only(toolkit_hidden):
     pytest.importorskip("cuda.bindings.nvrtc")
-    path = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d and not (Path(d) / "nvcc").exists()]
-    monkeypatch.setenv("PATH", os.pathsep.join(path))
-    monkeypatch.delenv("CUDA_HOME", raising=False)
-    monkeypatch.delenv("CUDA_PATH", raising=False)
-    monkeypatch.setattr(toolchain, "cuda_home", lambda: None)  # or it falls back to /usr/local/cuda
-    clear_toolchain_caches()
-    try:
-        with pytest.raises(ToolchainError, match="nvcc not found"):
-            toolchain.nvcc_path()
-        include_dirs = toolchain.cuda_include_dirs()
-        assert include_dirs, "no CUDA headers found"
-        for directory in include_dirs:
-            assert "site-packages" in directory.parts or "dist-packages" in directory.parts, directory
-            assert "nvidia" in directory.parts, directory
-        flags = NvrtcBackend().include_flags()
-        assert not any("/usr/local/cuda" in flag for flag in flags), flags
-        assert Compiler().current_backend().name == "nvrtc"  # the default without nvcc
-        op = f16_gemm()
-        with global_compiler(NvrtcBackend()):
-            start = time.perf_counter()
-            [kernel] = compiler.add_module([op], cache=ArtifactCache(":memory:"))
-            seconds = time.perf_counter() - start
-            assert (compiler.last_report().compiled, compiler.last_report().from_disk) == (1, 0)
-            assert kernel.key == COMPILER.cache_key(op, TARGET)
-        assert (kernel.backend, kernel.arch) == ("nvrtc", TARGET)
-        assert_cubin(kernel.binary, [op])
-        print(f"nvrtc: one f16 GEMM in {seconds:.1f} s, cubin {len(kernel.binary)} bytes")
-    finally:
-        monkeypatch.undo()
-        clear_toolchain_caches()
-    assert toolchain.cuda_home() is not None or not _have_nvcc()  # the real toolchain is back
+    with pytest.raises(ToolchainError, match="nvcc not found"):
+        toolchain.nvcc_path()
+    include_dirs = toolchain.cuda_include_dirs()
+    assert include_dirs, "no CUDA headers found"
+    for directory in include_dirs:
+        assert "site-packages" in directory.parts or "dist-packages" in directory.parts, directory
+        assert "nvidia" in directory.parts, directory
+    flags = NvrtcBackend().include_flags()
+    assert not any("/usr/local/cuda" in flag for flag in flags), flags
+    assert Compiler().current_backend().name == "nvrtc"  # the default without nvcc
+    op = f16_gemm()
+    with global_compiler(NvrtcBackend()):
+        start = time.perf_counter()
+        [kernel] = compiler.add_module([op], cache=ArtifactCache(":memory:"))
+        seconds = time.perf_counter() - start
+        assert (compiler.last_report().compiled, compiler.last_report().from_disk) == (1, 0)
+        assert kernel.key == COMPILER.cache_key(op, TARGET)
+    assert (kernel.backend, kernel.arch) == ("nvrtc", TARGET)
+    assert_cubin(kernel.binary, [op])
+    print(f"nvrtc: one f16 GEMM in {seconds:.1f} s, cubin {len(kernel.binary)} bytes")
 
 
 def test_nvrtc_does_not_corrupt_shared_bytes_objects():

@@ -5,11 +5,9 @@ The compiles (nvcc, then NVRTC with nvcc hidden) target sm_90 explicitly, so no 
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 import shutil
 import time
-from pathlib import Path
 
 import pytest
 
@@ -23,7 +21,6 @@ from pycutlass.errors import ArgumentError, DescriptionError, ToolchainError
 from pycutlass.operations import GemmOperationGrouped, GemmOperationUniversal, SchedulerMode
 from pycutlass.operations.gemm_grouped import PRECOMPUTE_THREADS, PROBLEM_INFO_BYTES
 
-from .conftest import clear_toolchain_caches
 
 c = pycutlass
 
@@ -294,26 +291,17 @@ def test_compile_with_nvcc(compiler_state):
     print(f"nvcc: 2 grouped + 1 GEMM in {seconds:.1f} s")
 
 
-def test_compile_with_nvrtc_and_pip_headers_only(compiler_state, monkeypatch, tmp_path):
+def test_compile_with_nvrtc_and_pip_headers_only(compiler_state, toolkit_hidden):
     pytest.importorskip("cuda.bindings.nvrtc")
-    path = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d and not (Path(d) / "nvcc").exists()]
-    monkeypatch.setenv("PATH", os.pathsep.join(path))
-    monkeypatch.setenv("CUDA_HOME", str(tmp_path))  # no toolkit: headers come from the pip wheels
-    monkeypatch.delenv("CUDA_PATH", raising=False)
-    clear_toolchain_caches()
-    try:
-        with pytest.raises(ToolchainError):
-            toolchain.nvcc_path()
-        assert all("site-packages" in str(d) or "dist-packages" in str(d) for d in toolchain.cuda_include_dirs())
-        compiler.nvrtc()
-        ops = [bf16_grouped(), f16_grouped_host()]
-        start = time.perf_counter()
-        kernels = compiler.add_module(ops, cache=ArtifactCache(":memory:"))
-        seconds = time.perf_counter() - start
-        assert compiler.last_report().compiled == 2
-        assert all(k.backend == "nvrtc" and k.arch == 90 for k in kernels)
-        _assert_symbols(kernels[0].binary, ops)
-        print(f"nvrtc: 2 grouped in {seconds:.1f} s")
-    finally:
-        monkeypatch.undo()
-        clear_toolchain_caches()
+    with pytest.raises(ToolchainError):
+        toolchain.nvcc_path()
+    assert all("site-packages" in str(d) or "dist-packages" in str(d) for d in toolchain.cuda_include_dirs())
+    compiler.nvrtc()
+    ops = [bf16_grouped(), f16_grouped_host()]
+    start = time.perf_counter()
+    kernels = compiler.add_module(ops, cache=ArtifactCache(":memory:"))
+    seconds = time.perf_counter() - start
+    assert compiler.last_report().compiled == 2
+    assert all(k.backend == "nvrtc" and k.arch == 90 for k in kernels)
+    _assert_symbols(kernels[0].binary, ops)
+    print(f"nvrtc: 2 grouped in {seconds:.1f} s")

@@ -44,6 +44,14 @@ def precompile(operations, backend: str = "nvcc") -> None:
         cutlass.compiler.COMPILER.use(previous)
 
 
+def precompile_module(nvcc_operations, nvrtc_operations=()) -> None:
+    """What each GPU suite's module fixture does: compile its operations up front, leave nvcc selected."""
+    precompile(list(nvcc_operations), "nvcc")
+    if nvrtc_operations:
+        precompile(list(nvrtc_operations), "nvrtc")
+    cutlass.compiler.nvcc()
+
+
 def relative_error(got, reference) -> float:
     got = np.asarray(got, dtype=np.float64)
     reference = np.asarray(reference, dtype=np.float64)

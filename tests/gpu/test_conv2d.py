@@ -17,7 +17,7 @@ from pycutlass.conv import (Conv2dProblemSize, IteratorAlgorithm, Mode, Operator
                             reorder_interleaved_filter)
 from pycutlass.operations.conv2d import Conv2dOperation
 
-from .conftest import precompile, relative_error
+from .conftest import precompile_module, relative_error
 from .gemm_cases import check_integer, epilogue_reference, random_values
 
 pytestmark = pytest.mark.gpu
@@ -141,9 +141,7 @@ NVCC_OPS = list(CONV_OPS.values()) + [REDUCTION, REDUCTION_RELU]
 
 @pytest.fixture(scope="module", autouse=True)
 def compiled(memory_pool):
-    precompile(NVCC_OPS, "nvcc")
-    precompile(list(NVRTC_OPS.values()), "nvrtc")
-    cutlass.compiler.nvcc()
+    precompile_module(NVCC_OPS, NVRTC_OPS.values())
     yield
 
 

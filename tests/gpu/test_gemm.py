@@ -8,7 +8,7 @@ import pytest
 import pycutlass as cutlass
 from pycutlass.gemm import GemmCoord, Mode, reorder_interleaved_b
 
-from .conftest import precompile, relative_error
+from .conftest import precompile_module, relative_error
 from .gemm_cases import (CM, CMI32, CONFIGS, RI32, D, R, check_integer, deinterleave, epilogue_reference, make_op,
                          poisoned_output, random_values, to_float64, to_tensor)
 
@@ -70,9 +70,7 @@ NVCC_OPS = ([_op_dtype(c, lay) for c, lay in DTYPE_LAYOUT] + list(INT8_OPS.value
 
 @pytest.fixture(scope="module", autouse=True)
 def compiled(memory_pool):
-    precompile(NVCC_OPS, "nvcc")
-    precompile(list(NVRTC_OPS.values()), "nvrtc")
-    cutlass.compiler.nvcc()
+    precompile_module(NVCC_OPS, NVRTC_OPS.values())
     yield
 
 

@@ -11,7 +11,7 @@ from pycutlass.gemm import GemmCoord
 from pycutlass.operations import GemmOperationGrouped, SchedulerMode
 from pycutlass.runtime.arguments.gemm_grouped import GemmGroupedArguments
 
-from .conftest import precompile, relative_error
+from .conftest import precompile_module, relative_error
 from .gemm_cases import CM, CONFIGS, D, R, epilogue_reference, poisoned_output, random_values, to_float64, to_tensor
 
 pytestmark = pytest.mark.gpu
@@ -56,9 +56,7 @@ TOLERANCES = {"f16": 5e-3, "bf16": 2e-2, "tf32": 5e-3, "f64": 1e-12}
 
 @pytest.fixture(scope="module", autouse=True)
 def compiled(memory_pool):
-    precompile(list(GROUPED_OPS.values()), "nvcc")
-    precompile(list(NVRTC_OPS.values()), "nvrtc")
-    cutlass.compiler.nvcc()
+    precompile_module(GROUPED_OPS.values(), NVRTC_OPS.values())
     yield
 
 
