@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pycutlass as cutlass  # noqa: E402
 from common import bench_ms, device_name, print_table, write_json  # noqa: E402
 from pycutlass.conv import Conv2dProblemSize, IteratorAlgorithm, Mode, Operator, StrideSupport  # noqa: E402
-from pycutlass.operations.conv2d import Conv2dOperation  # noqa: E402
+from pycutlass.kinds.conv2d.operation import Conv2dOperation  # noqa: E402
 
 D = cutlass.DataType
 KINDS = ("fprop", "dgrad", "wgrad")

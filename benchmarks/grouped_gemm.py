@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pycutlass as cutlass  # noqa: E402
 from common import bench_ms, device_name, print_table, write_json  # noqa: E402
-from pycutlass.operations import GemmOperationGrouped, SchedulerMode  # noqa: E402
-from pycutlass.runtime.arguments.gemm_grouped import GemmGroupedArguments  # noqa: E402
+from pycutlass import GemmOperationGrouped, SchedulerMode  # noqa: E402
+from pycutlass import GemmGroupedArguments  # noqa: E402
 
 D = cutlass.DataType
 MODES = (SchedulerMode.Host, SchedulerMode.Device)

@@ -13,8 +13,8 @@ import numpy as np
 
 import common
 import pycutlass as cutlass
-from pycutlass.operations import GemmOperationGrouped, SchedulerMode
-from pycutlass.runtime.arguments.gemm_grouped import GemmGroupedArguments
+from pycutlass import GemmOperationGrouped, SchedulerMode
+from pycutlass import GemmGroupedArguments
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--scheduler", choices=[m.value for m in SchedulerMode], default="Device")

@@ -5,10 +5,11 @@ CUDA context and needs no GPU: CUDA, RMM and the compilers are touched only when
 """
 from __future__ import annotations
 
-from . import compiler, conv, gemm  # noqa: F401  (namespaces of the users' API)
+from . import cache, compiler, conv, gemm  # noqa: F401  (namespaces of the users' API)
 from .description.coords import GemmCoord, MatrixCoord, Tensor4DCoord
 from .description.math_instruction import MathInstruction
 from .description.tensor_description import TensorDescription
+from .description.target import Target
 from .description.tile_description import TileDescription
 from .description.types import (BatchedIdentitySwizzle, DataType, HorizontalSwizzle, IdentitySwizzle1,
                                  IdentitySwizzle2, IdentitySwizzle4, IdentitySwizzle8, LayoutType, MathOperation,
@@ -18,14 +19,11 @@ from .epilogue import (FastLinearCombinationClamp, LinearCombination, LinearComb
                        LinearCombinationGeneric, gelu, hardswish, identity, leaky_relu, relu, sigmoid, silu, tanh)
 from .errors import (ArgumentError, CacheError, CacheIntegrityWarning, CompilationError, CudaError,
                      DescriptionError, NoGpuError, PyCutlassError, ToolchainError)
-from .conv import Conv2dProblemSize, IteratorAlgorithm, StrideSupport
-from .operations import (Conv2dOperation, GemmOperationGrouped, GemmOperationUniversal, ReductionOperation,
-                         SchedulerMode)
-from .runtime.arguments.conv2d import Conv2dArguments
-from .runtime.arguments.gemm import GemmArguments
-from .runtime.arguments.gemm_grouped import GemmGroupedArguments
-from .runtime.arguments.reduction import ReductionArguments
+from .kinds import (Conv2dArguments, Conv2dOperation, Conv2dProblemSize, GemmArguments, GemmGroupedArguments,
+                    GemmOperationGrouped, GemmOperationUniversal, IteratorAlgorithm, ReductionArguments,
+                    ReductionOperation, SchedulerMode, StrideSupport)
 from .runtime.memory import get_allocated_size, get_memory_pool
+from .session import Session
 
 __version__ = "0.1.0"
 
@@ -53,11 +51,11 @@ __all__ = [
     "IdentitySwizzle1", "IdentitySwizzle2", "IdentitySwizzle4", "IdentitySwizzle8", "IteratorAlgorithm",
     "LayoutType", "LinearCombination", "LinearCombinationClamp", "LinearCombinationGeneric", "MathInstruction",
     "MathOperation", "MatrixCoord", "NoGpuError", "OpClass", "PyCutlassError", "ReductionArguments",
-    "ReductionOperation", "RowMajor", "RowMajorInterleaved32", "SchedulerMode", "StrideSupport",
+    "ReductionOperation", "RowMajor", "Session", "RowMajorInterleaved32", "SchedulerMode", "StrideSupport",
     "StridedDgradHorizontalSwizzle", "StridedDgradIdentitySwizzle1", "StridedDgradIdentitySwizzle4",
-    "SwizzlingFunctor", "Tensor4DCoord", "TensorC32RSK32", "TensorDescription", "TensorNC32HW32", "TensorNHWC",
+    "SwizzlingFunctor", "Target", "Tensor4DCoord", "TensorC32RSK32", "TensorDescription", "TensorNC32HW32", "TensorNHWC",
     "TileDescription", "ToolchainError", "bfloat16", "compiler", "conv", "description", "emit", "epilogue",
-    "errors", "float16", "float32", "float64", "gelu", "gemm", "get_allocated_size", "get_memory_pool",
-    "hardswish", "identity", "int32", "int8", "leaky_relu", "operations", "relu", "runtime", "sigmoid", "silu",
+    "errors", "float16", "cache", "kinds", "session", "float32", "float64", "gelu", "gemm", "get_allocated_size", "get_memory_pool",
+    "hardswish", "identity", "int32", "int8", "leaky_relu", "relu", "runtime", "sigmoid", "silu",
     "tanh", "tfloat32",
 ]

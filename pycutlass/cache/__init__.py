@@ -11,9 +11,8 @@ from pycutlass.cache.store import (
     SCHEMA_VERSION,
     Artifact,
     ArtifactCache,
-    get_cache,
-    set_cache_path,
 )
+from pycutlass.cache.current import CacheState, get_cache, set_cache_path
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -22,6 +21,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Artifact",
     "ArtifactCache",
+    "CacheState",
     "default_cache_dir",
     "default_cache_path",
     "ensure_cache_dir",

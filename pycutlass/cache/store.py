@@ -512,28 +512,3 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
 
 
 # ---- the process-wide default cache ---------------------------------------------------------
-
-_default_lock = threading.Lock()
-_default_cache: ArtifactCache | None = None
-
-
-def get_cache() -> ArtifactCache:
-    """The process-wide cache: ``set_cache_path``'s, else ``<default_cache_dir()>/compiled_cache.db``.
-
-    Its directory is created (private to this user) when the cache is first used, not before.
-    """
-    global _default_cache
-    with _default_lock:
-        if _default_cache is None:
-            _default_cache = ArtifactCache(default_cache_path(), private_dir=True)
-        return _default_cache
-
-
-def set_cache_path(path: str | os.PathLike | None) -> ArtifactCache:
-    """Point the process-wide cache at ``path`` (``":memory:"`` for in-memory, None for the default)."""
-    global _default_cache
-    with _default_lock:
-        if _default_cache is not None:
-            _default_cache.close()
-        _default_cache = None if path is None else ArtifactCache(path)
-    return get_cache()

@@ -1,27 +1,31 @@
-"""add_module: compile the cache misses among some operations in one translation unit and record the results.
+"""add_module: compile the cache misses among some operations and record the results, per session.
 
-Flow for each target architecture: key every operation; take hits from this process's memory, then from the
-SQLite cache (verified on load); claim the misses so concurrent processes compile each key once; compile what is
-still missing in one translation unit (or ``jobs`` units in parallel); store; attach.
+Flow for each target: key every operation; take hits from this session's memory, then from the artifact cache
+(verified on load); claim the misses so concurrent processes compile each key once; compile what is still missing
+in one translation unit (or ``jobs`` units in parallel worker processes); store; report.
 """
 from __future__ import annotations
 
-import concurrent.futures as futures
 import hashlib
 import json
-import multiprocessing
+import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ..cache.current import CacheState
+from ..description.target import Target
 from ..emit.emitter import translation_unit
-from ..errors import CompilationError
+from ..errors import ArgumentError, CompilationError, DescriptionError
+from ..session import Session, SessionState
 from . import toolchain
-from .backends import Backend, NvccBackend, NvrtcBackend, compile_in_subprocess
-from .target import resolve_target
+from .backends import Backend, NvccBackend, NvrtcBackend, backend_by_name
+from .jobs import run_units
+from .target import detected_compute_capability
 
-CACHE_KEY_SCHEMA = 1
+CACHE_KEY_SCHEMA = 2
+log = logging.getLogger("pycutlass.compiler")
 
 
 @dataclass(frozen=True)
@@ -29,181 +33,253 @@ class CompiledKernel:
     """One operation's entry in a compiled binary (a cubin shared by every operation of its unit)."""
 
     key: str
-    binary: bytes
+    binary: bytes = field(repr=False)
     sha256: str
     kernel_symbol: str
     builder_symbol: str
     backend: str
-    arch: int
+    target: str
 
 
 @dataclass
 class CompileReport:
+    """What one ``add_module`` call did. Iterating it yields the CompiledKernels, in the order asked for."""
+
+    kernels: list = field(default_factory=list)
     compiled: int = 0
     from_memory: int = 0
     from_disk: int = 0
     seconds: float = 0.0
+    backend: str = ""
+
+    def __iter__(self):
+        return iter(self.kernels)
+
+    def __len__(self) -> int:
+        return len(self.kernels)
+
+    def __getitem__(self, index):
+        return self.kernels[index]
 
 
-class Compiler:
-    """Process-wide compiler settings and the in-memory table of compiled operations."""
+def _is_operation(value) -> bool:
+    return all(hasattr(value, attr) for attr in ("emit_body", "headers", "name", "compute_capability"))
 
-    def __init__(self):
-        self.backend: Backend | None = None
-        self.target_arch: int | None = None
+
+class Compiler(SessionState):
+    """A session's compiler settings and its table of compiled operations."""
+
+    def __init__(self, session: Session):
+        super().__init__(session)
+        self._backend: Backend | None = None
         self._memory: dict[str, CompiledKernel] = {}
         self._keys: dict[tuple, str] = {}
+        self._detected: dict[int, int | None] = {}
         self._lock = threading.Lock()
         self.last_report = CompileReport()
 
+    def option_changed(self, name: str) -> None:
+        if name == "backend":
+            self._backend = None
+
     # --- settings -------------------------------------------------------------------------------------------
     def use(self, backend: Backend) -> Backend:
-        self.backend = backend
+        if not isinstance(backend, Backend):
+            raise ArgumentError(f"backend must be a pycutlass compiler backend (compiler.nvcc(), compiler.nvrtc()), "
+                                f"got {backend!r}")
+        self._backend = backend
         return backend
 
-    def current_backend(self) -> Backend:
-        if self.backend is None:
-            try:  # nvcc is the documented default; without a toolkit, NVRTC from pip still works
-                toolchain.nvcc_path()
-                self.backend = NvccBackend()
-            except Exception:
-                self.backend = NvrtcBackend()
-        return self.backend
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            chosen = self.session.options.get("backend")
+            if isinstance(chosen, Backend):
+                self._backend = chosen
+            elif chosen is not None:
+                if chosen not in ("nvcc", "nvrtc"):
+                    raise ArgumentError(f"Session backend must be 'nvcc' or 'nvrtc', got {chosen!r}")
+                self._backend = backend_by_name(chosen)
+            else:
+                try:  # nvcc is the documented default; without a toolkit, NVRTC from pip still works
+                    toolchain.nvcc_path()
+                    self._backend = NvccBackend()
+                except Exception:
+                    self._backend = NvrtcBackend()
+        return self._backend
+
+    @property
+    def explicit_target(self) -> Target | None:
+        value = self.session.options.get("target")
+        return None if value is None else Target.parse(value)
+
+    def target_for(self, operation) -> Target:
+        """The explicit target, else the GPU's (SASS does not run across major architectures), else the op's own."""
+        target = self.explicit_target
+        if target is None:
+            ordinal = self.session.options.get("device") or 0
+            if ordinal not in self._detected:
+                self._detected[ordinal] = detected_compute_capability(ordinal)
+            detected = self._detected[ordinal]
+            target = Target(detected if detected is not None else operation.compute_capability)
+        target.check_runs(operation.family, operation.name)
+        return target
 
     # --- keys -----------------------------------------------------------------------------------------------
-    def cache_key(self, operation, arch: int, backend: Backend | None = None) -> str:
-        backend = backend or self.current_backend()
-        memo = (operation.name, arch, backend.name, tuple(backend.flags(arch)), backend.version(),
-                toolchain.cutlass_version())
+    def cache_key(self, operation, target: Target, backend: Backend | None = None) -> str:
+        """sha256 of everything that changes the binary: source, backend, flags, target, toolchain, schema."""
+        backend = backend or self.backend
+        arch = target.compute_capability
+        memo = (operation.name, target, backend.name, tuple(backend.flags(arch)))
         key = self._keys.get(memo)
         if key is None:  # hashing the source is cheap once; launches look keys up often
-            key = self._keys[memo] = self._compute_key(operation, arch, backend)
+            material = {
+                "schema": CACHE_KEY_SCHEMA,
+                "source": operation.emit(),
+                "backend": backend.name,
+                "flags": backend.flags(arch),
+                "target": target.name,
+                "compiler": backend.version(),
+                "toolchain": toolchain.fingerprint(backend.name),
+            }
+            key = self._keys[memo] = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
         return key
 
-    def _compute_key(self, operation, arch: int, backend: Backend) -> str:
-        material = {
-            "schema": CACHE_KEY_SCHEMA,
-            "source": operation.emit(),
-            "backend": backend.name,
-            "flags": backend.flags(arch),
-            "arch": arch,
-            "compiler": backend.version(),
-            "cutlass": toolchain.cutlass_version(),
-        }
-        return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
-
-    def target_for(self, operation) -> int:
-        return resolve_target(self.target_arch, operation.compute_capability)
-
     # --- compile --------------------------------------------------------------------------------------------
-    def lookup(self, operation, arch: int | None = None) -> CompiledKernel | None:
-        arch = arch if arch is not None else self.target_for(operation)
-        return self._memory.get(self.cache_key(operation, arch))
+    def lookup(self, operation, target: Target | None = None) -> CompiledKernel | None:
+        target = target if target is not None else self.target_for(operation)
+        return self._memory.get(self.cache_key(operation, target))
 
-    def add_module(self, operations, *, jobs: int | None = None, cache=None) -> list[CompiledKernel]:
-        from ..cache import get_cache
+    def compiled_for(self, operation, target: Target) -> CompiledKernel:
+        """The operation compiled for ``target`` (a device's), compiling on first use."""
+        target.check_runs(operation.family, operation.name)
+        found = self._memory.get(self.cache_key(operation, target))
+        if found is None:
+            found = self._add([operation], jobs=None, cache=None, target=target).kernels[0]
+        return found
 
+    def add_module(self, operations, *, jobs: int | None = None, cache=None) -> CompileReport:
+        operations = _check_operations(operations)
+        jobs = _check_jobs(jobs)
+        return self._add(operations, jobs=jobs, cache=cache, target=None)
+
+    def _add(self, operations, *, jobs, cache, target: Target | None) -> CompileReport:
         start = time.perf_counter()
-        report = CompileReport()
+        backend = self.backend
+        report = CompileReport(backend=backend.name)
         operations = list(dict.fromkeys(operations))  # equal descriptions compile once
-        backend = self.current_backend()
-        cache = cache if cache is not None else get_cache()
-        keyed = [(op, self.target_for(op)) for op in operations]
-        keys = {(op, arch): self.cache_key(op, arch, backend) for op, arch in keyed}
+        cache = cache if cache is not None else CacheState.of(self.session).cache
+        keyed = [(op, target if target is not None else self.target_for(op)) for op in operations]
+        keys = {(op, t): self.cache_key(op, t, backend) for op, t in keyed}
         results: dict[str, CompiledKernel] = {}
 
         misses = []
-        for op, arch in keyed:
-            key = keys[(op, arch)]
+        for op, t in keyed:
+            key = keys[(op, t)]
             if key in self._memory:
                 results[key] = self._memory[key]
                 report.from_memory += 1
                 continue
             artifact = cache.lookup(key)
             if artifact is not None:
-                results[key] = self._remember(key, artifact.binary, artifact.sha256, op, backend, arch)
+                results[key] = self._remember(key, artifact.binary, artifact.sha256, op, backend, t)
                 report.from_disk += 1
             else:
-                misses.append((op, arch))
+                misses.append((op, t))
 
-        if misses:
-            with cache.claim([keys[m] for m in misses]):
-                still_missing = []
-                for op, arch in misses:  # another process may have compiled them while we waited
-                    artifact = cache.lookup(keys[(op, arch)])
-                    if artifact is not None:
-                        results[keys[(op, arch)]] = self._remember(keys[(op, arch)], artifact.binary,
-                                                                   artifact.sha256, op, backend, arch)
-                        report.from_disk += 1
-                    else:
-                        still_missing.append((op, arch))
-                failures = []
-                for unit_ops, arch, binary in self._compile_units(still_missing, backend, jobs, failures):
-                    entries = [(keys[(op, arch)], op.name, {"kernel": op.kernel_symbol, "builder": op.builder_symbol,
-                                                             "backend": backend.name, "arch": arch,
-                                                             "description": op.describe()}) for op in unit_ops]
-                    sha = cache.store(entries, binary, "cubin")
-                    for op in unit_ops:
-                        results[keys[(op, arch)]] = self._remember(keys[(op, arch)], binary, sha, op, backend, arch)
-                    report.compiled += len(unit_ops)
-                if failures:  # the units that compiled are cached; name the ones that did not
-                    report.seconds = time.perf_counter() - start
-                    self.last_report = report
-                    failed = [op.name for ops, _, _ in failures for op in ops]
-                    first = failures[0][2]
-                    summary = str(first).split("\n--- compiler log ---")[0]
-                    raise CompilationError(f"{len(failed)} operation(s) failed to compile with {backend.name}: "
-                                           f"{', '.join(failed)}. First error: {summary}",
-                                           log=getattr(first, "log", ""), source=getattr(first, "source", ""))
-        report.seconds = time.perf_counter() - start
-        self.last_report = report
-        return [results[keys[(op, arch)]] for op, arch in keyed]
+        try:
+            if misses:
+                self._compile_misses(misses, keys, backend, jobs, cache, report, results)
+        finally:
+            report.seconds = time.perf_counter() - start
+            report.kernels = [results[keys[pair]] for pair in keyed if keys[pair] in results]
+            self.last_report = report
+        log.info("add_module: %d compiled, %d from memory, %d from disk in %.2f s (%s)", report.compiled,
+                 report.from_memory, report.from_disk, report.seconds, backend.name)
+        return report
 
-    def _remember(self, key, binary, sha, op, backend, arch) -> CompiledKernel:
-        kernel = CompiledKernel(key, binary, sha, op.kernel_symbol, op.builder_symbol, backend.name, arch)
+    def _compile_misses(self, misses, keys, backend, jobs, cache, report, results) -> None:
+        with cache.claim([keys[m] for m in misses]):
+            still_missing = []
+            for op, t in misses:  # another process may have compiled them while we waited
+                artifact = cache.lookup(keys[(op, t)])
+                if artifact is not None:
+                    results[keys[(op, t)]] = self._remember(keys[(op, t)], artifact.binary, artifact.sha256, op,
+                                                            backend, t)
+                    report.from_disk += 1
+                else:
+                    still_missing.append((op, t))
+            failures = []
+            progress = self.session.options.get("progress")
+            for unit_ops, t, result in run_units(_units(still_missing, jobs), backend, jobs or 1, progress):
+                if isinstance(result, CompilationError):
+                    failures.append((unit_ops, result))
+                    continue
+                entries = [(keys[(op, t)], op.name, {"kernel": op.kernel_symbol, "builder": op.builder_symbol,
+                                                     "backend": backend.name, "target": t.name,
+                                                     "description": op.describe()}) for op in unit_ops]
+                sha = cache.store(entries, result, "cubin")
+                for op in unit_ops:
+                    results[keys[(op, t)]] = self._remember(keys[(op, t)], result, sha, op, backend, t)
+                report.compiled += len(unit_ops)
+        if failures:  # the units that compiled are cached; name the ones that did not
+            failed = [op.name for ops, _ in failures for op in ops]
+            first = failures[0][1]
+            summary = str(first).split("\n--- compiler log ---")[0]
+            raise CompilationError(f"{len(failed)} operation(s) failed to compile with {backend.name}: "
+                                   f"{', '.join(failed)}. First error: {summary}",
+                                   log=getattr(first, "log", ""), source=getattr(first, "source", ""))
+
+    def _remember(self, key, binary, sha, op, backend, target) -> CompiledKernel:
+        kernel = CompiledKernel(key, binary, sha, op.kernel_symbol, op.builder_symbol, backend.name, target.name)
         with self._lock:
             self._memory[key] = kernel
         return kernel
 
-    def _compile_units(self, missing, backend: Backend, jobs: int | None, failures: list):
-        """Yields (operations, arch, cubin) per translation unit; appends (operations, arch, error) on failure."""
-        by_arch: dict[int, list] = {}
-        for op, arch in missing:
-            by_arch.setdefault(arch, []).append(op)
-        units = []
-        for arch, ops in by_arch.items():
-            n = max(1, min(jobs or 1, len(ops)))
-            units.extend((ops[i::n], arch) for i in range(n))
-        if not units:  # another process compiled everything while we waited for the claim
-            return
-        if len(units) == 1:
-            ops, arch = units[0]
-            try:
-                binary = backend.compile(translation_unit(ops), arch, _unit_name(ops))
-            except CompilationError as error:
-                failures.append((ops, arch, error))
-                return
-            yield ops, arch, binary
-            return
-        if backend.name == "nvrtc":  # NVRTC serializes threads of one process: use processes
-            pool = futures.ProcessPoolExecutor(max_workers=len(units), mp_context=multiprocessing.get_context("spawn"))
-        else:
-            pool = futures.ThreadPoolExecutor(max_workers=len(units))
-        with pool:
-            pending = {pool.submit(compile_in_subprocess, backend.name, backend.extra_flags, translation_unit(ops),
-                                   arch, _unit_name(ops)): (ops, arch) for ops, arch in units}
-            for done in futures.as_completed(pending):
-                ops, arch = pending[done]
-                try:
-                    binary = done.result()
-                except CompilationError as error:
-                    failures.append((ops, arch, error))
-                    continue
-                yield ops, arch, binary
+
+def _units(missing, jobs: int | None):
+    """Split the misses into translation units: per target, ``jobs`` units (one when jobs is None)."""
+    by_target: dict[Target, list] = {}
+    for op, t in missing:
+        by_target.setdefault(t, []).append(op)
+    units = []
+    for t, ops in by_target.items():
+        n = max(1, min(jobs or 1, len(ops)))
+        for i in range(n):
+            unit_ops = ops[i::n]
+            name = f"pycutlass_unit_{os.getpid()}_" + \
+                hashlib.sha256("".join(o.name for o in unit_ops).encode()).hexdigest()[:8]
+            units.append((unit_ops, t, translation_unit(unit_ops), name))
+    return units
 
 
-def _unit_name(ops) -> str:
-    return f"pycutlass_unit_{os.getpid()}_{hashlib.sha256(''.join(o.name for o in ops).encode()).hexdigest()[:8]}"
+def _check_operations(operations) -> list:
+    if _is_operation(operations):
+        raise ArgumentError("add_module takes a list of operations, e.g. add_module([operation]); got a single "
+                            f"{type(operations).__name__}")
+    if isinstance(operations, (str, bytes)) or not hasattr(operations, "__iter__"):
+        raise ArgumentError(f"add_module takes a list of operations, got {type(operations).__name__}")
+    operations = list(operations)
+    for index, op in enumerate(operations):
+        if not _is_operation(op):
+            raise ArgumentError(f"add_module: item {index} is {op!r}, not an operation (GemmOperationUniversal, "
+                                f"GemmOperationGrouped, Conv2dOperation or ReductionOperation)")
+    return operations
 
 
-COMPILER = Compiler()
+def _check_jobs(jobs) -> int | None:
+    if jobs is None:
+        return None
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ArgumentError(f"jobs must be a positive integer (parallel compile units) or None, got {jobs!r}")
+    return jobs
+
+
+def parse_target(value) -> Target | None:
+    """For ``set_target_arch``: None restores detection; anything else must name a supported target."""
+    if value is None:
+        return None
+    try:
+        return Target.parse(value)
+    except DescriptionError as error:
+        raise ArgumentError(str(error)) from None

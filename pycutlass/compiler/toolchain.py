@@ -115,3 +115,10 @@ def nvrtc_version() -> str:
         return f"{major}.{minor} (nvidia-cuda-nvrtc {version('nvidia-cuda-nvrtc')})"
     except Exception:
         return f"{major}.{minor}"
+
+
+def fingerprint(backend_name: str) -> dict:
+    """Everything about the toolchain that changes a binary, for cache keys."""
+    compiler = nvcc_version() if backend_name == "nvcc" else nvrtc_version()
+    return {"compiler": f"{backend_name} {compiler}", "cutlass": cutlass_version(),
+            "cuda_headers": [str(d) for d in cuda_include_dirs()]}

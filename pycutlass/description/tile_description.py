@@ -5,11 +5,14 @@ from dataclasses import dataclass
 
 from ..errors import DescriptionError
 from .math_instruction import MathInstruction
-from .types import MAX_SHARED_MEMORY_BYTES, OpClass
+from .target import Target
+from .types import OpClass
 
 
 def _triple(name: str, value) -> tuple[int, int, int]:
     try:
+        if isinstance(value, (str, bytes)) or any(isinstance(v, (str, bytes, float, bool)) for v in value):
+            raise TypeError
         triple = tuple(int(v) for v in value)
     except TypeError:
         raise DescriptionError(f"TileDescription.{name} must be 3 integers, got {value!r}") from None
@@ -80,17 +83,14 @@ class TileDescription:
         bits = self.math_instruction.element_a.bits
         return self.stages * (m * k + k * n) * bits // 8
 
-    def check_shared_memory(self, compute_capability: int) -> None:
-        budget = MAX_SHARED_MEMORY_BYTES.get(compute_capability)
-        if budget is None:
-            raise DescriptionError(f"compute capability {compute_capability} is not supported; "
-                                   f"choose one of {sorted(MAX_SHARED_MEMORY_BYTES)}")
+    def check_shared_memory(self, compute_capability) -> None:
+        target = Target.parse(compute_capability)
+        budget = target.shared_memory_per_block
         need = self.shared_memory_bytes()
         if need > budget:
             raise DescriptionError(
                 f"tile {list(self.threadblock_shape)} with {self.stages} stages needs {need // 1024} KiB of shared "
-                f"memory; sm_{compute_capability} allows {budget // 1024} KiB per block. Use fewer stages or a "
-                f"smaller tile")
+                f"memory; {target.name} allows {budget // 1024} KiB per block. Use fewer stages or a smaller tile")
 
     def procedural_name(self) -> str:
         m, n, k = self.threadblock_shape

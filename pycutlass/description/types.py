@@ -102,7 +102,3 @@ StridedDgradHorizontalSwizzle = SwizzlingFunctor("StridedDgradHorizontalSwizzle"
 GEMM_SWIZZLES = (IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4, IdentitySwizzle8, BatchedIdentitySwizzle)
 CONV_SWIZZLES = (IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4, IdentitySwizzle8, HorizontalSwizzle,
                  StridedDgradIdentitySwizzle1, StridedDgradIdentitySwizzle4, StridedDgradHorizontalSwizzle)
-
-# Shared memory per thread block that a kernel may opt into, by compute capability (bytes).
-MAX_SHARED_MEMORY_BYTES = {70: 96 * 1024, 75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024,
-                           89: 99 * 1024, 90: 227 * 1024}

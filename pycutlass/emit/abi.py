@@ -1,4 +1,7 @@
-"""The only structs that cross the Python/C++ boundary, defined once here.
+"""The base of the only structs that cross the Python/C++ boundary, and the launch record every builder writes.
+
+Each kernel kind defines its own argument struct in its folder (``kinds/<kind>/abi.py``); a translation unit
+carries the structs of the operations in it, so adding a kind re-keys no cached kernel of another kind.
 
 Python packs them with ctypes; the emitted C++ gets the same struct generated from these definitions plus
 ``static_assert``s on size and every offset, so a layout drift fails the compile instead of corrupting a launch.
@@ -15,7 +18,22 @@ _CPP_TYPE = {ctypes.c_int32: "int32_t", ctypes.c_int64: "int64_t", ctypes.c_uint
 
 
 class AbiStruct(ctypes.Structure):
-    """A padding-free C struct. Declared without padding, its C++ twin's offsets follow from its field sizes."""
+    """A padding-free C struct. Declared without padding, its C++ twin's offsets follow from its field sizes.
+
+    ``_pointers_`` names the fields that hold device addresses: the runtime reuses Params built for one set of
+    addresses with another by patching exactly what those fields became (see ``runtime.params``).
+    """
+
+    _pointers_: tuple[str, ...] = ()
+
+    @classmethod
+    def pointer_offsets(cls) -> tuple[int, ...]:
+        """Byte offsets of the ``_pointers_`` fields (derived once, kept on the class like its fields)."""
+        found = cls.__dict__.get("_pointer_offsets_")
+        if found is None:
+            found = tuple(getattr(cls, name).offset for name in cls._pointers_)
+            cls._pointer_offsets_ = found
+        return found
 
     @classmethod
     def check_no_padding(cls) -> None:
@@ -54,7 +72,7 @@ class AbiStruct(ctypes.Structure):
         return "\n".join(lines)
 
 
-_EPILOGUE_FIELDS = [("alpha", ctypes.c_double), ("beta", ctypes.c_double),
+EPILOGUE_FIELDS = [("alpha", ctypes.c_double), ("beta", ctypes.c_double),
                     ("activation_args", ctypes.c_double * MAX_ACTIVATION_ARGS)]
 
 
@@ -68,58 +86,9 @@ class LaunchInfo(AbiStruct):
                 ("reserved", ctypes.c_int32)]
 
 
-class GemmUniversalArgs(AbiStruct):
-    _fields_ = [("mode", ctypes.c_int32), ("m", ctypes.c_int32), ("n", ctypes.c_int32), ("k", ctypes.c_int32),
-                ("batch_count", ctypes.c_int32), ("reserved", ctypes.c_int32),
-                ("ptr_A", ctypes.c_uint64), ("ptr_B", ctypes.c_uint64), ("ptr_C", ctypes.c_uint64),
-                ("ptr_D", ctypes.c_uint64), ("semaphore", ctypes.c_uint64),
-                ("lda", ctypes.c_int64), ("ldb", ctypes.c_int64), ("ldc", ctypes.c_int64), ("ldd", ctypes.c_int64),
-                ("batch_stride_A", ctypes.c_int64), ("batch_stride_B", ctypes.c_int64),
-                ("batch_stride_C", ctypes.c_int64), ("batch_stride_D", ctypes.c_int64)] + _EPILOGUE_FIELDS
-
-
-class Conv2dArgs(AbiStruct):
-    _fields_ = [("n", ctypes.c_int32), ("h", ctypes.c_int32), ("w", ctypes.c_int32), ("c", ctypes.c_int32),
-                ("k", ctypes.c_int32), ("r", ctypes.c_int32), ("s", ctypes.c_int32),
-                ("p", ctypes.c_int32), ("q", ctypes.c_int32),
-                ("pad_h", ctypes.c_int32), ("pad_w", ctypes.c_int32),
-                ("stride_h", ctypes.c_int32), ("stride_w", ctypes.c_int32),
-                ("dilation_h", ctypes.c_int32), ("dilation_w", ctypes.c_int32),
-                ("mode", ctypes.c_int32), ("split_k_slices", ctypes.c_int32), ("groups", ctypes.c_int32),
-                ("split_k_mode", ctypes.c_int32), ("reserved", ctypes.c_int32),
-                ("ptr_A", ctypes.c_uint64), ("ptr_B", ctypes.c_uint64), ("ptr_C", ctypes.c_uint64),
-                ("ptr_D", ctypes.c_uint64), ("semaphore", ctypes.c_uint64),
-                # Strides (elements) of C's W, H and N dimensions; zeros broadcast a bias vector.
-                ("stride_c_w", ctypes.c_int64), ("stride_c_h", ctypes.c_int64), ("stride_c_n", ctypes.c_int64),
-                ] + _EPILOGUE_FIELDS
-
-
-class GemmGroupedArgs(AbiStruct):
-    _fields_ = [("problem_count", ctypes.c_int32), ("threadblock_count", ctypes.c_int32),
-                ("tile_count", ctypes.c_int32), ("reserved", ctypes.c_int32),
-                ("problem_sizes", ctypes.c_uint64),  # device array of cutlass::gemm::GemmCoord (3 x int32)
-                ("ptr_A", ctypes.c_uint64), ("ptr_B", ctypes.c_uint64), ("ptr_C", ctypes.c_uint64),
-                ("ptr_D", ctypes.c_uint64),  # device arrays of pointers
-                ("lda", ctypes.c_uint64), ("ldb", ctypes.c_uint64), ("ldc", ctypes.c_uint64),
-                ("ldd", ctypes.c_uint64),  # device arrays of int64 leading dimensions
-                ("workspace", ctypes.c_uint64),  # the SchedulerMode.Host schedule (ProblemInfo per tile)
-                ("workspace_bytes", ctypes.c_int64),  # its size, checked by <name>_precompute
-                ] + _EPILOGUE_FIELDS
-
-
-class ReductionArgs(AbiStruct):
-    _fields_ = [("m", ctypes.c_int32), ("n", ctypes.c_int32), ("partitions", ctypes.c_int32),
-                ("reserved", ctypes.c_int32), ("partition_stride", ctypes.c_int64),
-                ("workspace", ctypes.c_uint64), ("ld_workspace", ctypes.c_int64),
-                ("destination", ctypes.c_uint64), ("ld_destination", ctypes.c_int64),
-                ("source", ctypes.c_uint64), ("ld_source", ctypes.c_int64)] + _EPILOGUE_FIELDS
-
-
-ALL_STRUCTS = (LaunchInfo, GemmUniversalArgs, Conv2dArgs, GemmGroupedArgs, ReductionArgs)
-
-
-def cpp_definitions() -> str:
-    return "\n\n".join(s.cpp_definition() for s in ALL_STRUCTS)
+def cpp_definitions(structs) -> str:
+    """The C++ twins of ``structs`` (each once), for the prelude of a translation unit."""
+    return "\n\n".join(s.cpp_definition() for s in dict.fromkeys(structs))
 
 
 def fill_epilogue(struct: AbiStruct, output_op) -> None:

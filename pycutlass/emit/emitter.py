@@ -1,4 +1,8 @@
-"""Renders CUDA C++ from operation descriptions with the jinja2 templates in ``templates/``."""
+"""Renders CUDA C++ from operation descriptions with jinja2 templates.
+
+The prelude lives in ``templates/``; each kernel kind keeps its own template in its folder (``kinds/<kind>/``)
+and renders it by path.
+"""
 from __future__ import annotations
 
 import functools
@@ -8,6 +12,7 @@ import jinja2
 
 from . import abi
 
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 
 BASE_HEADERS = ("cutlass/cutlass.h", "cutlass/numeric_types.h")  # the latter brings fixed-width ints
@@ -15,21 +20,27 @@ BASE_HEADERS = ("cutlass/cutlass.h", "cutlass/numeric_types.h")  # the latter br
 
 @functools.lru_cache(maxsize=None)
 def environment() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), undefined=jinja2.StrictUndefined,
+    """The one jinja2 environment (templates are package data: a constant, loaded once)."""
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(PACKAGE_DIR)), undefined=jinja2.StrictUndefined,
                               keep_trailing_newline=True, trim_blocks=False, autoescape=False)
 
 
-def render(template: str, **context) -> str:
-    return environment().get_template(template).render(**context)
+def render(template, **context) -> str:
+    """``template``: a path inside the package (absolute, or relative to the package root)."""
+    path = Path(template)
+    if path.is_absolute():
+        path = path.resolve().relative_to(PACKAGE_DIR)
+    return environment().get_template(path.as_posix()).render(**context)
 
 
-def prelude(headers) -> str:
+def prelude(headers, structs) -> str:
     ordered = list(dict.fromkeys([*BASE_HEADERS, *sorted(set(headers) - set(BASE_HEADERS))]))
-    return render("prelude.h.j2", headers=ordered, abi_definitions=abi.cpp_definitions())
+    return render(TEMPLATE_DIR / "prelude.h.j2", headers=ordered, abi_definitions=abi.cpp_definitions(structs))
 
 
 def translation_unit(operations) -> str:
     """One .cu holding every operation given; each operation's symbols are prefixed by its unique name."""
     operations = list(operations)
     headers = [h for op in operations for h in op.headers()]
-    return prelude(headers) + "".join(op.emit_body() for op in operations)
+    structs = [s for op in operations for s in op.abi_structs()]
+    return prelude(headers, structs) + "".join(op.emit_body() for op in operations)

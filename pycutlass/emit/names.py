@@ -44,9 +44,9 @@ MATH_OPERATION = {
 }
 
 
-def arch_tag(compute_capability: int) -> str:
-    """The CUTLASS 2.x template family for a compute capability (Hopper runs the Sm80 family)."""
-    return "cutlass::arch::Sm80" if compute_capability >= 80 else f"cutlass::arch::Sm{compute_capability}"
+def arch_tag(family: str) -> str:
+    """CUTLASS's architecture tag of a template family (Hopper runs the Sm80 family with the Sm80 tag)."""
+    return {"sm80": "cutlass::arch::Sm80"}[family]
 
 
 def gemm_swizzle(swizzle: SwizzlingFunctor) -> str:

@@ -1,19 +1,14 @@
 """Thin, checked access to the CUDA driver (cuda.bindings). Nothing here runs at import time.
 
-pycutlass works in the device's primary context, the one torch, cupy and RMM use, so pointers and streams
-from those libraries are valid for our launches.
+pycutlass works in each device's primary context, the one torch, cupy and RMM use, so pointers and streams
+from those libraries are valid for our launches. This module holds no state: which contexts are retained and
+what is loaded in them lives in the session's per-device state (``runtime.device``).
 """
 from __future__ import annotations
 
 import ctypes
-import threading
 
 from ..errors import CudaError, NoGpuError
-
-_lock = threading.Lock()
-_context = None
-_device_ordinal = None
-
 
 def _driver():
     from cuda.bindings import driver
@@ -37,46 +32,67 @@ def check(result, what: str, operation: str = ""):
     return values[0] if len(values) == 1 else tuple(values)
 
 
-def ensure_context(device: int = 0):
-    """Make the device's primary context current on this thread (creating it once per process)."""
-    global _context, _device_ordinal
+def init() -> None:
+    """cuInit, turning a missing driver or GPU into NoGpuError (cuda-bindings raises when libcuda is missing)."""
     driver = _driver()
-    if _context is None:
-        with _lock:
-            if _context is None:
-                try:
-                    (err,) = driver.cuInit(0)
-                except Exception as exc:  # cuda-bindings raises when libcuda itself is missing
-                    raise NoGpuError(f"no usable GPU: the CUDA driver could not be loaded ({exc}). Compiling works "
-                                     f"without a GPU; running needs one") from None
-                if err != driver.CUresult.CUDA_SUCCESS:
-                    raise NoGpuError(f"no usable GPU: cuInit returned {err!r}. Compiling works without a GPU; "
-                                     f"running needs one")
-                dev = check(driver.cuDeviceGet(device), "cuDeviceGet")
-                _context = check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
-                _device_ordinal = device
+    try:
+        (err,) = driver.cuInit(0)
+    except Exception as exc:
+        raise NoGpuError(f"no usable GPU: the CUDA driver could not be loaded ({exc}). Compiling works without a "
+                         f"GPU; running needs one") from None
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise NoGpuError(f"no usable GPU: cuInit returned {err!r}. Compiling works without a GPU; running needs one")
+
+
+def device_count() -> int:
+    init()
+    return int(check(_driver().cuDeviceGetCount(), "cuDeviceGetCount"))
+
+
+def retain_primary_context(ordinal: int):
+    """The device's primary context (the one torch, cupy and RMM use), retained for the caller."""
+    init()
+    count = device_count()
+    if not 0 <= ordinal < count:
+        raise NoGpuError(f"there is no CUDA device {ordinal}; this machine has {count} (0..{count - 1})")
+    dev = check(_driver().cuDeviceGet(ordinal), "cuDeviceGet")
+    return check(_driver().cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+
+
+def make_current(context) -> None:
+    """Make ``context`` current on this thread (a no-op when it already is)."""
+    driver = _driver()
     current = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
-    if current is None or int(current) != int(_context):
-        check(driver.cuCtxSetCurrent(_context), "cuCtxSetCurrent")
-    return _context
+    if current is None or int(current) != int(context):
+        check(driver.cuCtxSetCurrent(context), "cuCtxSetCurrent")
 
 
-def device_ordinal() -> int:
-    ensure_context()
-    return _device_ordinal
-
-
-def device_attribute(name: str) -> int:
+def current_device_ordinal() -> int | None:
+    """The device of this thread's current context (set by torch.cuda.set_device, cupy, ...), or None."""
     driver = _driver()
-    ensure_context()
-    dev = check(driver.cuDeviceGet(_device_ordinal), "cuDeviceGet")
+    current = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if current is None or int(current) == 0:
+        return None
+    return int(check(driver.cuCtxGetDevice(), "cuCtxGetDevice"))
+
+
+def device_attribute(ordinal: int, name: str) -> int:
+    driver = _driver()
+    dev = check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
     attribute = getattr(driver.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}")
     return check(driver.cuDeviceGetAttribute(attribute, dev), f"cuDeviceGetAttribute({name})")
 
 
-def load_module(binary: bytes, what: str):
+def device_name(ordinal: int) -> str:
     driver = _driver()
-    ensure_context()
+    dev = check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
+    raw = check(driver.cuDeviceGetName(256, dev), "cuDeviceGetName")
+    return raw.split(b"\0", 1)[0].decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+
+
+def load_module(binary: bytes, what: str):
+    """Load into the current context (the caller made its device's context current)."""
+    driver = _driver()
     return check(driver.cuModuleLoadData(binary), "cuModuleLoadData", what)
 
 
@@ -125,8 +141,7 @@ def synchronize_stream(stream: int, what: str = "") -> None:
 
 
 def allocate_persistent(nbytes: int, what: str) -> int:
-    """Driver memory that lives as long as a loaded module (not argument memory, so not tracked by RMM)."""
-    ensure_context()
+    """Driver memory in the current context that lives as long as a loaded module (not tracked by RMM)."""
     return int(check(_driver().cuMemAlloc(nbytes), "cuMemAlloc", what))
 
 

@@ -1,10 +1,21 @@
-"""Load compiled operations and launch them: build Params on the device once, then launch with those bytes.
+"""Load compiled operations on a device and launch them with Params built on the device.
 
-Both compiler backends produce the same cubin layout (kernel + builder per operation), so this path is shared.
+Every kind's builder (``<name>_build``, one thread) turns the kind's ABI struct into CUTLASS's own ``Params`` and a
+``LaunchInfo``. Building costs a launch and a blocking read-back, so Params are cached per loaded operation, keyed
+by the ABI struct without its device addresses: a new Arguments object for a problem the operation has already seen
+copies the cached bytes and patches the addresses in place, with no builder launch and no synchronization.
+
+Where the addresses sit inside Params is learnt, never mirrored: on a miss the builder runs twice, once with the
+real addresses and once with each address moved by its own distinct offset, and every 8-byte word that moved by
+exactly one of those offsets is that address plus a constant. Params in which anything else changed are not
+cached (that problem is built every time).
 """
 from __future__ import annotations
 
+import collections
 import ctypes
+import os
+import struct
 import threading
 from dataclasses import dataclass
 
@@ -14,54 +25,203 @@ from . import driver
 
 MAX_PARAMS_BYTES = 4096  # pycutlass_detail::kMaxParamsBytes
 _STATIC_SHARED_MEMORY_LIMIT = 48 * 1024
+_PARAMS_CACHE_ENTRIES = 1024
+_MASK64 = (1 << 64) - 1
+_SLOT_BYTES = ctypes.sizeof(LaunchInfo) + MAX_PARAMS_BYTES
 
-_modules: dict[str, object] = {}
-_loaded: dict[tuple[str, str], "LoadedOperation"] = {}
-_lock = threading.Lock()
+
+def _probe_offset(index: int) -> int:
+    """How far the probe build moves address ``index``: distinct, and 64 KiB-aligned like any vector access."""
+    return (index + 1) << 36
+
+
+class _Readback(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("info", LaunchInfo), ("params", ctypes.c_byte * MAX_PARAMS_BYTES)]
+
+
+@dataclass(frozen=True)
+class _ParamsTemplate:
+    info: tuple  # (grid, block, shared memory bytes, semaphore count)
+    params: bytes
+    patches: tuple  # (byte offset, address index, constant)
 
 
 class LoadedOperation:
-    """An operation's kernel and builder functions in a loaded module, plus a scratch buffer for building."""
+    """An operation's functions in a module loaded on one device, scratch memory for builds, and cached Params."""
 
-    def __init__(self, operation, compiled):
+    def __init__(self, device, operation, compiled):
+        self.device = device
         self.name = operation.name
-        module = _modules.get(compiled.sha256)
+        module = device.modules.get(compiled.sha256)
         if module is None:
-            module = _modules[compiled.sha256] = driver.load_module(compiled.binary, operation.name)
+            module = device.modules[compiled.sha256] = driver.load_module(compiled.binary, operation.name)
+        self.module = module
         self.kernel = driver.get_function(module, compiled.kernel_symbol)
         self.builder = driver.get_function(module, compiled.builder_symbol)
         self.dynamic_smem_opt_in = _STATIC_SHARED_MEMORY_LIMIT
-        self.build_lock = threading.Lock()
-        # Where the builder writes Params; lives with the module, like the kernel itself.
-        self.scratch_info = driver.allocate_persistent(ctypes.sizeof(LaunchInfo) + MAX_PARAMS_BYTES, self.name)
-        self.scratch_params = self.scratch_info + ctypes.sizeof(LaunchInfo)
+        self.lock = threading.Lock()
+        # Two build slots (real and probe), each LaunchInfo followed by Params: one copy brings everything back.
+        self.scratch = driver.allocate_persistent(2 * _SLOT_BYTES, self.name)
+        self._functions: dict[str, object] = {}
+        self._globals: dict[str, int] = {}
+        self._params: collections.OrderedDict = collections.OrderedDict()
+        self._verify = os.environ.get("PYCUTLASS_VERIFY_PARAMS") == "1"  # tests: build anyway and compare
+
+    # --- module facts a kind's launch planning may ask for -----------------------------------------------------
+    def function(self, symbol: str):
+        found = self._functions.get(symbol)
+        if found is None:
+            found = self._functions[symbol] = driver.get_function(self.module, symbol)
+        return found
+
+    def global_int(self, symbol: str, stream: int) -> int:
+        """An ``extern "C" __device__ const int`` the emitted code exports (e.g. a kernel's shared memory)."""
+        found = self._globals.get(symbol)
+        if found is None:
+            cuda = driver._driver()
+            address, size = driver.check(cuda.cuModuleGetGlobal(self.module, symbol.encode()),
+                                         f"cuModuleGetGlobal({symbol})", self.name)
+            if int(size) != 4:
+                raise CudaError(f"{symbol} is {int(size)} bytes, expected an int", operation=self.name)
+            holder = ctypes.c_int32()
+            driver.memcpy_dtoh(ctypes.addressof(holder), int(address), 4, stream)
+            driver.synchronize_stream(stream, self.name)
+            found = self._globals[symbol] = int(holder.value)
+        return found
+
+    def occupancy(self, block_threads: int, shared_memory_bytes: int) -> int:
+        self.ensure_shared_memory(shared_memory_bytes)
+        return driver.occupancy(self.kernel, block_threads, shared_memory_bytes, self.name)
 
     def ensure_shared_memory(self, nbytes: int) -> None:
         if nbytes > self.dynamic_smem_opt_in:
             driver.set_dynamic_shared_memory(self.kernel, nbytes, self.name)
             self.dynamic_smem_opt_in = nbytes
 
+    # --- Params -----------------------------------------------------------------------------------------------
+    def params_for(self, abi_struct, stream: int) -> tuple[tuple, ctypes.Array]:
+        """CUTLASS Params for ``abi_struct`` and its launch shape: from the cache when this problem was seen."""
+        fields = type(abi_struct)._pointers_
+        addresses = [getattr(abi_struct, f) for f in fields]
+        key = _shape_key(abi_struct, addresses)
+        template = self._params.get(key)
+        if template is not None and not self._verify:
+            return template.info, _patched(template, addresses)
+        with self.lock:
+            if key not in self._params or self._verify:
+                info, params, template = self._build_and_probe(abi_struct, fields, addresses, stream)
+                if self._verify and self._params.get(key) is not None:
+                    cached = self._params[key]
+                    if cached.info != info or bytes(_patched(cached, addresses)) != bytes(params):
+                        raise CudaError(f"{self.name}: patched Params differ from freshly built ones", operation=self.name)
+                self._params[key] = template
+                while len(self._params) > _PARAMS_CACHE_ENTRIES:
+                    self._params.popitem(last=False)
+                return info, params
+            template = self._params[key]
+        if template is None:  # Params that cannot be patched: build this one
+            return self.build(abi_struct, stream)
+        return template.info, _patched(template, addresses)
 
-def loaded(operation) -> LoadedOperation:
-    from ..compiler.manager import COMPILER
+    def build(self, abi_struct, stream: int) -> tuple[tuple, ctypes.Array]:
+        """Run the builder once on ``abi_struct``; blocks until Params are back."""
+        with self.lock:
+            self._launch_builder(abi_struct, 0, stream)
+            readback = _Readback()
+            driver.memcpy_dtoh(ctypes.addressof(readback), self.scratch, _SLOT_BYTES, stream)
+            driver.synchronize_stream(stream, self.name + " builder")
+        return self._check(readback)
 
-    driver.ensure_context()
-    compiled = COMPILER.lookup(operation)
-    if compiled is None:
-        compiled = COMPILER.add_module([operation])[0]
+    def _build_and_probe(self, abi_struct, fields, addresses, stream):
+        probe = type(abi_struct).from_buffer_copy(abi_struct)
+        for index, (field, address) in enumerate(zip(fields, addresses)):
+            if address:  # null stays null: the builder may branch on it (and the key records it)
+                setattr(probe, field, (address + _probe_offset(index)) & _MASK64)
+        self._launch_builder(abi_struct, 0, stream)
+        self._launch_builder(probe, 1, stream)
+        both = (_Readback * 2)()
+        driver.memcpy_dtoh(ctypes.addressof(both), self.scratch, 2 * _SLOT_BYTES, stream)
+        driver.synchronize_stream(stream, self.name + " builder")
+        info, params = self._check(both[0])
+        probe_info, probe_params = self._check(both[1])
+        template = None
+        if probe_info == info:
+            patches = _find_patches(bytes(params), bytes(probe_params), addresses)
+            if patches is not None:
+                template = _ParamsTemplate(info, bytes(params), patches)
+        return info, params, template
+
+    def _launch_builder(self, abi_struct, slot: int, stream: int) -> None:
+        info_ptr = ctypes.c_uint64(self.scratch + slot * _SLOT_BYTES)
+        params_ptr = ctypes.c_uint64(self.scratch + slot * _SLOT_BYTES + ctypes.sizeof(LaunchInfo))
+        args = driver.pointer_array(ctypes.addressof(abi_struct), ctypes.addressof(info_ptr),
+                                    ctypes.addressof(params_ptr))
+        driver.launch(self.builder, (1, 1, 1), (1, 1, 1), 0, stream, ctypes.addressof(args), self.name + " builder")
+
+    def _check(self, readback) -> tuple[tuple, ctypes.Array]:
+        info = readback.info
+        if info.status != 0:
+            raise ArgumentError(f"{self.name}: CUTLASS rejected the arguments (cutlass::Status {info.status})")
+        if not 0 < info.params_bytes <= MAX_PARAMS_BYTES:
+            raise CudaError(f"{self.name}: the builder reported {info.params_bytes} Params bytes", operation=self.name)
+        params = (ctypes.c_byte * info.params_bytes).from_buffer_copy(readback.params)
+        shape = ((info.grid_x, info.grid_y, info.grid_z), (info.block_x, info.block_y, info.block_z),
+                 info.shared_memory_bytes, info.semaphore_count)
+        return shape, params
+
+
+def _shape_key(abi_struct, addresses) -> bytes:
+    """The ABI struct without its addresses, plus which addresses are null: what the Params depend on."""
+    raw = bytearray(bytes(abi_struct))
+    for offset in type(abi_struct).pointer_offsets():
+        raw[offset:offset + 8] = b"\0" * 8
+    raw.extend(bytes(1 if a == 0 else 0 for a in addresses))
+    return bytes(raw)
+
+
+def _find_patches(params: bytes, probe: bytes, addresses) -> tuple | None:
+    """Words that moved by exactly one address's probe offset; None if anything else changed."""
+    if len(params) != len(probe):
+        return None
+    patches = []
+    moved = {_probe_offset(i): i for i, a in enumerate(addresses) if a}
+    for offset in range(0, len(params) - len(params) % 8, 8):
+        word, probe_word = params[offset:offset + 8], probe[offset:offset + 8]
+        if word == probe_word:
+            continue
+        value = struct.unpack("<Q", word)[0]
+        index = moved.get((struct.unpack("<Q", probe_word)[0] - value) & _MASK64)
+        if index is None:
+            return None
+        patches.append((offset, index, (value - addresses[index]) & _MASK64))
+    tail = len(params) - len(params) % 8
+    if params[tail:] != probe[tail:]:
+        return None
+    return tuple(patches)
+
+
+def _patched(template: _ParamsTemplate, addresses) -> ctypes.Array:
+    params = (ctypes.c_byte * len(template.params)).from_buffer_copy(template.params)
+    for offset, index, constant in template.patches:
+        struct.pack_into("<Q", params, offset, (addresses[index] + constant) & _MASK64)
+    return params
+
+
+def loaded(operation, device, session) -> LoadedOperation:
+    """``operation`` loaded on ``device`` (a DeviceState), compiled for the device's target if needed."""
+    from ..compiler.manager import Compiler
+
+    compiler = Compiler.of(session)
+    compiled = compiler.compiled_for(operation, device.target)
     key = (compiled.sha256, operation.name)
-    found = _loaded.get(key)
+    found = device.operations.get(key)
     if found is None:
-        with _lock:
-            found = _loaded.get(key)
+        with device.lock:
+            found = device.operations.get(key)
             if found is None:
-                found = _loaded[key] = LoadedOperation(operation, compiled)
+                found = device.operations[key] = LoadedOperation(device, operation, compiled)
     return found
-
-
-class _Readback(ctypes.Structure):
-    _pack_ = 1
-    _fields_ = [("info", LaunchInfo), ("params", ctypes.c_byte * MAX_PARAMS_BYTES)]
 
 
 @dataclass
@@ -73,9 +233,12 @@ class PreparedLaunch:
     block: tuple[int, int, int]
     shared_memory_bytes: int
     params: ctypes.Array
-    param_pointers: ctypes.Array
     semaphore_count: int
     name: str
+
+    def __post_init__(self):
+        self.param_pointers = driver.pointer_array(ctypes.addressof(self.params))
+        self.param_address = ctypes.addressof(self.param_pointers)
 
     @property
     def empty(self) -> bool:
@@ -87,35 +250,9 @@ class PreparedLaunch:
         driver.launch(self.function, self.grid, self.block, self.shared_memory_bytes, stream,
                       self.param_address, self.name)
 
-    def __post_init__(self):
-        self.param_address = ctypes.addressof(self.param_pointers)
 
-
-def prepare(operation, abi_struct, stream: int) -> PreparedLaunch:
-    """Run the operation's device-side Params builder on ``abi_struct`` and read back Params and grid."""
-    op = loaded(operation)
-    # LaunchInfo and the Params bytes sit back to back in the scratch buffer: one copy brings both.
-    readback = _Readback()
-    with op.build_lock:
-        info_ptr = ctypes.c_uint64(op.scratch_info)
-        params_ptr = ctypes.c_uint64(op.scratch_params)
-        args = driver.pointer_array(ctypes.addressof(abi_struct), ctypes.addressof(info_ptr),
-                                    ctypes.addressof(params_ptr))
-        driver.launch(op.builder, (1, 1, 1), (1, 1, 1), 0, stream, ctypes.addressof(args), operation.name + " builder")
-        driver.memcpy_dtoh(ctypes.addressof(readback), op.scratch_info, ctypes.sizeof(readback), stream)
-        driver.synchronize_stream(stream, operation.name + " builder")
-    info, params = readback.info, readback.params
-    if info.status != 0:
-        raise ArgumentError(f"{operation.name}: CUTLASS rejected the arguments (cutlass::Status {info.status})")
-    if not 0 < info.params_bytes <= MAX_PARAMS_BYTES:
-        raise CudaError(f"{operation.name}: the builder reported {info.params_bytes} Params bytes", operation=operation.name)
-    op.ensure_shared_memory(info.shared_memory_bytes)
-    pointers = driver.pointer_array(ctypes.addressof(params))
-    return PreparedLaunch(op.kernel, (info.grid_x, info.grid_y, info.grid_z), (info.block_x, info.block_y, info.block_z),
-                          info.shared_memory_bytes, params, pointers, info.semaphore_count, operation.name)
-
-
-def launch_operation(operation, arguments) -> None:
-    if arguments.operation is not operation and arguments.operation != operation:
-        raise ArgumentError(f"these arguments were built for {arguments.operation.name}, not {operation.name}")
-    arguments.launch()
+def prepare(loaded_op: LoadedOperation, abi_struct, stream: int) -> PreparedLaunch:
+    """Params for ``abi_struct`` (cached or built) and the kernel's launch shape."""
+    (grid, block, smem, semaphores), params = loaded_op.params_for(abi_struct, stream)
+    loaded_op.ensure_shared_memory(smem)
+    return PreparedLaunch(loaded_op.kernel, grid, block, smem, params, semaphores, loaded_op.name)

@@ -174,36 +174,26 @@ def _host_info(array: np.ndarray, name: str, element: DataType) -> TensorInfo:
 
 
 class DeviceTensors:
-    """Owns the device copies of host tensors for one Arguments object and copies outputs back."""
+    """Owns the device copies of host tensors for one Arguments object on one device and copies outputs back."""
 
-    def __init__(self, stream: int):
+    def __init__(self, device, stream: int):
+        self.device = device  # runtime.device.DeviceState
         self.stream = stream
         self.buffers = []  # keep-alive for every buffer the kernel sees
+        self._host_sources = []  # host arrays an async upload still reads
         self._copy_back: list[tuple[TensorInfo, object]] = []
 
     def address(self, info: TensorInfo, is_output: bool = False) -> int:
         """The device address of ``info``'s first element, copying host tensors in."""
-        from . import driver
         from .memory import device_buffer, device_buffer_from_host
 
         if info.kind == "device":
-            if info.device_index is not None and info.device_index != driver.device_ordinal():
-                raise ArgumentError(f"{info.name}: tensor is on cuda:{info.device_index} but pycutlass runs on "
-                                    f"cuda:{driver.device_ordinal()}")
-            if info.device_index is None and info.numel and info.device_address:
-                ordinal = driver.pointer_device_ordinal(info.device_address)
-                if ordinal is None:
-                    raise ArgumentError(f"{info.name}: address {info.device_address:#x} is not device memory known "
-                                        f"to the CUDA driver")
-                if ordinal != driver.device_ordinal():
-                    raise ArgumentError(f"{info.name}: tensor is on cuda:{ordinal} but pycutlass runs on "
-                                        f"cuda:{driver.device_ordinal()}")
             return info.device_address
         array = info.host_array
         if array.size == 0:
-            buffer = device_buffer(1, self.stream)
+            buffer = device_buffer(self.device, 1, self.stream)
         else:
-            buffer = device_buffer_from_host(array.ctypes.data, array.nbytes, self.stream)
+            buffer = device_buffer_from_host(self.device, array.ctypes.data, array.nbytes, self.stream)
         self.buffers.append(buffer)
         if is_output:
             self._copy_back.append((info, buffer))
@@ -212,9 +202,17 @@ class DeviceTensors:
     def allocate(self, nbytes: int) -> int:
         from .memory import device_buffer
 
-        buffer = device_buffer(nbytes, self.stream)
+        buffer = device_buffer(self.device, nbytes, self.stream)
         self.buffers.append(buffer)
         return int(buffer.ptr)
+
+    def zeros(self, nbytes: int) -> int:
+        """A zero-filled allocation, ordered on the stream."""
+        from . import driver
+
+        address = self.allocate(nbytes)
+        driver.memset_d8(address, 0, max(int(nbytes), 1), self.stream)
+        return address
 
     def upload(self, data: bytes | np.ndarray) -> int:
         """A device copy of small host data (pointer arrays, problem sizes); kept alive with the arguments."""
@@ -222,9 +220,8 @@ class DeviceTensors:
 
         array = np.frombuffer(data, dtype=np.uint8) if isinstance(data, (bytes, bytearray)) else \
             np.ascontiguousarray(data)
-        self._pinned_host = getattr(self, "_pinned_host", [])
-        self._pinned_host.append(array)  # the async copy reads it until the stream reaches it
-        buffer = device_buffer_from_host(array.ctypes.data, array.nbytes, self.stream)
+        self._host_sources.append(array)  # the async copy reads it until the stream reaches it
+        buffer = device_buffer_from_host(self.device, array.ctypes.data, array.nbytes, self.stream)
         self.buffers.append(buffer)
         return int(buffer.ptr)
 
@@ -243,3 +240,34 @@ class DeviceTensors:
                 import torch
 
                 info.torch_cpu.copy_(torch.from_numpy(info.host_array))
+
+
+def tensors_device(infos, explicit: int | None, what: str) -> int | None:
+    """The one device all device tensors live on (or ``explicit``), None when every tensor is on the host.
+
+    torch tensors say their device; other device memory is asked of the driver. Mixed devices are an error.
+    """
+    from . import driver
+
+    found: dict[int, str] = {}
+    for info in infos:
+        if info.kind != "device" or not info.numel:
+            continue
+        ordinal = info.device_index
+        if ordinal is None and info.device_address:
+            ordinal = driver.pointer_device_ordinal(info.device_address)
+            if ordinal is None:
+                raise ArgumentError(f"{info.name}: address {info.device_address:#x} is not device memory known to "
+                                    f"the CUDA driver")
+            info.device_index = ordinal
+        if ordinal is not None:
+            found.setdefault(ordinal, info.name)
+    if explicit is not None:
+        for ordinal, name in found.items():
+            if ordinal != explicit:
+                raise ArgumentError(f"{what}: {name} is on cuda:{ordinal} but device={explicit} was asked for")
+        return explicit
+    if len(found) > 1:
+        listed = ", ".join(f"{name} on cuda:{ordinal}" for ordinal, name in sorted(found.items()))
+        raise ArgumentError(f"{what}: the tensors are on different devices ({listed}); put them on one device")
+    return next(iter(found), None)

@@ -3,22 +3,18 @@ from __future__ import annotations
 
 import pytest
 
-from pycutlass import compiler
+import pycutlass
 from pycutlass.compiler import toolchain
-from pycutlass.compiler.manager import COMPILER
+from pycutlass.compiler.manager import Compiler
 
 
 @pytest.fixture
 def compiler_state():
-    """Compile for sm_90 here; restore the backend, target, in-memory table and report afterwards."""
-    saved = (COMPILER.backend, COMPILER.target_arch, dict(COMPILER._memory), COMPILER.last_report)
-    compiler.set_target_arch(90)
-    try:
-        yield COMPILER
-    finally:
-        COMPILER.backend, COMPILER.target_arch, COMPILER.last_report = saved[0], saved[1], saved[3]
-        COMPILER._memory.clear()
-        COMPILER._memory.update(saved[2])
+    """A fresh session compiling for sm_90 here (sharing the test cache), current for the test."""
+    cache_path = pycutlass.session.default().options.get("cache_path")
+    session = pycutlass.Session(target=90, cache_path=cache_path)
+    with session.activate():
+        yield Compiler.of(session)
 
 
 def clear_toolchain_caches() -> None:

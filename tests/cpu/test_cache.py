@@ -403,21 +403,24 @@ def test_ensure_cache_dir_rejects_other_owner(tmp_path: Path) -> None:
 
 
 def test_default_cache_created_on_first_use(tmp_path: Path, monkeypatch) -> None:
+    import pycutlass
+    from pycutlass.cache import get_cache, set_cache_path
+
     cache_dir = tmp_path / "env-cache"
     monkeypatch.setenv(location.CACHE_DIR_ENV, str(cache_dir))
-    monkeypatch.setattr(store, "_default_cache", None)
-    cache = store.get_cache()
-    assert store.get_cache() is cache
-    assert cache.path == cache_dir / "compiled_cache.db"
-    assert not cache_dir.exists(), "get_cache() alone must create nothing"
-    cache.store([("k", "kernel", {})], BINARY, "cubin")
-    assert stat.S_IMODE(cache_dir.stat().st_mode) == 0o700
+    with pycutlass.Session().activate():  # a fresh session: its cache is the default location's
+        cache = get_cache()
+        assert get_cache() is cache
+        assert cache.path == cache_dir / "compiled_cache.db"
+        assert not cache_dir.exists(), "get_cache() alone must create nothing"
+        cache.store([("k", "kernel", {})], BINARY, "cubin")
+        assert stat.S_IMODE(cache_dir.stat().st_mode) == 0o700
 
-    memory = store.set_cache_path(":memory:")
-    assert store.get_cache() is memory and memory.lookup("k") is None
-    store.set_cache_path(None)
-    assert store.get_cache().lookup("k").binary == BINARY
-    store.get_cache().close()
+        memory = set_cache_path(":memory:")
+        assert get_cache() is memory and memory.lookup("k") is None
+        set_cache_path(None)
+        assert get_cache().lookup("k").binary == BINARY
+        get_cache().close()
 
 
 def test_importing_creates_nothing(tmp_path: Path) -> None:

@@ -1,9 +1,9 @@
 """CPU tests that compile for real: nvcc and NVRTC (with no toolkit in sight) into the SQLite artifact cache.
 
-Everything targets sm_90 explicitly (``pycutlass.compiler.set_target_arch(90)``), so no GPU is needed. Compiles are
+Everything targets sm_90 explicitly (a ``pycutlass.Session(target=90)`` per test), so no GPU is needed. Compiles are
 slow (seconds each on 2 cores), so they are shared through module-scoped fixtures: five translation units in all
 (nvcc: one GEMM, two GEMMs in one unit, one in the concurrency test, one deliberately broken unit; NVRTC: one GEMM).
-The global compiler's backend, target and in-memory table are restored after every use.
+Each test works in its own session, so nothing leaks between tests.
 """
 from __future__ import annotations
 
@@ -25,14 +25,14 @@ from pycutlass import CompilationError, ToolchainError, compiler
 from pycutlass.cache import ArtifactCache
 from pycutlass.compiler import toolchain
 from pycutlass.compiler.backends import NvccBackend, NvrtcBackend
-from pycutlass.compiler.manager import COMPILER, Compiler
-from pycutlass.emit import emitter
+from pycutlass.compiler.manager import Compiler
+from pycutlass.emit import abi, emitter
 from pycutlass.emit.emitter import translation_unit
 
 
 ELF_MAGIC = b"\x7fELF"
 EM_CUDA = 190
-TARGET = 90
+TARGET = cutlass.Target(90)
 
 
 def _have_nvcc() -> bool:
@@ -67,18 +67,19 @@ def leaky_column_major_gemm():
 # --- helpers ---------------------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def global_compiler(backend=None):
-    """Target sm_90 with ``backend`` and an empty in-memory table; restore the global compiler afterwards."""
-    saved = (COMPILER.backend, COMPILER.target_arch, dict(COMPILER._memory), COMPILER.last_report)
-    COMPILER._memory.clear()
-    compiler.set_target_arch(TARGET)
+    """A fresh session targeting sm_90 with ``backend``, current for the block (the seed API acts on it)."""
+    session = cutlass.Session(target=TARGET, cache_path=":memory:")
+    with session.activate():
+        if backend is not None:
+            compiler.use(backend)
+        yield Compiler.of(session)
+
+
+def new_compiler(backend=None) -> Compiler:
+    compiler_ = Compiler(cutlass.Session(target=TARGET, cache_path=":memory:"))
     if backend is not None:
-        COMPILER.use(backend)
-    try:
-        yield COMPILER
-    finally:
-        COMPILER.backend, COMPILER.target_arch, COMPILER.last_report = saved[0], saved[1], saved[3]
-        COMPILER._memory.clear()
-        COMPILER._memory.update(saved[2])
+        compiler_.use(backend)
+    return compiler_
 
 
 def assert_cubin(binary: bytes, ops) -> None:
@@ -122,22 +123,20 @@ def test_nvcc_compiles_one_gemm(nvcc_compiled, nvcc_cache_file):
     [kernel] = kernels
     assert_cubin(kernel.binary, [op])
     assert kernel.sha256 == hashlib.sha256(kernel.binary).hexdigest()
-    assert (kernel.backend, kernel.arch) == ("nvcc", TARGET)
+    assert (kernel.backend, kernel.target) == ("nvcc", "sm_90")
     assert (kernel.kernel_symbol, kernel.builder_symbol) == (op.name, op.name + "_build")
-    assert kernel.key == Compiler().cache_key(op, TARGET, NvccBackend())
+    assert kernel.key == new_compiler().cache_key(op, TARGET, NvccBackend())
     [entry] = ArtifactCache(nvcc_cache_file).entries()
     assert (entry["key"], entry["name"], entry["sha256"], entry["kind"]) == (kernel.key, op.name, kernel.sha256,
                                                                              "cubin")
     assert entry["meta"] == {"kernel": op.kernel_symbol, "builder": op.builder_symbol, "backend": "nvcc",
-                             "arch": TARGET, "description": op.describe()}
+                             "target": "sm_90", "description": op.describe()}
     assert claims(nvcc_cache_file) == 0  # released
 
 
 def test_cache_hit_in_a_fresh_compiler(nvcc_compiled, nvcc_cache_file):
     op, [kernel], _ = nvcc_compiled
-    fresh = Compiler()
-    fresh.use(NvccBackend())
-    fresh.target_arch = TARGET
+    fresh = new_compiler(NvccBackend())
     [again] = fresh.add_module([f16_gemm()], cache=ArtifactCache(nvcc_cache_file))  # an equal, new description
     report = fresh.last_report
     assert (report.compiled, report.from_disk, report.from_memory) == (0, 1, 0)
@@ -157,26 +156,25 @@ def test_cache_hit_in_a_fresh_compiler(nvcc_compiled, nvcc_cache_file):
 def test_a_different_target_is_a_miss(nvcc_compiled, nvcc_cache_file):
     """The cached sm_90 cubin is never handed out for another target (SASS is not forward compatible)."""
     op, [kernel], _ = nvcc_compiled
-    fresh = Compiler()
-    fresh.use(NvccBackend())
-    for arch in (80, 89):
+    fresh = new_compiler(NvccBackend())
+    for arch in (cutlass.Target(80), cutlass.Target(89)):
         key = fresh.cache_key(op, arch)
         assert key != kernel.key and ArtifactCache(nvcc_cache_file).lookup(key) is None
 
 
 # --- (d) key sensitivity, no compile ----------------------------------------------------------------------------------
 def test_cache_key_sensitivity(monkeypatch):
-    keys = Compiler()
+    keys = new_compiler()
     op = f16_gemm()
     nvcc = NvccBackend()
     base = keys.cache_key(op, TARGET, nvcc)
     assert len(base) == 64 and int(base, 16) >= 0
-    assert Compiler().cache_key(f16_gemm(), TARGET, NvccBackend()) == base  # stable, and by value
+    assert new_compiler().cache_key(f16_gemm(), TARGET, NvccBackend()) == base  # stable, and by value
     variants = {
         "nvrtc backend": keys.cache_key(op, TARGET, NvrtcBackend()),
         "extra flags": keys.cache_key(op, TARGET, NvccBackend(("-lineinfo",))),
         "nvrtc extra flags": keys.cache_key(op, TARGET, NvrtcBackend(("-lineinfo",))),
-        "target 80": keys.cache_key(op, 80, nvcc),
+        "target 80": keys.cache_key(op, cutlass.Target(80), nvcc),
         "other op (stages)": keys.cache_key(f16_gemm(stages=4), TARGET, nvcc),
         "other op (swizzle)": keys.cache_key(f16_gemm(swizzle=cutlass.IdentitySwizzle2), TARGET, nvcc),
     }
@@ -210,15 +208,14 @@ def test_backend_flags():
 
 def test_target_selection():
     op = f16_gemm()
-    before = COMPILER.target_arch
-    with global_compiler():
-        assert COMPILER.target_for(op) == TARGET
+    with global_compiler() as state:
+        assert state.target_for(op) == TARGET
         compiler.set_target_arch(None)
         from pycutlass.compiler.target import detected_compute_capability
 
         expected = detected_compute_capability() or op.compute_capability  # no GPU: the operation's own
-        assert COMPILER.target_for(op) == expected
-    assert COMPILER.target_arch == before  # restored by global_compiler
+        assert state.target_for(op) == cutlass.Target(expected)
+    assert cutlass.session.default().options.get("target") is None  # the default session was never touched
 
 
 # --- (g) two operations in one unit -----------------------------------------------------------------------------------
@@ -271,8 +268,9 @@ def broken_compile(tmp_path_factory):
             error = exc
         else:
             pytest.fail("an invalid translation unit compiled")
-        memory_after = dict(COMPILER._memory)
-        key = COMPILER.cache_key(op, TARGET)
+        state = Compiler.of()
+        memory_after = dict(state._memory)
+        key = state.cache_key(op, TARGET)
     return op, error, cache, path, key, memory_after
 
 
@@ -298,7 +296,7 @@ def test_compile_error_log_keeps_the_first_error(broken_compile):
 
 @needs_nvcc
 def test_prelude_compiles_on_its_own():
-    NvccBackend().compile(emitter.prelude([]), TARGET, "pycutlass_prelude_only")
+    NvccBackend().compile(emitter.prelude([], [abi.LaunchInfo]), 90, "pycutlass_prelude_only")
 
 
 def test_compile_error_message_carries_the_log_once(broken_compile):
@@ -309,9 +307,7 @@ def test_compile_error_message_carries_the_log_once(broken_compile):
 # --- (f) concurrency: three processes, one compile ----------------------------------------------------------------------
 def _concurrent_worker(cache_path: str, barrier, results) -> None:
     try:
-        worker = Compiler()
-        worker.use(NvccBackend())
-        worker.target_arch = TARGET
+        worker = new_compiler(NvccBackend())
         op = f16_gemm()
         barrier.wait(timeout=300)
         [kernel] = worker.add_module([op], cache=ArtifactCache(cache_path))
@@ -367,15 +363,15 @@ def test_nvrtc_with_pip_headers_only(toolkit_hidden):
         assert "nvidia" in directory.parts, directory
     flags = NvrtcBackend().include_flags()
     assert not any("/usr/local/cuda" in flag for flag in flags), flags
-    assert Compiler().current_backend().name == "nvrtc"  # the default without nvcc
+    assert new_compiler().backend.name == "nvrtc"  # the default without nvcc
     op = f16_gemm()
     with global_compiler(NvrtcBackend()):
         start = time.perf_counter()
         [kernel] = compiler.add_module([op], cache=ArtifactCache(":memory:"))
         seconds = time.perf_counter() - start
         assert (compiler.last_report().compiled, compiler.last_report().from_disk) == (1, 0)
-        assert kernel.key == COMPILER.cache_key(op, TARGET)
-    assert (kernel.backend, kernel.arch) == ("nvrtc", TARGET)
+        assert kernel.key == Compiler.of().cache_key(op, TARGET)
+    assert (kernel.backend, kernel.target) == ("nvrtc", "sm_90")
     assert_cubin(kernel.binary, [op])
     print(f"nvrtc: one f16 GEMM in {seconds:.1f} s, cubin {len(kernel.binary)} bytes")
 

@@ -7,8 +7,8 @@ import pytest
 import pycutlass as pc
 from pycutlass.conv import Conv2dProblemSize, IteratorAlgorithm, Mode, Operator, SplitKMode, StrideSupport
 from pycutlass.errors import ArgumentError, NoGpuError
-from pycutlass.operations.conv2d import Conv2dOperation
-from pycutlass.runtime.arguments.conv2d import Conv2dArguments
+from pycutlass.kinds.conv2d.operation import Conv2dOperation
+from pycutlass.kinds.conv2d.arguments import Conv2dArguments
 
 F16, F32 = pc.float16, pc.float32
 

@@ -15,6 +15,7 @@ import time
 import pytest
 
 import pycutlass as pc
+from pycutlass.kinds.conv2d.abi import Conv2dArgs
 from pycutlass import compiler
 from pycutlass.cache.store import ArtifactCache
 from pycutlass.compiler import toolchain
@@ -24,7 +25,7 @@ from pycutlass.description.coords import MatrixCoord, Tensor4DCoord
 from pycutlass.emit import abi
 from pycutlass.emit.emitter import translation_unit
 from pycutlass.errors import ArgumentError, DescriptionError, ToolchainError
-from pycutlass.operations.conv2d import Conv2dOperation
+from pycutlass.kinds.conv2d.operation import Conv2dOperation
 
 
 F16, F32, TF32, BF16, F64, S8, S32 = (pc.float16, pc.float32, pc.tfloat32, pc.bfloat16, pc.float64, pc.int8,
@@ -226,10 +227,10 @@ def test_valid_constructions_and_identity():
     assert f16_fprop_optimized() != make_op(stride_support=StrideSupport.Unity)
     op = f16_fprop_optimized()
     assert op.kind == "conv2d" and op.conv_kind is Operator.fprop and op.element_accumulator is F32
-    assert op.arguments_struct is abi.Conv2dArgs
+    assert op.abi_struct_type is Conv2dArgs
     assert "Conv2d fprop optimized" in op.describe() and "float16/TensorNHWC/8" in op.describe()
     assert op.builder_symbol == op.name + "_build" and op.kernel_symbol == op.name
-    assert pc.operations.Conv2dOperation is Conv2dOperation
+    assert pc.Conv2dOperation is Conv2dOperation
 
 
 @pytest.mark.parametrize("build,message", [
@@ -361,7 +362,7 @@ def test_make_abi_arguments():
     ps = problem(n=2, h=9, w=7, c=16, k=24, pad=(1, 1, 2, 2), stride=(2, 1), dilation=(1, 2), split_k=2)
     args = op.make_abi_arguments(ps, 0x1000, 0x2000, 0x3000, 0x4000, op.epilogue_type(2.0, 0.5),
                                  SplitKMode.Parallel, semaphore=0x5000)
-    assert isinstance(args, abi.Conv2dArgs)
+    assert isinstance(args, Conv2dArgs)
     assert (args.n, args.h, args.w, args.c, args.k, args.r, args.s, args.p, args.q) == \
         (2, 9, 7, 16, 24, 3, 3, ps.P, ps.Q)
     assert (args.pad_h, args.pad_w, args.stride_h, args.stride_w, args.dilation_h, args.dilation_w) == \
@@ -375,8 +376,8 @@ def test_make_abi_arguments():
     assert (bias.stride_c_w, bias.stride_c_h, bias.stride_c_n, bias.split_k_mode) == (0, 0, 0, 1)
     wgrad = tf32_wgrad().make_abi_arguments(ps, 1, 2, 3, 4, op.epilogue_type())
     assert (wgrad.stride_c_w, wgrad.stride_c_h, wgrad.stride_c_n) == (16, 3 * 16, 3 * 3 * 16)  # KRSC packed
-    abi.Conv2dArgs.check_no_padding()
-    assert ctypes.sizeof(abi.Conv2dArgs) % 8 == 0
+    Conv2dArgs.check_no_padding()
+    assert ctypes.sizeof(Conv2dArgs) % 8 == 0
 
 
 # --- emission ---------------------------------------------------------------------------------------------------
@@ -436,7 +437,7 @@ def test_compile_with_nvcc(compiler_state):
     seconds = time.perf_counter() - start
     assert compiler.last_report().compiled == 4
     assert len({k.sha256 for k in kernels}) == 1  # one translation unit, one cubin
-    assert all(k.backend == "nvcc" and k.arch == 90 for k in kernels)
+    assert all(k.backend == "nvcc" and k.target == "sm_90" for k in kernels)
     _assert_symbols(kernels[0].binary, ops)
     print(f"nvcc: 4 conv2d ops in one unit in {seconds:.1f} s")
 
@@ -453,6 +454,6 @@ def test_compile_with_nvrtc_and_pip_headers_only(compiler_state, toolkit_hidden)
     kernels = compiler.add_module(ops, cache=ArtifactCache(":memory:"))
     seconds = time.perf_counter() - start
     assert compiler.last_report().compiled == 1
-    assert kernels[0].backend == "nvrtc" and kernels[0].arch == 90
+    assert kernels[0].backend == "nvrtc" and kernels[0].target == "sm_90"
     _assert_symbols(kernels[0].binary, ops)
     print(f"nvrtc: 1 conv2d fprop in {seconds:.1f} s")

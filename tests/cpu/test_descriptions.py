@@ -234,7 +234,7 @@ def test_tile_too_much_shared_memory_for_sm80():
     with pytest.raises(DescriptionError, match="sm_80 allows 163 KiB"):
         f16_gemm(arch=80, tile=medium)
     assert f16_gemm(arch=90, tile=medium).compute_capability == 90
-    with pytest.raises(DescriptionError, match=r"compute capability 71 is not supported; choose one of \[70, 75, 80"):
+    with pytest.raises(DescriptionError, match=r"compute capability 71 is not a supported target; choose one of \[80, 86"):
         f16_tile().check_shared_memory(71)
 
 

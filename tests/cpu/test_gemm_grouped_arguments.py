@@ -6,9 +6,8 @@ import pytest
 
 import pycutlass as c
 from pycutlass.errors import ArgumentError, NoGpuError
-from pycutlass.operations import GemmOperationGrouped, SchedulerMode
-from pycutlass.runtime.arguments import gemm_grouped as grouped_args
-from pycutlass.runtime.arguments.gemm_grouped import GemmGroupedArguments
+from pycutlass import GemmOperationGrouped, SchedulerMode
+from pycutlass import GemmGroupedArguments
 
 
 def f16_op(layout_c=c.RowMajor, mode=SchedulerMode.Device, activation=False):
@@ -181,4 +180,3 @@ def test_validation_precedes_any_device_work():
     As, Bs, Cs, Ds = tensors(PROBLEMS)
     with pytest.raises(ArgumentError):
         GemmGroupedArguments(op, PROBLEMS, As, Bs, Cs, Ds[:1])
-    assert grouped_args._shared_storage_bytes == {}

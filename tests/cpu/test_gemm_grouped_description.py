@@ -12,14 +12,15 @@ import time
 import pytest
 
 import pycutlass
+from pycutlass.kinds.gemm_grouped.abi import GemmGroupedArgs
 from pycutlass import compiler
 from pycutlass.cache.store import ArtifactCache
 from pycutlass.compiler import toolchain
 from pycutlass.emit import abi
 from pycutlass.emit.emitter import translation_unit
 from pycutlass.errors import ArgumentError, DescriptionError, ToolchainError
-from pycutlass.operations import GemmOperationGrouped, GemmOperationUniversal, SchedulerMode
-from pycutlass.operations.gemm_grouped import PRECOMPUTE_THREADS, PROBLEM_INFO_BYTES
+from pycutlass import GemmOperationGrouped, GemmOperationUniversal, SchedulerMode
+from pycutlass.kinds.gemm_grouped.operation import PRECOMPUTE_THREADS, PROBLEM_INFO_BYTES
 
 
 c = pycutlass
@@ -220,14 +221,14 @@ def test_grid_and_workspace_follow_cutlass():
 
 # --- ABI and emission -----------------------------------------------------------------------------------------
 def test_abi_struct_is_padding_free_and_carries_the_schedule():
-    abi.GemmGroupedArgs.check_no_padding()
-    fields = dict(abi.GemmGroupedArgs._fields_)
+    GemmGroupedArgs.check_no_padding()
+    fields = dict(GemmGroupedArgs._fields_)
     for name in ("problem_count", "threadblock_count", "tile_count", "problem_sizes", "ptr_A", "ptr_B", "ptr_C",
                  "ptr_D", "lda", "ldb", "ldc", "ldd", "workspace", "workspace_bytes", "alpha", "beta",
                  "activation_args"):
         assert name in fields
-    assert ctypes.sizeof(abi.GemmGroupedArgs) % 8 == 0
-    assert "struct GemmGroupedArgs {" in abi.cpp_definitions()
+    assert ctypes.sizeof(GemmGroupedArgs) % 8 == 0
+    assert "struct GemmGroupedArgs {" in abi.cpp_definitions([GemmGroupedArgs])
 
 
 def test_emission_shares_a_unit_with_a_gemm():
@@ -286,7 +287,7 @@ def test_compile_with_nvcc(compiler_state):
     seconds = time.perf_counter() - start
     assert compiler.last_report().compiled == 3
     assert len({k.sha256 for k in kernels}) == 1  # one translation unit, one cubin
-    assert all(k.backend == "nvcc" and k.arch == 90 for k in kernels)
+    assert all(k.backend == "nvcc" and k.target == "sm_90" for k in kernels)
     _assert_symbols(kernels[0].binary, ops)
     print(f"nvcc: 2 grouped + 1 GEMM in {seconds:.1f} s")
 
@@ -302,6 +303,6 @@ def test_compile_with_nvrtc_and_pip_headers_only(compiler_state, toolkit_hidden)
     kernels = compiler.add_module(ops, cache=ArtifactCache(":memory:"))
     seconds = time.perf_counter() - start
     assert compiler.last_report().compiled == 2
-    assert all(k.backend == "nvrtc" and k.arch == 90 for k in kernels)
+    assert all(k.backend == "nvrtc" and k.target == "sm_90" for k in kernels)
     _assert_symbols(kernels[0].binary, ops)
     print(f"nvrtc: 2 grouped in {seconds:.1f} s")

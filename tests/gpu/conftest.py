@@ -41,7 +41,7 @@ def precompile(operations, backend: str = "nvcc") -> None:
         # Tests of the operations that compiled still run; the others fail with this error when they compile.
         print(f"precompile ({backend}): {str(error)[:2000]}")
     finally:
-        cutlass.compiler.COMPILER.use(previous)
+        cutlass.compiler.use(previous)
 
 
 def precompile_module(nvcc_operations, nvrtc_operations=()) -> None:

@@ -15,7 +15,7 @@ import pytest
 import pycutlass as cutlass
 from pycutlass.conv import (Conv2dProblemSize, IteratorAlgorithm, Mode, Operator, SplitKMode, StrideSupport,
                             reorder_interleaved_filter)
-from pycutlass.operations.conv2d import Conv2dOperation
+from pycutlass.kinds.conv2d.operation import Conv2dOperation
 
 from .conftest import precompile_module, relative_error
 from .gemm_cases import check_integer, epilogue_reference, random_values
@@ -458,7 +458,7 @@ def test_nvrtc_backend(name):
     op = NVRTC_OPS[name]
     cutlass.compiler.nvrtc()
     try:
-        assert cutlass.compiler.COMPILER.lookup(op) is not None
+        assert cutlass.compiler.Compiler.of().lookup(op) is not None
         run_conv(op, problem(2, 15, 17, 32, 64, 3, 3, (1, 1), (2, 1)))
     finally:
         cutlass.compiler.nvcc()

@@ -8,8 +8,8 @@ import pytest
 
 import pycutlass as cutlass
 from pycutlass.gemm import GemmCoord
-from pycutlass.operations import GemmOperationGrouped, SchedulerMode
-from pycutlass.runtime.arguments.gemm_grouped import GemmGroupedArguments
+from pycutlass import GemmOperationGrouped, SchedulerMode
+from pycutlass import GemmGroupedArguments
 
 from .conftest import precompile_module, relative_error
 from .gemm_cases import CM, CONFIGS, D, R, epilogue_reference, poisoned_output, random_values, to_float64, to_tensor
@@ -339,7 +339,7 @@ def test_nvrtc_backend(key):
     op = NVRTC_OPS[key]
     cutlass.compiler.nvrtc()
     try:
-        assert cutlass.compiler.COMPILER.lookup(op) is not None
+        assert cutlass.compiler.Compiler.of().lookup(op) is not None
         _, args = run_group(op, mixed_problems(op.A.alignment, seed=10), _tol(key), seed=10)
         if op.precompute_mode is SchedulerMode.Host:
             check_host_schedule(op, args)

@@ -1,18 +1,19 @@
 """ReductionOperation: sums the partial products of parallel split-K and applies the epilogue."""
 from __future__ import annotations
 
-from ..description.coords import MatrixCoord
-from ..description.tensor_description import TensorDescription
-from ..description.types import DataType, LayoutType
-from ..emit import names
-from ..emit.emitter import render
-from ..epilogue.functors import EpilogueFunctor
-from ..errors import DescriptionError
-from .base import Operation, check_compute_capability
+from ...description.coords import MatrixCoord
+from ...description.tensor_description import TensorDescription
+from ...description.types import DataType, LayoutType
+from ...emit import names
+from ...epilogue.functors import EpilogueFunctor
+from ...errors import DescriptionError
+from .abi import ReductionArgs
+from ..base import Operation, check_compute_capability
 
 
 class ReductionOperation(Operation):
     kind = "reduction"
+    abi_struct_type = ReductionArgs
 
     def __init__(self, shape: MatrixCoord, C: TensorDescription, element_accumulator: DataType,
                  element_workspace: DataType | None = None, element_compute: DataType = DataType.float32,
@@ -27,7 +28,7 @@ class ReductionOperation(Operation):
             raise DescriptionError(f"ReductionOperation: C must be RowMajor or ColumnMajor, got {C.layout.value}")
         element_workspace = element_workspace or element_accumulator
         if epilogue_functor is None:
-            from ..epilogue import LinearCombination
+            from ...epilogue import LinearCombination
 
             epilogue_functor = LinearCombination(C.element, count, element_accumulator, element_compute)
         if epilogue_functor.element_output is not C.element or epilogue_functor.alignment != count:
@@ -68,7 +69,7 @@ class ReductionOperation(Operation):
 
     def emit_body(self) -> str:
         activation = self.epilogue_functor.activation
-        return render("reduction.cu.j2", name=self.name, summary=self.describe(),
+        return self.render("reduction.cu.j2", name=self.name, summary=self.describe(),
                       epilogue=names.epilogue_functor(self.epilogue_functor), shape=self.shape,
                       element_accumulator=names.ELEMENT[self.element_accumulator],
                       element_workspace=names.ELEMENT[self.element_workspace], count=self.count,

@@ -5,13 +5,15 @@ import numpy as np
 
 from ...description.coords import GemmCoord
 from ...description.types import LayoutType
-from ...emit.abi import GemmUniversalArgs, fill_epilogue
+from ...emit.abi import fill_epilogue
 from ...epilogue.functors import EpilogueArguments
 from ...errors import ArgumentError
-from ...gemm import Mode
-from ..tensors import describe, storage_type
-from .base import OperationArguments
+from ...runtime.arguments import OperationArguments
+from ...runtime.tensors import describe, storage_type
+from .abi import GemmUniversalArgs
 from .matrix import check_output_geometry, matrix_geometry
+from .modes import Mode
+from .operation import GemmOperationUniversal
 
 
 def coerce_problem_size(problem_size) -> GemmCoord:
@@ -72,12 +74,10 @@ class GemmArguments(OperationArguments):
     """
 
     def __init__(self, operation, problem_size, A, B, C, D, output_op=None, gemm_mode=Mode.Gemm,
-                 split_k_slices: int = 1, batch: int = 1, stream=None):
-        from ...operations.gemm import GemmOperationUniversal
-
+                 split_k_slices: int = 1, batch: int = 1, stream=None, device=None, session=None):
         if not isinstance(operation, GemmOperationUniversal):
             raise ArgumentError(f"GemmArguments needs a GemmOperationUniversal, got {type(operation).__name__}")
-        super().__init__(operation, stream)
+        super().__init__(operation, stream, device, session)
         try:
             if isinstance(gemm_mode, bool):
                 raise ValueError
@@ -174,8 +174,10 @@ class GemmArguments(OperationArguments):
                                 f"{info.element.label}")
 
     # --- device state ---------------------------------------------------------------------------------------
-    def _materialize(self) -> None:
-        super()._materialize()
+    def _tensor_infos(self) -> list:
+        return [info for form, found, _ in self._operands.values() for info in (found if form == "list" else [found])]
+
+    def _allocate(self) -> None:
         op = self.operation
         m, n, k = self.problem_size
         self.addresses, self.lds, self.batch_strides = {}, {}, {}
@@ -205,10 +207,7 @@ class GemmArguments(OperationArguments):
         if k == 0:
             # Nothing is multiplied, but the main loop still forms A/B addresses: give it a real, zeroed buffer
             # (an empty tensor's pointer may be null) with leading dimension 0 so every address stays inside it.
-            stand_in = self.tensors.allocate(256)
-            from .. import driver
-
-            driver.memset_d8(stand_in, 0, 256, self.stream)
+            stand_in = self.tensors.zeros(256)
             for label in ("A", "B"):
                 if self.gemm_mode is Mode.Array:
                     self.addresses[label] = self.tensors.upload(np.full(self.batch, stand_in, dtype=np.uint64))
@@ -237,10 +236,7 @@ class GemmArguments(OperationArguments):
             tm, tn, _ = op.tile_description.threadblock_shape
             rows, cols = (n, m) if op.transposed else (m, n)
             count = -(-rows // tm) * -(-cols // tn)
-            self.semaphore = self.tensors.allocate(4 * max(count, 1))
-            from .. import driver
-
-            driver.memset_d8(self.semaphore, 0, 4 * max(count, 1), self.stream)  # the kernel resets it after use
+            self.semaphore = self.tensors.zeros(4 * max(count, 1))  # the kernel resets it after use
             self._semaphore_capacity = count
 
     def _check_address(self, info, address, alignment):
@@ -250,7 +246,7 @@ class GemmArguments(OperationArguments):
                                 f"byte vector accesses (alignment {alignment}); use an aligned tensor or an "
                                 f"operation with a smaller alignment")
 
-    def abi_struct(self) -> GemmUniversalArgs:
+    def bind(self, loaded_op=None) -> GemmUniversalArgs:
         m, n, k = self.problem_size
         a = GemmUniversalArgs()
         a.mode = int(self.gemm_mode)
@@ -263,9 +259,7 @@ class GemmArguments(OperationArguments):
         fill_epilogue(a, self.output_op)
         return a
 
-    def prepared(self):
-        launch = super().prepared()
+    def after_build(self, loaded_op, launch, abi_struct) -> None:
         if launch.semaphore_count > getattr(self, "_semaphore_capacity", 0):
             raise ArgumentError(f"{self.operation.name}: serial split-K needs {launch.semaphore_count} semaphores, "
                                 f"{getattr(self, '_semaphore_capacity', 0)} were allocated")
-        return launch

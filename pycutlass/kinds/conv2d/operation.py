@@ -34,20 +34,20 @@ the accumulator type and run it with alpha = 1, beta = 0. No semaphores are used
 """
 from __future__ import annotations
 
-import ctypes
 
-from ..conv import Conv2dProblemSize, IteratorAlgorithm, Operator, SplitKMode, StrideSupport
-from ..description.tensor_description import TensorDescription
-from ..description.tile_description import TileDescription
-from ..description.types import (CONV_SWIZZLES, DataType, IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4,
+from .problem import Conv2dProblemSize, IteratorAlgorithm, Operator, SplitKMode, StrideSupport
+from ...description.tensor_description import TensorDescription
+from ...description.tile_description import TileDescription
+from ...description.types import (CONV_SWIZZLES, DataType, IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4,
                                  IdentitySwizzle8, LayoutType, OpClass, StridedDgradIdentitySwizzle1,
                                  StridedDgradIdentitySwizzle4, SwizzlingFunctor)
-from ..emit import abi, names
-from ..emit.emitter import render
-from ..epilogue.functors import EpilogueFunctor
-from ..errors import ArgumentError, DescriptionError
-from .base import TiledOperation, check_compute_capability
-from .gemm import check_operand_types
+from ...emit import names
+from ...emit.abi import fill_epilogue
+from ...epilogue.functors import EpilogueFunctor
+from ...errors import ArgumentError, DescriptionError
+from .abi import Conv2dArgs
+from ..base import TiledOperation, check_compute_capability
+from ..gemm.operation import check_operand_types
 
 # C++ spellings of the conv enums (kept here: only this operation uses them).
 CONV_OPERATOR = {Operator.fprop: "cutlass::conv::Operator::kFprop", Operator.dgrad: "cutlass::conv::Operator::kDgrad",
@@ -90,6 +90,7 @@ class Conv2dOperation(TiledOperation):
     """
 
     kind = "conv2d"
+    abi_struct_type = Conv2dArgs
 
     def __init__(self, conv_kind: Operator, iterator_algorithm: IteratorAlgorithm, arch: int,
                  tile_description: TileDescription, A: TensorDescription, B: TensorDescription, C: TensorDescription,
@@ -308,11 +309,11 @@ class Conv2dOperation(TiledOperation):
     # --- the ABI struct -------------------------------------------------------------------------------------
     def make_abi_arguments(self, problem_size: Conv2dProblemSize, ptr_A: int, ptr_B: int, ptr_C: int, ptr_D: int,
                            output_op, split_k_mode: SplitKMode = SplitKMode.Serial, semaphore: int = 0,
-                           c_strides: tuple[int, int, int] | None = None) -> abi.Conv2dArgs:
+                           c_strides: tuple[int, int, int] | None = None) -> Conv2dArgs:
         """Pack a ``pycutlass_abi::Conv2dArgs``. ``c_strides`` = C's (w, h, n) strides in elements for TensorNHWC
         (default packed; zeros broadcast, e.g. (0, 0, 0) reads a bias vector of K); ignored for interleaved C."""
         ps = problem_size
-        args = abi.Conv2dArgs()
+        args = Conv2dArgs()
         for field, value in (("n", ps.N), ("h", ps.H), ("w", ps.W), ("c", ps.C), ("k", ps.K), ("r", ps.R),
                              ("s", ps.S), ("p", ps.P), ("q", ps.Q), ("pad_h", ps.pad_h), ("pad_w", ps.pad_w),
                              ("stride_h", ps.stride_h), ("stride_w", ps.stride_w), ("dilation_h", ps.dilation_h),
@@ -326,7 +327,7 @@ class Conv2dOperation(TiledOperation):
             extent = tuple(ps.tensor_c_extent(self.conv_kind))
             c_strides = (extent[3], extent[2] * extent[3], extent[1] * extent[2] * extent[3])
         args.stride_c_w, args.stride_c_h, args.stride_c_n = (int(v) for v in c_strides)
-        abi.fill_epilogue(args, output_op)
+        fill_epilogue(args, output_op)
         return args
 
     # --- identity -------------------------------------------------------------------------------------------
@@ -338,10 +339,6 @@ class Conv2dOperation(TiledOperation):
         layout = "nc32hw32" if self.A.layout.is_interleaved else "nhwc"
         return (f"conv2d_{self.conv_kind.name}_{ALGORITHM_SHORT[self.iterator_algorithm]}_{self.stride_support.value}_"
                 f"{self._types_and_tile_name(layout)}")
-
-    @property
-    def arguments_struct(self) -> type[ctypes.Structure]:
-        return abi.Conv2dArgs
 
     # --- emission -------------------------------------------------------------------------------------------
     def headers(self) -> list[str]:
@@ -358,7 +355,7 @@ class Conv2dOperation(TiledOperation):
         tile = self.tile_description
         math = tile.math_instruction
         activation = self.epilogue_functor.activation
-        return render(
+        return self.render(
             "conv2d.cu.j2", name=self.name, summary=self.describe(),
             epilogue=names.epilogue_functor(self.epilogue_functor),
             default_kernel=DEFAULT_KERNEL[self.conv_kind], conv_operator=CONV_OPERATOR[self.conv_kind],
@@ -366,7 +363,7 @@ class Conv2dOperation(TiledOperation):
             element_b=self._operand_element(self.B), layout_b=names.LAYOUT[self.B.layout], alignment_b=self.B.alignment,
             element_c=names.ELEMENT[self.C.element], layout_c=names.LAYOUT[self.C.layout],
             element_accumulator=names.ELEMENT[math.element_accumulator],
-            opclass=names.OPCLASS[math.opcode_class], arch_tag=names.arch_tag(self.compute_capability),
+            opclass=names.OPCLASS[math.opcode_class], arch_tag=names.arch_tag(self.family),
             threadblock_shape=tile.threadblock_shape, warp_shape=tile.warp_shape,
             instruction_shape=math.instruction_shape, swizzle=names.gemm_swizzle(self.swizzling_functor),
             stages=tile.stages, math_operation=names.MATH_OPERATION[math.math_operation],

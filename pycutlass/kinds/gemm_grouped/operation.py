@@ -39,16 +39,16 @@ from __future__ import annotations
 
 import enum
 
-from ..description.tensor_description import TensorDescription
-from ..description.tile_description import TileDescription
-from ..description.types import (DataType, HorizontalSwizzle, IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4,
+from ...description.tensor_description import TensorDescription
+from ...description.tile_description import TileDescription
+from ...description.types import (DataType, HorizontalSwizzle, IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4,
                                  IdentitySwizzle8, LayoutType, SwizzlingFunctor)
-from ..emit import names
-from ..emit.emitter import render
-from ..epilogue.functors import EpilogueFunctor
-from ..errors import ArgumentError, DescriptionError
-from .base import TiledOperation, check_compute_capability
-from .gemm import GemmOperationUniversal, check_operand_types
+from ...emit import names
+from ...epilogue.functors import EpilogueFunctor
+from ...errors import ArgumentError, DescriptionError
+from .abi import GemmGroupedArgs
+from ..base import TiledOperation, check_compute_capability
+from ..gemm.operation import GemmOperationUniversal, check_operand_types
 
 # sizeof(GroupedProblemVisitor<...>::ProblemInfo): two int32 (problem index, first tile); static_assert-ed in C++.
 PROBLEM_INFO_BYTES = 8
@@ -89,6 +89,7 @@ def _as_triple(problem, index: int) -> tuple[int, int, int]:
 
 class GemmOperationGrouped(TiledOperation):
     kind = "gemm_grouped"
+    abi_struct_type = GemmGroupedArgs
 
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueFunctor,
@@ -226,14 +227,14 @@ class GemmOperationGrouped(TiledOperation):
         A, B, C = self.A, self.B, self.C
         activation = self.epilogue_functor.activation
         # The user's layouts go in unchanged: DefaultGemmGrouped transposes a ColumnMajor output internally.
-        return render(
+        return self.render(
             "gemm_grouped.cu.j2", name=self.name, summary=self.describe(),
             epilogue=names.epilogue_functor(self.epilogue_functor),
             element_a=self._operand_element(A), layout_a=names.LAYOUT[A.layout], alignment_a=A.alignment,
             element_b=self._operand_element(B), layout_b=names.LAYOUT[B.layout], alignment_b=B.alignment,
             element_c=names.ELEMENT[C.element], layout_c=names.LAYOUT[C.layout],
             element_accumulator=names.ELEMENT[math.element_accumulator],
-            opclass=names.OPCLASS[math.opcode_class], arch_tag=names.arch_tag(self.compute_capability),
+            opclass=names.OPCLASS[math.opcode_class], arch_tag=names.arch_tag(self.family),
             threadblock_shape=tile.threadblock_shape, warp_shape=tile.warp_shape,
             instruction_shape=math.instruction_shape, swizzle=names.gemm_swizzle(self.swizzling_functor),
             stages=tile.stages, math_operation=names.MATH_OPERATION[math.math_operation],

@@ -1,15 +1,15 @@
 """GemmOperationUniversal: a CUTLASS 2.x (Sm80-family) GEMM, runnable in Gemm, split-K, batched and array modes."""
 from __future__ import annotations
 
-from ..description.tensor_description import TensorDescription
-from ..description.tile_description import TileDescription
-from ..description.types import (GEMM_SWIZZLES, DataType, IdentitySwizzle1, LayoutType, OpClass,
+from ...description.tensor_description import TensorDescription
+from ...description.tile_description import TileDescription
+from ...description.types import (GEMM_SWIZZLES, DataType, IdentitySwizzle1, LayoutType, OpClass,
                                  SwizzlingFunctor)
-from ..emit import names
-from ..emit.emitter import render
-from ..epilogue.functors import EpilogueFunctor
-from ..errors import DescriptionError
-from .base import TiledOperation, check_compute_capability
+from ...emit import names
+from ...epilogue.functors import EpilogueFunctor
+from ...errors import DescriptionError
+from .abi import GemmUniversalArgs
+from ..base import TiledOperation, check_compute_capability
 
 _PLAIN = (LayoutType.RowMajor, LayoutType.ColumnMajor)
 _INTERLEAVED_GEMM = (LayoutType.ColumnMajorInterleaved32, LayoutType.RowMajorInterleaved32,
@@ -56,6 +56,7 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
 
 class GemmOperationUniversal(TiledOperation):
     kind = "gemm"
+    abi_struct_type = GemmUniversalArgs
 
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueFunctor,
@@ -134,14 +135,14 @@ class GemmOperationUniversal(TiledOperation):
             layout_a, layout_b = names.TRANSPOSED[A.layout], names.TRANSPOSED[B.layout]
             layout_c = LayoutType.RowMajor
         activation = self.epilogue_functor.activation
-        return render(
+        return self.render(
             "gemm_universal.cu.j2", name=self.name, summary=self.describe(),
             epilogue=names.epilogue_functor(self.epilogue_functor),
             element_a=self._operand_element(A), layout_a=names.LAYOUT[layout_a], alignment_a=A.alignment,
             element_b=self._operand_element(B), layout_b=names.LAYOUT[layout_b], alignment_b=B.alignment,
             element_c=names.ELEMENT[C.element], layout_c=names.LAYOUT[layout_c],
             element_accumulator=names.ELEMENT[math.element_accumulator],
-            opclass=names.OPCLASS[math.opcode_class], arch_tag=names.arch_tag(self.compute_capability),
+            opclass=names.OPCLASS[math.opcode_class], arch_tag=names.arch_tag(self.family),
             threadblock_shape=tile.threadblock_shape, warp_shape=tile.warp_shape,
             instruction_shape=math.instruction_shape, swizzle=names.gemm_swizzle(self.swizzling_functor),
             stages=tile.stages, math_operation=names.MATH_OPERATION[math.math_operation],

@@ -1,20 +1,28 @@
-"""What every operation description shares: a unique name, its emitted code, and its compiled artifact."""
+"""What every operation description shares: a unique name, its emitted code, and how it is run.
+
+An operation is a pure, immutable description. It knows its kernel kind's template (in its own folder), the ABI
+structs its code uses, and its template family; it never imports the runtime: ``op.run(arguments)`` hands itself to
+the arguments, which belong to the runtime layer.
+"""
 from __future__ import annotations
 
 import hashlib
+import inspect
+from pathlib import Path
 
-from ..description.types import MAX_SHARED_MEMORY_BYTES
-from ..errors import DescriptionError
-
-SUPPORTED_COMPUTE_CAPABILITIES = (80, 86, 89, 90)
+from ..description.target import family_of
+from ..emit.abi import LaunchInfo
+from ..emit import names
+from ..emit.emitter import render, translation_unit
+from ..errors import ArgumentError, DescriptionError
 
 
 def check_compute_capability(arch) -> int:
-    if arch not in SUPPORTED_COMPUTE_CAPABILITIES:
-        raise DescriptionError(f"compute capability {arch!r} is not supported for CUTLASS 2.x (Sm80-family) "
-                               f"operations; choose one of {list(SUPPORTED_COMPUTE_CAPABILITIES)} "
-                               f"(Hopper runs the Sm80 family: use 80 or 90)")
-    assert arch in MAX_SHARED_MEMORY_BYTES
+    """An operation's compute capability: it selects the template family (Hopper runs the Sm80 family too)."""
+    if isinstance(arch, bool) or not isinstance(arch, int):
+        raise DescriptionError(f"compute capability {arch!r} is not supported for operations; choose one of "
+                               f"[80, 86, 89, 90] (an integer)")
+    family_of(arch)
     return arch
 
 
@@ -22,10 +30,25 @@ class Operation:
     """Base of GEMM, grouped GEMM, conv and reduction operations.
 
     Subclasses set ``self.compute_capability`` and implement ``_signature()`` (every field that changes the
-    emitted code), ``_readable_name()``, ``emit_body()``, ``headers()`` and ``arguments_struct``.
+    emitted code), ``_readable_name()``, ``emit_body()``, ``headers()``, and set ``abi_struct_type``.
     """
 
     kind = "operation"
+    abi_struct_type = None  # the kind's argument struct (kinds/<kind>/abi.py)
+
+    @property
+    def family(self) -> str:
+        """The CUTLASS template family this operation is written in (e.g. "sm80")."""
+        return family_of(self.compute_capability)
+
+    def abi_structs(self) -> tuple:
+        """The ABI structs this operation's code uses; the translation unit defines each once."""
+        return (LaunchInfo, self.abi_struct_type)
+
+    def render(self, template: str, **context) -> str:
+        """Render a template that lives beside the kind's module."""
+        folder = Path(inspect.getfile(type(self))).parent
+        return render(folder / template, **context)
 
     def _signature(self) -> tuple:
         raise NotImplementedError
@@ -63,8 +86,6 @@ class Operation:
         """The complete translation unit for this operation alone, as the compiler sees it."""
         source = self.__dict__.get("_source")
         if source is None:  # descriptions are immutable, so the source is rendered once
-            from ..emit.emitter import translation_unit
-
             source = self.__dict__["_source"] = translation_unit([self])
         return source
 
@@ -82,10 +103,12 @@ class Operation:
         return self.epilogue_functor.make_arguments(alpha, beta, *activation_args)
 
     def run(self, arguments) -> None:
-        """Launch on ``arguments``' stream. Compiles (or loads from the cache) on first use."""
-        from ..runtime.launch import launch_operation
-
-        launch_operation(self, arguments)
+        """Launch on ``arguments``' stream and device (Params were built when the arguments were made)."""
+        launch_for = getattr(arguments, "launch_for", None)
+        if launch_for is None:
+            raise ArgumentError(f"{self.name}.run() takes the arguments built for it (e.g. GemmArguments), got "
+                                f"{type(arguments).__name__}")
+        launch_for(self)
 
 
 class TiledOperation(Operation):
@@ -97,8 +120,6 @@ class TiledOperation(Operation):
 
     def _types_and_tile_name(self, layouts: str) -> str:
         """The shared part of readable names: arch, op class, types, layouts, tile and alignments."""
-        from ..emit import names
-
         math = self.tile_description.math_instruction
         s = names.SHORT
         return (f"sm{self.compute_capability}_{math.opcode_class.name.lower()}_"

@@ -15,12 +15,13 @@ Anything else raises ArgumentError naming the operand; nothing is copied to "fix
 """
 from __future__ import annotations
 
-from ...conv import Conv2dProblemSize, Operator, SplitKMode
 from ...description.types import LayoutType
 from ...errors import ArgumentError
-from ..tensors import TensorInfo, describe, storage_type
-from .base import OperationArguments
-from .gemm import coerce_output_op
+from ...runtime.arguments import OperationArguments
+from ...runtime.tensors import TensorInfo, describe, storage_type
+from ..gemm.arguments import coerce_output_op
+from .operation import Conv2dOperation
+from .problem import Conv2dProblemSize, Operator, SplitKMode
 
 _FAST_CLAMP_MAX_K = 256
 
@@ -67,12 +68,10 @@ class Conv2dArguments(OperationArguments):
     """
 
     def __init__(self, operation, problem_size, A, B, C, D, output_op=None, split_k_mode=SplitKMode.Serial,
-                 split_k_slices: int = 1, stream=None):
-        from ...operations.conv2d import Conv2dOperation
-
+                 split_k_slices: int = 1, stream=None, device=None, session=None):
         if not isinstance(operation, Conv2dOperation):
             raise ArgumentError(f"Conv2dArguments needs a Conv2dOperation, got {type(operation).__name__}")
-        super().__init__(operation, stream)
+        super().__init__(operation, stream, device, session)
         if not isinstance(problem_size, Conv2dProblemSize):
             raise ArgumentError(f"problem_size must be a pycutlass.conv.Conv2dProblemSize, got {problem_size!r}")
         try:
@@ -166,8 +165,10 @@ class Conv2dArguments(OperationArguments):
                             f"pass a contiguous NHWC tensor or torch's channels_last memory format")
 
     # --- device state ---------------------------------------------------------------------------------------
-    def _materialize(self) -> None:
-        super()._materialize()
+    def _tensor_infos(self) -> list:
+        return [info for info, _ in self._operands.values()]
+
+    def _allocate(self) -> None:
         op = self.operation
         kind = op.conv_kind
         self.addresses = {}
@@ -196,11 +197,7 @@ class Conv2dArguments(OperationArguments):
         self.semaphore = 0
         self._semaphore_capacity = op.semaphore_count(self.problem_size, self.split_k_mode)
         if self._semaphore_capacity:
-            from .. import driver
-
-            nbytes = 4 * self._semaphore_capacity
-            self.semaphore = self.tensors.allocate(nbytes)
-            driver.memset_d8(self.semaphore, 0, nbytes, self.stream)  # the kernel resets it after use
+            self.semaphore = self.tensors.zeros(4 * self._semaphore_capacity)  # the kernel resets it after use
 
     @property
     def reduction_problem_size(self) -> tuple[int, int]:
@@ -208,15 +205,13 @@ class Conv2dArguments(OperationArguments):
         gemm = self.problem_size.implicit_gemm_size(self.operation.conv_kind)
         return gemm.m(), gemm.n()
 
-    def abi_struct(self):
+    def bind(self, loaded_op=None):
         return self.operation.make_abi_arguments(
             self.problem_size, self.addresses["A"], self.addresses["B"], self.addresses["C"], self.addresses["D"],
             self.output_op, self.split_k_mode, self.semaphore, self.c_strides)
 
-    def prepared(self):
-        launch = super().prepared()
+    def after_build(self, loaded_op, launch, abi_struct) -> None:
         if launch.semaphore_count > self._semaphore_capacity:
             raise ArgumentError(f"{self.operation.name}: serial split-K needs {launch.semaphore_count} semaphores, "
                                 f"{self._semaphore_capacity} were allocated")
-        return launch
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ...description.types import LayoutType
 from ...errors import ArgumentError
-from ..tensors import TensorInfo
+from ...runtime.tensors import TensorInfo
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 from ...description.types import LayoutType
-from ...emit.abi import ReductionArgs, fill_epilogue
+from ...emit.abi import fill_epilogue
 from ...errors import ArgumentError
-from ..tensors import describe
-from .base import OperationArguments
-from .gemm import coerce_output_op
-from .matrix import check_output_geometry, matrix_geometry
+from ...runtime.arguments import OperationArguments
+from ...runtime.tensors import describe
+from ..gemm.arguments import coerce_output_op
+from ..gemm.matrix import check_output_geometry, matrix_geometry
+from .abi import ReductionArgs
+from .operation import ReductionOperation
 
 
 class ReductionArguments(OperationArguments):
@@ -15,14 +17,12 @@ class ReductionArguments(OperationArguments):
     or the GemmArguments/Conv2dArguments object that owns it (which also keeps it alive)."""
 
     def __init__(self, operation, problem_size, partitions: int, workspace, destination, source=None,
-                 output_op=None, partition_stride: int | None = None, stream=None):
-        from ...operations.reduction import ReductionOperation
-
+                 output_op=None, partition_stride: int | None = None, stream=None, device=None, session=None):
         if not isinstance(operation, ReductionOperation):
             raise ArgumentError(f"ReductionArguments needs a ReductionOperation, got {type(operation).__name__}")
         if stream is None and hasattr(workspace, "stream"):
             stream = workspace.stream  # run on the producer's stream so the workspace is ready
-        super().__init__(operation, stream)
+        super().__init__(operation, stream, device, session)
         try:
             m, n = (int(v) for v in problem_size)
         except (TypeError, ValueError):
@@ -61,7 +61,15 @@ class ReductionArguments(OperationArguments):
             if geometry.ld % operation.count and not geometry.broadcast:
                 raise ArgumentError(f"{label}: leading dimension {geometry.ld} must be a multiple of {operation.count}")
             self._infos[label] = (info, geometry)
+        if self._producer is not None and self._device_request is None and self._producer.device is not None:
+            self._device_request = self._producer.device.ordinal  # the workspace lives there
         self._materialize()
+
+    def _tensor_infos(self) -> list:
+        return [info for info, _ in self._infos.values()]
+
+    def _allocate(self) -> None:
+        operation = self.operation
         self.addresses, self.lds = {}, {}
         for label, (info, geometry) in self._infos.items():
             address = self.tensors.address(info, is_output=label == "destination")
@@ -71,7 +79,7 @@ class ReductionArguments(OperationArguments):
         if "source" not in self.addresses:
             self.addresses["source"], self.lds["source"] = self.addresses["destination"], self.lds["destination"]
 
-    def abi_struct(self) -> ReductionArgs:
+    def bind(self, loaded_op=None) -> ReductionArgs:
         m, n = self.problem_size
         transposed = self.operation.C.layout is LayoutType.ColumnMajor
         a = ReductionArgs()

@@ -18,16 +18,18 @@ import ctypes
 
 import numpy as np
 
-from ...emit.abi import GemmGroupedArgs, LaunchInfo, fill_epilogue
+from ...emit.abi import LaunchInfo, fill_epilogue
 from ...errors import ArgumentError, CudaError
-from ..tensors import describe, storage_type
-from .base import OperationArguments
-from .gemm import check_problem_alignment, coerce_output_op, coerce_problem_size
-from .matrix import MatrixGeometry, check_output_geometry, matrix_geometry
+from ...runtime import driver
+from ...runtime.arguments import OperationArguments
+from ...runtime.launch import PreparedLaunch
+from ...runtime.tensors import describe, storage_type
+from ..gemm.arguments import check_problem_alignment, coerce_output_op, coerce_problem_size
+from ..gemm.matrix import MatrixGeometry, check_output_geometry, matrix_geometry
+from .abi import GemmGroupedArgs
+from .operation import PRECOMPUTE_THREADS, GemmOperationGrouped
 
 _ARRAY_ALIGNMENT = 16  # bytes; each per-problem array starts aligned in the shared buffer
-_shared_storage_bytes: dict[tuple[str, str], int] = {}  # (cubin sha256, operation name) -> bytes
-_precompute_functions: dict[tuple[str, str], object] = {}
 
 
 def _list_of(name: str, values, count: int, allow_none: bool = False) -> list:
@@ -48,12 +50,11 @@ class GemmGroupedArguments(OperationArguments):
     None entries) when beta is 0. One alpha/beta (``output_op``) applies to the whole group.
     """
 
-    def __init__(self, operation, problem_sizes, As, Bs, Cs, Ds, output_op=None, stream=None):
-        from ...operations.gemm_grouped import GemmOperationGrouped
-
+    def __init__(self, operation, problem_sizes, As, Bs, Cs, Ds, output_op=None, stream=None, device=None,
+                 session=None):
         if not isinstance(operation, GemmOperationGrouped):
             raise ArgumentError(f"GemmGroupedArguments needs a GemmOperationGrouped, got {type(operation).__name__}")
-        super().__init__(operation, stream)
+        super().__init__(operation, stream, device, session)
         if not isinstance(problem_sizes, (list, tuple)):
             raise ArgumentError(f"problem_sizes must be a list of pycutlass.gemm.GemmCoord(M, N, K), "
                                 f"got {type(problem_sizes).__name__}")
@@ -122,8 +123,10 @@ class GemmGroupedArguments(OperationArguments):
         return info, geometry
 
     # --- device state ---------------------------------------------------------------------------------------
-    def _materialize(self) -> None:
-        super()._materialize()
+    def _tensor_infos(self) -> list:
+        return [info for operands in self._operands for info, _ in operands.values()]
+
+    def _allocate(self) -> None:
         count = len(self.problem_sizes)
         sizes = np.zeros((count, 3), dtype=np.int32)  # cutlass::gemm::GemmCoord: 3 x int32
         pointers = {label: np.zeros(count, dtype=np.uint64) for label in "ABCD"}
@@ -172,14 +175,21 @@ class GemmGroupedArguments(OperationArguments):
         tile_m, tile_n, tile_k = self.operation.tile_description.threadblock_shape
         stages = self.operation.tile_description.stages
         elements = max(needed) + max(tile_m, tile_n) + 2 * (stages + 1) * tile_k
-        nbytes = elements * 8  # enough for any element type
-        from .. import driver
+        return self.tensors.zeros(elements * 8)  # enough for any element type
 
-        address = self.tensors.allocate(nbytes)
-        driver.memset_d8(address, 0, nbytes, self.stream)
-        return address
-
-    def abi_struct(self) -> GemmGroupedArgs:
+    def bind(self, loaded_op) -> GemmGroupedArgs:
+        """Size the persistent grid from the occupancy (and, in Host mode, the schedule's workspace)."""
+        op = self.operation
+        smem = loaded_op.global_int(op.shared_storage_symbol, self.stream)
+        occupancy = loaded_op.occupancy(op.thread_count, smem)
+        if occupancy <= 0:
+            raise CudaError(f"{op.name}: the kernel ({smem} bytes of shared memory, {op.thread_count} threads) "
+                            f"cannot be resident on an SM", operation=op.name)
+        self.threadblock_count = op.grid_for(self.device.sm_count, occupancy, self.problem_sizes) \
+            if self.problem_sizes else 0
+        if self.threadblock_count and op.precompute_symbol:
+            self.workspace_bytes = op.workspace_bytes(self.problem_sizes, self.threadblock_count)
+            self.workspace = self.tensors.allocate(self.workspace_bytes)
         a = GemmGroupedArgs()
         a.problem_count = len(self.problem_sizes)
         a.threadblock_count = self.threadblock_count
@@ -192,52 +202,23 @@ class GemmGroupedArguments(OperationArguments):
         fill_epilogue(a, self.output_op)
         return a
 
-    def prepared(self):
-        if self._prepared is None:
-            self._prepared = self._prepare()
-        return self._prepared
-
     def _prepare(self):
-        """Size the persistent grid from the occupancy, build Params on the device and write the Host schedule."""
-        from .. import driver
-        from ..launch import PreparedLaunch, loaded, prepare
+        if self._prepared is None and self.tile_count == 0:
+            self._prepared = _nothing_to_launch(self.operation)  # no output tile in the whole group
+        return super()._prepare()
 
-        op = self.operation
-        lo = loaded(op)
-        smem = _shared_storage(op, self.stream)
-        lo.ensure_shared_memory(smem)
-        occupancy = driver.occupancy(lo.kernel, op.thread_count, smem, op.name)
-        if occupancy <= 0:
-            raise CudaError(f"{op.name}: the kernel ({smem} bytes of shared memory, {op.thread_count} threads) "
-                            f"cannot be resident on an SM", operation=op.name)
-        sm_count = driver.device_attribute("MULTIPROCESSOR_COUNT")
-        self.threadblock_count = op.grid_for(sm_count, occupancy, self.problem_sizes) if self.problem_sizes else 0
-        if self.threadblock_count == 0:  # no output tile in the whole group
-            params = (ctypes.c_byte * 1)()
-            return PreparedLaunch(lo.kernel, (0, 1, 1), (op.thread_count, 1, 1), smem, params,
-                                  driver.pointer_array(ctypes.addressof(params)), 0, op.name)
-        if op.precompute_symbol:
-            self.workspace_bytes = op.workspace_bytes(self.problem_sizes, self.threadblock_count)
-            self.workspace = self.tensors.allocate(self.workspace_bytes)
-        abi_struct = self.abi_struct()
-        launch = prepare(op, abi_struct, self.stream)
-        if op.precompute_symbol:
-            self._write_schedule(abi_struct)
-        return launch
+    prepared = _prepare
 
-    def _write_schedule(self, abi_struct) -> None:
+    def after_build(self, loaded_op, launch, abi_struct) -> None:
+        if self.operation.precompute_symbol and self.threadblock_count:
+            self._write_schedule(loaded_op, abi_struct)
+
+    def _write_schedule(self, loaded_op, abi_struct) -> None:
         """Run <name>_precompute once; the schedule depends only on the sizes and the grid, fixed per arguments."""
-        from .. import driver
-        from ...operations.gemm_grouped import PRECOMPUTE_THREADS
-
         op = self.operation
-        key = _module_key(op)
-        function = _precompute_functions.get(key)
-        if function is None:
-            function = _precompute_functions[key] = driver.get_function(_module_of(op), op.precompute_symbol)
+        function = loaded_op.function(op.precompute_symbol)
         info = LaunchInfo()
-        info_device = self.tensors.allocate(ctypes.sizeof(LaunchInfo))
-        driver.memset_d8(info_device, 0, ctypes.sizeof(LaunchInfo), self.stream)
+        info_device = self.tensors.zeros(ctypes.sizeof(LaunchInfo))
         info_ptr = ctypes.c_uint64(info_device)
         args = driver.pointer_array(ctypes.addressof(abi_struct), ctypes.addressof(info_ptr))
         driver.launch(function, (1, 1, 1), (PRECOMPUTE_THREADS, 1, 1), 0, self.stream, ctypes.addressof(args),
@@ -250,33 +231,5 @@ class GemmGroupedArguments(OperationArguments):
                                 f"{self.workspace_bytes} bytes")
 
 
-def _module_key(op) -> tuple[str, str]:
-    from ...compiler.manager import COMPILER
-
-    return COMPILER.lookup(op).sha256, op.name
-
-
-def _module_of(op):
-    """The module runtime.launch loaded for ``op`` (``loaded(op)`` must have run)."""
-    from .. import launch
-
-    return launch._modules[_module_key(op)[0]]
-
-
-def _shared_storage(op, stream: int) -> int:
-    """``<name>_shared_storage_bytes`` from the loaded module (cached per module and operation)."""
-    from .. import driver
-
-    key = _module_key(op)
-    value = _shared_storage_bytes.get(key)
-    if value is None:
-        cuda = driver._driver()
-        address, size = driver.check(cuda.cuModuleGetGlobal(_module_of(op), op.shared_storage_symbol.encode()),
-                                     f"cuModuleGetGlobal({op.shared_storage_symbol})", op.name)
-        if int(size) != 4:
-            raise CudaError(f"{op.shared_storage_symbol} is {int(size)} bytes, expected an int", operation=op.name)
-        holder = ctypes.c_int32()
-        driver.memcpy_dtoh(ctypes.addressof(holder), int(address), 4, stream)
-        driver.synchronize_stream(stream, op.name)
-        value = _shared_storage_bytes[key] = int(holder.value)
-    return value
+def _nothing_to_launch(op) -> PreparedLaunch:
+    return PreparedLaunch(None, (0, 1, 1), (op.thread_count, 1, 1), 0, (ctypes.c_byte * 1)(), 0, op.name)

@@ -1,0 +1,82 @@
+"""Target: one GPU architecture (compute capability plus feature suffix) and every fact pycutlass needs about it.
+
+Two things must agree: an operation's compute capability picks the CUTLASS template family (today the Sm80 family,
+CUTLASS 2.x), and the target picks the binary (SASS is not forward compatible across major architectures, so a
+Hopper GPU needs an sm_90 build even of Sm80-family templates). ``Target.check_runs`` says whether a target can run
+a family, with a clear error when it cannot.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..errors import DescriptionError
+
+# Shared memory a thread block may opt into (bytes), by compute capability.
+_SHARED_MEMORY_PER_BLOCK = {80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+
+# Template families and the smallest compute capability whose instructions they use.
+FAMILIES = {"sm80": 80}
+
+_PATTERN = re.compile(r"^(?:sm_?|compute_)?(\d)(\d)([a-z]?)$")
+
+
+@dataclass(frozen=True, order=True)
+class Target:
+    """A GPU architecture such as ``sm_90`` or ``sm_90a`` (``a``: architecture-specific features, e.g. wgmma)."""
+
+    compute_capability: int
+    suffix: str = ""
+
+    def __post_init__(self):
+        cc = self.compute_capability
+        if isinstance(cc, bool) or not isinstance(cc, int) or cc not in _SHARED_MEMORY_PER_BLOCK:
+            raise DescriptionError(f"compute capability {cc!r} is not a supported target; choose one of "
+                                   f"{sorted(_SHARED_MEMORY_PER_BLOCK)} (e.g. 90, '90', 'sm_90', '90a')")
+        if self.suffix not in ("", "a"):
+            raise DescriptionError(f"target suffix {self.suffix!r} is not supported; use '' or 'a'")
+        if self.suffix == "a" and cc != 90:
+            raise DescriptionError(f"the 'a' feature suffix exists for sm_90 only, got sm_{cc}a")
+
+    @classmethod
+    def parse(cls, value) -> "Target":
+        """Accepts a Target, ``90``, ``"90"``, ``"sm_90"``, ``"sm90"``, ``"90a"``, ``"sm_90a"``, ``"compute_90"``."""
+        if isinstance(value, Target):
+            return value
+        if isinstance(value, bool):
+            raise DescriptionError(f"target must be a compute capability such as 90 or 'sm_90', got {value!r}")
+        if isinstance(value, int):
+            return cls(value)
+        if isinstance(value, str):
+            match = _PATTERN.match(value.strip().lower())
+            if match:
+                return cls(int(match.group(1) + match.group(2)), match.group(3))
+        raise DescriptionError(f"cannot read {value!r} as a target; write it as 90, '90', 'sm_90' or '90a'")
+
+    @property
+    def name(self) -> str:
+        return f"sm_{self.compute_capability}{self.suffix}"
+
+    @property
+    def shared_memory_per_block(self) -> int:
+        return _SHARED_MEMORY_PER_BLOCK[self.compute_capability]
+
+    def can_run(self, family: str) -> bool:
+        return self.compute_capability >= FAMILIES[family]
+
+    def check_runs(self, family: str, what: str) -> None:
+        if not self.can_run(family):
+            raise DescriptionError(f"{what} uses the {family} template family, which needs compute capability >= "
+                                   f"{FAMILIES[family]}; target {self.name} cannot run it (its main loop would "
+                                   f"compile to nothing)")
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def family_of(compute_capability: int) -> str:
+    """The template family an operation's compute capability selects."""
+    if compute_capability in (80, 86, 87, 89, 90):
+        return "sm80"
+    raise DescriptionError(f"compute capability {compute_capability!r} is not supported for operations; choose one "
+                           f"of [80, 86, 89, 90] (Hopper runs the Sm80 family: use 80 or 90)")

@@ -1,0 +1,113 @@
+"""What every Arguments class shares, and the small interface through which the runtime runs every kernel kind.
+
+A kind's Arguments class (in ``kinds/<kind>/arguments.py``):
+
+1. validates everything in ``__init__`` without touching the GPU;
+2. calls ``self._materialize()`` last. That is the first GPU step: the device is chosen from the tensors
+   (``_tensor_infos()``, or ``device=``), the kind copies and allocates what it needs through ``self.tensors``
+   (``_allocate()``), and Params are prepared, so the first ``run()`` only launches (and is capturable in a CUDA
+   graph);
+3. implements ``bind(loaded)``, which plans the launch for its problem and returns its ABI struct filled in (it may
+   ask ``loaded`` for module facts such as the occupancy), and optionally ``after_build(loaded, prepared, abi)``.
+"""
+from __future__ import annotations
+
+from ..errors import ArgumentError
+from ..session import Session, current
+from . import driver
+from .device import Devices, normalize_device
+from .launch import PreparedLaunch, loaded, prepare
+from .tensors import DeviceTensors, tensors_device
+
+
+def stream_handle(stream) -> int:
+    """Accepts None (the default stream), an int handle, torch/cupy streams or __cuda_stream__ objects."""
+    if stream is None:
+        return 0
+    if isinstance(stream, bool):
+        raise ArgumentError(f"stream must be None, an int handle, or a torch/cupy stream; got {stream!r}")
+    if isinstance(stream, int):
+        return stream
+    if hasattr(stream, "__cuda_stream__"):
+        return int(stream.__cuda_stream__()[1])
+    for attribute in ("cuda_stream", "ptr", "handle"):
+        if hasattr(stream, attribute):
+            return int(getattr(stream, attribute))
+    try:
+        return int(stream)
+    except (TypeError, ValueError):
+        raise ArgumentError(f"stream must be None, an int handle, or a torch/cupy stream; got {stream!r}") from None
+
+
+class OperationArguments:
+    """Base of every kind's Arguments: stream, device, owned device buffers, a prepared launch, and sync()."""
+
+    def __init__(self, operation, stream=None, device=None, session: Session | None = None):
+        self.operation = operation
+        self.stream = stream_handle(stream)
+        self.session = session if session is not None else current()
+        if not isinstance(self.session, Session):
+            raise ArgumentError(f"session must be a pycutlass.Session, got {session!r}")
+        self._device_request = normalize_device(device)
+        self._prepared: PreparedLaunch | None = None
+        self.tensors: DeviceTensors | None = None
+        self.device = None
+
+    def _materialize(self) -> None:
+        self._attach_device(self._tensor_infos())
+        self._allocate()
+        self._prepare()
+
+    def _attach_device(self, infos) -> None:
+        ordinal = tensors_device(list(infos), self._device_request, self.operation.name)
+        self.device = Devices.of(self.session).get(ordinal)
+        self.tensors = DeviceTensors(self.device, self.stream)
+
+    # --- the kind interface ---------------------------------------------------------------------------------
+    def _tensor_infos(self) -> list:
+        """Every TensorInfo the kind validated (they decide the device)."""
+        raise NotImplementedError
+
+    def _allocate(self) -> None:
+        """Copy host tensors and allocate through ``self.tensors`` (the device is current)."""
+
+    def bind(self, loaded_op):
+        """The kind's ABI struct for this problem, filled in. ``loaded_op`` answers module questions."""
+        raise NotImplementedError
+
+    def after_build(self, loaded_op, launch: PreparedLaunch, abi_struct) -> None:
+        """Work after Params exist (none by default)."""
+
+    def before_launch(self) -> None:
+        """Work that must precede every launch (none by default)."""
+
+    # --- execution ------------------------------------------------------------------------------------------
+    def _prepare(self) -> PreparedLaunch:
+        if self._prepared is None:
+            self.device.make_current()
+            loaded_op = loaded(self.operation, self.device, self.session)
+            abi_struct = self.bind(loaded_op)
+            launch = prepare(loaded_op, abi_struct, self.stream)
+            self.after_build(loaded_op, launch, abi_struct)
+            self._prepared = launch
+        return self._prepared
+
+    prepared = _prepare
+
+    def launch_for(self, operation) -> None:
+        """``operation.run(arguments)`` comes here: check the pairing, then launch on the arguments' stream."""
+        if operation is not self.operation and operation != self.operation:
+            raise ArgumentError(f"these arguments were built for {self.operation.name}, not {operation.name}")
+        self.launch()
+
+    def launch(self) -> None:
+        launch = self._prepare()
+        self.device.make_current()
+        self.before_launch()
+        launch.launch(self.stream)
+
+    def sync(self) -> None:
+        """Wait for the stream; copy outputs held in host arrays back into them."""
+        self.device.make_current()
+        driver.synchronize_stream(self.stream, self.operation.name)
+        self.tensors.copy_back()
