@@ -127,27 +127,73 @@ def throughput(args) -> list[dict]:
 
 
 def host_overhead() -> list[dict]:
+    """Host microseconds per call: run() with reused arguments, and new Arguments for a seen problem + run(), for
+    GEMM, grouped GEMM and conv. New arguments cycle through several tensor sets, so every call binds other
+    addresses (the Params are patched, not rebuilt: the builder-launch count over the loop is reported)."""
     import torch
 
+    from pycutlass.runtime.launch import loaded
+
+    def tensors(*shapes, sets=8):
+        return [[torch.randn(*shape, device="cuda").half() for shape in shapes] for _ in range(sets)]
+
     op = operations(["f16"])["f16"][0]
-    a = torch.randn(128, 128, device="cuda").half()
-    b = torch.randn(128, 128, device="cuda").half().t()
-    d = torch.empty(128, 128, device="cuda").half()
-    arguments = cutlass.GemmArguments(op, (128, 128, 128), a, b, None, d)
+    pool = tensors((128, 128), (128, 128), (128, 128))
+    a, b, d = pool[0]
+    arguments = cutlass.GemmArguments(op, (128, 128, 128), a, b.t(), None, d)
     op.run(arguments)
     arguments.sync()
-    rows = [{"what": "op.run(arguments), arguments reused (128^3)", "host us": host_us(lambda: op.run(arguments))}]
+    rows = [{"what": "GEMM: op.run(arguments), arguments reused (128^3)", "host us": host_us(lambda: op.run(arguments))}]
     torch.cuda.synchronize()
+    rows.append(_new_arguments_row("GEMM: GemmArguments(new tensors, seen shape) + op.run (128^3)", op, pool,
+                                   lambda a, b, d: cutlass.GemmArguments(op, (128, 128, 128), a, b.t(), None, d)))
 
-    def build_and_run():
-        args = cutlass.GemmArguments(op, (128, 128, 128), a, b, None, d)
-        op.run(args)
+    grouped = cutlass.GemmOperationGrouped(90, op.tile_description, op.A, op.B, op.C, op.epilogue_functor)
+    problems = [cutlass.gemm.GemmCoord(64 + 16 * (i % 8), 256, 128) for i in range(16)]
+    grouped_pool = []
+    for _ in range(4):
+        grouped_pool.append([[torch.randn(p.m(), p.k(), device="cuda").half() for p in problems],
+                             [torch.randn(p.n(), p.k(), device="cuda").half().t() for p in problems],
+                             [torch.empty(p.m(), p.n(), device="cuda").half() for p in problems]])
+    rows.append(_new_arguments_row(
+        "grouped: GemmGroupedArguments(16 problems, new tensors) + op.run", grouped, grouped_pool,
+        lambda As, Bs, Ds: cutlass.GemmGroupedArguments(grouped, problems, As, Bs, None, Ds), repeats=200))
 
-    rows.append({"what": "GemmArguments(...) + op.run (128^3)", "host us": host_us(build_and_run, repeats=500)})
-    torch.cuda.synchronize()
+    conv_tile = cutlass.TileDescription([128, 128, 64], 3, [2, 2, 1], op.tile_description.math_instruction)
+    nhwc = cutlass.TensorDescription(cutlass.float16, cutlass.TensorNHWC, 8)
+    conv = cutlass.Conv2dOperation(cutlass.conv.Operator.fprop, cutlass.IteratorAlgorithm.optimized, 90, conv_tile,
+                                   nhwc, nhwc, nhwc, cutlass.StrideSupport.Strided, op.epilogue_functor)
+    problem = cutlass.Conv2dProblemSize(cutlass.Tensor4DCoord(8, 14, 14, 64), cutlass.Tensor4DCoord(64, 3, 3, 64),
+                                        cutlass.Tensor4DCoord(1, 1, 1, 1), cutlass.MatrixCoord(1, 1),
+                                        cutlass.MatrixCoord(1, 1), cutlass.conv.Mode.cross_correlation, 1, 1)
+    conv_pool = tensors((8, 14, 14, 64), (64, 3, 3, 64), (8, 14, 14, 64))
+    rows.append(_new_arguments_row("conv2d: Conv2dArguments(new tensors, seen problem) + op.run (3x3, 64 ch)",
+                                   conv, conv_pool,
+                                   lambda x, w, y: cutlass.Conv2dArguments(conv, problem, x, w, None, y)))
     rows.append({"what": "torch.mm 128^3 (for reference)", "host us": host_us(lambda: torch.mm(a, b))})
     torch.cuda.synchronize()
     return rows
+
+
+def _new_arguments_row(what, op, pool, make, repeats=1000) -> dict:
+    import itertools
+
+    import torch
+
+    cutlass.compiler.add_module([op])
+    first = make(*pool[0])  # the first sight of this problem builds Params on the device
+    op.run(first)
+    torch.cuda.synchronize()
+    loaded_op = loaded(op, first.device, first.session)
+    sets = itertools.cycle(pool)
+    before = loaded_op.builder_launches
+
+    def build_and_run():
+        op.run(make(*next(sets)))
+
+    us = host_us(build_and_run, repeats=repeats)
+    torch.cuda.synchronize()
+    return {"what": what, "host us": us, "builder launches in loop": loaded_op.builder_launches - before}
 
 
 def compile_and_load() -> list[dict]:
@@ -158,7 +204,8 @@ def compile_and_load() -> list[dict]:
     code = ("import time,sys; t=time.perf_counter(); import pycutlass as c; sys.path.insert(0,'benchmarks'); "
             "import gemm; op=gemm.operations(['f16'])['f16'][0]; getattr(c.compiler, sys.argv[1])(); "
             "t1=time.perf_counter(); c.compiler.add_module([op]); t2=time.perf_counter(); "
-            "from pycutlass.runtime.launch import loaded; loaded(op); t3=time.perf_counter(); "
+            "a=c.GemmArguments(op, (128, 128, 128), *[__import__('numpy').zeros((128, 128), 'float16')] * 2, None, "
+            "__import__('numpy').zeros((128, 128), 'float16')); t3=time.perf_counter(); "
             "r=c.compiler.last_report(); print('RESULT', r.compiled, r.from_disk, t2-t1, t3-t2, t1-t)")
     for backend in ("nvcc", "nvrtc"):
         with tempfile.TemporaryDirectory() as cache:
@@ -191,7 +238,9 @@ def main() -> None:
                         choices=["throughput", "host_overhead", "compile"])
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
-    if cutlass.compiler.target.detected_compute_capability() is None:
+    from pycutlass.compiler.target import detected_compute_capability
+
+    if detected_compute_capability() is None:
         print("no GPU: benchmarks/gemm.py needs the GPU host (see benchmarks/compile.py for compile times here)")
         return
     cutlass.get_memory_pool(2**30, 2**36)

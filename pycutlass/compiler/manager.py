@@ -130,7 +130,8 @@ class Compiler(SessionState):
         """sha256 of everything that changes the binary: source, backend, flags, target, toolchain, schema."""
         backend = backend or self.backend
         arch = target.compute_capability
-        memo = (operation.name, target, backend.name, tuple(backend.flags(arch)))
+        memo = (operation.name, target, backend.name, tuple(backend.flags(arch)), backend.version(),
+                toolchain.cutlass_version())
         key = self._keys.get(memo)
         if key is None:  # hashing the source is cheap once; launches look keys up often
             material = {

@@ -29,6 +29,7 @@ class DeviceState:
         self.lock = threading.RLock()
         self.modules: dict[str, object] = {}  # cubin sha256 -> CUmodule
         self.operations: dict[tuple[str, str], object] = {}  # (cubin sha256, operation name) -> LoadedOperation
+        self.by_name: dict[tuple, object] = {}  # (operation name, backend) -> LoadedOperation, for fast lookups
         self.tracked_memory = None  # rmm TrackingResourceAdaptor, see runtime.memory
 
     def make_current(self) -> None:

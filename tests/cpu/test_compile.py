@@ -199,7 +199,7 @@ def test_cache_key_sensitivity(monkeypatch):
 
 
 def test_backend_flags():
-    nvcc, nvrtc = NvccBackend(("-lineinfo",)).flags(TARGET), NvrtcBackend().flags(TARGET)
+    nvcc, nvrtc = NvccBackend(("-lineinfo",)).flags(90), NvrtcBackend().flags(90)
     assert "-gencode=arch=compute_90,code=sm_90" in nvcc and "-cubin" in nvcc and nvcc[-1] == "-lineinfo"
     assert "--gpu-architecture=sm_90" in nvrtc and "-default-device" in nvrtc
     assert "-DNDEBUG" in nvcc and "-DNDEBUG" in nvrtc and "-std=c++17" in nvcc and "-std=c++17" in nvrtc
