@@ -114,8 +114,11 @@ class LoadedOperation:
                 info, params, template = self._build_and_probe(abi_struct, fields, addresses, stream)
                 if self._verify and self._params.get(key) is not None:
                     cached = self._params[key]
-                    if cached.info != info or bytes(_patched(cached, addresses)) != bytes(params):
-                        raise CudaError(f"{self.name}: patched Params differ from freshly built ones", operation=self.name)
+                    patched = bytes(_patched(cached, addresses))
+                    if cached.info != info or patched != bytes(params):
+                        differ = [i for i in range(len(patched)) if patched[i] != bytes(params)[i]]
+                        raise CudaError(f"{self.name}: patched Params differ from freshly built ones at bytes "
+                                        f"{differ[:16]} (launch {cached.info} vs {info})", operation=self.name)
                 self._params[key] = template
                 while len(self._params) > _PARAMS_CACHE_ENTRIES:
                     self._params.popitem(last=False)
