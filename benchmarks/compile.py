@@ -1,7 +1,7 @@
 """Compile speed on this machine: one f16 TensorOp GEMM 128x128x32 (3 stages) cold through nvcc and NVRTC, four
 such operations in one add_module call, and a warm load from the disk cache in a fresh process.
 
-    python benchmarks/compile.py [--repeats 2] [--out results/compile.json]
+    python benchmarks/compile.py [--repeats 2] [--out benchmarks/results/compile.json]
 
 Targets (2-core machine): nvcc <= 8 s, NVRTC <= 5 s, four operations <= 1.6x one. The deprecated predecessor needs
 16.2 s for one such GEMM (cubin plus a separately compiled host library).
@@ -65,7 +65,8 @@ def run_child(backend: str, count: int, cache_dir: str, hide_nvcc: bool) -> tupl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--out", default="results/compile.json")
+    parser.add_argument("--out", help="JSON output (default: benchmarks/results/compile.json, from any directory)",
+                        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "compile.json"))
     args = parser.parse_args()
     rows = []
     for backend in ("nvcc", "nvrtc"):

@@ -1,7 +1,7 @@
 """Conv2d throughput: pycutlass fprop / dgrad / wgrad (f16 NHWC, f32 accumulation) against cuDNN through torch, on
 the ResNet-50 convolution layers.
 
-    python benchmarks/conv2d.py [--quick] [--kinds fprop dgrad wgrad] [--batches 32 128] [--out results/conv2d.json]
+    python benchmarks/conv2d.py [--quick] [--kinds fprop dgrad wgrad] [--batches 32 128] [--out benchmarks/results/conv2d.json]
 
 torch: ``torch.nn.functional.conv2d`` (fprop) and ``torch.nn.grad.conv2d_input`` / ``conv2d_weight`` (dgrad /
 wgrad, i.e. ``aten.convolution_backward``), channels_last float16 tensors, ``torch.backends.cudnn.benchmark = True``.
@@ -205,7 +205,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=min(6, os.cpu_count() or 1))
     parser.add_argument("--warmup-ms", type=float, default=25)
     parser.add_argument("--rep-ms", type=float, default=150)
-    parser.add_argument("--out", default="results/conv2d.json")
+    parser.add_argument("--out", help="JSON output (default: benchmarks/results/conv2d.json, from any directory)",
+                        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "conv2d.json"))
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
     if cutlass.compiler.target.detected_compute_capability() is None:

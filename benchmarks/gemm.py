@@ -1,6 +1,6 @@
 """GEMM throughput against torch.matmul (cuBLAS), host overhead of run(), and compile / warm-load times.
 
-    python benchmarks/gemm.py [--quick] [--out results/gemm.json]
+    python benchmarks/gemm.py [--quick] [--out benchmarks/results/gemm.json]
 
 For each data type a small grid of tiles runs on each shape; the best tile is compared with cuBLAS.
 Every kernel's output is checked once against torch (NaN-poisoned first) before it is timed.
@@ -233,7 +233,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="first shape only")
     parser.add_argument("--dtypes", nargs="*", default=None, choices=list(GRIDS))
     parser.add_argument("--jobs", type=int, default=min(6, os.cpu_count() or 1))
-    parser.add_argument("--out", default="results/gemm.json")
+    parser.add_argument("--out", help="JSON output (default: benchmarks/results/gemm.json, from any directory)",
+                        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "gemm.json"))
     parser.add_argument("--sections", nargs="*", default=["throughput", "host_overhead", "compile"],
                         choices=["throughput", "host_overhead", "compile"])
     parser.add_argument("--verbose", action="store_true")

@@ -1,7 +1,7 @@
 """Grouped GEMM throughput: pycutlass GemmOperationGrouped (Host and Device scheduling, a small grid of tiles) against
 a Python loop of torch.matmul over the problems and torch._grouped_mm where it applies.
 
-    python benchmarks/grouped_gemm.py [--quick] [--dtypes bf16 f16] [--out results/grouped_gemm.json]
+    python benchmarks/grouped_gemm.py [--quick] [--dtypes bf16 f16] [--out benchmarks/results/grouped_gemm.json]
 
 Cases (the MoE shape: M varies per problem, N and K are shared; A row-major, B column-major, C/D row-major):
   (a) 16 problems, M = 64, 128, ..., 1024, N = K = 4096;
@@ -235,7 +235,8 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="*", default=None, choices=list(DTYPES))
     parser.add_argument("--jobs", type=int, default=min(6, os.cpu_count() or 1))
     parser.add_argument("--repeats", type=int, default=20, help="samples of the 'new args' timing")
-    parser.add_argument("--out", default="results/grouped_gemm.json")
+    parser.add_argument("--out", help="JSON output (default: benchmarks/results/grouped_gemm.json, from any directory)",
+                        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "grouped_gemm.json"))
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
     if cutlass.compiler.target.detected_compute_capability() is None:
