@@ -31,6 +31,8 @@ from ..errors import ToolchainError
 # The header wheels that stand in for a toolkit for NVRTC (cuda.pathfinder library names).
 _PIP_HEADER_LIBS = ("cudart", "cccl")
 _PIP_HEADER_PACKAGES = ("nvidia-cuda-runtime", "nvidia-cuda-cccl", "nvidia-cuda-crt")
+# The last place :func:`cuda_home` looks (tests point it elsewhere to simulate a machine without a toolkit).
+DEFAULT_TOOLKIT = Path("/usr/local/cuda")
 
 
 class ToolchainWarning(UserWarning):
@@ -156,8 +158,7 @@ def cuda_home() -> Path | None:
             return _nvcc_facts(nvcc)["top"]
         except ToolchainError:
             pass  # not a working nvcc: look further
-    default = Path("/usr/local/cuda")
-    return default if default.is_dir() else None
+    return DEFAULT_TOOLKIT if DEFAULT_TOOLKIT.is_dir() else None
 
 
 def _toolkit_include_dirs(home: Path) -> tuple[Path, ...] | None:
