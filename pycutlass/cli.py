@@ -10,7 +10,13 @@ from pathlib import Path
 import click
 
 from pycutlass.cache.location import default_cache_path
-from pycutlass.cache.store import ArtifactCache
+from pycutlass.cache.store import (
+    ArtifactCache,
+    CacheCorruptError,
+    identify_file,
+    moved_aside_files,
+    remove_moved_aside_files,
+)
 from pycutlass.errors import CacheError
 
 
@@ -48,25 +54,48 @@ def _reported_cache_errors() -> Iterator[None]:
 
 
 def _open_existing(db_path: Path | None) -> ArtifactCache | None:
-    """The cache at the path, or None if there is no file yet (inspecting must not create one)."""
+    """The cache at the path opened read-only, or None if there is no file (inspecting must not create one).
+
+    Creates, moves and changes nothing; a file that is not a pycutlass cache is a CacheError.
+    """
     path, is_default = _resolve(db_path)
-    if not path.exists():
-        click.echo(f"No cache at {path} (nothing has been compiled yet).")
-        return None
-    return ArtifactCache(path, private_dir=is_default)
+    with _reported_cache_errors():
+        if identify_file(path) == "missing":
+            click.echo(f"No cache at {path} (nothing has been compiled yet; the file does not exist).")
+            return None
+    return ArtifactCache(path, private_dir=is_default, read_only=True)
+
+
+def _moved_aside_note(path: Path) -> str:
+    files = moved_aside_files(path)
+    if not files:
+        return ""
+    size = sum(_size_of(f) for f in files)
+    mains = [f for f in files if not f.name.endswith(("-wal", "-shm"))]
+    return f"; {_human_size(size)} in {len(mains)} damaged files moved aside (`pycutlass cache clear` removes them)"
+
+
+def _size_of(path: Path | str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 @cache.command("path")
 @_path_option
 def cache_path(db_path: Path | None) -> None:
     """Print where the cache database is."""
-    click.echo(str(_resolve(db_path)[0]))
+    path = _resolve(db_path)[0]
+    click.echo(str(path))
+    if not path.exists():
+        click.echo(f"(no file there yet: nothing has been compiled into {path})", err=True)
 
 
 @cache.command("list")
 @_path_option
 def cache_list(db_path: Path | None) -> None:
-    """List cached kernels, most recently used first."""
+    """List cached kernels, most recently used first. SIZE is the kernel's share of the binary it is in."""
     store = _open_existing(db_path)
     if store is None:
         return
@@ -76,7 +105,14 @@ def cache_list(db_path: Path | None) -> None:
         click.echo(f"Cache {store.path} is empty.")
         return
     rows = [
-        (entry["name"], entry["key"][:16], _human_size(entry["size"]), entry["kind"] or "?", _when(entry["last_used"]))
+        (
+            entry["name"],
+            entry["key"][:16],
+            _human_size(None if entry["share"] is None else round(entry["share"]))
+            + (f" (1/{entry['sharing']})" if entry["sharing"] > 1 else ""),
+            entry["kind"] or "?",
+            _when(entry["last_used"]),
+        )
         for entry in entries
     ]
     click.echo(_table(("NAME", "KEY", "SIZE", "KIND", "LAST USED"), rows))
@@ -88,19 +124,18 @@ def cache_size(db_path: Path | None) -> None:
     """Print how many kernels are cached and how much space they take."""
     store = _open_existing(db_path)
     if store is None:
+        note = _moved_aside_note(_resolve(db_path)[0])
+        if note:
+            click.echo(note.lstrip("; ").capitalize())
         return
     with _reported_cache_errors(), store:
         entries = store.entries()
         binary_bytes = store.size_bytes()
     binaries = len({entry["sha256"] for entry in entries})
-    on_disk = sum(
-        os.path.getsize(f"{store.path}{suffix}")
-        for suffix in ("", "-wal", "-shm")
-        if os.path.exists(f"{store.path}{suffix}")
-    )
+    on_disk = sum(_size_of(f"{store.path}{suffix}") for suffix in ("", "-wal", "-shm"))
     click.echo(
         f"{len(entries)} kernels in {binaries} binaries: {_human_size(binary_bytes)} of binaries, "
-        f"{_human_size(on_disk)} on disk ({store.path})"
+        f"{_human_size(on_disk)} on disk ({store.path}){_moved_aside_note(Path(store.path))}"
     )
 
 
@@ -108,16 +143,35 @@ def cache_size(db_path: Path | None) -> None:
 @_path_option
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 def cache_clear(db_path: Path | None, yes: bool) -> None:
-    """Remove every cached kernel (they are recompiled when next needed)."""
+    """Remove every cached kernel (they are recompiled when next needed), and the damaged files moved aside."""
+    path, is_default = _resolve(db_path)
     store = _open_existing(db_path)
-    if store is None:
+    debris = moved_aside_files(path)
+    if store is None and not debris:
         return
-    with _reported_cache_errors(), store:
-        count = len(store.entries())
-        if not yes:
-            click.confirm(f"Remove all {count} cached kernels from {store.path}?", abort=True)
-        store.clear()
-    click.echo(f"Removed {count} cached kernels from {store.path}.")
+    count: int | None = 0
+    if store is not None:
+        with _reported_cache_errors(), store:
+            try:
+                count = len(store.entries())
+            except CacheCorruptError as exc:
+                click.echo(str(exc))
+                count = None  # clearing moves it aside (a write), then removes it with the other debris
+    what = "the damaged cache" if count is None else f"all {count} cached kernels"
+    extra = f" and {len(debris)} damaged files moved aside" if debris else ""
+    if not yes:
+        click.confirm(f"Remove {what} from {path}{extra}?", abort=True)
+    with _reported_cache_errors():
+        if store is not None:
+            with ArtifactCache(path, private_dir=is_default) as writable:
+                writable.clear()
+        removed, kept = remove_moved_aside_files(path)
+    message = f"Removed {'the damaged cache' if count is None else f'{count} cached kernels'} from {path}."
+    if removed:
+        message += f" Removed {len(removed)} damaged files moved aside."
+    if kept:
+        message += f" Left {len(kept)} files that are not databases: {', '.join(map(str, kept))}."
+    click.echo(message)
 
 
 def _table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:

@@ -47,7 +47,22 @@ def ensure_cache_dir(path: str | os.PathLike) -> Path:
     except OSError as exc:
         raise CacheError(f"cannot create cache directory {path}: {exc}") from exc
 
-    info = path.stat()
+    return check_cache_dir(path)
+
+
+def check_cache_dir(path: str | os.PathLike) -> Path:
+    """Check, without creating or changing anything, that the existing directory ``path`` is safe to trust.
+
+    Raises :class:`CacheError` if it is missing, not a directory, belongs to another user, or can be
+    written by group or others.
+    """
+    path = Path(path).expanduser()
+    try:
+        info = path.stat()
+    except FileNotFoundError as exc:
+        raise CacheError(f"cache directory {path} does not exist") from exc
+    except OSError as exc:
+        raise CacheError(f"cannot inspect cache directory {path}: {exc}") from exc
     if not stat.S_ISDIR(info.st_mode):
         raise CacheError(f"cache directory {path} exists but is not a directory")
     if hasattr(os, "getuid") and info.st_uid != os.getuid():

@@ -6,8 +6,11 @@ operations of one translation unit share one binary. ``claims`` rows let one pro
 compile a key while the others wait for its result instead of compiling it again.
 
 Everything read back is verified (sha256, size) before it is returned, because what is returned is
-loaded and run as native code. A corrupt file, or one of another schema version, is moved aside and
-replaced by an empty cache, with a :class:`CacheIntegrityWarning`: the cost is a recompile.
+loaded and run as native code. A corrupt cache file, or one of another schema version, is moved aside
+and replaced by an empty cache, with a :class:`CacheIntegrityWarning`: the cost is a recompile. A file that is
+not a pycutlass cache (not SQLite, or another application's database) is never used, moved or changed: it
+raises :class:`CacheError` saying what it is. ``read_only=True`` opens for inspection (SQLite ``mode=ro``):
+nothing is created, moved or written then.
 """
 from __future__ import annotations
 
@@ -16,10 +19,12 @@ import hashlib
 import json
 import os
 import random
+import re
 import socket
 import sqlite3
 import threading
 import time
+import urllib.parse
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -29,11 +34,16 @@ from typing import Any, TypeVar
 
 from sqlite_utils import Database
 
-from pycutlass.cache.location import default_cache_path, ensure_cache_dir
+from pycutlass.cache.location import check_cache_dir, default_cache_path, ensure_cache_dir
 from pycutlass.errors import CacheError, CacheIntegrityWarning
 
 SCHEMA_VERSION = 1
 MEMORY = ":memory:"
+# SQLite header field "application id" (bytes 68-71): marks a file as a pycutlass cache ("pCUT").
+APPLICATION_ID = 0x70435554
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+# What _move_aside names its files: <db name>.corrupt-<stamp>[-n] or .schema-v<N>-<stamp>[-n], plus -wal/-shm.
+_MOVED_ASIDE = r"\.(?:corrupt|schema-v[^/]+?)-\d{8}-\d{6}(?:-\d+)?"
 
 _CONNECT_TIMEOUT_S = 60
 # busy_timeout first, so that switching to WAL also waits for other processes instead of failing.
@@ -59,10 +69,22 @@ class Artifact:
     meta: dict = field(default_factory=dict, hash=False)
 
 
+class CacheCorruptError(CacheError):
+    """A pycutlass cache file is damaged (raised when inspecting read-only; compiling moves it aside)."""
+
+
 class _SchemaMismatch(Exception):
     def __init__(self, found: object):
         super().__init__(found)
         self.found = found
+
+
+class _NotOurs(Exception):
+    """An SQLite database holding tables, but not pycutlass's."""
+
+    def __init__(self, tables: list[str]):
+        super().__init__(tables)
+        self.tables = tables
 
 
 class ArtifactCache:
@@ -72,12 +94,16 @@ class ArtifactCache:
     between threads (calls are serialized) and between processes (SQLite WAL + claims).
     ``private_dir=True`` creates and checks the parent directory with :func:`ensure_cache_dir`;
     an explicit path is otherwise trusted as given (its parent is created if missing).
+    ``read_only=True`` inspects an existing file without creating, moving or writing anything
+    (``lookup``/``entries``/``size_bytes`` only; a damaged file raises :class:`CacheCorruptError`).
     """
 
-    def __init__(self, path: str | os.PathLike, *, private_dir: bool = False):
+    def __init__(self, path: str | os.PathLike, *, private_dir: bool = False, read_only: bool = False):
         self._memory = os.fspath(path) == MEMORY
         self._path = None if self._memory else Path(path).expanduser()
         self._private_dir = private_dir
+        self._read_only = read_only and not self._memory
+        self._immutable = False  # read-only connection that bypasses locking (no -wal/-shm to share)
         self._lock = threading.RLock()
         self._db: Database | None = None
         self._db_pid: int | None = None
@@ -108,6 +134,7 @@ class ArtifactCache:
 
         All entries are written in one transaction: other processes see all of them or none.
         """
+        self._check_writable("store")
         binary = bytes(binary)
         sha256 = hashlib.sha256(binary).hexdigest()
         now = time.time()
@@ -145,6 +172,7 @@ class ArtifactCache:
         died on this host, or that is older than ``timeout`` seconds, is taken over. Inside the
         block, look the keys up again: the previous holder has probably stored them.
         """
+        self._check_writable("claim")
         wanted = sorted(set(keys))
         if not wanted:
             yield
@@ -160,18 +188,25 @@ class ArtifactCache:
             self._with_recovery(lambda db: _release_claim(db, owner))
 
     def entries(self) -> list[dict[str, Any]]:
-        """One dict per key: key, name, sha256, size, kind, created, last_used, meta; newest use first."""
+        """One dict per key: key, name, sha256, size, sharing, share, kind, created, last_used, meta.
+
+        ``size`` is the whole binary's, ``sharing`` the number of keys stored in that binary and ``share``
+        this key's part of it (``size / sharing``). Newest use first.
+        """
         rows = self._with_recovery(
             lambda db: list(
                 db.query(
-                    "SELECT k.key, k.name, k.binary_sha256 AS sha256, b.size, b.kind, k.created, "
-                    "k.last_used, k.meta FROM kernels k LEFT JOIN binaries b ON b.sha256 = k.binary_sha256 "
+                    "SELECT k.key, k.name, k.binary_sha256 AS sha256, b.size, "
+                    "(SELECT COUNT(*) FROM kernels s WHERE s.binary_sha256 = k.binary_sha256) AS sharing, "
+                    "b.kind, k.created, k.last_used, k.meta "
+                    "FROM kernels k LEFT JOIN binaries b ON b.sha256 = k.binary_sha256 "
                     "ORDER BY k.last_used DESC, k.key"
                 )
             )
         )
         for row in rows:
             row["meta"] = _parse_meta(row["meta"])
+            row["share"] = None if row["size"] is None else row["size"] / max(row["sharing"], 1)
         return rows
 
     def size_bytes(self) -> int:
@@ -182,6 +217,7 @@ class ArtifactCache:
 
     def remove(self, key: str) -> bool:
         """Forget ``key`` (and its binary once no other key uses it). True if it was present."""
+        self._check_writable("remove")
 
         def delete(db: Database) -> bool:
             with _immediate(db):
@@ -195,7 +231,11 @@ class ArtifactCache:
         return self._with_recovery(delete)
 
     def clear(self) -> int:
-        """Remove every kernel and binary; returns the number of rows removed (kernels + binaries)."""
+        """Remove every kernel and binary; returns the number of rows removed (kernels + binaries).
+
+        The damaged files moved aside next to it are not touched: :func:`remove_moved_aside_files` does that.
+        """
+        self._check_writable("clear")
 
         def delete_all(db: Database) -> int:
             with _immediate(db):
@@ -219,9 +259,15 @@ class ArtifactCache:
 
     # ---- connection, recovery ---------------------------------------------------------------
 
+    def _check_writable(self, what: str) -> None:
+        if self._read_only:
+            raise CacheError(f"artifact cache {os.fspath(self.path)} was opened read-only: cannot {what}")
+
     def _with_recovery(self, operation: Callable[[Database], _T]) -> _T:
         """Run ``operation`` on the connection; if the file turns out corrupt, start over on a fresh one."""
         with self._lock:
+            if self._read_only:
+                return self._read(operation)
             try:
                 try:
                     return operation(self._database())
@@ -233,14 +279,79 @@ class ArtifactCache:
             except sqlite3.Error as exc:
                 raise CacheError(f"artifact cache {os.fspath(self.path)}: {exc}") from exc
 
+    def _read(self, operation: Callable[[Database], _T]) -> _T:
+        """Read-only: run ``operation``; with an immutable connection, again if a writer changed the file."""
+        assert self._path is not None
+        for attempt in range(3):
+            before = _file_signature(self._path)
+            try:
+                result = operation(self._database())
+                failure = None
+            except sqlite3.Error as exc:
+                failure = exc
+            if not self._immutable or _file_signature(self._path) == before or attempt == 2:
+                break
+            self.close()  # a writer was busy: read again (through its WAL if it has one now)
+        if failure is None:
+            return result
+        if isinstance(failure, sqlite3.DatabaseError) and _is_corruption(failure):
+            raise CacheCorruptError(
+                f"artifact cache {self._path} is corrupt ({failure}); left as it is. The next compile or "
+                "`pycutlass cache clear` moves it aside and starts an empty cache"
+            ) from failure
+        raise CacheError(f"artifact cache {self._path}: {failure}") from failure
+
     def _database(self) -> Database:
         if self._db is not None and self._db_pid == os.getpid():
             return self._db
         # A connection inherited through fork() must be neither used nor closed (SQLite forbids both).
         self._db = None
-        self._db = _connect(MEMORY) if self._memory else self._open_file()
+        if self._memory:
+            self._db = _connect(MEMORY)
+        elif self._read_only:
+            self._db = self._open_read_only()
+        else:
+            self._db = self._open_file()
         self._db_pid = os.getpid()
         return self._db
+
+    def _open_read_only(self) -> Database:
+        """Open for inspection: SQLite ``mode=ro``; creates, moves and writes nothing (not even -wal/-shm)."""
+        assert self._path is not None
+        if self._private_dir:
+            check_cache_dir(self._path.parent)
+        kind = identify_file(self._path)
+        if kind == "missing":
+            raise CacheError(f"no cache at {self._path} (the file does not exist)")
+        # A WAL database opened read-only creates its -wal/-shm when they are missing (and leaves them behind):
+        # then read the file alone (immutable=1, no locking), and _read() checks that no writer changed it.
+        shared = all(Path(f"{self._path}{suffix}").exists() for suffix in ("-wal", "-shm"))
+        self._immutable = not shared
+        uri = f"file:{urllib.parse.quote(os.fspath(self._path.resolve()))}?mode=ro" + (
+            "" if shared else "&immutable=1")
+        try:
+            conn = sqlite3.connect(uri, uri=True, timeout=_CONNECT_TIMEOUT_S, isolation_level=None,
+                                   check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise CacheError(f"cannot open artifact cache {self._path} read-only: {exc}") from exc
+        conn.text_factory = lambda raw: raw.decode("utf-8", errors="replace")
+        try:
+            db = Database(conn, recursive_triggers=False, execute_plugins=False)
+            db.execute("PRAGMA busy_timeout=60000")
+            db.execute("PRAGMA query_only=ON")
+            try:
+                found = _schema_version(db)
+            except _NotOurs as exc:
+                raise CacheError(_not_ours_message(self._path, exc.tables)) from exc
+            if found is not None and found != SCHEMA_VERSION:
+                raise CacheError(
+                    f"artifact cache {self._path} has schema version {found}, this pycutlass uses {SCHEMA_VERSION}; "
+                    "the next compile moves it aside and starts an empty cache"
+                )
+            return db
+        except BaseException:
+            conn.close()
+            raise
 
     def _open_file(self) -> Database:
         assert self._path is not None
@@ -254,8 +365,11 @@ class ArtifactCache:
                 raise CacheError(f"cannot create the directory of artifact cache {self._path}: {exc}") from exc
         for attempt in (1, 2):
             identity = _file_identity(self._path)
+            kind = identify_file(self._path)  # raises CacheError for a file that is not a database
             try:
                 db = _connect(self._path)
+            except _NotOurs as exc:
+                raise CacheError(_not_ours_message(self._path, exc.tables)) from exc
             except _SchemaMismatch as exc:
                 if attempt == 2:
                     raise CacheError(
@@ -269,6 +383,11 @@ class ArtifactCache:
             except sqlite3.DatabaseError as exc:
                 if attempt == 2 or not _is_corruption(exc):
                     raise
+                if kind != "ours":
+                    raise CacheError(
+                        f"{self._path} is a damaged SQLite database that is not marked as a pycutlass cache "
+                        f"({exc}); it was left as it is. Remove it, or choose another cache path"
+                    ) from exc
                 self._move_aside("corrupt", identity, f"is corrupt ({exc})")
                 continue
             self._file_identity = _file_identity(self._path)
@@ -327,6 +446,10 @@ class ArtifactCache:
         if problem is None and meta is None:
             problem = "its metadata is not a JSON object"
         if problem is not None:
+            if self._read_only:
+                warnings.warn(f"cached kernel {key!r} failed verification ({problem})", CacheIntegrityWarning,
+                              stacklevel=5)
+                return None
             warnings.warn(
                 f"cached kernel {key!r} failed verification ({problem}); discarded, it will be rebuilt",
                 CacheIntegrityWarning,
@@ -338,8 +461,9 @@ class ArtifactCache:
                 db.execute("DELETE FROM binaries WHERE sha256 = ?", [row["binary_sha256"]])
             return None
         # Bookkeeping only: a read-only or very busy cache must still serve its hits.
-        with contextlib.suppress(sqlite3.OperationalError):
-            db.execute("UPDATE kernels SET last_used = ? WHERE key = ?", [time.time(), key])
+        if not self._read_only:
+            with contextlib.suppress(sqlite3.OperationalError):
+                db.execute("UPDATE kernels SET last_used = ? WHERE key = ?", [time.time(), key])
         return Artifact(
             key=key, name=row["name"], binary=row["data"], sha256=row["binary_sha256"], kind=row["kind"], meta=meta
         )
@@ -358,7 +482,9 @@ def _connect(target: str | Path) -> Database:
     try:
         # No plugins: they would run arbitrary code on every connection.
         db = Database(conn, recursive_triggers=False, execute_plugins=False)
-        for pragma in _PRAGMAS:
+        db.execute(_PRAGMAS[0])
+        _schema_version(db)  # another application's database: raise before changing anything (journal mode)
+        for pragma in _PRAGMAS[1:]:
             db.execute(pragma)
         _ensure_schema(db)
         return db
@@ -367,16 +493,32 @@ def _connect(target: str | Path) -> Database:
         raise
 
 
+def _schema_version(db: Database) -> object:
+    """The schema version of a pycutlass cache, None for a database without tables (a new one).
+
+    Raises _NotOurs for a database with tables but no pycutlass ``meta``, unless its header carries
+    pycutlass's application id (then it is ours, damaged: a schema mismatch).
+    """
+    tables = db.table_names()
+    if not tables:
+        return None
+    if "meta" in tables:
+        rows = list(db.query("SELECT value FROM meta WHERE name = 'schema_version'"))
+        if rows:
+            return _as_int(rows[0]["value"])
+    if next(iter(db.execute("PRAGMA application_id").fetchone()), 0) != APPLICATION_ID:
+        raise _NotOurs(sorted(tables))
+    return "unknown"
+
+
 def _ensure_schema(db: Database) -> None:
     with _immediate(db):  # two processes creating a fresh file at once must not both do it
-        tables = set(db.table_names())
-        if "meta" in tables:
-            rows = list(db.query("SELECT value FROM meta WHERE name = 'schema_version'"))
-            found: object = _as_int(rows[0]["value"]) if rows else None
-        else:
-            found = None if tables else SCHEMA_VERSION  # tables without meta: not ours
+        found = _schema_version(db)
+        if found is None:
+            found = SCHEMA_VERSION  # a new, empty database
         if found != SCHEMA_VERSION:
             raise _SchemaMismatch(found)
+        db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         db["meta"].create({"name": str, "value": str}, pk="name", if_not_exists=True)
         db["meta"].insert({"name": "schema_version", "value": str(SCHEMA_VERSION)}, replace=True)
         db["binaries"].create(
@@ -501,6 +643,111 @@ def _is_corruption(exc: sqlite3.DatabaseError) -> bool:
     if code is not None:
         return code & 0xFF in _CORRUPTION_CODES
     return type(exc) is sqlite3.DatabaseError  # older Pythons: no code; subclasses are other failures
+
+
+def _file_signature(path: Path) -> tuple[int, ...] | None:
+    """Identity, size and mtime of the database and of its WAL: changes when a writer touches either."""
+    signature: tuple[int, ...] = ()
+    for suffix in ("", "-wal"):
+        try:
+            info = os.stat(f"{path}{suffix}")
+        except FileNotFoundError:
+            signature += (-1,)
+            continue
+        signature += (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    return signature
+
+
+def _not_ours_message(path: Path, tables: list[str]) -> str:
+    shown = ", ".join(tables[:8]) + (", ..." if len(tables) > 8 else "")
+    return (f"{path} is not a pycutlass cache: it is an SQLite database of another application (tables: {shown}); "
+            "it was left as it is. Choose another cache path")
+
+
+def identify_file(path: str | os.PathLike) -> str:
+    """What ``path`` is, read from its first bytes without opening it as a database.
+
+    ``"missing"``, ``"empty"`` (0 bytes: a database about to be created), ``"ours"`` (an SQLite file marked
+    with pycutlass's application id) or ``"sqlite"`` (unmarked SQLite: a cache made before the mark, or
+    another application's database, told apart by its tables). Anything else raises :class:`CacheError`
+    saying what the file is: pycutlass never uses, moves or changes it.
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(512)
+    except FileNotFoundError:
+        return "missing"
+    except IsADirectoryError as exc:
+        raise CacheError(f"{path} is not a pycutlass cache: it is a directory") from exc
+    except OSError as exc:
+        raise CacheError(f"cannot read {path}: {exc}") from exc
+    if not head:
+        return "empty"
+    if head.startswith(_SQLITE_MAGIC):
+        if len(head) >= 72 and int.from_bytes(head[68:72], "big") == APPLICATION_ID:
+            return "ours"
+        return "sqlite"
+    raise CacheError(f"{path} is not a pycutlass cache: it is {_describe_contents(head, path)}; "
+                     "it was left as it is. Choose another cache path")
+
+
+def _describe_contents(head: bytes, path: Path) -> str:
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = len(head)
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+        with contextlib.suppress(UnicodeDecodeError):  # cut inside a multi-byte character
+            text = head[:-3].decode("utf-8") if len(head) == 512 else None
+    if text is not None and "\x00" not in text:
+        first = text.strip().splitlines()[0][:60] if text.strip() else ""
+        return f"a text file of {size} bytes" + (f" starting {first!r}" if first else "")
+    return f"a binary file of {size} bytes, not an SQLite database (it starts with {head[:16].hex(' ')})"
+
+
+def moved_aside_files(db_path: str | os.PathLike) -> list[Path]:
+    """The files pycutlass moved aside next to ``db_path`` (``<name>.corrupt-*``, ``<name>.schema-v*``),
+    with their -wal/-shm, whether or not ``db_path`` itself exists."""
+    db_path = Path(db_path)
+    pattern = re.compile(re.escape(db_path.name) + _MOVED_ASIDE + r"(?:-wal|-shm)?")
+    try:
+        names = os.listdir(db_path.parent)
+    except OSError:
+        return []
+    return sorted(db_path.parent / name for name in names
+                  if pattern.fullmatch(name) and (db_path.parent / name).is_file())
+
+
+def remove_moved_aside_files(db_path: str | os.PathLike) -> tuple[list[Path], list[Path]]:
+    """Delete the files :func:`moved_aside_files` finds that are SQLite databases (what pycutlass moves
+    aside), with their -wal/-shm; returns (removed, kept). Any other file with such a name is kept."""
+    removed: list[Path] = []
+    kept: list[Path] = []
+    files = moved_aside_files(db_path)
+    mains = [p for p in files if not p.name.endswith(("-wal", "-shm"))]
+    for main in mains:
+        try:
+            with open(main, "rb") as handle:
+                is_db = handle.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC
+        except OSError:
+            is_db = False
+        group = [main, *(Path(f"{main}{s}") for s in ("-wal", "-shm") if Path(f"{main}{s}") in files)]
+        if not is_db:
+            kept.extend(group)
+            continue
+        for path in group:
+            try:
+                path.unlink()
+                removed.append(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise CacheError(f"cannot remove {path}: {exc}") from exc
+    return removed, kept
 
 
 def _file_identity(path: Path) -> tuple[int, int] | None:

@@ -55,6 +55,10 @@ class NvccBackend(Backend):
     def version(self) -> str:
         return f"nvcc {toolchain.nvcc_version()}"
 
+    def include_flags(self) -> list[str]:
+        # Headers checked against nvcc's version (ToolchainError on a mismatch).
+        return [f"-I{d}" for d in (*toolchain.cutlass_include_dirs(), *toolchain.nvcc_include_dirs())]
+
     def compile(self, source: str, arch: int, unit_name: str) -> bytes:
         nvcc = toolchain.nvcc_path()
         with tempfile.TemporaryDirectory(prefix="pycutlass-nvcc-") as tmp:
@@ -89,6 +93,10 @@ class NvrtcBackend(Backend):
 
     def version(self) -> str:
         return f"nvrtc {toolchain.nvrtc_version()}"
+
+    def include_flags(self) -> list[str]:
+        # Headers checked against NVRTC's version (ToolchainError on a mismatch).
+        return [f"-I{d}" for d in (*toolchain.cutlass_include_dirs(), *toolchain.nvrtc_include_dirs())]
 
     def compile(self, source: str, arch: int, unit_name: str) -> bytes:
         try:

@@ -19,9 +19,7 @@ def compiler_state():
 
 def clear_toolchain_caches() -> None:
     """Forget located tools and headers (after changing PATH or CUDA_HOME in a test)."""
-    for fn in (toolchain.cuda_include_dirs, toolchain.nvcc_path, toolchain.nvcc_version, toolchain.nvrtc_version,
-               toolchain.cutlass_include_dirs):
-        fn.cache_clear()
+    toolchain.reset()
 
 
 @pytest.fixture

@@ -118,7 +118,8 @@ def test_entries_and_last_used(cache_file: Path) -> None:
     cache.lookup("old")
     entries = cache.entries()
     assert [e["key"] for e in entries] == ["old", "new"]  # most recently used first
-    assert set(entries[0]) == {"key", "name", "sha256", "size", "kind", "created", "last_used", "meta"}
+    assert set(entries[0]) == {"key", "name", "sha256", "size", "sharing", "share", "kind", "created", "last_used",
+                               "meta"}
     assert entries[0]["meta"] == {"m": 1} and entries[0]["size"] == 3
     assert entries[0]["last_used"] > entries[0]["created"]
 
@@ -152,10 +153,18 @@ def test_tampered_binary_is_discarded(cache_file: Path, tamper: str) -> None:
     assert [e["key"] for e in cache.entries()] == ["bystander"]
 
 
-def test_corrupt_file_is_moved_aside(cache_file: Path) -> None:
-    cache_file.parent.mkdir(parents=True)
-    garbage = os.urandom(8192)
+def _damaged_cache(cache_file: Path) -> bytes:
+    """A pycutlass cache whose pages after the header are garbage; returns its bytes."""
+    with ArtifactCache(cache_file) as cache:
+        _fill(cache, count=1)
+    data = cache_file.read_bytes()
+    garbage = data[:100] + os.urandom(len(data) - 100)
     cache_file.write_bytes(garbage)
+    return garbage
+
+
+def test_corrupt_file_is_moved_aside(cache_file: Path) -> None:
+    garbage = _damaged_cache(cache_file)
 
     cache = ArtifactCache(cache_file)
     with pytest.warns(CacheIntegrityWarning, match="is corrupt.*moved to.*starting empty"):
@@ -212,12 +221,20 @@ def test_schema_mismatch_recreates(cache_file: Path) -> None:
         assert raw.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone() == (str(SCHEMA_VERSION),)
 
 
-def test_foreign_database_is_not_used(cache_file: Path) -> None:
+def test_foreign_database_is_not_used(cache_file: Path, no_integrity_warnings) -> None:
     cache_file.parent.mkdir(parents=True)
     with _raw(cache_file) as raw:
         raw.execute("CREATE TABLE something_else (x)")
-    with pytest.warns(CacheIntegrityWarning, match="schema version None"):
-        assert ArtifactCache(cache_file).entries() == []
+    before = cache_file.read_bytes()
+    for read_only in (False, True):
+        cache = ArtifactCache(cache_file, read_only=read_only)
+        with pytest.raises(CacheError, match="not a pycutlass cache: it is an SQLite database of another "
+                                             r"application \(tables: something_else\)"):
+            cache.entries()
+        with pytest.raises(CacheError, match="not a pycutlass cache"):
+            ArtifactCache(cache_file).store([("k", "kernel", {})], BINARY, "cubin")
+    assert sorted(p.name for p in cache_file.parent.iterdir()) == [cache_file.name]
+    assert cache_file.read_bytes() == before  # not even its journal mode changed
 
 
 def test_pragmas(cache_file: Path) -> None:
@@ -464,7 +481,8 @@ def test_cli_path_and_missing_cache(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(location.CACHE_DIR_ENV, str(tmp_path / "c"))
     runner = CliRunner()
     shown = runner.invoke(cli_main, ["cache", "path"])
-    assert shown.exit_code == 0 and shown.output.strip() == str(tmp_path / "c" / "compiled_cache.db")
+    assert shown.exit_code == 0 and shown.stdout.strip() == str(tmp_path / "c" / "compiled_cache.db")
+    assert "no file there yet" in shown.stderr
     for command in ("list", "size", "clear"):
         result = runner.invoke(cli_main, ["cache", command, "--yes"] if command == "clear" else ["cache", command])
         assert result.exit_code == 0 and "No cache" in result.output
