@@ -125,9 +125,10 @@ class FastLinearCombinationClamp(EpilogueFunctor):
     kind: str = field(default="FastLinearCombinationClamp", init=False)
 
     def __post_init__(self):
-        super().__post_init__()
         if self.element_output is not DataType.int8:
-            raise DescriptionError(f"FastLinearCombinationClamp writes int8 output, got {self.element_output.label}")
+            raise DescriptionError(f"FastLinearCombinationClamp writes int8 output, got "
+                                   f"{getattr(self.element_output, 'label', self.element_output)!r}")
+        super().__post_init__()
 
 
 class LinearCombinationGeneric(EpilogueFunctor):
