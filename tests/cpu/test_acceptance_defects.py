@@ -179,3 +179,14 @@ def test_int8_alignment_16_accepted_where_the_thread_map_fits():
     _int8_gemm(16, (128, 128, 64), (2, 2, 1))  # 4 rows per warp, 8 accesses per row -> 4 rows at once
     _int8_gemm(8, (128, 64, 64), (2, 2, 1))
     _int8_gemm(16, (128, 64, 64), (4, 1, 1))
+
+
+def test_strided_dgrad_rejects_parallel_split_k():
+    """ImplicitGemmConvolutionStridedDgrad never offsets D per slice: parallel split-K slices would overwrite."""
+    op = _conv(Operator.dgrad, IteratorAlgorithm.optimized, align=8, stages=3, out=F32, out_align=4)
+    ps = Conv2dProblemSize((2, 5, 31, 8), (96, 7, 3, 8), (3, 3, 1, 1), (1, 1), (1, 1))
+    a = np.zeros(tuple(ps.tensor_a_extent(Operator.dgrad)), np.float16)
+    b = np.zeros(tuple(ps.tensor_b_extent(Operator.dgrad)), np.float16)
+    with pytest.raises(ArgumentError, match="does not implement SplitKMode.Parallel"):
+        cutlass.Conv2dArguments(op, ps, a, b, None, None, split_k_mode=cutlass.conv.SplitKMode.Parallel,
+                                split_k_slices=2)

@@ -101,6 +101,13 @@ class Conv2dArguments(OperationArguments):
             raise ArgumentError(f"FastLinearCombinationClamp is exact only for an implicit GEMM K <= "
                                 f"{_FAST_CLAMP_MAX_K}; this problem has K = R*S*C = {gemm.k()}")
         self.parallel = self.split_k_mode is SplitKMode.Parallel and self.split_k_slices > 1
+        if self.parallel and operation.is_strided_dgrad:
+            # ImplicitGemmConvolutionStridedDgrad has no parallel split-K path: unlike ImplicitGemmConvolution it
+            # never offsets D by the slice, so every slice would write its partial sum over slice 0's.
+            raise ArgumentError(f"{operation.name}: the strided-dgrad kernel (dgrad with StrideSupport.Strided) "
+                                f"does not implement SplitKMode.Parallel (every slice would write the same "
+                                f"workspace slice); use SplitKMode.Serial (stride 1 only) or a StrideSupport.Unity "
+                                f"operation for stride-1 problems")
         if self.parallel:
             if functor.activation is not None or functor.kind != "LinearCombination":
                 raise ArgumentError("SplitKMode.Parallel writes raw partial sums: build the convolution with a "
