@@ -127,7 +127,7 @@ class FastLinearCombinationClamp(EpilogueFunctor):
     def __post_init__(self):
         if self.element_output is not DataType.int8:
             raise DescriptionError(f"FastLinearCombinationClamp writes int8 output, got "
-                                   f"{getattr(self.element_output, 'label', self.element_output)!r}")
+                                   f"{getattr(self.element_output, 'label', self.element_output)}")
         super().__post_init__()
 
 
