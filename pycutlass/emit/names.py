@@ -87,4 +87,9 @@ def epilogue_headers(functor) -> list[str]:
         "FastLinearCombinationClamp": "cutlass/epilogue/thread/linear_combination_clamp.h",
         "LinearCombinationGeneric": "cutlass/epilogue/thread/linear_combination_generic.h",
     }
+    if functor.activation is not None:
+        # linear_combination_generic.h does not include the activation functors (LeakyReLU, SiLu, HardSwish,
+        # Sigmoid, ... live in activation.h); a GEMM or conv unit pulls it in through its epilogue headers, a
+        # ReductionOperation alone in a unit does not.
+        return [headers[functor.kind], "cutlass/epilogue/thread/activation.h"]
     return [headers[functor.kind]]

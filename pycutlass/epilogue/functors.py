@@ -22,11 +22,12 @@ class EpilogueFunctor:
     element_output: DataType
     alignment: int
     element_accumulator: DataType = DataType.float32
-    element_epilogue: DataType = DataType.float32
+    element_epilogue: DataType | None = None  # None: float64 for a float64 epilogue, else float32
     kind: str = field(default="LinearCombination", init=False)
     activation: Activation | None = field(default=None, init=False)
 
     def __post_init__(self):
+        self._resolve_element_epilogue()
         for name in ("element_output", "element_accumulator", "element_epilogue"):
             if not isinstance(getattr(self, name), DataType):
                 raise DescriptionError(f"{type(self).__name__}.{name} must be a DataType, got {getattr(self, name)!r}")
@@ -38,6 +39,30 @@ class EpilogueFunctor:
                 or self.alignment & (self.alignment - 1):
             raise DescriptionError(f"{type(self).__name__}.alignment {self.alignment!r} must be a power of two "
                                    f"<= {max_alignment} for {self.element_output.label}")
+
+    def _wide_types(self) -> list[str]:
+        """What makes this a float64 epilogue: a float64 output, accumulator or activation."""
+        wide = [f"{name} {getattr(self, name).label}" for name in ("element_output", "element_accumulator")
+                if getattr(self, name) is DataType.float64]
+        if self.activation is not None and self.activation.element is DataType.float64:
+            wide.append(f"activation {self.activation.name}(float64)")
+        return wide
+
+    def _resolve_element_epilogue(self) -> None:
+        """A float64 epilogue computes in float64. CUTLASS computes alpha, beta and the activation in ElementCompute
+        (= element_epilogue), so float32 there rounds every float64 result to about 3e-8 (seen with hardswish on
+        an f64 dgrad): omitted, element_epilogue becomes float64; given narrower, the description is rejected."""
+        if not isinstance(self.element_output, DataType) or not isinstance(self.element_accumulator, DataType):
+            return  # reported by the type checks below
+        wide = self._wide_types()
+        if self.element_epilogue is None:
+            object.__setattr__(self, "element_epilogue", DataType.float64 if wide else DataType.float32)
+        elif wide and self.element_epilogue is not DataType.float64:
+            raise DescriptionError(
+                f"{type(self).__name__}: a float64 epilogue ({', '.join(wide)}) must compute in float64: CUTLASS "
+                f"computes alpha, beta and the activation in element_epilogue, and "
+                f"{getattr(self.element_epilogue, 'label', self.element_epilogue)} would round the float64 results; "
+                f"pass element_epilogue=float64 or leave it out")
 
     @property
     def num_activation_args(self) -> int:
@@ -65,9 +90,30 @@ class LinearCombination(EpilogueFunctor):
     pass
 
 
+# Outputs cutlass::epilogue::thread::LinearCombinationClamp compiles for (linear_combination_clamp.h): the generic
+# template clamps to platform::numeric_limits<ElementOutput>::max() and ::lowest(), which CUTLASS defines for the
+# integer types, half_t and bfloat16_t but not for float (no lowest()) nor double (no numeric_limits at all); the
+# specialization for int32 accumulators computed in float static_asserts an integer output.
+CLAMP_OUTPUTS = (DataType.int8, DataType.int32, DataType.float16, DataType.bfloat16)
+
+
 @dataclass(frozen=True)
 class LinearCombinationClamp(EpilogueFunctor):
     kind: str = field(default="LinearCombinationClamp", init=False)
+
+    def __post_init__(self):
+        super().__post_init__()
+        out = self.element_output
+        if out not in CLAMP_OUTPUTS:
+            raise DescriptionError(
+                f"LinearCombinationClamp clamps to the output type's range with CUTLASS's platform::numeric_limits, "
+                f"which has max() and lowest() only for {', '.join(e.label for e in CLAMP_OUTPUTS)} outputs; got "
+                f"{out.label} (float32 has no lowest(), float64 no numeric_limits). Use LinearCombination")
+        if self.element_accumulator is DataType.int32 and self.element_epilogue is DataType.float32 \
+                and out.is_float:
+            raise DescriptionError(
+                f"LinearCombinationClamp with int32 accumulators computed in float32 is CUTLASS's integer-output "
+                f"specialization (static_assert: integer output); got {out.label}. Use int8 or int32 output")
 
 
 @dataclass(frozen=True)
@@ -79,16 +125,17 @@ class FastLinearCombinationClamp(EpilogueFunctor):
     kind: str = field(default="FastLinearCombinationClamp", init=False)
 
     def __post_init__(self):
-        super().__post_init__()
         if self.element_output is not DataType.int8:
-            raise DescriptionError(f"FastLinearCombinationClamp writes int8 output, got {self.element_output.label}")
+            raise DescriptionError(f"FastLinearCombinationClamp writes int8 output, got "
+                                   f"{getattr(self.element_output, 'label', self.element_output)}")
+        super().__post_init__()
 
 
 class LinearCombinationGeneric(EpilogueFunctor):
     """D = activation(alpha * accumulator + beta * C). First argument: an activation such as ``relu(float32)``."""
 
     def __init__(self, activation: Activation, element_output: DataType, alignment: int,
-                 element_accumulator: DataType = DataType.float32, element_epilogue: DataType = DataType.float32):
+                 element_accumulator: DataType = DataType.float32, element_epilogue: DataType | None = None):
         if not isinstance(activation, Activation):
             raise DescriptionError(f"LinearCombinationGeneric needs an activation such as relu(pycutlass.float32) "
                                    f"as its first argument, got {activation!r}")

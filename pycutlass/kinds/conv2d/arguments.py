@@ -7,7 +7,8 @@ extent each operand of fprop / dgrad / wgrad has):
 - 4-D torch-style (N, C, H, W) in ``channels_last`` memory (its strides are the packed NHWC ones);
 - 1-D packed (PyCUTLASS style): N * H * W * C contiguous elements in NHWC order;
 - C only: a bias vector of the channel count, broadcast over N, H and W (1-D of length C, or a 4-D view with zero
-  strides everywhere but the channels, e.g. ``bias.view(1, K, 1, 1).expand(N, K, P, Q)`` in torch);
+  strides everywhere but the channels, e.g. ``bias.view(1, K, 1, 1).expand(N, K, P, Q)`` in torch); for wgrad only
+  with a 1x1 filter (its kernel reads C as K x R*S*C rows, so a vector of C channels covers a row only when R*S = 1);
 - interleaved layouts (TensorNC32HW32, TensorC32RSK32): contiguous tensors of N * H * W * C elements in the
   interleaved order; the C32RSK32 filter with its output channels in the kernels' order
   (``pycutlass.conv.reorder_interleaved_filter``, as CUTLASS's ``reorder_convK``).
@@ -99,6 +100,13 @@ class Conv2dArguments(OperationArguments):
             raise ArgumentError(f"FastLinearCombinationClamp is exact only for an implicit GEMM K <= "
                                 f"{_FAST_CLAMP_MAX_K}; this problem has K = R*S*C = {gemm.k()}")
         self.parallel = self.split_k_mode is SplitKMode.Parallel and self.split_k_slices > 1
+        if self.parallel and operation.is_strided_dgrad:
+            # ImplicitGemmConvolutionStridedDgrad has no parallel split-K path: unlike ImplicitGemmConvolution it
+            # never offsets D by the slice, so every slice would write its partial sum over slice 0's.
+            raise ArgumentError(f"{operation.name}: the strided-dgrad kernel (dgrad with StrideSupport.Strided) "
+                                f"does not implement SplitKMode.Parallel (every slice would write the same "
+                                f"workspace slice); use SplitKMode.Serial (stride 1 only) or a StrideSupport.Unity "
+                                f"operation for stride-1 problems")
         if self.parallel:
             if functor.activation is not None or functor.kind != "LinearCombination":
                 raise ArgumentError("SplitKMode.Parallel writes raw partial sums: build the convolution with a "
@@ -124,6 +132,15 @@ class Conv2dArguments(OperationArguments):
                     raise ArgumentError(f"{info.name}: the operation expects {storage_type(desc.element).label} "
                                         f"elements, got {info.element.label}")
             c_strides = self._check_geometry(info, desc.layout, extents[label], allow_broadcast=label == "C")
+            if c_strides is not None and kind is Operator.wgrad and problem_size.R * problem_size.S != 1:
+                # The wgrad epilogue reads C as the implicit GEMM's K x (R*S*C) row-major matrix and takes only its
+                # leading dimension (the K stride) from the tensor: a bias broadcast over K (ld 0) is read as
+                # R*S*C contiguous elements, past the end of a vector of C channels.
+                raise ArgumentError(
+                    f"{info.name}: wgrad reads C as a K x (R*S*C) = {gemm.m()} x {gemm.n()} matrix with only its "
+                    f"K stride taken from the tensor, so a bias of the {problem_size.C} channels broadcast over K, "
+                    f"R and S would be read as {gemm.n()} contiguous elements, past its end (R*S = "
+                    f"{problem_size.R * problem_size.S}); pass the full (K, R, S, C) tensor")
             self._operands[label] = (info, c_strides)
         self._materialize()
 

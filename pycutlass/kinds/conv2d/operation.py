@@ -188,6 +188,22 @@ class Conv2dOperation(TiledOperation):
                 f"{what}: {swizzle.name} does not build with CUTLASS's convolution kernels (they call "
                 f"get_tile_offset(log_tile), which the horizontal swizzles lack); use IdentitySwizzle1/2/4/8, or "
                 f"StridedDgradIdentitySwizzle1/4 for strided dgrad")
+        if self.is_strided_dgrad and self.tile_description.stages == 2:
+            # The 2-stage strided-dgrad kernels (analytic and optimized) wrap their iterators in
+            # TileIteratorStridedDgrad (cutlass/conv/threadblock/conv2d_tile_iterator.h), whose load() makes one
+            # AccessType access per thread-map vector: unlike TileIterator it has no kAccessesPerVector loop, so an
+            # alignment below the thread map's vector loads a fraction of each vector into the wrong fragment slots
+            # and the result is silently wrong. Multistage kernels (ImplicitGemmMultistage) loop correctly.
+            vector = 1 if math.opcode_class is OpClass.Simt or element is DataType.float64 else 128 // element.bits
+            for label, desc in (("A", self.A), ("B", self.B)):
+                if desc.alignment != vector:
+                    raise DescriptionError(
+                        f"{what}: 2-stage strided dgrad loads A and B through CUTLASS's TileIteratorStridedDgrad, "
+                        f"which reads only one {desc.alignment}-element access per {vector}-element thread-map "
+                        f"vector (it lacks TileIterator's kAccessesPerVector loop) and computes wrong results unless "
+                        f"the alignment equals that vector; {label} alignment is {desc.alignment}. Use alignment "
+                        f"{vector} for A and B, stages >= 3 (A/B alignment * bits >= 32), or StrideSupport.Unity for "
+                        f"stride-1 problems")
         if self.is_strided_dgrad:
             if swizzle not in STRIDED_DGRAD_SWIZZLES:
                 raise DescriptionError(

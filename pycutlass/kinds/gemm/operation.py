@@ -45,6 +45,10 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
     if epilogue.element_accumulator is not math.element_accumulator:
         raise DescriptionError(f"{what}: the epilogue reads {epilogue.element_accumulator.label} accumulators but the "
                                f"math instruction accumulates in {math.element_accumulator.label}")
+    if math.opcode_class is OpClass.TensorOp and not C.layout.is_interleaved:
+        problem = epilogue_thread_map_problem(tile, C)
+        if problem:
+            raise DescriptionError(f"{what}: {problem}")
     if math.opcode_class is OpClass.TensorOp and tile.stages > 2:
         # Multistage main loops copy with cp.async, whose smallest transfer is 4 bytes.
         for label, desc in (("A", A), ("B", B)):
@@ -52,6 +56,49 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
                 raise DescriptionError(
                     f"{what}: {label} alignment {desc.alignment} x {desc.element.bits} bits is below the 32-bit "
                     f"minimum of multistage ({tile.stages}-stage) kernels; raise the alignment or use stages=2")
+
+
+def epilogue_thread_map_problem(tile: TileDescription, C: TensorDescription) -> str | None:
+    """Why CUTLASS's tensor-op epilogue cannot write C with this tile, or None.
+
+    Mirrors ``DefaultThreadMapTensorOp`` -> ``OutputTileOptimalThreadMap`` (cutlass/epilogue/threadblock/
+    output_tile_thread_map.h, ``RowArrangement``), whose static_asserts ("Iteration Count Row must be > 0", ...) a
+    wide output access on a narrow tile trips: each of the tile's 8-row tensor-op slices is shared by the
+    warp_count[1] warps along N, so every warp owns ``8 / warp_count[1]`` rows; a warp stores
+    ``access_width = min(N / alignment, 32, 256 bytes / access bytes)`` accesses per row and so covers
+    ``min(8, 32 / access_width)`` rows at once, which must not exceed the rows it owns. (When the preferred
+    256-byte access already spans more rows than a warp owns, the warp uses its own rows and nothing can fail.)
+    """
+    warps_m, warps_n, partitions_k = tile.warp_count
+    tile_n = tile.threadblock_shape[1]
+    epa, bits = C.alignment, C.element.bits
+    warps = warps_m * warps_n * partitions_k
+    warps_for_rows = 1 if warps_m > warps else warps // warps_m
+    if 8 <= warps_for_rows:  # one-dimensional arrangement: each warp takes whole rows
+        if tile_n // epa // 32 < 1:
+            return (f"the epilogue's output thread map gives each warp whole rows of {tile_n} / {epa} = "
+                    f"{tile_n // epa} accesses, fewer than the 32 threads of a warp (warp_count {list(tile.warp_count)})")
+        return None
+    shape_row = 8 // warps_for_rows
+    shape_width = tile_n // epa
+    access_bytes = epa * bits // 8
+    target_rows = 32 // (256 // access_bytes)
+    if target_rows > shape_row:
+        access_width, access_rows = 32 // shape_row, shape_row
+    else:
+        access_width = min(shape_width, 32, 256 // access_bytes)
+        access_rows = min(8, 32 // access_width)
+    rule = (f"CUTLASS's tensor-op epilogue (OutputTileOptimalThreadMap) gives each warp 8 / warp_count N "
+            f"({warps_for_rows}) = {shape_row} row(s) of every 8-row slice and stores min(tile N / alignment, 32, "
+            f"256 bytes / access bytes) = {access_width} accesses per row, so a warp covers min(8, 32 / "
+            f"{access_width}) = {access_rows} rows at once")
+    fix = (f"use a smaller C alignment (now {epa} x {C.element.label} = {access_bytes} bytes), a wider tile N "
+           f"(now {tile_n}) or fewer warps along N (now {warps_n})")
+    if access_width * epa > tile_n or shape_width // access_width < 1:
+        return f"{rule}; {access_width} x {epa} elements exceed the tile's N = {tile_n}; {fix}"
+    if shape_row // access_rows < 1:
+        return f"{rule}, more than the {shape_row} it owns (static_assert 'Iteration Count Row must be > 0'); {fix}"
+    return None
 
 
 class GemmOperationUniversal(TiledOperation):

@@ -16,7 +16,7 @@ class ReductionOperation(Operation):
     abi_struct_type = ReductionArgs
 
     def __init__(self, shape: MatrixCoord, C: TensorDescription, element_accumulator: DataType,
-                 element_workspace: DataType | None = None, element_compute: DataType = DataType.float32,
+                 element_workspace: DataType | None = None, element_compute: DataType | None = None,
                  epilogue_functor: EpilogueFunctor | None = None, count: int = 1, partitions_per_stage: int = 4,
                  arch: int = 80):
         self.compute_capability = check_compute_capability(arch)
@@ -31,6 +31,8 @@ class ReductionOperation(Operation):
             from ...epilogue import LinearCombination
 
             epilogue_functor = LinearCombination(C.element, count, element_accumulator, element_compute)
+        if element_compute is None:  # float64 for a float64 reduction, else float32 (as LinearCombination)
+            element_compute = epilogue_functor.element_epilogue
         if epilogue_functor.element_output is not C.element or epilogue_functor.alignment != count:
             raise DescriptionError("ReductionOperation: the epilogue must write C's element type with alignment == "
                                    f"count ({count}); got {epilogue_functor.element_output.label} x "
