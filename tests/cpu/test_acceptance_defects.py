@@ -11,7 +11,7 @@ import pytest
 import pycutlass as cutlass
 from pycutlass import ArgumentError, DescriptionError, compiler
 from pycutlass.conv import Conv2dProblemSize, IteratorAlgorithm, Operator, StrideSupport
-from pycutlass.operations.conv2d import Conv2dOperation
+from pycutlass import Conv2dOperation
 
 D = cutlass.DataType
 F16, F32, F64, S8, S32 = D.float16, D.float32, D.float64, D.int8, D.int32

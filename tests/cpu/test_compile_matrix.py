@@ -15,7 +15,7 @@ import pytest
 import pycutlass as cutlass
 from pycutlass import DescriptionError, compiler
 from pycutlass.conv import IteratorAlgorithm, Operator, StrideSupport
-from pycutlass.operations.conv2d import Conv2dOperation
+from pycutlass import Conv2dOperation
 
 pytestmark = pytest.mark.slow
 

@@ -250,7 +250,7 @@ def test_emission_shares_a_unit_with_a_gemm():
         body = op.emit_body()
         assert "GroupScheduleMode::kHostPrecompute" in body
         assert f"{op.precompute_symbol}(pycutlass_abi::GemmGroupedArgs a, pycutlass_abi::LaunchInfo *info)" in body
-        assert "K::Params p(args, reinterpret_cast<void *>(a.workspace), a.tile_count);" in body
+        assert "construct_params<K>(params_out, args,\n" in body and "reinterpret_cast<void *>(a.workspace), a.tile_count);" in body
     assert "epilogue.leaky_alpha = Compute(a.activation_args[0]);" in host.emit_body()
     assert "Kernel::kTransposed == true" in device.emit_body()
     assert "Kernel::kTransposed == false" in host.emit_body()

@@ -12,6 +12,7 @@ import time
 import pycutlass as cutlass
 
 SUITES = {"tests.gpu.test_gemm": (("NVCC_OPS", "nvcc"), ("NVRTC_OPS", "nvrtc")),
+          "tests.gpu.test_runtime": (("OPS", "nvcc"),),
           "benchmarks/gemm.py": (("all_operations", "nvcc"),),
           "tests.gpu.test_gemm_grouped": (("GROUPED_OPS", "nvcc"), ("NVRTC_OPS", "nvrtc")),
           "benchmarks/grouped_gemm.py": (("operations", "nvcc"),),
@@ -41,6 +42,7 @@ def main() -> None:
     parser.add_argument("suites", nargs="*", default=list(SUITES))
     args = parser.parse_args()
     cutlass.compiler.set_target_arch(args.arch)
+    cutlass.session.current().set_option("progress", False)
     for suite in args.suites:
         module = _load(suite)
         for attribute, backend in SUITES[suite]:

@@ -14,7 +14,7 @@ import pytest
 
 import pycutlass as cutlass
 from pycutlass.conv import IteratorAlgorithm, Operator, StrideSupport
-from pycutlass.operations.conv2d import Conv2dOperation
+from pycutlass import Conv2dOperation
 
 from .conftest import precompile_module
 from .test_conv2d import CONFIGS, conv_op, problem, run_conv, to_lib
