@@ -27,7 +27,9 @@ MAX_PARAMS_BYTES = 4096  # pycutlass_detail::kMaxParamsBytes
 _STATIC_SHARED_MEMORY_LIMIT = 48 * 1024
 _PARAMS_CACHE_ENTRIES = 1024
 _MASK64 = (1 << 64) - 1
-_SLOT_BYTES = ctypes.sizeof(LaunchInfo) + MAX_PARAMS_BYTES
+# A build slot: LaunchInfo, then Params at a 256-byte aligned offset (they are constructed in place there).
+_PARAMS_OFFSET = 256
+_SLOT_BYTES = _PARAMS_OFFSET + MAX_PARAMS_BYTES
 
 
 def _probe_offset(index: int) -> int:
@@ -37,7 +39,8 @@ def _probe_offset(index: int) -> int:
 
 class _Readback(ctypes.Structure):
     _pack_ = 1
-    _fields_ = [("info", LaunchInfo), ("params", ctypes.c_byte * MAX_PARAMS_BYTES)]
+    _fields_ = [("info", LaunchInfo), ("gap", ctypes.c_byte * (_PARAMS_OFFSET - ctypes.sizeof(LaunchInfo))),
+                ("params", ctypes.c_byte * MAX_PARAMS_BYTES)]
 
 
 @dataclass(frozen=True)
@@ -61,13 +64,14 @@ class LoadedOperation:
         self.builder = driver.get_function(module, compiled.builder_symbol)
         self.dynamic_smem_opt_in = _STATIC_SHARED_MEMORY_LIMIT
         self.lock = threading.Lock()
-        # Two build slots (real and probe), each LaunchInfo followed by Params: one copy brings everything back.
+        # Two build slots (real and probe), each LaunchInfo then Params: one copy brings everything back.
         self.scratch = driver.allocate_persistent(2 * _SLOT_BYTES, self.name)
         self._functions: dict[str, object] = {}
         self._globals: dict[str, int] = {}
         self._params: collections.OrderedDict = collections.OrderedDict()
         self._verify = os.environ.get("PYCUTLASS_VERIFY_PARAMS") == "1"  # tests: build anyway and compare
-        self.builder_launches = 0  # for tests and benchmarks: how often Params were built, not patched
+        self.builder_launches = 0  # for tests and benchmarks: how often a builder ran
+        self.params_reused = 0  # and how often cached Params served a new problem
 
     # --- module facts a kind's launch planning may ask for -----------------------------------------------------
     def function(self, symbol: str):
@@ -107,8 +111,10 @@ class LoadedOperation:
         addresses = [getattr(abi_struct, f) for f in fields]
         key = _shape_key(abi_struct, addresses)
         template = self._params.get(key)
-        if template is not None and not self._verify:
-            return template.info, _patched(template, addresses)
+        if template is not None:
+            self.params_reused += 1
+            if not self._verify:
+                return template.info, _patched(template, addresses)
         with self.lock:
             if key not in self._params or self._verify:
                 info, params, template = self._build_and_probe(abi_struct, fields, addresses, stream)
@@ -159,7 +165,7 @@ class LoadedOperation:
     def _launch_builder(self, abi_struct, slot: int, stream: int) -> None:
         self.builder_launches += 1
         info_ptr = ctypes.c_uint64(self.scratch + slot * _SLOT_BYTES)
-        params_ptr = ctypes.c_uint64(self.scratch + slot * _SLOT_BYTES + ctypes.sizeof(LaunchInfo))
+        params_ptr = ctypes.c_uint64(self.scratch + slot * _SLOT_BYTES + _PARAMS_OFFSET)
         args = driver.pointer_array(ctypes.addressof(abi_struct), ctypes.addressof(info_ptr),
                                     ctypes.addressof(params_ptr))
         driver.launch(self.builder, (1, 1, 1), (1, 1, 1), 0, stream, ctypes.addressof(args), self.name + " builder")

@@ -4,6 +4,7 @@ Every result is checked against a float64 reference with NaN-poisoned outputs.
 """
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -11,6 +12,15 @@ import pytest
 
 import pycutlass as cutlass
 from pycutlass.runtime.launch import loaded
+
+VERIFYING = os.environ.get("PYCUTLASS_VERIFY_PARAMS") == "1"  # then every problem is also built, and compared
+
+
+def assert_reused(loaded_op, builds_before, reuses_before, expected_reuses):
+    """The Params of ``expected_reuses`` new problems came from the cache, with no builder launch."""
+    assert loaded_op.params_reused - reuses_before == expected_reuses
+    if not VERIFYING:
+        assert loaded_op.builder_launches == builds_before
 
 from .conftest import precompile_module, relative_error
 from .gemm_cases import make_op
@@ -60,12 +70,13 @@ def test_new_arguments_for_a_seen_shape_patch_params_without_building():
     """The second problem of a shape launches no builder, and its patched Params compute the right thing."""
     first = check_gemm(F16, *gemm_inputs(200, 136, 72, seed=1))
     loaded_op = loaded(F16, first.device, first.session)
-    builds = loaded_op.builder_launches
+    builds, reuses = loaded_op.builder_launches, loaded_op.params_reused
     for seed in range(2, 6):  # other tensors (other addresses) of the same shape
         check_gemm(F16, *gemm_inputs(200, 136, 72, seed=seed))
-    assert loaded_op.builder_launches == builds
+    assert_reused(loaded_op, builds, reuses, 4)
+    builds, reuses = loaded_op.builder_launches, loaded_op.params_reused
     check_gemm(F16, *gemm_inputs(264, 136, 72, seed=7))  # a new shape is built (twice: real and probe)
-    assert loaded_op.builder_launches == builds + 2
+    assert loaded_op.builder_launches == builds + 2 and loaded_op.params_reused == reuses
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.5])
@@ -98,8 +109,9 @@ def test_grouped_and_conv_reuse_params():
             assert relative_error(d.cpu().numpy(), a.double().cpu().numpy() @ b.double().cpu().numpy()) < 1e-2
         if round_ == 0:
             loaded_op = loaded(GROUPED, arguments.device, arguments.session)
-            builds = loaded_op.builder_launches
-    assert loaded_op.builder_launches == builds
+            builds, reuses = loaded_op.builder_launches, loaded_op.params_reused
+    assert_reused(loaded_op, builds, reuses, 2)
+    del arguments
 
     problem = cutlass.Conv2dProblemSize(cutlass.Tensor4DCoord(2, 9, 11, 64), cutlass.Tensor4DCoord(72, 3, 3, 64),
                                         cutlass.Tensor4DCoord(1, 1, 1, 1), cutlass.MatrixCoord(1, 1),
@@ -116,8 +128,8 @@ def test_grouped_and_conv_reuse_params():
         assert relative_error(y.cpu().numpy(), reference.cpu().numpy()) < 1e-2
         if round_ == 0:
             loaded_op = loaded(CONV, arguments.device, arguments.session)
-            builds = loaded_op.builder_launches
-    assert loaded_op.builder_launches == builds
+            builds, reuses = loaded_op.builder_launches, loaded_op.params_reused
+    assert_reused(loaded_op, builds, reuses, 2)
 
 
 def test_run_is_capturable_in_a_cuda_graph():
