@@ -132,8 +132,6 @@ def host_overhead() -> list[dict]:
     addresses (the Params are patched, not rebuilt: the builder-launch count over the loop is reported)."""
     import torch
 
-    from pycutlass.runtime.launch import loaded
-
     def tensors(*shapes, sets=8):
         return [[torch.randn(*shape, device="cuda").half() for shape in shapes] for _ in range(sets)]
 
@@ -179,6 +177,8 @@ def _new_arguments_row(what, op, pool, make, repeats=1000) -> dict:
     import itertools
 
     import torch
+
+    from pycutlass.runtime.launch import loaded
 
     cutlass.compiler.add_module([op])
     first = make(*pool[0])  # the first sight of this problem builds Params on the device

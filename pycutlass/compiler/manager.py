@@ -61,6 +61,10 @@ class CompileReport:
     def __getitem__(self, index):
         return self.kernels[index]
 
+    def __repr__(self) -> str:
+        return (f"CompileReport({len(self.kernels)} kernels: {self.compiled} compiled, {self.from_memory} from memory, "
+                f"{self.from_disk} from disk, {self.seconds:.2f} s, {self.backend})")
+
 
 def _is_operation(value) -> bool:
     return all(hasattr(value, attr) for attr in ("emit_body", "headers", "name", "compute_capability"))
