@@ -51,8 +51,7 @@ class LayoutType(enum.Enum):
 
     @property
     def is_interleaved(self) -> bool:
-        return self in (LayoutType.RowMajorInterleaved32, LayoutType.ColumnMajorInterleaved32,
-                        LayoutType.TensorNC32HW32, LayoutType.TensorC32RSK32)
+        return self in INTERLEAVED_LAYOUTS
 
     def __repr__(self) -> str:
         return f"pycutlass.{self.value}"
@@ -60,6 +59,8 @@ class LayoutType(enum.Enum):
 
 MATRIX_LAYOUTS = frozenset({LayoutType.RowMajor, LayoutType.ColumnMajor,
                             LayoutType.RowMajorInterleaved32, LayoutType.ColumnMajorInterleaved32})
+INTERLEAVED_LAYOUTS = frozenset({LayoutType.RowMajorInterleaved32, LayoutType.ColumnMajorInterleaved32,
+                                 LayoutType.TensorNC32HW32, LayoutType.TensorC32RSK32})
 TENSOR_LAYOUTS = frozenset({LayoutType.TensorNHWC, LayoutType.TensorNC32HW32, LayoutType.TensorC32RSK32})
 
 

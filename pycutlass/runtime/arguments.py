@@ -12,8 +12,11 @@ A kind's Arguments class (in ``kinds/<kind>/arguments.py``):
 """
 from __future__ import annotations
 
+import collections
+import threading
+
 from ..errors import ArgumentError
-from ..session import Session, current
+from ..session import Session, SessionState, current
 from . import driver
 from .device import Devices, normalize_device
 from .launch import PreparedLaunch, loaded, prepare
@@ -37,6 +40,28 @@ def stream_handle(stream) -> int:
         return int(stream)
     except (TypeError, ValueError):
         raise ArgumentError(f"stream must be None, an int handle, or a torch/cupy stream; got {stream!r}") from None
+
+
+class ArgumentsMemo(SessionState):
+    """What validating and binding found for a problem, by a cheap signature of the call (tensor dtypes, shapes,
+    strides and devices; never addresses). A kind's Arguments use it to make a new object for a problem already
+    seen without validating it again: only what depends on addresses (their alignment) is checked per call."""
+
+    LIMIT = 4096
+
+    def __init__(self, session: Session):
+        super().__init__(session)
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        return self._entries.get(key)
+
+    def put(self, key, entry) -> None:
+        with self._lock:
+            self._entries[key] = entry
+            while len(self._entries) > self.LIMIT:
+                self._entries.popitem(last=False)
 
 
 class OperationArguments:
@@ -84,12 +109,12 @@ class OperationArguments:
     # --- execution ------------------------------------------------------------------------------------------
     def _prepare(self) -> PreparedLaunch:
         if self._prepared is None:
-            self.device.make_current()
             loaded_op = loaded(self.operation, self.device, self.session)
             abi_struct = self.bind(loaded_op)
             launch = prepare(loaded_op, abi_struct, self.stream)
             self.after_build(loaded_op, launch, abi_struct)
             self._prepared = launch
+            self._loaded_op, self._abi_struct = loaded_op, abi_struct
         return self._prepared
 
     prepared = _prepare

@@ -19,6 +19,8 @@ class DeviceState:
     def __init__(self, ordinal: int):
         self.ordinal = ordinal
         self.context = driver.retain_primary_context(ordinal)
+        self._context_id = int(self.context)
+        self._get_current = driver._driver().cuCtxGetCurrent
         self.make_current()
         major = driver.device_attribute(ordinal, "COMPUTE_CAPABILITY_MAJOR")
         minor = driver.device_attribute(ordinal, "COMPUTE_CAPABILITY_MINOR")
@@ -33,7 +35,10 @@ class DeviceState:
         self.tracked_memory = None  # rmm TrackingResourceAdaptor, see runtime.memory
 
     def make_current(self) -> None:
-        driver.make_current(self.context)
+        """Make this device's context current on this thread (one driver query when it already is)."""
+        err, current = self._get_current()
+        if err or current is None or int(current) != self._context_id:
+            driver.make_current(self.context)
 
     def __repr__(self) -> str:
         return f"<pycutlass device {self.ordinal}: {self.name} ({self.target.name})>"

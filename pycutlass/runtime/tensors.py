@@ -7,6 +7,7 @@ in ``describe()``, before any allocation.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,7 +46,7 @@ class TensorInfo:
 
     @property
     def numel(self) -> int:
-        return int(np.prod(self.shape)) if self.shape else 1
+        return math.prod(self.shape)
 
     @property
     def itemsize(self) -> int:
@@ -139,6 +140,14 @@ def describe(obj, name: str) -> TensorInfo:
                         f"__cuda_array_interface__ or __dlpack__, got {type(obj).__name__}")
 
 
+def torch_signature(obj):
+    """(dtype, shape, strides, device) of a plain CUDA torch tensor, read cheaply; None for anything else."""
+    kind = type(obj)
+    if kind.__name__ != "Tensor" or kind.__module__ != "torch" or not obj.is_cuda:
+        return None
+    return obj.dtype, obj.shape, obj.stride(), obj.device
+
+
 def _contiguous_strides(shape) -> tuple[int, ...]:
     strides, step = [], 1
     for n in reversed(shape):
@@ -185,10 +194,10 @@ class DeviceTensors:
 
     def address(self, info: TensorInfo, is_output: bool = False) -> int:
         """The device address of ``info``'s first element, copying host tensors in."""
-        from .memory import device_buffer, device_buffer_from_host
-
         if info.kind == "device":
             return info.device_address
+        from .memory import device_buffer, device_buffer_from_host
+
         array = info.host_array
         if array.size == 0:
             buffer = device_buffer(self.device, 1, self.stream)
