@@ -19,8 +19,8 @@ from ..errors import ArgumentError
 from ..session import Session, SessionState, current
 from . import driver
 from .device import Devices, normalize_device
-from .launch import PreparedLaunch, loaded, prepare
-from .tensors import DeviceTensors, tensors_device
+from .launch import PreparedLaunch, loaded, patched_launch, prepare
+from .tensors import DeviceTensors, tensors_device, torch_signature
 
 
 def stream_handle(stream) -> int:
@@ -64,6 +64,30 @@ class ArgumentsMemo(SessionState):
                 self._entries.popitem(last=False)
 
 
+class _Seen:
+    """What the full path found for one problem signature: the kind's attributes and the cached Params."""
+
+    __slots__ = ("attributes", "loaded_op", "template", "tensors", "vector_bytes", "pointer_count")
+
+    def __init__(self, attributes, loaded_op, template, tensors, vector_bytes, pointer_count):
+        self.attributes, self.loaded_op, self.template = attributes, loaded_op, template
+        self.tensors, self.vector_bytes, self.pointer_count = tensors, vector_bytes, pointer_count
+
+
+def torch_signatures(tensors) -> tuple | None:
+    """Signatures of plain CUDA torch tensors (None entries stay None); None if any other tensor is given."""
+    signatures = []
+    for tensor in tensors:
+        if tensor is None:
+            signatures.append(None)
+            continue
+        signature = torch_signature(tensor)
+        if signature is None:
+            return None
+        signatures.append(signature)
+    return tuple(signatures)
+
+
 class OperationArguments:
     """Base of every kind's Arguments: stream, device, owned device buffers, a prepared launch, and sync()."""
 
@@ -87,6 +111,34 @@ class OperationArguments:
         ordinal = tensors_device(list(infos), self._device_request, self.operation.name)
         self.device = Devices.of(self.session).get(ordinal)
         self.tensors = DeviceTensors(self.device, self.stream)
+
+    # --- the fast path for problems seen before -------------------------------------------------------------
+    # A kind that offers it computes a memo key (a signature of everything but addresses, or None), tries
+    # ``_from_memo`` first, and after the full path calls ``_remember``. Addresses come in ``_pointers_`` order;
+    # missing trailing ones (semaphores) are null.
+    def _from_memo(self, memo_key, session, addresses, keep_alive) -> bool:
+        seen = ArgumentsMemo.of(session).get(memo_key)
+        if seen is None:
+            return False
+        for address, vector_bytes in zip(addresses, seen.vector_bytes):
+            if not address or address % vector_bytes:
+                return False  # the full path says what is wrong
+        self.__dict__.update(seen.attributes)
+        self.tensors = seen.tensors  # device tensors only: nothing was copied in, nothing to copy back
+        self._keep_alive = keep_alive
+        addresses = (*addresses, *(0,) * (seen.pointer_count - len(addresses)))
+        self._prepared = patched_launch(seen.loaded_op, seen.template, addresses)
+        return True
+
+    def _remember(self, memo_key, vector_bytes, attribute_names) -> None:
+        template = self._loaded_op.cached_template(self._abi_struct)
+        if template is None:  # Params that cannot be patched: such a problem takes the full path every time
+            return
+        names = ("operation", "session", "stream", "device", "_device_request", *attribute_names)
+        attributes = {name: getattr(self, name) for name in names}
+        seen = _Seen(attributes, self._loaded_op, template, self.tensors, tuple(vector_bytes),
+                     len(type(self._abi_struct)._pointers_))
+        ArgumentsMemo.of(self.session).put(memo_key, seen)
 
     # --- the kind interface ---------------------------------------------------------------------------------
     def _tensor_infos(self) -> list:

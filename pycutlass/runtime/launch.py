@@ -134,6 +134,12 @@ class LoadedOperation:
             return self.build(abi_struct, stream)
         return template.info, _patched(template, addresses)
 
+    def cached_template(self, abi_struct):
+        """The cached Params template for ``abi_struct``'s problem (None if there is none or it cannot be patched):
+        kinds that memoize a seen problem keep it and patch it directly (``patched``)."""
+        fields = type(abi_struct)._pointers_
+        return self._params.get(_shape_key(abi_struct, [getattr(abi_struct, f) for f in fields]))
+
     def build(self, abi_struct, stream: int) -> tuple[tuple, ctypes.Array]:
         """Run the builder once on ``abi_struct``; blocks until Params are back."""
         with self.lock:
@@ -210,6 +216,14 @@ def _find_patches(params: bytes, probe: bytes, addresses) -> tuple | None:
     if params[tail:] != probe[tail:]:
         return None
     return tuple(patches)
+
+
+def patched_launch(loaded_op: LoadedOperation, template: _ParamsTemplate, addresses) -> "PreparedLaunch":
+    """A launch from a cached template and new addresses (in the ABI struct's ``_pointers_`` order)."""
+    loaded_op.params_reused += 1
+    grid, block, smem, semaphores = template.info
+    return PreparedLaunch(loaded_op.kernel, grid, block, smem, _patched(template, addresses), semaphores,
+                          loaded_op.name)
 
 
 def _patched(template: _ParamsTemplate, addresses) -> ctypes.Array:

@@ -145,7 +145,7 @@ def torch_signature(obj):
     kind = type(obj)
     if kind.__name__ != "Tensor" or kind.__module__ != "torch" or not obj.is_cuda:
         return None
-    return obj.dtype, obj.shape, obj.stride(), obj.device
+    return obj.dtype, obj.shape, obj.stride(), obj.get_device()
 
 
 def _contiguous_strides(shape) -> tuple[int, ...]:

@@ -89,7 +89,7 @@ def test_patched_params_equal_built_params(beta):
     for seed in range(3):
         a, b, c, d = gemm_inputs(96, 64, 40, seed=seed + 10)
         fresh = cutlass.GemmArguments(F16, cutlass.gemm.GemmCoord(96, 64, 40), a, b, c if beta else None, d,
-                                      F16.epilogue_type(1.0, beta))
+                                      F16.epilogue_type(1.0, beta), device=0)  # device=: the full path, with bind()
         abi = fresh.bind(loaded_op)
         info, params = loaded_op.params_for(abi, fresh.stream)
         built_info, built = loaded_op.build(abi, fresh.stream)

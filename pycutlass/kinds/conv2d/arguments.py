@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from ...description.types import LayoutType
 from ...errors import ArgumentError
-from ...runtime.arguments import OperationArguments
+from ...runtime.arguments import OperationArguments, stream_handle, torch_signatures
+from ...session import current
 from ...runtime.tensors import TensorInfo, describe, storage_type
 from ..gemm.arguments import coerce_output_op
 from .operation import Conv2dOperation
@@ -58,6 +59,21 @@ def _matches(strides, expected, extent) -> bool:
     return all(size <= 1 or s == e for s, e, size in zip(strides, expected, extent))
 
 
+def _memo_key(operation, problem_size, A, B, C, D, output_op, split_k_mode, split_k_slices, stream, device, session):
+    """A signature of the call for the fast path (no split-K, CUDA torch tensors), or None."""
+    if split_k_slices != 1 or split_k_mode != SplitKMode.Serial or device is not None or \
+            not isinstance(problem_size, Conv2dProblemSize) or problem_size.split_k_slices != 1 or \
+            not isinstance(operation, Conv2dOperation):
+        return None
+    signatures = torch_signatures((A, B, C, D))
+    if signatures is None:
+        return None
+    try:
+        return operation.name, problem_size, output_op, stream_handle(stream), id(session or current()), signatures
+    except (ArgumentError, TypeError):  # unhashable output_op, odd stream: the full path judges
+        return None
+
+
 class Conv2dArguments(OperationArguments):
     """D = epilogue(alpha * conv(A, B) + beta * C) for a Conv2dOperation (PyCUTLASS's constructor).
 
@@ -70,6 +86,23 @@ class Conv2dArguments(OperationArguments):
 
     def __init__(self, operation, problem_size, A, B, C, D, output_op=None, split_k_mode=SplitKMode.Serial,
                  split_k_slices: int = 1, stream=None, device=None, session=None):
+        memo_key = _memo_key(operation, problem_size, A, B, C, D, output_op, split_k_mode, split_k_slices, stream,
+                             device, session)
+        if memo_key is not None:
+            d = D.data_ptr()
+            if self._from_memo(memo_key, session, (A.data_ptr(), B.data_ptr(), d if C is None else C.data_ptr(), d),
+                               (A, B, C, D)):
+                self.ptr_D = d
+                return
+        self._validate_and_prepare(operation, problem_size, A, B, C, D, output_op, split_k_mode, split_k_slices,
+                                   stream, device, session)
+        if memo_key is not None:
+            op = self.operation
+            self._remember(memo_key, [x.alignment * x.element.bits // 8 for x in (op.A, op.B, op.C, op.C)],
+                           ("problem_size", "split_k_slices", "split_k_mode", "output_op", "parallel"))
+
+    def _validate_and_prepare(self, operation, problem_size, A, B, C, D, output_op, split_k_mode, split_k_slices,
+                              stream, device, session):
         if not isinstance(operation, Conv2dOperation):
             raise ArgumentError(f"Conv2dArguments needs a Conv2dOperation, got {type(operation).__name__}")
         super().__init__(operation, stream, device, session)

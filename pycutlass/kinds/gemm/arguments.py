@@ -8,9 +8,8 @@ from ...description.types import LayoutType
 from ...emit.abi import fill_epilogue
 from ...epilogue.functors import EpilogueArguments
 from ...errors import ArgumentError
-from ...runtime.arguments import ArgumentsMemo, OperationArguments, stream_handle
-from ...runtime.launch import prepare
-from ...runtime.tensors import DeviceTensors, describe, storage_type, torch_signature
+from ...runtime.arguments import OperationArguments, stream_handle, torch_signatures
+from ...runtime.tensors import describe, storage_type
 from ...session import current
 from .abi import GemmUniversalArgs
 from .matrix import check_output_geometry, matrix_geometry
@@ -70,36 +69,16 @@ def _memo_key(operation, problem_size, A, B, C, D, output_op, gemm_mode, split_k
               session):
     """A signature of the call for the fast path (plain Gemm mode on CUDA torch tensors), or None."""
     if gemm_mode != Mode.Gemm or split_k_slices != 1 or batch != 1 or device is not None or \
-            type(problem_size) not in (GemmCoord, tuple) or not isinstance(operation, GemmOperationUniversal):
+            type(problem_size) not in (GemmCoord, tuple) or not isinstance(operation, GemmOperationUniversal) or \
+            0 in tuple(problem_size):  # empty problems allocate stand-ins: always the full path
         return None
-    signatures = []
-    for tensor in (A, B, C, D):
-        if tensor is None:
-            signatures.append(None)
-            continue
-        signature = torch_signature(tensor)
-        if signature is None:
-            return None
-        signatures.append(signature)
+    signatures = torch_signatures((A, B, C, D))
+    if signatures is None:
+        return None
     try:
-        return (operation.name, problem_size, output_op, stream_handle(stream), id(session or current()),
-                *signatures)
-    except (ArgumentError, TypeError):
+        return operation.name, problem_size, output_op, stream_handle(stream), id(session or current()), signatures
+    except (ArgumentError, TypeError):  # unhashable output_op, odd stream: the full path judges
         return None
-
-
-class _Seen:
-    """What the full path found for a problem, for the fast path (see ``ArgumentsMemo``)."""
-
-    __slots__ = ("operation", "session", "stream", "device", "problem_size", "output_op", "loaded_op", "abi_bytes",
-                 "vector_bytes")
-
-    def __init__(self, arguments: "GemmArguments"):
-        op = arguments.operation
-        self.operation, self.session, self.stream = op, arguments.session, arguments.stream
-        self.device, self.problem_size, self.output_op = arguments.device, arguments.problem_size, arguments.output_op
-        self.loaded_op, self.abi_bytes = arguments._loaded_op, bytes(arguments._abi_struct)
-        self.vector_bytes = tuple(desc.alignment * desc.element.bits // 8 for desc in (op.A, op.B, op.C, op.C))
 
 
 class GemmArguments(OperationArguments):
@@ -116,33 +95,17 @@ class GemmArguments(OperationArguments):
         memo_key = _memo_key(operation, problem_size, A, B, C, D, output_op, gemm_mode, split_k_slices, batch,
                              stream, device, session)
         if memo_key is not None:
-            memo = ArgumentsMemo.of(session)
-            seen = memo.get(memo_key)
-            if seen is not None and self._from_seen(seen, A, B, C, D):
+            d = D.data_ptr()
+            addresses = (A.data_ptr(), B.data_ptr(), d if C is None else C.data_ptr(), d)
+            if self._from_memo(memo_key, session, addresses, (A, B, C, D)):
+                self.ptr_D = d
                 return
         self._validate_and_prepare(operation, problem_size, A, B, C, D, output_op, gemm_mode, split_k_slices, batch,
                                    stream, device, session)
         if memo_key is not None:
-            memo.put(memo_key, _Seen(self))
-
-    def _from_seen(self, seen: "_Seen", A, B, C, D) -> bool:
-        """The fast path: a problem validated before, other tensors. Only their addresses need checking."""
-        addresses = (A.data_ptr(), B.data_ptr(), D.data_ptr() if C is None else C.data_ptr(), D.data_ptr())
-        for address, vector_bytes in zip(addresses, seen.vector_bytes):
-            if not address or address % vector_bytes:
-                return False  # the full path says what is wrong
-        self.operation, self.session, self.stream, self.device = seen.operation, seen.session, seen.stream, \
-            seen.device
-        self.gemm_mode, self.problem_size, self.output_op = Mode.Gemm, seen.problem_size, seen.output_op
-        self.split_k_slices = self.batch = 1
-        self.tensors = DeviceTensors(seen.device, seen.stream)
-        self._keep_alive = (A, B, C, D)
-        abi = GemmUniversalArgs.from_buffer_copy(seen.abi_bytes)
-        abi.ptr_A, abi.ptr_B, abi.ptr_C, abi.ptr_D = addresses
-        self.ptr_D = addresses[3]
-        self.device.make_current()
-        self._prepared = prepare(seen.loaded_op, abi, self.stream)
-        return True
+            op = self.operation
+            self._remember(memo_key, [x.alignment * x.element.bits // 8 for x in (op.A, op.B, op.C, op.C)],
+                           ("gemm_mode", "problem_size", "output_op", "split_k_slices", "batch"))
 
     def _validate_and_prepare(self, operation, problem_size, A, B, C, D, output_op, gemm_mode, split_k_slices, batch,
                               stream, device, session):
