@@ -69,7 +69,7 @@ class LoadedOperation:
         self._functions: dict[str, object] = {}
         self._globals: dict[str, int] = {}
         self._params: collections.OrderedDict = collections.OrderedDict()
-        self._verify = os.environ.get("PYCUTLASS_VERIFY_PARAMS") == "1"  # tests: build anyway and compare
+        self.verifying = self._verify = os.environ.get("PYCUTLASS_VERIFY_PARAMS") == "1"  # tests: build and compare
         self.builder_launches = 0  # for tests and benchmarks: how often a builder ran
         self.params_reused = 0  # and how often cached Params served a new problem
 
@@ -133,6 +133,13 @@ class LoadedOperation:
         if template is None:  # Params that cannot be patched: build this one
             return self.build(abi_struct, stream)
         return template.info, _patched(template, addresses)
+
+    def check_patched(self, abi_struct, launch: "PreparedLaunch", stream: int) -> None:
+        """Build Params for ``abi_struct`` and compare them with a patched launch's (PYCUTLASS_VERIFY_PARAMS)."""
+        (grid, block, smem, semaphores), built = self.build(abi_struct, stream)
+        if (grid, block, smem, semaphores) != (launch.grid, launch.block, launch.shared_memory_bytes,
+                                               launch.semaphore_count) or bytes(built) != bytes(launch.params):
+            raise CudaError(f"{self.name}: patched Params differ from freshly built ones", operation=self.name)
 
     def cached_template(self, abi_struct):
         """The cached Params template for ``abi_struct``'s problem (None if there is none or it cannot be patched):

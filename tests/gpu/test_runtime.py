@@ -96,6 +96,18 @@ def test_patched_params_equal_built_params(beta):
         assert info == built_info and bytes(params) == bytes(built)
 
 
+def test_seen_problem_with_a_misaligned_tensor_is_still_rejected():
+    """The fast path checks the new addresses; a misaligned one goes the full way and gets its error."""
+    check_gemm(F16, *gemm_inputs(128, 64, 64, seed=20))
+    a, b, c, d = gemm_inputs(128, 64, 64, seed=21)
+    storage = torch.empty(128 * 64 + 1, dtype=torch.float16, device="cuda")
+    misaligned = storage[1:].view(128, 64)  # same shape and strides, address off by one element
+    misaligned.copy_(a)
+    with pytest.raises(cutlass.ArgumentError, match="not aligned"):
+        cutlass.GemmArguments(F16, cutlass.gemm.GemmCoord(128, 64, 64), misaligned, b, c, d,
+                              F16.epilogue_type(1.0, 0.5))
+
+
 def test_grouped_and_conv_reuse_params():
     problems = [cutlass.gemm.GemmCoord(64 + 8 * i, 128, 64) for i in range(5)]
     for round_ in range(3):
