@@ -1,0 +1,229 @@
+"""Sessions, targets, typed errors for misuse, interrupting compiles, progress and logging (no GPU needed)."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import pycutlass as cutlass
+from pycutlass import ArgumentError, DescriptionError, Target, compiler
+from pycutlass.compiler.jobs import _progress_bar
+from pycutlass.compiler.manager import Compiler
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def f16_gemm(stages=3, cc=80):
+    math = cutlass.MathInstruction([16, 8, 16], cutlass.float16, cutlass.float16, cutlass.float32,
+                                   cutlass.OpClass.TensorOp, cutlass.MathOperation.multiply_add)
+    tile = cutlass.TileDescription([128, 128, 32], stages, [2, 2, 1], math)
+    A = cutlass.TensorDescription(cutlass.float16, cutlass.RowMajor, 8)
+    B = cutlass.TensorDescription(cutlass.float16, cutlass.ColumnMajor, 8)
+    C = cutlass.TensorDescription(cutlass.float16, cutlass.RowMajor, 8)
+    epilogue = cutlass.LinearCombination(cutlass.float16, 8, cutlass.float32, cutlass.float32)
+    return cutlass.GemmOperationUniversal(cc, tile, A, B, C, epilogue)
+
+
+# --- targets ----------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text,expected", [(90, "sm_90"), ("90", "sm_90"), ("sm_90", "sm_90"), ("sm90", "sm_90"),
+                                           ("90a", "sm_90a"), ("sm_90a", "sm_90a"), ("compute_80", "sm_80"),
+                                           (86, "sm_86"), (Target(89), "sm_89")])
+def test_target_parses_the_usual_spellings(text, expected):
+    target = Target.parse(text)
+    assert target.name == expected and str(target) == expected
+    assert target.shared_memory_per_block > 48 * 1024
+
+
+@pytest.mark.parametrize("bad", [0, "sm_", "abc", "sm_9", "91", 75, "sm_75", True, None, 9.0, "80a"])
+def test_target_rejects_what_it_cannot_read(bad):
+    with pytest.raises(DescriptionError):
+        Target.parse(bad)
+
+
+def test_set_target_arch_takes_strings_and_rejects_nonsense():
+    with cutlass.Session().activate() as session:
+        compiler.set_target_arch("sm_90")
+        assert Compiler.of(session).explicit_target == Target(90)
+        compiler.set_target_arch("90a")
+        assert Compiler.of(session).explicit_target == Target(90, "a")
+        for bad in ("sm_90x", 0, "ninety", 75):
+            with pytest.raises(ArgumentError, match="target|compute capability"):
+                compiler.set_target_arch(bad)
+        compiler.set_target_arch(None)
+        assert Compiler.of(session).explicit_target is None
+
+
+def test_a_target_that_cannot_run_the_family_is_an_error_not_an_empty_kernel():
+    """set_target_arch(75) used to compile Sm80-family templates whose main loop had no mma.sync at all."""
+    with cutlass.Session(cache_path=":memory:").activate():
+        with pytest.raises(ArgumentError, match=r"compute capability 75 is not a supported target; choose one of "
+                                                r"\[80, 86, 87, 89, 90\]"):
+            compiler.set_target_arch(75)
+    assert Target(80).can_run("sm80") and Target(90, "a").can_run("sm80")
+    assert Compiler.of(cutlass.Session(target=80, cache_path=":memory:")).target_for(f16_gemm()) == Target(80)
+
+
+# --- sessions ---------------------------------------------------------------------------------------------------------
+def test_sessions_are_separate_and_activation_is_scoped():
+    one, two = cutlass.Session(backend="nvrtc", cache_path=":memory:"), cutlass.Session(backend="nvcc")
+    assert Compiler.of(one) is not Compiler.of(two) and Compiler.of(one) is Compiler.of(one)
+    assert Compiler.of(one).backend.name == "nvrtc"
+    default = cutlass.session.default()
+    with one.activate():
+        assert cutlass.session.current() is one
+        with two.activate():
+            assert cutlass.session.current() is two
+        assert cutlass.session.current() is one
+        seen = []
+        worker = threading.Thread(target=lambda: seen.append(cutlass.session.current()))
+        worker.start()
+        worker.join()
+        assert seen == [default]  # a new thread starts in the default session
+    assert cutlass.session.current() is default
+
+
+def test_session_rejects_unknown_options_and_backends():
+    with pytest.raises(ArgumentError, match="unknown Session option"):
+        cutlass.Session(bakend="nvcc")
+    with pytest.raises(ArgumentError, match="'nvcc' or 'nvrtc'"):
+        Compiler.of(cutlass.Session(backend="clang")).backend
+
+
+def test_add_module_returns_its_report_and_last_report_follows_the_session(tmp_path):
+    with cutlass.Session(target=90, cache_path=":memory:").activate():
+        report = compiler.add_module([])
+        assert report.kernels == [] and len(report) == 0 and compiler.last_report() is report
+    assert cutlass.compiler.last_report() is not report
+
+
+def test_cache_namespace_is_reachable_after_import_pycutlass(tmp_path):
+    code = ("import pycutlass, sys; c = pycutlass.cache.set_cache_path(sys.argv[1]); "
+            "assert pycutlass.cache.get_cache() is c; print(c.path)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "x.db")], capture_output=True, text=True,
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(tmp_path / "x.db")
+
+
+# --- misuse gets typed errors -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("call,match", [
+    (lambda: compiler.add_module(f16_gemm()), "takes a list of operations"),
+    (lambda: compiler.add_module([42]), "item 0 is 42, not an operation"),
+    (lambda: compiler.add_module("gemm"), "takes a list of operations"),
+    (lambda: compiler.add_module([f16_gemm()], jobs="x"), "jobs must be a positive integer"),
+    (lambda: compiler.add_module([f16_gemm()], jobs=0), "jobs must be a positive integer"),
+    (lambda: compiler.add_module([f16_gemm()], jobs=-1), "jobs must be a positive integer"),
+    (lambda: compiler.add_module([f16_gemm()], jobs=True), "jobs must be a positive integer"),
+    (lambda: f16_gemm().run(object()), "takes the arguments built for it"),
+    (lambda: compiler.use("nvcc"), "backend must be a pycutlass compiler backend"),
+])
+def test_misuse_raises_typed_errors(call, match):
+    with cutlass.Session(cache_path=":memory:").activate():
+        with pytest.raises(ArgumentError, match=match):
+            call()
+
+
+@pytest.mark.parametrize("shape", [["128", 128, 32], [128.0, 128, 32], "128x128x32", [128, 128], [True, 1, 1]])
+def test_tile_sizes_must_be_integers(shape):
+    math = f16_gemm().tile_description.math_instruction
+    with pytest.raises(DescriptionError, match="threadblock_shape must be 3"):
+        cutlass.TileDescription(shape, 3, [2, 2, 1], math)
+
+
+def test_operation_compute_capability_must_be_an_integer():
+    with pytest.raises(DescriptionError, match="compute capability '90' is not supported"):
+        f16_gemm(cc="90")
+
+
+# --- progress and logging --------------------------------------------------------------------------------------------
+def test_progress_bar_policy():
+    assert _progress_bar(1, 3, "nvcc", None) is None  # one unit: nothing to show
+    assert _progress_bar(4, 4, "nvcc", False) is None
+    bar = _progress_bar(4, 8, "nvrtc", True)
+    assert bar is not None and bar.total == 8 and "nvrtc" in bar.desc
+    bar.close()
+
+
+@pytest.mark.slow
+def test_compiles_log_under_pycutlass(caplog):
+    op = f16_gemm()
+    op.emit_body = lambda: f'extern "C" __global__ void {op.name}() {{}}\nextern "C" __global__ void {op.name}_build() {{}}\n'
+    op.headers = lambda: []
+    with caplog.at_level(logging.INFO, logger="pycutlass"), \
+            cutlass.Session(target=90, cache_path=":memory:", backend="nvrtc").activate():
+        report = compiler.add_module([op])
+    assert report.compiled == 1
+    messages = [r.getMessage() for r in caplog.records if r.name.startswith("pycutlass")]
+    assert any("compiling 1 operation(s) with nvrtc for sm_90" in m for m in messages), messages
+    assert any("add_module: 1 compiled" in m for m in messages), messages
+
+
+# --- interrupting a compile -------------------------------------------------------------------------------------------
+_COMPILE_SCRIPT = """
+import sys
+import pycutlass as c
+sys.path.insert(0, sys.argv[3])
+from test_session_and_misuse import f16_gemm
+with c.Session(target=90, cache_path=sys.argv[1], backend=sys.argv[2], progress=False).activate():
+    print("START", flush=True)
+    c.compiler.add_module([f16_gemm(3), f16_gemm(4)], jobs=2)
+print("FINISHED", flush=True)
+"""
+
+
+def _compiler_processes(marker: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(cmdline[:200])
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["nvrtc", "nvcc"])
+def test_interrupt_stops_compilers_within_two_seconds(tmp_path, backend):
+    if backend == "nvcc":
+        from pycutlass.compiler import toolchain
+
+        try:
+            toolchain.nvcc_path()
+        except cutlass.ToolchainError:
+            pytest.skip("nvcc is not installed")
+    db = tmp_path / "cache.db"
+    workdir = tmp_path / "tmp"  # the compilers' temporary files, to find their processes by
+    workdir.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TMPDIR": str(workdir)}
+    proc = subprocess.Popen([sys.executable, "-c", _COMPILE_SCRIPT, str(db), backend, str(Path(__file__).parent)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "START"
+        time.sleep(2.5)  # the compilers are running now
+        assert _compiler_processes("pycutlass.compiler.worker"), "no compile worker running"
+        start = time.perf_counter()
+        proc.send_signal(signal.SIGINT)  # the Python process only, as Jupyter interrupts
+        proc.wait(timeout=30)
+        elapsed = time.perf_counter() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr = proc.stderr.read()
+    assert "KeyboardInterrupt" in stderr and "FINISHED" not in proc.stdout.read()
+    assert elapsed < 2.0, f"the interrupt took {elapsed:.1f} s"
+    time.sleep(0.5)
+    assert not _compiler_processes("pycutlass.compiler.worker") and not _compiler_processes(str(workdir))
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM claims").fetchone()[0] == 0  # no claim left behind
