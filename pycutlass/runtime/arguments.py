@@ -67,11 +67,11 @@ class ArgumentsMemo(SessionState):
 class _Seen:
     """What the full path found for one problem signature: the kind's attributes and the cached Params."""
 
-    __slots__ = ("attributes", "loaded_op", "template", "tensors", "vector_bytes", "abi_struct")
+    __slots__ = ("attributes", "loaded_op", "template", "tensors", "vector_bytes", "abi_struct", "extra")
 
-    def __init__(self, attributes, loaded_op, template, tensors, vector_bytes, abi_struct):
+    def __init__(self, attributes, loaded_op, template, tensors, vector_bytes, abi_struct, extra):
         self.attributes, self.loaded_op, self.template = attributes, loaded_op, template
-        self.tensors, self.vector_bytes, self.abi_struct = tensors, vector_bytes, abi_struct
+        self.tensors, self.vector_bytes, self.abi_struct, self.extra = tensors, vector_bytes, abi_struct, extra
 
 
 def torch_signatures(tensors) -> tuple | None:
@@ -125,6 +125,11 @@ class OperationArguments:
                 return False  # the full path says what is wrong
         self.__dict__.update(seen.attributes)
         self.tensors = seen.tensors  # device tensors only: nothing was copied in, nothing to copy back
+        self._launch_from(seen, addresses, keep_alive)
+        return True
+
+    def _launch_from(self, seen, addresses, keep_alive) -> None:
+        """Patch the seen problem's Params with new addresses (``_pointers_`` order, missing trailing ones null)."""
         self._keep_alive = keep_alive
         fields = type(seen.abi_struct)._pointers_
         addresses = (*addresses, *(0,) * (len(fields) - len(addresses)))
@@ -134,15 +139,14 @@ class OperationArguments:
             for field, address in zip(fields, addresses):
                 setattr(abi_struct, field, address)
             seen.loaded_op.check_patched(abi_struct, self._prepared, self.stream)
-        return True
 
-    def _remember(self, memo_key, vector_bytes, attribute_names) -> None:
+    def _remember(self, memo_key, vector_bytes, attribute_names, extra=None) -> None:
         template = self._loaded_op.cached_template(self._abi_struct)
         if template is None:  # Params that cannot be patched: such a problem takes the full path every time
             return
         names = ("operation", "session", "stream", "device", "_device_request", *attribute_names)
         attributes = {name: getattr(self, name) for name in names}
-        seen = _Seen(attributes, self._loaded_op, template, self.tensors, tuple(vector_bytes), self._abi_struct)
+        seen = _Seen(attributes, self._loaded_op, template, self.tensors, tuple(vector_bytes), self._abi_struct, extra)
         ArgumentsMemo.of(self.session).put(memo_key, seen)
 
     # --- the kind interface ---------------------------------------------------------------------------------
