@@ -146,7 +146,9 @@ class OperationArguments:
             return
         names = ("operation", "session", "stream", "device", "_device_request", *attribute_names)
         attributes = {name: getattr(self, name) for name in names}
-        seen = _Seen(attributes, self._loaded_op, template, self.tensors, tuple(vector_bytes), self._abi_struct, extra)
+        # A fresh, empty DeviceTensors: the memo must not keep this object's buffers alive.
+        seen = _Seen(attributes, self._loaded_op, template, DeviceTensors(self.device, self.stream),
+                     tuple(vector_bytes), self._abi_struct, extra)
         ArgumentsMemo.of(self.session).put(memo_key, seen)
 
     # --- the kind interface ---------------------------------------------------------------------------------
