@@ -74,6 +74,20 @@ class _Seen:
         self.tensors, self.vector_bytes, self.abi_struct, self.extra = tensors, vector_bytes, abi_struct, extra
 
 
+def memo_key(*call, tensors, stream, session):
+    """The fast path's key: ``call`` (operation name, sizes, modes, epilogue values), the stream, the session and
+    the signatures of ``tensors``; None when a tensor is not a plain CUDA torch tensor or a value is unhashable."""
+    signatures = torch_signatures(tensors)
+    if signatures is None:
+        return None
+    try:
+        key = (*call, stream_handle(stream), id(session or current()), signatures)
+        hash(key)
+    except (ArgumentError, TypeError):  # an odd stream, an unhashable output_op: the full path judges
+        return None
+    return key
+
+
 def torch_signatures(tensors) -> tuple | None:
     """Signatures of plain CUDA torch tensors (None entries stay None); None if any other tensor is given."""
     signatures = []

@@ -140,10 +140,14 @@ def describe(obj, name: str) -> TensorInfo:
                         f"__cuda_array_interface__ or __dlpack__, got {type(obj).__name__}")
 
 
+_PLAIN_TORCH_TYPES = frozenset({("torch", "Tensor"), ("torch.nn.parameter", "Parameter")})
+
+
 def torch_signature(obj):
-    """(dtype, shape, strides, device) of a plain CUDA torch tensor, read cheaply; None for anything else."""
+    """(dtype, shape, strides, device) of a plain CUDA torch tensor or parameter, read cheaply; None for anything
+    else (other subclasses may override what the signature reads)."""
     kind = type(obj)
-    if kind.__name__ != "Tensor" or kind.__module__ != "torch" or not obj.is_cuda:
+    if (kind.__module__, kind.__name__) not in _PLAIN_TORCH_TYPES or not obj.is_cuda:
         return None
     return obj.dtype, obj.shape, obj.stride(), obj.get_device()
 

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from ...description.types import LayoutType
 from ...errors import ArgumentError
-from ...runtime.arguments import OperationArguments, stream_handle, torch_signatures
-from ...session import current
+from ...runtime.arguments import OperationArguments, memo_key
 from ...runtime.tensors import TensorInfo, describe, storage_type
 from ..gemm.arguments import coerce_output_op
 from .operation import Conv2dOperation
@@ -65,13 +64,7 @@ def _memo_key(operation, problem_size, A, B, C, D, output_op, split_k_mode, spli
             not isinstance(problem_size, Conv2dProblemSize) or problem_size.split_k_slices != 1 or \
             not isinstance(operation, Conv2dOperation):
         return None
-    signatures = torch_signatures((A, B, C, D))
-    if signatures is None:
-        return None
-    try:
-        return operation.name, problem_size, output_op, stream_handle(stream), id(session or current()), signatures
-    except (ArgumentError, TypeError):  # unhashable output_op, odd stream: the full path judges
-        return None
+    return memo_key(operation.name, problem_size, output_op, tensors=(A, B, C, D), stream=stream, session=session)
 
 
 class Conv2dArguments(OperationArguments):

@@ -8,9 +8,8 @@ from ...description.types import LayoutType
 from ...emit.abi import fill_epilogue
 from ...epilogue.functors import EpilogueArguments
 from ...errors import ArgumentError
-from ...runtime.arguments import OperationArguments, stream_handle, torch_signatures
+from ...runtime.arguments import OperationArguments, memo_key
 from ...runtime.tensors import describe, storage_type
-from ...session import current
 from .abi import GemmUniversalArgs
 from .matrix import check_output_geometry, matrix_geometry
 from .modes import Mode
@@ -72,13 +71,7 @@ def _memo_key(operation, problem_size, A, B, C, D, output_op, gemm_mode, split_k
             type(problem_size) not in (GemmCoord, tuple) or not isinstance(operation, GemmOperationUniversal) or \
             0 in tuple(problem_size):  # empty problems allocate stand-ins: always the full path
         return None
-    signatures = torch_signatures((A, B, C, D))
-    if signatures is None:
-        return None
-    try:
-        return operation.name, problem_size, output_op, stream_handle(stream), id(session or current()), signatures
-    except (ArgumentError, TypeError):  # unhashable output_op, odd stream: the full path judges
-        return None
+    return memo_key(operation.name, problem_size, output_op, tensors=(A, B, C, D), stream=stream, session=session)
 
 
 class GemmArguments(OperationArguments):

@@ -21,10 +21,9 @@ import numpy as np
 from ...emit.abi import LaunchInfo, fill_epilogue
 from ...errors import ArgumentError, CudaError
 from ...runtime import driver
-from ...runtime.arguments import ArgumentsMemo, OperationArguments, stream_handle, torch_signatures
+from ...runtime.arguments import ArgumentsMemo, OperationArguments, memo_key
 from ...runtime.launch import PreparedLaunch
 from ...runtime.tensors import DeviceTensors, describe, storage_type
-from ...session import current
 from ..gemm.arguments import check_problem_alignment, coerce_output_op, coerce_problem_size
 from ..gemm.matrix import MatrixGeometry, check_output_geometry, matrix_geometry
 from .abi import GemmGroupedArgs
@@ -56,13 +55,10 @@ def _memo_key(operation, problem_sizes, As, Bs, Cs, Ds, output_op, stream, devic
         if any(len(p) != 3 or 0 in p for p in sizes) or {len(As), len(Bs), len(Ds)} != {count} or \
                 (Cs is not None and len(Cs) != count):
             return None
-        signatures = torch_signatures((*As, *Bs, *(Cs or ()), *Ds))
-        if signatures is None:
-            return None
-        return (operation.name, sizes, output_op, stream_handle(stream), id(session or current()), Cs is None,
-                signatures)
-    except (ArgumentError, TypeError):  # malformed input, unhashable output_op: the full path judges
+    except TypeError:  # malformed sizes: the full path says what is wrong
         return None
+    return memo_key(operation.name, sizes, output_op, Cs is None, tensors=(*As, *Bs, *(Cs or ()), *Ds), stream=stream,
+                    session=session)
 
 
 class GemmGroupedArguments(OperationArguments):
