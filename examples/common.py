@@ -28,17 +28,17 @@ def compute_capability() -> int:
 def stop_without_gpu(kernels) -> None:
     """Without a usable GPU: print what ``add_module`` produced and exit 0. Compiling needs no GPU; running does.
 
-    ``kernels``: the list that ``pycutlass.compiler.add_module`` returned.
+    ``kernels``: what ``pycutlass.compiler.add_module`` returned (a CompileReport: iterating it gives the kernels).
     """
     if gpu_available():
         return
     binaries = {k.sha256: len(k.binary) for k in kernels}  # operations of one unit share one cubin
-    archs = sorted({k.arch for k in kernels})
+    targets = sorted({k.target for k in kernels})
     names = [k.kernel_symbol for k in kernels]
     what = " + ".join(names) if len(names) <= 2 else f"{len(names)} operations"
     report = cutlass.compiler.last_report()
     how = "from the cache" if report.compiled == 0 else f"{report.seconds:.1f} s"
-    arch = "/".join(f"sm_{a}" for a in archs)
+    arch = "/".join(targets)
     cubins = f"{len(binaries)} {arch} cubins" if len(binaries) > 1 else f"{arch} cubin"
     print(f"compiled {what} ({cubins}, {sum(binaries.values()) // 1024} KB, {kernels[0].backend}, {how}); "
           f"no GPU here, stopping before launch")

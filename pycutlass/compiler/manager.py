@@ -40,6 +40,11 @@ class CompiledKernel:
     backend: str
     target: str
 
+    @property
+    def arch(self) -> int:
+        """The target's compute capability (e.g. 90 for sm_90 and sm_90a)."""
+        return int(self.target.removeprefix("sm_").rstrip("a"))
+
 
 @dataclass
 class CompileReport:
