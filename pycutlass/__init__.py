@@ -2,10 +2,14 @@
 
 ``import pycutlass as cutlass`` runs the snippets of the PyCUTLASS guide. Importing creates no files, starts no
 CUDA context and needs no GPU: CUDA, RMM and the compilers are touched only when used.
+
+PyCUTLASS 2.11's module paths work too (``pycutlass.gemm_operation``, ``conv2d_operation``,
+``reduction_operation``, ``memory_manager``, ``library``, ``utils.device``, ``utils.reference_model``), and
+``from pycutlass import *`` gives what its scripts take from it. See docs/porting.md.
 """
 from __future__ import annotations
 
-from . import cache, compiler, conv, gemm  # noqa: F401  (namespaces of the users' API)
+from . import cache, compiler, conv, gemm, utils  # noqa: F401  (namespaces of the users' API)
 from .description.coords import GemmCoord, MatrixCoord, Tensor4DCoord
 from .description.math_instruction import MathInstruction
 from .description.tensor_description import TensorDescription
@@ -24,6 +28,9 @@ from .kinds import (Conv2dArguments, Conv2dOperation, Conv2dProblemSize, GemmArg
                     ReductionOperation, SchedulerMode, StrideSupport)
 from .runtime.memory import get_allocated_size, get_memory_pool
 from .session import Session
+from .utils import Conv2dReferenceModule, ReferenceModule
+# PyCUTLASS 2.11's module paths, importable as attributes as there (all light: no torch, no CUDA).
+from . import conv2d_operation, gemm_operation, library, memory_manager, reduction_operation  # noqa: F401,E402
 
 __version__ = "0.1.0"
 
@@ -46,16 +53,18 @@ TensorC32RSK32 = LayoutType.TensorC32RSK32
 __all__ = [
     "ArgumentError", "BatchedIdentitySwizzle", "CacheError", "CacheIntegrityWarning", "ColumnMajor",
     "ColumnMajorInterleaved32", "CompilationError", "Conv2dArguments", "Conv2dOperation", "Conv2dProblemSize",
-    "CudaError", "DataType", "DescriptionError", "FastLinearCombinationClamp", "GemmArguments", "GemmCoord",
+    "Conv2dReferenceModule", "CudaError", "DataType", "DescriptionError", "FastLinearCombinationClamp",
+    "GemmArguments", "GemmCoord",
     "GemmGroupedArguments", "GemmOperationGrouped", "GemmOperationUniversal", "HorizontalSwizzle",
     "IdentitySwizzle1", "IdentitySwizzle2", "IdentitySwizzle4", "IdentitySwizzle8", "IteratorAlgorithm",
     "LayoutType", "LinearCombination", "LinearCombinationClamp", "LinearCombinationGeneric", "MathInstruction",
     "MathOperation", "MatrixCoord", "NoGpuError", "OpClass", "PyCutlassError", "ReductionArguments",
+    "ReferenceModule",
     "ReductionOperation", "RowMajor", "Session", "RowMajorInterleaved32", "SchedulerMode", "StrideSupport",
     "StridedDgradHorizontalSwizzle", "StridedDgradIdentitySwizzle1", "StridedDgradIdentitySwizzle4",
     "SwizzlingFunctor", "Target", "Tensor4DCoord", "TensorC32RSK32", "TensorDescription", "TensorNC32HW32", "TensorNHWC",
     "TileDescription", "ToolchainError", "bfloat16", "compiler", "conv", "description", "emit", "epilogue",
     "errors", "float16", "cache", "kinds", "session", "float32", "float64", "gelu", "gemm", "get_allocated_size", "get_memory_pool",
     "hardswish", "identity", "int32", "int8", "leaky_relu", "relu", "runtime", "sigmoid", "silu",
-    "tanh", "tfloat32",
+    "tanh", "tfloat32", "utils",
 ]

@@ -1,4 +1,10 @@
-"""Coordinates and problem sizes, spelled like the C++ types (``GemmCoord(m, n, k).m()``)."""
+"""Coordinates and problem sizes, spelled like the C++ types (``GemmCoord(m, n, k).m()``).
+
+Besides the named accessors, every coordinate has what PyCUTLASS's pybind ``cutlass`` coordinates offered and
+its scripts call: ``at(i)`` (also ``coord[i]``), ``len(coord)``, iteration, and ``product()`` (``size()`` on a
+``Tensor4DCoord``); ``GemmCoord`` has CUTLASS's ``mk()``, ``kn()``, ``mn()`` (and ``nm``, ``km``, ``nk``) as
+``MatrixCoord``s.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,8 +21,44 @@ def _nonneg(name: str, value) -> int:
     return value
 
 
+class _Coord:
+    """Indexing shared by the coordinates: ``at(i)``, ``coord[i]``, ``len``, ``product()``."""
+
+    _names = ()  # the accessor names, in order
+
+    def _values(self) -> tuple[int, ...]:
+        return tuple(getattr(self, f"{name}_") for name in self._names)
+
+    def at(self, dim) -> int:
+        """The ``dim``-th entry (CUTLASS's ``Coord::at``); negative indices count from the end."""
+        if isinstance(dim, bool) or not hasattr(dim, "__index__"):
+            raise ArgumentError(f"{type(self).__name__}.at takes an integer index, got {dim!r}")
+        dim = int(dim)
+        rank = len(self._names)
+        if not -rank <= dim < rank:
+            raise IndexError(f"{type(self).__name__}.at({dim}): index out of range for rank {rank}")
+        return self._values()[dim]
+
+    def __getitem__(self, dim) -> int:
+        return self.at(dim)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __iter__(self):
+        return iter(self._values())
+
+    def product(self) -> int:
+        result = 1
+        for value in self._values():
+            result *= value
+        return result
+
+
 @dataclass(frozen=True)
-class GemmCoord:
+class GemmCoord(_Coord):
+    _names = ("m", "n", "k")  # a class attribute (no annotation): not a field
+
     m_: int
     n_: int
     k_: int
@@ -35,15 +77,33 @@ class GemmCoord:
     def k(self) -> int:
         return self.k_
 
-    def __iter__(self):
-        return iter((self.m_, self.n_, self.k_))
+    def mk(self) -> "MatrixCoord":
+        return MatrixCoord(self.m_, self.k_)
+
+    def kn(self) -> "MatrixCoord":
+        return MatrixCoord(self.k_, self.n_)
+
+    def mn(self) -> "MatrixCoord":
+        return MatrixCoord(self.m_, self.n_)
+
+    def nm(self) -> "MatrixCoord":
+        return MatrixCoord(self.n_, self.m_)
+
+    def km(self) -> "MatrixCoord":
+        return MatrixCoord(self.k_, self.m_)
+
+    def nk(self) -> "MatrixCoord":
+        return MatrixCoord(self.n_, self.k_)
 
     def __repr__(self) -> str:
         return f"GemmCoord({self.m_}, {self.n_}, {self.k_})"
 
 
+
 @dataclass(frozen=True)
-class MatrixCoord:
+class MatrixCoord(_Coord):
+    _names = ("row", "column")  # a class attribute (no annotation): not a field
+
     row_: int
     column_: int
 
@@ -57,12 +117,12 @@ class MatrixCoord:
     def column(self) -> int:
         return self.column_
 
-    def __iter__(self):
-        return iter((self.row_, self.column_))
 
 
 @dataclass(frozen=True)
-class Tensor4DCoord:
+class Tensor4DCoord(_Coord):
+    _names = ("n", "h", "w", "c")  # a class attribute (no annotation): not a field
+
     n_: int
     h_: int
     w_: int
@@ -84,5 +144,6 @@ class Tensor4DCoord:
     def c(self) -> int:
         return self.c_
 
-    def __iter__(self):
-        return iter((self.n_, self.h_, self.w_, self.c_))
+    def size(self) -> int:
+        """n * h * w * c (PyCUTLASS's ``Tensor4DCoord.size``)."""
+        return self.product()

@@ -1,7 +1,9 @@
 """Elementwise activations for LinearCombinationGeneric: ``relu(pycutlass.float32)`` and friends.
 
 Each activation names the CUTLASS functor template it emits and how many runtime arguments it takes
-(``leaky_relu`` takes its negative slope). ``reference`` is the float64 formula tests compare against.
+(``leaky_relu`` takes its negative slope). ``reference`` is the float64 formula tests compare against; as in
+PyCUTLASS, each activation also offers it as ``numpy``: ``relu.numpy(x)`` on the factory (PyCUTLASS's static
+method) and ``relu(float32).numpy(x)`` on the object, ``leaky_relu.numpy(x, leaky_alpha)``.
 """
 from __future__ import annotations
 
@@ -27,14 +29,33 @@ class Activation:
     def num_arguments(self) -> int:
         return len(self.argument_names)
 
+    def numpy(self, x, *args):
+        """This activation on ``x`` in float64 (CUTLASS's formula); ``args`` are its runtime arguments."""
+        return _numpy(self.name, self.argument_names, x, args)
+
 
 def _factory(name: str, cpp_template: str, argument_names: tuple[str, ...] = ()):
     def make(element: DataType = DataType.float32) -> Activation:
         return Activation(name, cpp_template, element, argument_names)
 
+    def numpy(x, *args):
+        return _numpy(name, argument_names, x, args)
+
     make.__name__ = name
     make.__doc__ = f"The {name} activation computed in ``element``."
+    numpy.__name__ = "numpy"
+    numpy.__qualname__ = f"{name}.numpy"
+    numpy.__doc__ = (f"{name}(x{''.join(', ' + a for a in argument_names)}) in float64 on a numpy array "
+                     f"(PyCUTLASS's ``{name}.numpy``).")
+    make.numpy = numpy
     return make
+
+
+def _numpy(name: str, argument_names: tuple[str, ...], x, args: tuple):
+    if len(args) != len(argument_names):
+        raise TypeError(f"{name}.numpy takes x and {len(argument_names)} argument(s) {list(argument_names)}, "
+                        f"got {len(args)}")
+    return reference(name, x, *args)
 
 
 identity = _factory("identity", "cutlass::epilogue::thread::Identity")

@@ -118,11 +118,34 @@ class LinearCombinationClamp(EpilogueFunctor):
 
 @dataclass(frozen=True)
 class FastLinearCombinationClamp(EpilogueFunctor):
-    """int8 output from int32 accumulators computed in float; CUTLASS's fast path, valid for K <= 256."""
+    """int8 output from int32 accumulators computed in float; CUTLASS's fast path, valid for K <= 256.
+
+    ``FastLinearCombinationClamp(element_output, alignment)``; PyCUTLASS's 4-argument form
+    ``(element_output, alignment, element_accumulator, element_epilogue)``, which scripts use to build every
+    functor alike, is accepted too: CUTLASS's functor has no such template parameters (it always reads int32 and
+    computes in float32), so those two must be int32 and float32 (or None) and change nothing.
+    """
 
     element_accumulator: DataType = field(default=DataType.int32, init=False)
     element_epilogue: DataType = field(default=DataType.float32, init=False)
     kind: str = field(default="FastLinearCombinationClamp", init=False)
+
+    def __init__(self, element_output: DataType, alignment: int, element_accumulator: DataType | None = None,
+                 element_epilogue: DataType | None = None):
+        for name, given, fixed in (("element_accumulator", element_accumulator, DataType.int32),
+                                   ("element_epilogue", element_epilogue, DataType.float32)):
+            if given is not None and given is not fixed:
+                raise DescriptionError(
+                    f"FastLinearCombinationClamp always has {name} {fixed.label} (CUTLASS's functor takes only the "
+                    f"output type and alignment); got {getattr(given, 'label', given)!r}. Leave it out, or use "
+                    f"LinearCombinationClamp")
+        object.__setattr__(self, "element_output", element_output)
+        object.__setattr__(self, "alignment", alignment)
+        object.__setattr__(self, "element_accumulator", DataType.int32)
+        object.__setattr__(self, "element_epilogue", DataType.float32)
+        object.__setattr__(self, "kind", "FastLinearCombinationClamp")
+        object.__setattr__(self, "activation", None)
+        self.__post_init__()
 
     def __post_init__(self):
         if self.element_output is not DataType.int8:

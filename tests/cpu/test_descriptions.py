@@ -311,8 +311,11 @@ def test_fast_linear_combination_clamp():
         cutlass.FastLinearCombinationClamp(cutlass.float16, 8)
     with pytest.raises(DescriptionError, match="power of two <= 16 for int8"):
         cutlass.FastLinearCombinationClamp(cutlass.int8, 32)
-    with pytest.raises(TypeError):  # accumulator and compute types are fixed, not arguments
-        cutlass.FastLinearCombinationClamp(cutlass.int8, 16, cutlass.int32)
+    # PyCUTLASS's 4-argument form: the accumulator and compute types are fixed, so only int32/float32 (or None) pass.
+    assert cutlass.FastLinearCombinationClamp(cutlass.int8, 16, cutlass.int32, cutlass.float32) == fast
+    assert cutlass.FastLinearCombinationClamp(cutlass.int8, 16, cutlass.int32) == fast
+    with pytest.raises(DescriptionError, match="always has element_epilogue float32"):
+        cutlass.FastLinearCombinationClamp(cutlass.int8, 16, cutlass.int32, cutlass.float64)
 
 
 def test_linear_combination_generic_and_activations():

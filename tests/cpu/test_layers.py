@@ -21,7 +21,10 @@ LAYERS = [
     ("runtime", ["runtime", "runtime.*"]),
     ("kind runtime", ["kinds.*.arguments", "kinds.*.matrix"]),
     ("registration", ["kinds", "kinds.*"]),
-    ("api", ["", "gemm", "conv", "cli", "__main__"]),
+    ("api", ["", "gemm", "conv", "cli", "__main__", "utils", "utils.*",
+             # PyCUTLASS 2.11's module paths (docs/porting.md)
+             "_compat", "gemm_operation", "conv2d_operation", "reduction_operation", "memory_manager", "library",
+             "parser", "test"]),
 ]
 
 
