@@ -30,12 +30,14 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlite_utils import Database
 
 from pycutlass.cache.location import check_cache_dir, default_cache_path, ensure_cache_dir
 from pycutlass.errors import CacheError, CacheIntegrityWarning
+
+if TYPE_CHECKING:  # sqlite_utils costs ~130 ms to import: only when a cache is opened
+    from sqlite_utils import Database
 
 SCHEMA_VERSION = 1
 MEMORY = ":memory:"
@@ -336,6 +338,8 @@ class ArtifactCache:
             raise CacheError(f"cannot open artifact cache {self._path} read-only: {exc}") from exc
         conn.text_factory = lambda raw: raw.decode("utf-8", errors="replace")
         try:
+            from sqlite_utils import Database
+
             db = Database(conn, recursive_triggers=False, execute_plugins=False)
             db.execute("PRAGMA busy_timeout=60000")
             db.execute("PRAGMA query_only=ON")
@@ -481,6 +485,8 @@ def _connect(target: str | Path) -> Database:
     conn.text_factory = lambda raw: raw.decode("utf-8", errors="replace")
     try:
         # No plugins: they would run arbitrary code on every connection.
+        from sqlite_utils import Database
+
         db = Database(conn, recursive_triggers=False, execute_plugins=False)
         db.execute(_PRAGMAS[0])
         _schema_version(db)  # another application's database: raise before changing anything (journal mode)
