@@ -228,15 +228,20 @@ class DeviceTensors:
         return address
 
     def upload(self, data: bytes | np.ndarray) -> int:
-        """A device copy of small host data (pointer arrays, problem sizes); kept alive with the arguments."""
-        from .memory import device_buffer_from_host
+        """A device copy of small host data we own (pointer arrays, problem sizes), kept alive with the arguments.
+
+        Ordered on the stream with no host synchronization (RMM's copying constructor synchronizes the default
+        stream); the host array stays referenced until these arguments go, so the copy always reads it intact.
+        """
+        from . import driver
 
         array = np.frombuffer(data, dtype=np.uint8) if isinstance(data, (bytes, bytearray)) else \
             np.ascontiguousarray(data)
-        self._host_sources.append(array)  # the async copy reads it until the stream reaches it
-        buffer = device_buffer_from_host(self.device, array.ctypes.data, array.nbytes, self.stream)
-        self.buffers.append(buffer)
-        return int(buffer.ptr)
+        self._host_sources.append(array)
+        address = self.allocate(array.nbytes)
+        if array.nbytes:
+            driver.memcpy_htod(address, array.ctypes.data, array.nbytes, self.stream)
+        return address
 
     def copy_back(self) -> None:
         """After the stream is synchronized: copy host-tensor outputs back into the user's arrays."""
