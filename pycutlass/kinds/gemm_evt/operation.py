@@ -13,7 +13,7 @@ from ...description.tile_description import TileDescription
 from ...description.types import GEMM_SWIZZLES, DataType, IdentitySwizzle1, LayoutType, OpClass, SwizzlingFunctor
 from ...emit import names
 from ...epilogue.visitor import BINARY_OPS, UNARY_OPS, EpilogueVisitTree, EvtDescription, EvtOutputOp, Node
-from ...errors import DescriptionError
+from ...errors import ArgumentError, DescriptionError
 from ..base import TiledOperation, check_compute_capability
 from ..gemm import operation as gemm_operation
 from ..gemm.operation import epilogue_thread_map_problem
@@ -235,8 +235,9 @@ class GemmOperationEvt(TiledOperation):
     def epilogue_type(self, *args, problem_size=None, **values) -> EvtOutputOp:
         """PyCUTLASS 2.11's visitor ``output_op``: every tensor and scalar of the tree by name, and problem_size."""
         if args:
-            raise DescriptionError("a visitor GEMM's epilogue_type takes keyword arguments only: the tree's tensors "
-                                   f"and scalars by name ({list(self.epilogue_functor.description.tensors + self.epilogue_functor.description.scalars)}) and problem_size=[M, N]")
+            d = self.epilogue_functor.description
+            raise ArgumentError("a visitor GEMM's epilogue_type takes keyword arguments only: the tree's tensors "
+                                f"and scalars by name ({list(d.tensors + d.scalars)}) and problem_size=[M, N]")
         return EvtOutputOp(self.epilogue_functor.description, problem_size, **values)
 
     def describe(self) -> str:
