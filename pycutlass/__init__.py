@@ -21,6 +21,7 @@ from .description.types import (BatchedIdentitySwizzle, DataType, HorizontalSwiz
                                  StridedDgradIdentitySwizzle4, SwizzlingFunctor)
 from .epilogue import (FastLinearCombinationClamp, LinearCombination, LinearCombinationClamp,
                        LinearCombinationGeneric, gelu, hardswish, identity, leaky_relu, relu, sigmoid, silu, tanh)
+from .epilogue.visitor import EpilogueVisitTree, reduction_op
 from .errors import (ArgumentError, CacheError, CacheIntegrityWarning, CompilationError, CudaError,
                      DescriptionError, NoGpuError, PyCutlassError, ToolchainError)
 from .kinds import (Conv2dArguments, Conv2dOperation, Conv2dProblemSize, GemmArguments, GemmGroupedArguments,
@@ -66,5 +67,5 @@ __all__ = [
     "TileDescription", "ToolchainError", "bfloat16", "compiler", "conv", "description", "emit", "epilogue",
     "errors", "float16", "cache", "kinds", "session", "float32", "float64", "gelu", "gemm", "get_allocated_size", "get_memory_pool",
     "hardswish", "identity", "int32", "int8", "leaky_relu", "relu", "runtime", "sigmoid", "silu",
-    "tanh", "tfloat32", "utils",
+    "tanh", "tfloat32", "utils", "EpilogueVisitTree", "reduction_op",
 ]

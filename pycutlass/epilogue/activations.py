@@ -55,6 +55,8 @@ def _numpy(name: str, argument_names: tuple[str, ...], x, args: tuple):
     if len(args) != len(argument_names):
         raise TypeError(f"{name}.numpy takes x and {len(argument_names)} argument(s) {list(argument_names)}, "
                         f"got {len(args)}")
+    if hasattr(x, "__evt_node__"):  # a value traced by an EpilogueVisitTree (epilogue/visitor.py)
+        return x._evt_activation(name, args)
     return reference(name, x, *args)
 
 

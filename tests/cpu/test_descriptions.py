@@ -461,10 +461,10 @@ def test_gemm_swizzles():
         assert "IdentitySwizzle8" in message and "BatchedIdentitySwizzle" in message
 
 
-def test_gemm_visitor_is_rejected():
+def test_gemm_visitor_needs_a_tree():
     A, B, C = (td(cutlass.float16, cutlass.RowMajor, 8),) * 3
     epilogue = cutlass.LinearCombination(cutlass.float16, 8, cutlass.float32, cutlass.float32)
-    with pytest.raises(DescriptionError, match="epilogue visitor tree is not supported"):
+    with pytest.raises(DescriptionError, match="must be an EpilogueVisitTree"):
         cutlass.GemmOperationUniversal(80, f16_tile(), A, B, C, epilogue, cutlass.IdentitySwizzle1, True)
 
 

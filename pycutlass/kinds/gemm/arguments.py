@@ -74,6 +74,10 @@ def _memo_key(operation, problem_size, A, B, C, D, output_op, gemm_mode, split_k
     return memo_key(operation.name, problem_size, output_op, tensors=(A, B, C, D), stream=stream, session=session)
 
 
+# Arguments of operations that GemmOperationUniversal builds for other kinds (visitor=True), by operation type.
+VISITOR_ARGUMENTS: dict = {}
+
+
 class GemmArguments(OperationArguments):
     """D = epilogue(alpha * A @ B + beta * C) in one of four modes (``pycutlass.gemm.Mode``).
 
@@ -82,6 +86,12 @@ class GemmArguments(OperationArguments):
     ReductionOperation and ReductionArguments. ``Batched`` takes 3-D tensors (or packed 1-D) and ``Array`` takes
     lists of matrices (or 3-D tensors), ``batch`` of each.
     """
+
+    def __new__(cls, operation=None, *args, **kwargs):
+        visitor_arguments = VISITOR_ARGUMENTS.get(type(operation))  # kinds/gemm_evt registers its Arguments
+        if cls is GemmArguments and visitor_arguments is not None:
+            return visitor_arguments(operation, *args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, operation, problem_size, A, B, C, D, output_op=None, gemm_mode=Mode.Gemm,
                  split_k_slices: int = 1, batch: int = 1, stream=None, device=None, session=None):

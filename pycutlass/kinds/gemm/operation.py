@@ -101,9 +101,19 @@ def epilogue_thread_map_problem(tile: TileDescription, C: TensorDescription) -> 
     return None
 
 
+# The epilogue-visitor-tree operation (kinds/gemm_evt registers it): GemmOperationUniversal(..., visitor=True) builds it.
+VISITOR_OPERATION = None
+
+
 class GemmOperationUniversal(TiledOperation):
     kind = "gemm"
     abi_struct_type = GemmUniversalArgs
+
+    def __new__(cls, *args, **kwargs):
+        visitor = kwargs.get("visitor", args[7] if len(args) > 7 else False)
+        if visitor and cls is GemmOperationUniversal and VISITOR_OPERATION is not None:
+            return VISITOR_OPERATION(*args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueFunctor,

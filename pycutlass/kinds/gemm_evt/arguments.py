@@ -1,0 +1,157 @@
+"""GemmEvtArguments: a visitor GEMM's launch. ``GemmArguments(operation, problem_size, A, B, C, D, output_op)``
+comes here when ``operation`` is a visitor GEMM (PyCUTLASS 2.11's surface): A and B are the GEMM's operands, the
+tree's tensors and scalars come from ``output_op`` (``operation.epilogue_type(**named values, problem_size=[M,
+N])``), and C and D are accepted and ignored (the tree names its own inputs and outputs).
+
+Tensor forms: M x N tensors as 2-D (M, N) with unit column stride, 3-D (batch, M, N), or packed 1-D
+(batch * M * N); vectors (row: N, column: M, reductions: M for "row", N for "column") contiguous, of the vector's
+length (broadcast over batches, inputs only) or batch times it. Reduction outputs are zeroed before every launch:
+CUTLASS's Sm80 reductions accumulate tiles with atomic adds.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...epilogue.visitor import EvtOutputOp
+from ...errors import ArgumentError
+from ...runtime import driver
+from ...runtime.arguments import OperationArguments
+from ...runtime.tensors import describe, storage_type
+from ..gemm import arguments as gemm_arguments
+from ..gemm.arguments import GemmArguments, check_problem_alignment, coerce_problem_size
+from ..gemm.modes import Mode
+from .abi import GemmEvtArgs
+from .operation import GemmOperationEvt
+
+
+class GemmEvtArguments(GemmArguments):
+    def __init__(self, operation, problem_size, A, B, C=None, D=None, output_op=None, gemm_mode=Mode.Gemm,
+                 split_k_slices: int = 1, batch: int = 1, stream=None, device=None, session=None):
+        if not isinstance(operation, GemmOperationEvt):
+            raise ArgumentError(f"GemmEvtArguments needs a visitor GEMM, got {type(operation).__name__}")
+        OperationArguments.__init__(self, operation, stream, device, session)
+        try:
+            mode = Mode(gemm_mode)
+        except ValueError:
+            raise ArgumentError(f"gemm_mode must be Mode.Gemm or Mode.Batched, got {gemm_mode!r}") from None
+        if mode not in (Mode.Gemm, Mode.Batched):
+            raise ArgumentError(f"a visitor GEMM runs in Mode.Gemm or Mode.Batched (CUTLASS's Sm80 EVT has no "
+                                f"split-K or array mode), got {mode.name}")
+        if split_k_slices != 1:
+            raise ArgumentError(f"a visitor GEMM does not split K (CUTLASS's Sm80 EVT), got split_k_slices="
+                                f"{split_k_slices!r}")
+        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+            raise ArgumentError(f"batch must be a positive integer, got {batch!r}")
+        if mode is Mode.Gemm and batch != 1:
+            raise ArgumentError(f"batch must be 1 in Gemm mode (use Mode.Batched), got {batch}")
+        if not isinstance(output_op, EvtOutputOp) or \
+                output_op.description != operation.epilogue_functor.description:
+            raise ArgumentError("output_op must come from operation.epilogue_type(**tensors and scalars by name, "
+                                f"problem_size=[M, N]) of this operation, got {output_op!r}")
+        self.gemm_mode, self.split_k_slices, self.batch = mode, 1, int(batch)
+        self.problem_size = coerce_problem_size(problem_size)
+        self.output_op = output_op
+        m, n, k = self.problem_size
+        if output_op.problem_size is not None and tuple(output_op.problem_size[:2]) != (m, n):
+            raise ArgumentError(f"output_op's problem_size {list(output_op.problem_size)} differs from the GEMM's "
+                                f"M, N = {[m, n]}")
+        check_problem_alignment(operation, m, n, k)
+        self._operands = {}
+        for label, tensor, rows, cols, layout, element in (
+                ("A", A, m, k, operation.A.layout, operation.A.element),
+                ("B", B, k, n, operation.B.layout, operation.B.element)):
+            self._operands[label] = self._describe_operand(label, tensor, rows, cols, layout, element, self.batch)
+        self._tree_tensors = {name: self._describe_tree_tensor(name) for name in output_op.description.tensors}
+        self._materialize()
+        output_op._arguments = self
+
+    def _describe_tree_tensor(self, name):
+        op, description = self.operation, self.output_op.description
+        m, n, _ = self.problem_size
+        batch = self.batch
+        kind = description.tensor_kind(name)
+        tree = op.epilogue_functor
+        element = tree.element_compute if kind.startswith("reduce") else tree.element_output
+        info = describe(self.output_op.tensor(name), name)
+        if info.element is not storage_type(element):
+            raise ArgumentError(f"{name}: the tree's {kind} {name!r} holds {storage_type(element).label} elements, "
+                                f"got {info.element.label}")
+        is_output = kind in ("store", "reduce_row", "reduce_column")
+        if kind in ("tensor", "store"):
+            shape, strides = info.shape, info.strides
+            if len(shape) >= 2 and shape[-2:] == (m, n) and (strides[-1] == 1 or n == 1) and \
+                    (len(shape) == 2 and batch == 1 or len(shape) == 3 and shape[0] == batch):
+                ld = strides[-2]
+                batch_stride = strides[0] if len(shape) == 3 else 0
+            elif info.is_contiguous and info.numel == batch * m * n:
+                ld, batch_stride = n, m * n
+            else:
+                raise ArgumentError(f"{name}: an M x N tensor ({m} x {n}, batch {batch}) must be (M, N) with unit "
+                                    f"column stride, (batch, M, N), or {batch * m * n} packed elements; got shape "
+                                    f"{info.shape} strides {info.strides}")
+            if ld % op.C.alignment or (batch > 1 and batch_stride % op.C.alignment):
+                raise ArgumentError(f"{name}: leading dimension {ld} and batch stride must be multiples of the "
+                                    f"alignment {op.C.alignment}")
+            if is_output and batch_stride == 0 and batch > 1:
+                raise ArgumentError(f"{name}: an output needs one matrix per batch")
+        else:
+            length = {"row": n, "column": m, "reduce_row": m, "reduce_column": n}[kind]
+            if not info.is_contiguous or info.numel not in (length, batch * length) or \
+                    (is_output and info.numel != batch * length):
+                raise ArgumentError(f"{name}: the {kind} vector needs {length} contiguous elements"
+                                    f"{'' if is_output else ' (broadcast over batches)'} or {batch} x {length}; got "
+                                    f"shape {info.shape} strides {info.strides}")
+            ld, batch_stride = 0, (length if info.numel == batch * length and batch > 1 else 0)
+        if info.kind == "device" and kind in ("tensor", "store", "row"):
+            vector_bytes = op.C.alignment * info.itemsize
+            if info.device_address % vector_bytes:
+                raise ArgumentError(f"{name}: address {info.device_address:#x} is not aligned to {vector_bytes} bytes")
+        return info, kind, ld, batch_stride, is_output
+
+    def _tensor_infos(self) -> list:
+        return [info for _, info, _ in self._operands.values()] + [t[0] for t in self._tree_tensors.values()]
+
+    def _allocate(self) -> None:
+        self.addresses, self.lds, self.batch_strides = {}, {}, {}
+        for label, (_, info, geometry) in self._operands.items():
+            address = self.tensors.address(info)
+            self._check_address(info, address, getattr(self.operation, label).alignment)
+            self.addresses[label], self.lds[label], self.batch_strides[label] = \
+                address, geometry.ld, geometry.batch_stride
+        self._reductions = []
+        for name, (info, kind, ld, batch_stride, is_output) in self._tree_tensors.items():
+            address = self.tensors.address(info, is_output=is_output)
+            self.addresses[name], self.lds[name], self.batch_strides[name] = address, ld, batch_stride
+            if kind.startswith("reduce"):
+                self._reductions.append((address, max(info.numel, 1) * info.itemsize))
+        self.ptr_D = 0
+        self.workspace = 0
+        self.semaphore = 0
+
+    def bind(self, loaded_op=None) -> GemmEvtArgs:
+        m, n, k = self.problem_size
+        description = self.output_op.description
+        a = GemmEvtArgs()
+        a.mode = int(self.gemm_mode)
+        a.m, a.n, a.k = m, n, k
+        a.batch_count = self.batch
+        a.ptr_A, a.ptr_B = self.addresses["A"], self.addresses["B"]
+        a.lda, a.ldb = self.lds["A"], self.lds["B"]
+        a.batch_stride_A, a.batch_stride_B = self.batch_strides["A"], self.batch_strides["B"]
+        for i, name in enumerate(description.tensors):
+            setattr(a, f"ptr_{i}", self.addresses[name])
+            setattr(a, f"ld_{i}", self.lds[name])
+            setattr(a, f"batch_stride_{i}", self.batch_strides[name])
+        for j, value in enumerate(self.output_op.scalars):
+            setattr(a, f"scalar_{j}", value)
+        return a
+
+    def after_build(self, loaded_op, launch, abi_struct) -> None:
+        pass
+
+    def before_launch(self) -> None:
+        for address, nbytes in self._reductions:  # the reductions add into their outputs atomically
+            driver.memset_d8(address, 0, nbytes, self.stream)
+
+
+gemm_arguments.VISITOR_ARGUMENTS[GemmOperationEvt] = GemmEvtArguments

@@ -1,0 +1,254 @@
+"""GemmOperationEvt: a CUTLASS 2.x (Sm80-family) GEMM whose epilogue is an epilogue visitor tree.
+
+``GemmOperationUniversal(..., epilogue_functor=<EpilogueVisitTree>, visitor=True)`` builds one (PyCUTLASS 2.11's
+spelling). The kernel is CUTLASS 4.2's ``GemmWithEpilogueVisitor`` (``DefaultGemmWithVisitor``) and the tree is
+emitted as CUTLASS's own Sm80 EVT types (``Sm80EVT``, ``VisitorAccFetch``, ``VisitorAuxLoad``, ...): see
+``emit_tree``. The builder fills the tree's ``Params`` (for the Sm80 visitors, equal to their ``Arguments``) by
+nested aggregate initialization from the ABI struct's tensor slots and scalars.
+"""
+from __future__ import annotations
+
+from ...description.tensor_description import TensorDescription
+from ...description.tile_description import TileDescription
+from ...description.types import GEMM_SWIZZLES, DataType, IdentitySwizzle1, LayoutType, OpClass, SwizzlingFunctor
+from ...emit import names
+from ...epilogue.visitor import BINARY_OPS, UNARY_OPS, EpilogueVisitTree, EvtDescription, EvtOutputOp, Node
+from ...errors import ArgumentError, DescriptionError
+from ..base import TiledOperation, check_compute_capability
+from ..gemm import operation as gemm_operation
+from ..gemm.operation import epilogue_thread_map_problem
+from .abi import GemmEvtArgs
+
+_ROUND = "cutlass::FloatRoundStyle::round_to_nearest"
+
+
+class TreeEmitter:
+    """Turns an EvtDescription into C++ ``using`` declarations and the matching nested Params initializer.
+
+    A node returned as an M x N output is wrapped in a ``VisitorAuxStore`` the first time it is emitted (a shared
+    node reached again is recomputed, as in PyCUTLASS 2.11); a reduction output wraps its operand in CUTLASS's
+    reduction visitor. Independent outputs are joined under a compute node that forwards its first operand.
+    """
+
+    def __init__(self, description: EvtDescription, element_output: str, element_compute: str):
+        self.description = description
+        self.out = element_output
+        self.compute = element_compute
+        self.lines: list[str] = []
+        self.functors: list[str] = []
+        self.count = 0
+        self.stores = {node: name for name, node in description.outputs if node.op != "reduction"}
+        self.stored: set = set()
+
+    def _new(self, definition: str) -> str:
+        name = f"N{self.count}"
+        self.count += 1
+        self.lines.append(f"using {name} = {definition};")
+        return name
+
+    def _slot(self, name: str) -> int:
+        return self.description.tensors.index(name)
+
+    def _compute(self, functor: str) -> str:
+        return f"VisitorCompute<{functor}, {self.compute}, {self.compute}, {_ROUND}>"
+
+    def node(self, node: Node) -> tuple[str, str]:
+        """(C++ type, Params initializer) of ``node``, storing it if it is an output not yet stored."""
+        if node in self.stores and node not in self.stored:
+            self.stored.add(node)
+            inner_type, inner_args = self._plain(node)
+            i = self._slot(self.stores[node])
+            store = (f"VisitorAuxStore<ThreadMap, {self.out}, {_ROUND}, cute::Stride<int64_t, cute::_1, int64_t>>")
+            args = (f"{{reinterpret_cast<{self.out} *>(a.ptr_{i}), {{a.ld_{i}, cute::_1{{}}, a.batch_stride_{i}}}}}")
+            return self._new(f"Sm80EVT<{store}, {inner_type}>"), f"{{{inner_args}, {args}}}"
+        return self._plain(node)
+
+    def _plain(self, node: Node) -> tuple[str, str]:
+        op = node.op
+        if op == "acc":
+            return "VisitorAccFetch", "{}"
+        if op in ("scalar", "const"):
+            value = f"a.scalar_{self.description.scalars.index(node.name)}" if op == "scalar" else repr(node.value[0])
+            return (self._new(f"VisitorScalarBroadcast<{self.compute}>"),
+                    f"{{{{{self.compute}({value})}}, {{}}, {{}}}}")
+        if op in ("tensor", "row", "column"):
+            i = self._slot(node.name)
+            stride = {"tensor": "int64_t, cute::_1, int64_t", "row": "cute::_0, cute::_1, int64_t",
+                      "column": "cute::_1, cute::_0, int64_t"}[op]
+            value = {"tensor": f"a.ld_{i}, cute::_1{{}}", "row": "cute::_0{}, cute::_1{}",
+                     "column": "cute::_1{}, cute::_0{}"}[op]
+            visitor = {"tensor": "VisitorAuxLoad", "row": "VisitorRowBroadcast", "column": "VisitorColBroadcast"}[op]
+            return (self._new(f"{visitor}<ThreadMap, {self.out}, cute::Stride<{stride}>>"),
+                    f"{{reinterpret_cast<{self.out} *>(a.ptr_{i}), {self.out}(0), {{{value}, a.batch_stride_{i}}}}}")
+        if op in BINARY_OPS:
+            (ta, aa), (tb, ab) = self.node(node.inputs[0]), self.node(node.inputs[1])
+            return self._new(f"Sm80EVT<{self._compute(BINARY_OPS[op])}, {ta}, {tb}>"), f"{{{aa}, {ab}, {{}}}}"
+        if op in UNARY_OPS:
+            functor = UNARY_OPS[op]
+            if functor is None:  # leaky_relu with a constant slope
+                functor = f"LeakyRelu{len(self.functors)}"
+                self.functors.append(
+                    f"template <class T> struct {functor} {{\n"
+                    f"  CUTLASS_HOST_DEVICE T operator()(T const &x) const {{\n"
+                    f"    cutlass::epilogue::thread::LeakyReLU<T> op;\n"
+                    f"    return op(x, typename T::Element({node.value[0]!r}));\n  }}\n}};")
+            ta, aa = self.node(node.inputs[0])
+            return self._new(f"Sm80EVT<{self._compute(functor)}, {ta}>"), f"{{{aa}, {{}}}}"
+        raise DescriptionError(f"EpilogueVisitTree: node {node.label()} cannot be emitted")  # pragma: no cover
+
+    def reduction(self, name: str, node: Node) -> tuple[str, str]:
+        ta, aa = self.node(node.inputs[0])
+        i = self._slot(name)
+        if node.value[0] == "row":  # sum over N: one value per row, CUTLASS's column-vector reduction
+            visitor = (f"VisitorColReduction<cutlass::plus, cutlass::atomic_add, ThreadMap, {self.compute}, "
+                       f"{self.compute}, {_ROUND}, cute::Stride<cute::_1, cute::_0, int64_t>>")
+            stride = "cute::_1{}, cute::_0{}"
+        else:
+            visitor = (f"VisitorRowReduction<cutlass::plus, cutlass::atomic_add, ThreadMap, {self.compute}, "
+                       f"{self.compute}, {_ROUND}, cute::Stride<cute::_0, cute::_1, int64_t>>")
+            stride = "cute::_0{}, cute::_1{}"
+        args = f"{{reinterpret_cast<{self.compute} *>(a.ptr_{i}), {self.compute}(0), {{{stride}, a.batch_stride_{i}}}}}"
+        return self._new(f"Sm80EVT<{visitor}, {ta}>"), f"{{{aa}, {args}}}"
+
+    def emit(self) -> tuple[str, str]:
+        """(declarations ending in ``using Callbacks``, the Params initializer)."""
+        outputs = self.description.outputs
+        roots = []
+        for name, node in outputs:
+            if node.op == "reduction":
+                roots.append((name, node))
+            elif not any(_contains(other, node) for other_name, other in outputs if other_name != name):
+                roots.append((name, node))
+        emitted = [self.reduction(name, node) if node.op == "reduction" else self.node(node) for name, node in roots]
+        # Stores reached only through a reduction's operand were emitted there; any left are roots already.
+        if len(emitted) == 1:
+            root_type, root_args = emitted[0]
+        else:
+            joined = ", ".join(t for t, _ in emitted)
+            root_type = self._new(f"Sm80EVT<{self._compute('KeepFirst')}, {joined}>")
+            root_args = "{" + ", ".join(a for _, a in emitted) + ", {}}"
+        self.lines.append(f"using Callbacks = {root_type};")
+        return "\n".join(self.functors + self.lines), root_args
+
+
+def _contains(tree: Node, node: Node) -> bool:
+    if tree == node:
+        return True
+    return any(_contains(child, node) for child in tree.inputs)
+
+
+def emit_tree(functor: EpilogueVisitTree) -> tuple[str, str]:
+    return TreeEmitter(functor.description, names.ELEMENT[functor.element_output],
+                       names.ELEMENT[functor.element_compute]).emit()
+
+
+class GemmOperationEvt(TiledOperation):
+    kind = "gemm_evt"
+    abi_struct_type = GemmEvtArgs
+
+    def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
+                 C: TensorDescription, epilogue_functor: EpilogueVisitTree,
+                 swizzling_functor: SwizzlingFunctor = IdentitySwizzle1, visitor: bool = True):
+        what = "GemmOperationUniversal(visitor=True)"
+        self.compute_capability = check_compute_capability(arch)
+        if not isinstance(epilogue_functor, EpilogueVisitTree):
+            raise DescriptionError(f"{what}: epilogue_functor must be an EpilogueVisitTree subclass instance, got "
+                                   f"{epilogue_functor!r}")
+        for label, desc in (("A", A), ("B", B), ("C", C)):
+            if not isinstance(desc, TensorDescription):
+                raise DescriptionError(f"{what}: {label} must be a TensorDescription, got {desc!r}")
+            if desc.layout not in (LayoutType.RowMajor, LayoutType.ColumnMajor):
+                raise DescriptionError(f"{what}: {label} must be RowMajor or ColumnMajor, got {desc.layout.value}")
+        if not isinstance(tile_description, TileDescription):
+            raise DescriptionError(f"{what}: tile_description must be a TileDescription, got {tile_description!r}")
+        math = tile_description.math_instruction
+        if math.opcode_class is not OpClass.TensorOp:
+            raise DescriptionError(f"{what}: CUTLASS's Sm80 visitor epilogue uses the tensor-op output thread map; "
+                                   f"use a TensorOp math instruction")
+        if C.layout is not LayoutType.RowMajor:
+            raise DescriptionError(f"{what}: the visitor's tensors are row-major M x N; C must be RowMajor, got "
+                                   f"{C.layout.value}")
+        allowed = {math.element_a} | ({DataType.float32} if math.element_a is DataType.tfloat32 else set())
+        for label, desc in (("A", A), ("B", B)):
+            if desc.element not in allowed:
+                raise DescriptionError(f"{what}: {label}.element is {desc.element.label} but the math instruction "
+                                       f"multiplies {math.element_a.label}")
+        tree = epilogue_functor
+        if tree.element_output is not C.element:
+            raise DescriptionError(f"{what}: the tree writes {tree.element_output.label} but C is {C.element.label}")
+        if tree.alignment != C.alignment:
+            raise DescriptionError(f"{what}: the tree's elements_per_access {tree.alignment} must equal C's "
+                                   f"alignment {C.alignment}")
+        if tree.element_accumulator is not math.element_accumulator:
+            raise DescriptionError(f"{what}: the tree reads {tree.element_accumulator.label} accumulators but the "
+                                   f"math instruction accumulates in {math.element_accumulator.label}")
+        problem = epilogue_thread_map_problem(tile_description, C)
+        if problem:
+            raise DescriptionError(f"{what}: {problem}")
+        if tile_description.stages > 2:
+            for label, desc in (("A", A), ("B", B)):
+                if desc.access_bits < 32:
+                    raise DescriptionError(f"{what}: {label} alignment {desc.alignment} is below the 32-bit minimum "
+                                           f"of multistage kernels")
+        if swizzling_functor not in GEMM_SWIZZLES:
+            raise DescriptionError(f"{what}: swizzling_functor must be one of {[s.name for s in GEMM_SWIZZLES]}, "
+                                   f"got {swizzling_functor!r}")
+        self.tile_description = tile_description
+        self.A, self.B, self.C = A, B, C
+        self.epilogue_functor = tree
+        self.swizzling_functor = swizzling_functor
+        self.arch = arch
+        self.visitor = True
+        tile_description.check_shared_memory(arch)
+
+    def _signature(self) -> tuple:
+        return ("gemm_evt", self.compute_capability, self.tile_description, self.A, self.B, self.C,
+                self.epilogue_functor._key(), self.swizzling_functor)
+
+    def _readable_name(self) -> str:
+        layouts = "".join(names.LAYOUT_SHORT[d.layout] for d in (self.A, self.B, self.C))
+        return f"gemm_evt_{self._types_and_tile_name(layouts)}"
+
+    def headers(self) -> list[str]:
+        return ["cutlass/gemm/kernel/default_gemm_universal_with_visitor.h",
+                "cutlass/gemm/threadblock/threadblock_swizzle.h", "cutlass/epilogue/thread/activation.h"]
+
+    def emit_body(self) -> str:
+        tile = self.tile_description
+        math = tile.math_instruction
+        operand = names.ELEMENT[DataType.tfloat32] if math.element_a is DataType.tfloat32 else None
+        declarations, params = emit_tree(self.epilogue_functor)
+        return self.render(
+            "gemm_evt.cu.j2", name=self.name, summary=self.describe(), tree=declarations, tree_params=params,
+            element_a=operand or names.ELEMENT[self.A.element], layout_a=names.LAYOUT[self.A.layout],
+            alignment_a=self.A.alignment,
+            element_b=operand or names.ELEMENT[self.B.element], layout_b=names.LAYOUT[self.B.layout],
+            alignment_b=self.B.alignment,
+            element_c=names.ELEMENT[self.C.element], layout_c=names.LAYOUT[self.C.layout], alignment_c=self.C.alignment,
+            element_accumulator=names.ELEMENT[math.element_accumulator],
+            element_compute=names.ELEMENT[self.epilogue_functor.element_compute],
+            opclass=names.OPCLASS[math.opcode_class], arch_tag=names.arch_tag(self.family),
+            threadblock_shape=tile.threadblock_shape, warp_shape=tile.warp_shape,
+            instruction_shape=math.instruction_shape, swizzle=names.gemm_swizzle(self.swizzling_functor),
+            stages=tile.stages, math_operation=names.MATH_OPERATION[math.math_operation])
+
+    def epilogue_type(self, *args, problem_size=None, **values) -> EvtOutputOp:
+        """PyCUTLASS 2.11's visitor ``output_op``: every tensor and scalar of the tree by name, and problem_size."""
+        if args:
+            d = self.epilogue_functor.description
+            raise ArgumentError("a visitor GEMM's epilogue_type takes keyword arguments only: the tree's tensors "
+                                f"and scalars by name ({list(d.tensors + d.scalars)}) and problem_size=[M, N]")
+        return EvtOutputOp(self.epilogue_functor.description, problem_size, **values)
+
+    def describe(self) -> str:
+        math = self.tile_description.math_instruction
+        return (f"GEMM+EVT sm{self.compute_capability} {math.opcode_class.name} "
+                f"A={self.A.element.label}/{self.A.layout.value}/{self.A.alignment} "
+                f"B={self.B.element.label}/{self.B.layout.value}/{self.B.alignment} "
+                f"C={self.C.element.label}/{self.C.layout.value}/{self.C.alignment} "
+                f"acc={math.element_accumulator.label} tile={self.tile_description.procedural_name()} "
+                f"epilogue={self.epilogue_functor.describe()} swizzle={self.swizzling_functor.name}")
+
+
+# GemmOperationUniversal(..., visitor=True) builds this operation (kinds/gemm/operation.py asks for it).
+gemm_operation.VISITOR_OPERATION = GemmOperationEvt
