@@ -62,6 +62,16 @@ class MathInstruction:
         key = (self.opcode_class, shape, self.element_a, self.element_accumulator)
         allowed = VALID_MATH_INSTRUCTIONS.get(key)
         if allowed is None or self.math_operation not in allowed:
+            if self.opcode_class is _T and self.element_a is _S8 and self.math_operation is _MA:
+                # cutlass/arch/mma_sm80.h defines the int8 mma.sync only as OpMultiplyAddSaturate (.satfinite); with
+                # OpMultiplyAdd, arch::Mma<GemmShape<16,8,32>, 32, int8_t, ...> is an incomplete type. PyCUTLASS 2.11
+                # and CUTLASS's generator use multiply_add_saturate for int8.
+                raise DescriptionError(
+                    f"MathInstruction TensorOp {list(shape)} int8->{self.element_accumulator.label} with multiply_add "
+                    f"is not supported: CUTLASS's Sm80 int8 tensor-core mma (cutlass/arch/mma_sm80.h) exists only as "
+                    f"OpMultiplyAddSaturate (mma.sync ... .satfinite); use MathOperation.multiply_add_saturate (the "
+                    f"same products and sums, clamped instead of wrapped on int32 overflow). "
+                    f"Valid combinations:\n{_describe_valid()}")
             raise DescriptionError(
                 f"MathInstruction {self.opcode_class.name} {list(shape)} {self.element_a.label}->"
                 f"{self.element_accumulator.label} with {self.math_operation.name} is not supported. "

@@ -8,6 +8,9 @@ from .math_instruction import MathInstruction
 from .target import Target
 from .types import OpClass
 
+# Warp-tile widths (N) that CUTLASS's tensor-op epilogues compute correctly.
+WARP_N_TENSOR_OP = (16, 32, 64)
+
 
 def _triple(name: str, value) -> tuple[int, int, int]:
     try:
@@ -55,11 +58,18 @@ class TileDescription:
                     raise DescriptionError(
                         f"warp tile {list(warp)} (threadblock {list(tb)} / warps {list(warps)}) is not a multiple "
                         f"of the instruction shape {list(inst)} along {axis}")
-            if warp[1] not in (32, 64):
-                # CUTLASS's tensor-op epilogues are written for warp tiles 32 or 64 wide: 16 does not compile and
-                # 128 compiles but writes wrong results in the mixed-precision epilogue.
+            if warp[1] not in WARP_N_TENSOR_OP:
+                # CUTLASS's tensor-op epilogues take warp tiles 16, 32 or 64 wide (CUTLASS's generator never makes
+                # them wider). At 128 the mixed-precision epilogue (TileIteratorTensorOpMixed) picks one shared-memory
+                # pointer per 1024-bit column block and writes wrong results; 8 (and other widths) do not compile.
                 raise DescriptionError(f"warp tile {list(warp)} (threadblock {list(tb)} / warps {list(warps)}) must be "
-                                       f"32 or 64 wide in N for tensor-op epilogues; change warp_count")
+                                       f"16, 32 or 64 wide in N for tensor-op epilogues; change warp_count")
+            if self.math_instruction.element_a.bits == 64 and (warp[0] % 16 or warp[1] % 16):
+                # The 64-bit operand iterators (MmaTensorOpMultiplicandTileIterator for 64b, mma_tensor_op_tile_
+                # iterator_sm80.h) static_assert "Divisibility." unless the warp tile's M and N are multiples of 16.
+                raise DescriptionError(f"float64 tensor-op warp tile {list(warp)} (threadblock {list(tb)} / warps "
+                                       f"{list(warps)}) must have M and N multiples of 16 (CUTLASS's 64-bit operand "
+                                       f"iterators static_assert 'Divisibility.'); change warp_count")
             if tb[2] < 2 * inst[2] and self.math_instruction.element_a.bits < 64:
                 raise DescriptionError(f"threadblock K ({tb[2]}) must hold at least two instruction K-steps "
                                        f"({2 * inst[2]}) for {self.math_instruction.element_a.label}")

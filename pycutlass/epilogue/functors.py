@@ -34,7 +34,8 @@ class EpilogueFunctor:
         if self.element_epilogue.is_integer:
             raise DescriptionError(f"{type(self).__name__}: the epilogue computes in a floating-point type, "
                                    f"got {self.element_epilogue.label}")
-        max_alignment = 128 // self.element_output.bits
+        # Up to 256 bits: tensor-op GEMM epilogues store C/D 32 bytes at a time (the operations check the rest).
+        max_alignment = 256 // self.element_output.bits
         if not isinstance(self.alignment, int) or self.alignment < 1 or self.alignment > max_alignment \
                 or self.alignment & (self.alignment - 1):
             raise DescriptionError(f"{type(self).__name__}.alignment {self.alignment!r} must be a power of two "

@@ -240,12 +240,13 @@ def test_tile_too_much_shared_memory_for_sm80():
 
 # --- TensorDescription -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("element, allowed", [
-    (cutlass.float16, [1, 2, 4, 8]), (cutlass.bfloat16, [1, 2, 4, 8]), (cutlass.float32, [1, 2, 4]),
-    (cutlass.int8, [1, 2, 4, 8, 16]), (cutlass.int32, [1, 2, 4]),
+    (cutlass.float16, [1, 2, 4, 8, 16]), (cutlass.bfloat16, [1, 2, 4, 8, 16]), (cutlass.float32, [1, 2, 4, 8]),
+    (cutlass.int8, [1, 2, 4, 8, 16]), (cutlass.int32, [1, 2, 4, 8]),
 ])
 def test_tensor_alignment_rules(element, allowed):
     for alignment in allowed:
-        assert td(element, cutlass.RowMajor, alignment).access_bits == alignment * element.bits <= 128
+        # up to 256 bits: a tensor-op GEMM's C may use them; the operations keep A and B (and other C) to 128
+        assert td(element, cutlass.RowMajor, alignment).access_bits == alignment * element.bits <= 256
     for bad in {0, 3, 2 * allowed[-1], -1} - set(allowed):
         with pytest.raises(DescriptionError) as info:
             td(element, cutlass.RowMajor, bad)
@@ -254,8 +255,11 @@ def test_tensor_alignment_rules(element, allowed):
 
 
 def test_tensor_f16_alignment_16_rejected():
-    with pytest.raises(DescriptionError, match=r"alignment 16 is not valid for float16.*\[1, 2, 4, 8\]"):
-        td(cutlass.float16, cutlass.ColumnMajor, 16)
+    with pytest.raises(DescriptionError, match=r"alignment 32 is not valid for float16.*\[1, 2, 4, 8, 16\]"):
+        td(cutlass.float16, cutlass.ColumnMajor, 32)
+    # 16 x float16 = 256 bits: a description, but no main loop loads A or B that wide
+    with pytest.raises(DescriptionError, match="B alignment 16 x 16 bits exceeds the 128-bit loads"):
+        f16_gemm(B=td(cutlass.float16, cutlass.ColumnMajor, 16))
 
 
 def test_tensor_f64_alignment_2_rejected():
@@ -289,10 +293,10 @@ def test_epilogue_functor_checks():
     for functor in (cutlass.LinearCombination, cutlass.LinearCombinationClamp):
         ok = functor(cutlass.float16, 8, cutlass.float32, cutlass.float32)
         assert ok.alignment == 8 and ok.activation is None and ok.kind == functor.__name__
-        with pytest.raises(DescriptionError, match=rf"{functor.__name__}.alignment 16 must be a power of two <= 8 "
+        with pytest.raises(DescriptionError, match=rf"{functor.__name__}.alignment 32 must be a power of two <= 16 "
                                                    rf"for float16"):
-            functor(cutlass.float16, 16, cutlass.float32, cutlass.float32)
-        with pytest.raises(DescriptionError, match="power of two <= 4 for float32"):
+            functor(cutlass.float16, 32, cutlass.float32, cutlass.float32)
+        with pytest.raises(DescriptionError, match="power of two <= 8 for float32"):
             functor(cutlass.float32, 3, cutlass.float32, cutlass.float32)
         with pytest.raises(DescriptionError, match="power of two"):
             functor(cutlass.float32, 0, cutlass.float32, cutlass.float32)
@@ -309,8 +313,8 @@ def test_fast_linear_combination_clamp():
     assert fast.element_accumulator is cutlass.int32 and fast.element_epilogue is cutlass.float32
     with pytest.raises(DescriptionError, match="FastLinearCombinationClamp writes int8 output, got float16"):
         cutlass.FastLinearCombinationClamp(cutlass.float16, 8)
-    with pytest.raises(DescriptionError, match="power of two <= 16 for int8"):
-        cutlass.FastLinearCombinationClamp(cutlass.int8, 32)
+    with pytest.raises(DescriptionError, match="power of two <= 32 for int8"):
+        cutlass.FastLinearCombinationClamp(cutlass.int8, 64)
     # PyCUTLASS's 4-argument form: the accumulator and compute types are fixed, so only int32/float32 (or None) pass.
     assert cutlass.FastLinearCombinationClamp(cutlass.int8, 16, cutlass.int32, cutlass.float32) == fast
     assert cutlass.FastLinearCombinationClamp(cutlass.int8, 16, cutlass.int32) == fast
@@ -329,8 +333,8 @@ def test_linear_combination_generic_and_activations():
         cutlass.LinearCombinationGeneric("relu", cutlass.float16, 8)
     with pytest.raises(DescriptionError, match="activation relu computes in a floating-point type"):
         cutlass.relu(cutlass.int32)
-    with pytest.raises(DescriptionError, match="alignment 16 must be a power of two <= 8"):
-        cutlass.LinearCombinationGeneric(cutlass.relu(cutlass.float32), cutlass.float16, 16)
+    with pytest.raises(DescriptionError, match="alignment 32 must be a power of two <= 16"):
+        cutlass.LinearCombinationGeneric(cutlass.relu(cutlass.float32), cutlass.float16, 32)
     leaky = cutlass.LinearCombinationGeneric(cutlass.leaky_relu(cutlass.float32), cutlass.float16, 8)
     assert leaky.make_arguments(2.0, 0.5, 0.1) == cutlass.epilogue.EpilogueArguments(2.0, 0.5, (0.1,))
     with pytest.raises(cutlass.ArgumentError, match=r"1 activation argument\(s\) \['leaky_alpha'\]; got 0"):
@@ -573,9 +577,9 @@ def test_unequal_operations_never_share_a_name():
     assert relu32.name != relu16.name
 
 
-@pytest.mark.parametrize("shape,warps", [((64, 64, 32), (2, 4, 1)), ((128, 256, 32), (2, 2, 1)),
-                                         ((64, 256, 32), (4, 2, 1))])
-def test_tensor_op_warp_tiles_must_be_32_or_64_wide(shape, warps):
-    """16-wide warp tiles do not compile and 128-wide ones give wrong results in CUTLASS's mixed epilogue."""
-    with pytest.raises(DescriptionError, match="must be 32 or 64 wide in N"):
+@pytest.mark.parametrize("shape,warps", [((64, 32, 32), (2, 4, 1)), ((128, 256, 32), (2, 2, 1)),
+                                         ((64, 256, 32), (4, 2, 1)), ((64, 96, 32), (2, 2, 1))])
+def test_tensor_op_warp_tiles_must_be_16_32_or_64_wide(shape, warps):
+    """8-wide warp tiles do not compile and 128-wide ones give wrong results in CUTLASS's mixed epilogue."""
+    with pytest.raises(DescriptionError, match="must be 16, 32 or 64 wide in N"):
         f16_tile(shape, 3, warps)

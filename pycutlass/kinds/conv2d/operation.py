@@ -241,7 +241,9 @@ class Conv2dOperation(TiledOperation):
         else:
             accesses = [("A (output gradient)", "K", ps.K, self.A.alignment),
                         ("B (activation)", "C", ps.C, self.B.alignment),
-                        ("C/D (filter gradient)", "C", ps.C, self.C.alignment)]
+                        # The filter gradient is written as the implicit GEMM's K x (R*S*C) row-major matrix
+                        # (ConvOutputIteratorParameter: ld = stride of K), so C's vectors run along R*S*C.
+                        ("C/D (filter gradient)", "R*S*C", ps.R * ps.S * ps.C, self.C.alignment)]
 
         if algorithm is IteratorAlgorithm.fixed_channels:
             if ps.C != self.A.alignment:

@@ -17,8 +17,11 @@ _INTERLEAVED_GEMM = (LayoutType.ColumnMajorInterleaved32, LayoutType.RowMajorInt
 
 
 def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDescription,
-                        C: TensorDescription, epilogue: EpilogueFunctor, what: str) -> None:
-    """Shared by GEMM and grouped GEMM: operand types must match the instruction and the epilogue."""
+                        C: TensorDescription, epilogue: EpilogueFunctor, what: str, wide_c: bool = False) -> None:
+    """Shared by GEMM, grouped GEMM and conv2d: operand types must match the instruction and the epilogue.
+
+    ``wide_c``: the kind's tensor-op epilogue may store C/D with 256-bit accesses (GEMM and grouped GEMM).
+    """
     for label, desc in (("A", A), ("B", B), ("C", C)):
         if not isinstance(desc, TensorDescription):
             raise DescriptionError(f"{what}: {label} must be a TensorDescription, got {desc!r}")
@@ -42,6 +45,19 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
     if epilogue.alignment != C.alignment:
         raise DescriptionError(f"{what}: epilogue alignment {epilogue.alignment} must equal C's alignment "
                                f"{C.alignment}")
+    for label, desc in (("A", A), ("B", B)):
+        if desc.access_bits > 128:
+            raise DescriptionError(f"{what}: {label} alignment {desc.alignment} x {desc.element.bits} bits exceeds the "
+                                   f"128-bit loads of the main loop (cp.async / ldmatrix move at most 16 bytes)")
+    if C.access_bits > 128:
+        # CUTLASS's PredicatedTileIterator stores AlignedArray<ElementOutput, kElementsPerAccess> with
+        # arch::global_store<AccessType, 32> (cutlass/arch/memory.h), as CUTLASS's generator does for f16 -> f32 and
+        # s8 -> s32 GEMMs with C alignment 8; SIMT epilogues, interleaved outputs and convolutions are kept to 128.
+        if not wide_c or math.opcode_class is not OpClass.TensorOp or C.layout.is_interleaved:
+            raise DescriptionError(
+                f"{what}: C alignment {C.alignment} x {C.element.bits} bits exceeds 128 bits; only tensor-op GEMM and "
+                f"grouped GEMM epilogues with RowMajor/ColumnMajor C store 256-bit vectors. Use alignment "
+                f"{128 // C.element.bits}")
     if epilogue.element_accumulator is not math.element_accumulator:
         raise DescriptionError(f"{what}: the epilogue reads {epilogue.element_accumulator.label} accumulators but the "
                                f"math instruction accumulates in {math.element_accumulator.label}")
@@ -122,7 +138,7 @@ class GemmOperationUniversal(TiledOperation):
         if visitor:
             raise DescriptionError("the epilogue visitor tree is not supported; use LinearCombinationGeneric for "
                                    "activations and a broadcast C for bias")
-        check_operand_types(tile_description, A, B, C, epilogue_functor, "GemmOperationUniversal")
+        check_operand_types(tile_description, A, B, C, epilogue_functor, "GemmOperationUniversal", wide_c=True)
         if swizzling_functor not in GEMM_SWIZZLES:
             raise DescriptionError(f"GemmOperationUniversal: swizzling_functor must be one of "
                                    f"{[s.name for s in GEMM_SWIZZLES]}, got {swizzling_functor!r}")
