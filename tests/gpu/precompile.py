@@ -13,6 +13,7 @@ import pycutlass as cutlass
 
 SUITES = {"tests.gpu.test_gemm": (("NVCC_OPS", "nvcc"), ("NVRTC_OPS", "nvrtc")),
           "tests.gpu.test_runtime": (("OPS", "nvcc"),),
+          "tests.gpu.test_evt": (("OPS", "nvrtc"),),
           "benchmarks/gemm.py": (("all_operations", "nvcc"),),
           "tests.gpu.test_gemm_grouped": (("GROUPED_OPS", "nvcc"), ("NVRTC_OPS", "nvrtc")),
           "benchmarks/grouped_gemm.py": (("operations", "nvcc"),),
