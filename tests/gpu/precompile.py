@@ -14,6 +14,8 @@ import pycutlass as cutlass
 SUITES = {"tests.gpu.test_gemm": (("NVCC_OPS", "nvcc"), ("NVRTC_OPS", "nvrtc")),
           "tests.gpu.test_runtime": (("OPS", "nvcc"),),
           "tests.gpu.test_evt": (("OPS", "nvrtc"),),
+          "tests.gpu.test_validation_relaxed": (("NVCC_OPS", "nvcc"), ("NVRTC_OPS", "nvrtc")),
+          "tests.gpu.test_acceptance_defects": (("OPS", "nvcc"),),
           "benchmarks/gemm.py": (("all_operations", "nvcc"),),
           "tests.gpu.test_gemm_grouped": (("GROUPED_OPS", "nvcc"), ("NVRTC_OPS", "nvrtc")),
           "benchmarks/grouped_gemm.py": (("operations", "nvcc"),),
