@@ -38,7 +38,6 @@ N16_OTHER = {
     "f16acc16_f16out4": make_op("f16acc16", out_align=4, tile=[64, 32, 32], warps=[2, 2, 1]),
     "tf32": make_op("tf32", tile=[64, 32, 32], warps=[2, 2, 1]),
     "s8_s32out4": make_op("s8", out=D.int32, out_align=4, tile=[64, 32, 64], warps=[2, 2, 1]),
-    "f16_mixed_f16out8": make_op("f16", out_align=8, tile=[32, 16, 32], warps=[2, 1, 1]),
 }
 # (c) C alignment 8 = 256-bit stores
 WIDE_C = {

@@ -65,6 +65,14 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
         problem = epilogue_thread_map_problem(tile, C)
         if problem:
             raise DescriptionError(f"{what}: {problem}")
+        if tile.warp_shape[1] == 16 and _uses_mixed_epilogue(C, math.element_accumulator):
+            # TileIteratorTensorOpMixed (DefaultIteratorsTensorOp's f16<-f32 x8, 16-bit<-s32 x8 and 8-bit<-s32
+            # specializations) compiles with 16-wide warp tiles but writes wrong results: relative error 0.84 on an
+            # H100 for f16 output, alignment 8, tile 32x16x32 with 2x1x1 warps.
+            raise DescriptionError(
+                f"{what}: warp tile {list(tile.warp_shape)} is 16 wide in N, which CUTLASS's mixed-precision epilogue "
+                f"(C {C.element.label} x {C.alignment} from {math.element_accumulator.label} accumulators) computes "
+                f"wrongly; use a warp tile 32 or 64 wide, or a smaller C alignment")
     if math.opcode_class is OpClass.TensorOp and tile.stages > 2:
         # Multistage main loops copy with cp.async, whose smallest transfer is 4 bytes.
         for label, desc in (("A", A), ("B", B)):
@@ -72,6 +80,13 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
                 raise DescriptionError(
                     f"{what}: {label} alignment {desc.alignment} x {desc.element.bits} bits is below the 32-bit "
                     f"minimum of multistage ({tile.stages}-stage) kernels; raise the alignment or use stages=2")
+
+
+def _uses_mixed_epilogue(C: TensorDescription, accumulator: DataType) -> bool:
+    """Whether CUTLASS's tensor-op epilogue for this output is TileIteratorTensorOpMixed."""
+    if accumulator is DataType.int32:
+        return C.element is DataType.int8 or (C.element in (DataType.float16, DataType.bfloat16) and C.alignment == 8)
+    return accumulator is DataType.float32 and C.element is DataType.float16 and C.alignment == 8
 
 
 def epilogue_thread_map_problem(tile: TileDescription, C: TensorDescription) -> str | None:
