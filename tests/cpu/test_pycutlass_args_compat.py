@@ -395,3 +395,19 @@ def test_rt_module_emit_is_the_operations_source():
     for op in (f16_gemm(), grouped_op(), f16_conv(), reduction):
         assert op.rt_module.emit() == op.emit()
         assert op.name in op.rt_module.emit()
+
+
+def test_interleaved_gemm_b_batched_and_array_reordered_per_matrix():
+    op = interleaved_gemm()
+    m, n, k, batch = 64, 64, 64, 2
+    rng = np.random.default_rng(2)
+    bs = [rng.integers(-3, 4, (k, n)).astype(np.int8) for _ in range(batch)]
+    expected = [interleave_rmi32(reorder_interleaved_b(b)) for b in bs]
+    A, C, D = (np.ones(batch * m * x, np.int8) for x in (k, n, n))
+    args = GemmArguments(op, GemmCoord(m, n, k), A, np.concatenate([interleave_rmi32(b) for b in bs]), C, D,
+                         gemm_mode=Mode.Batched, batch=batch)
+    assert np.array_equal(args._operands["B"][1].host_array, np.concatenate(expected))
+    args = GemmArguments(op, GemmCoord(m, n, k), [np.ones(m * k, np.int8)] * batch,
+                         [interleave_rmi32(b) for b in bs], [np.ones(m * n, np.int8)] * batch,
+                         [np.zeros(m * n, np.int8) for _ in range(batch)], gemm_mode=Mode.Array, batch=batch)
+    assert all(np.array_equal(info.host_array, e) for info, e in zip(args._operands["B"][1], expected))

@@ -113,17 +113,21 @@ def bias_vector_length(layout: LayoutType, rows: int, cols: int) -> int:
     return cols if layout is LayoutType.RowMajor else rows
 
 
-def reorder_interleaved_operand_b(B, k: int, n: int, name: str = "B"):
-    """A copy of a RowMajorInterleaved32 B (contiguous, K * N elements in interleaved memory order) with its columns
-    in the kernel's order, as PyCUTLASS's ``reorder_column<32>`` inside GemmArguments did."""
+def reorder_interleaved_operand_b(B, k: int, n: int, batch: int = 1, name: str = "B"):
+    """A copy of a RowMajorInterleaved32 B (contiguous, ``batch`` * K * N elements in interleaved memory order) with
+    its columns in the kernel's order, as PyCUTLASS's ``reorder_column<32>`` inside GemmArguments did."""
+    if isinstance(B, (list, tuple)):  # Array mode: one matrix per entry
+        return [reorder_interleaved_operand_b(b, k, n, 1, f"{name}[{i}]") for i, b in enumerate(B)]
     info = describe(B, name)
-    if info.numel != k * n or not info.is_contiguous:
+    if info.numel != batch * k * n or not info.is_contiguous:
         raise ArgumentError(f"{name}: an interleaved RowMajorInterleaved32 operand must be a contiguous tensor of "
-                            f"{k * n} elements in interleaved order; got shape {info.shape}, strides {info.strides}")
+                            f"{batch * k * n} elements in interleaved order; got shape {info.shape}, strides "
+                            f"{info.strides}")
     if n % 32 or k % 32:
         raise ArgumentError(f"{name}: interleaved B needs K and N multiples of 32, got K={k}, N={n}")
-    # RowMajorInterleaved32 (K, N): offset = (k / 32) * 32 * N + n * 32 + k % 32, i.e. a (K/32, N, 32) array.
-    return gathered_copy(B, name, (k // 32, n, 32), 1, interleaved_column_gather(n))
+    # RowMajorInterleaved32 (K, N): offset = (k / 32) * 32 * N + n * 32 + k % 32, i.e. a (K/32, N, 32) array per
+    # matrix; batched matrices follow one another.
+    return gathered_copy(B, name, (batch * k // 32, n, 32), 1, interleaved_column_gather(n))
 
 
 class GemmArguments(OperationArguments):
@@ -223,11 +227,14 @@ class GemmArguments(OperationArguments):
         B = pointer_operand(B, batch_count * k * n, operation.B.element, "B")
         C = pointer_operand(C, batch_count * (vector if bias else m * n), operation.C.element, "C")
         D = pointer_operand(D, batch_count * m * n, operation.C.element, "D")
-        if operation.B.layout.is_interleaved and not reordered and B is not None and \
-                not isinstance(B, (list, tuple)) and k and n:
+        if operation.B.layout.is_interleaved and not reordered and B is not None and k and n:
             # PyCUTLASS reordered B (cutlass::reorder_column<32>) inside its Arguments: do the same, in a copy these
             # arguments own (the caller's B is left as it is). reordered=True: B is already in the kernel's order.
-            B = self._reordered_B = reorder_interleaved_operand_b(B, k, n)
+            if isinstance(B, (list, tuple)) and len(B) != batch_count:
+                raise ArgumentError(f"B: Array mode with batch {batch_count} needs {batch_count} matrices, got "
+                                    f"{len(B)}")
+            B = self._reordered_B = reorder_interleaved_operand_b(
+                B, k, n, batch_count if mode in (Mode.Batched, Mode.Array) else 1)
         self._operands = {}
         for label, tensor, rows, cols, layout, element in (
                 ("A", A, m, k, operation.A.layout, operation.A.element),
