@@ -10,8 +10,11 @@ extent each operand of fprop / dgrad / wgrad has):
   strides everywhere but the channels, e.g. ``bias.view(1, K, 1, 1).expand(N, K, P, Q)`` in torch); for wgrad only
   with a 1x1 filter (its kernel reads C as K x R*S*C rows, so a vector of C channels covers a row only when R*S = 1);
 - interleaved layouts (TensorNC32HW32, TensorC32RSK32): contiguous tensors of N * H * W * C elements in the
-  interleaved order; the C32RSK32 filter with its output channels in the kernels' order
-  (``pycutlass.conv.reorder_interleaved_filter``, as CUTLASS's ``reorder_convK``).
+  interleaved order. As in PyCUTLASS, the C32RSK32 filter is taken in natural order and its output channels are
+  put in the kernels' order (CUTLASS's ``reorder_convK``) in a copy these arguments own; pass ``reordered=True``
+  for a filter already in that order (``pycutlass.conv.reorder_interleaved_filter``).
+- PyCUTLASS's forms: ``bias=True`` (C is one value per output channel), ``split_k_mode`` right after D, and
+  ``cuda.CUdeviceptr`` operands (packed, sized from the problem).
 Anything else raises ArgumentError naming the operand; nothing is copied to "fix" a view.
 """
 from __future__ import annotations
