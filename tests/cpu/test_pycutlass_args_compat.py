@@ -411,3 +411,16 @@ def test_interleaved_gemm_b_batched_and_array_reordered_per_matrix():
                          [interleave_rmi32(b) for b in bs], [np.ones(m * n, np.int8)] * batch,
                          [np.zeros(m * n, np.int8) for _ in range(batch)], gemm_mode=Mode.Array, batch=batch)
     assert all(np.array_equal(info.host_array, e) for info, e in zip(args._operands["B"][1], expected))
+
+
+def test_grouped_pycutlass_keywords():
+    """PyCUTLASS's grouped testbed: GemmGroupedArguments(operation=, problem_sizes=, A=, B=, C=, D=, output_op=)."""
+    op = grouped_op()
+    problems = [GemmCoord(48, 16, 8)]
+    A, B = [np.ones(48 * 8, np.float16)], [np.ones(8 * 16, np.float16)]
+    C, D = [np.ones(48 * 16, np.float16)], [np.zeros(48 * 16, np.float16)]
+    args = GemmGroupedArguments(operation=op, problem_sizes=problems, A=A, B=B, C=C, D=D,
+                                output_op=op.epilogue_type(1.0, 0.5))
+    assert args._operands[0]["D"][0].host_array is D[0]
+    with pytest.raises(ArgumentError, match=r"pass As= or PyCUTLASS's A=, not both"):
+        GemmGroupedArguments(op, problems, A, B, C, D, A=A)

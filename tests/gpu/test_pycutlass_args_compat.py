@@ -250,7 +250,11 @@ def test_grouped_packed_1d_operands(variant, lib):
         references.append(1.5 * (a @ b) - 0.5 * (c[None, :] if bias else c))
     convert = cuda_f16 if lib == "torch" else (lambda x: x.astype(np.float16))
     As, Bs, Cs, Ds = ([convert(x) for x in tensors[label]] for label in "ABCD")
-    args = GemmGroupedArguments(op, problems, As, Bs, Cs, Ds, output_op=op.epilogue_type(1.5, -0.5))
+    if lib == "numpy":  # as PyCUTLASS's grouped testbed wrote it
+        args = GemmGroupedArguments(operation=op, problem_sizes=problems, A=As, B=Bs, C=Cs, D=Ds,
+                                    output_op=op.epilogue_type(1.5, -0.5))
+    else:
+        args = GemmGroupedArguments(op, problems, As, Bs, Cs, Ds, output_op=op.epilogue_type(1.5, -0.5))
     op.run(args)
     args.sync()
     for p, Dt, reference in zip(problems, Ds, references):

@@ -107,14 +107,20 @@ class Conv2dArguments(OperationArguments):
         # Signature: (operation, problem_size, A, B, C, D, output_op=None, split_k_mode=SplitKMode.Serial,
         # split_k_slices=1, stream=None, device=None, session=None, *, bias=None, reordered=False), or PyCUTLASS's
         # (operation, problem_size, A, B, C, D, split_k_mode, **keywords).
-        given = compat_positional("Conv2dArguments", positional, self._POSITIONAL,
-                                  dict(output_op=output_op, split_k_mode=split_k_mode, split_k_slices=split_k_slices,
-                                       stream=stream, device=device, session=session),
-                                  "split_k_mode", SplitKMode)
-        defaults = dict(output_op=None, split_k_mode=SplitKMode.Serial, split_k_slices=1, stream=None, device=None,
-                        session=None)
-        output_op, split_k_mode, split_k_slices, stream, device, session = (
-            defaults[name] if given[name] is UNSET else given[name] for name in self._POSITIONAL)
+        if positional:
+            given = compat_positional("Conv2dArguments", positional, self._POSITIONAL,
+                                      dict(output_op=output_op, split_k_mode=split_k_mode,
+                                           split_k_slices=split_k_slices, stream=stream, device=device,
+                                           session=session),
+                                      "split_k_mode", SplitKMode)
+            output_op, split_k_mode, split_k_slices, stream, device, session = (
+                given[name] for name in self._POSITIONAL)
+        output_op = None if output_op is UNSET else output_op
+        split_k_mode = SplitKMode.Serial if split_k_mode is UNSET else split_k_mode
+        split_k_slices = 1 if split_k_slices is UNSET else split_k_slices
+        stream = None if stream is UNSET else stream
+        device = None if device is UNSET else device
+        session = None if session is UNSET else session
         memo_key = _memo_key(operation, problem_size, A, B, C, D, output_op, split_k_mode, split_k_slices, stream,
                              device, session, bias, reordered)
         if memo_key is not None:

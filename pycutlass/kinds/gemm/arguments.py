@@ -147,14 +147,21 @@ class GemmArguments(OperationArguments):
         # Signature: (operation, problem_size, A, B, C, D, output_op=None, gemm_mode=Mode.Gemm, split_k_slices=1,
         # batch=1, stream=None, device=None, session=None, *, bias=None, reordered=False), or PyCUTLASS's
         # (operation, problem_size, A, B, C, D, gemm_mode, **keywords).
-        given = compat_positional("GemmArguments", positional, self._POSITIONAL,
-                                  dict(output_op=output_op, gemm_mode=gemm_mode, split_k_slices=split_k_slices,
-                                       batch=batch, stream=stream, device=device, session=session),
-                                  "gemm_mode", Mode)
-        defaults = dict(output_op=None, gemm_mode=Mode.Gemm, split_k_slices=1, batch=1, stream=None, device=None,
-                        session=None)
-        output_op, gemm_mode, split_k_slices, batch, stream, device, session = (
-            defaults[name] if given[name] is UNSET else given[name] for name in self._POSITIONAL)
+        if positional:
+            given = compat_positional("GemmArguments", positional, self._POSITIONAL,
+                                      dict(output_op=output_op, gemm_mode=gemm_mode, split_k_slices=split_k_slices,
+                                           batch=batch, stream=stream, device=device, session=session),
+                                      "gemm_mode", Mode)
+            output_op, gemm_mode, split_k_slices, batch, stream, device, session = (
+                given[name] for name in self._POSITIONAL)
+        # (the plain keyword call stays cheap: it is the fast path's)
+        output_op = None if output_op is UNSET else output_op
+        gemm_mode = Mode.Gemm if gemm_mode is UNSET else gemm_mode
+        split_k_slices = 1 if split_k_slices is UNSET else split_k_slices
+        batch = 1 if batch is UNSET else batch
+        stream = None if stream is UNSET else stream
+        device = None if device is UNSET else device
+        session = None if session is UNSET else session
         memo_key = _memo_key(operation, problem_size, A, B, C, D, output_op, gemm_mode, split_k_slices, batch,
                              stream, device, session, bias, reordered)
         if memo_key is not None:

@@ -42,6 +42,14 @@ def _list_of(name: str, values, count: int, allow_none: bool = False) -> list:
     return list(values)
 
 
+def _alias(plural: str, plural_value, single: str, single_value):
+    if single_value is None:
+        return plural_value
+    if plural_value is not None:
+        raise ArgumentError(f"GemmGroupedArguments: pass {plural}= or PyCUTLASS's {single}=, not both")
+    return single_value
+
+
 def _memo_key(operation, problem_sizes, As, Bs, Cs, Ds, output_op, stream, device, session):
     """A signature of the call for the fast path (Device scheduling, non-empty problems, CUDA torch tensors)."""
     if device is not None or not isinstance(operation, GemmOperationGrouped) or \
@@ -71,8 +79,13 @@ class GemmGroupedArguments(OperationArguments):
     None entries) when beta is 0. One alpha/beta (``output_op``) applies to the whole group.
     """
 
-    def __init__(self, operation, problem_sizes, As, Bs, Cs, Ds, output_op=None, stream=None, device=None,
-                 session=None):
+    def __init__(self, operation, problem_sizes, As=None, Bs=None, Cs=None, Ds=None, output_op=None, stream=None,
+                 device=None, session=None, *, A=None, B=None, C=None, D=None):
+        if A is not None or B is not None or C is not None or D is not None:
+            # PyCUTLASS's keywords (its grouped testbed: GemmGroupedArguments(op, problem_sizes=..., A=..., ...))
+            As, Bs, Cs, Ds = (_alias(plural, plural_value, single, single_value) for plural, plural_value, single,
+                              single_value in (("As", As, "A", A), ("Bs", Bs, "B", B), ("Cs", Cs, "C", C),
+                                               ("Ds", Ds, "D", D)))
         memo_key = _memo_key(operation, problem_sizes, As, Bs, Cs, Ds, output_op, stream, device, session)
         if memo_key is not None and self._from_seen(memo_key, session, As, Bs, Cs, Ds):
             return
