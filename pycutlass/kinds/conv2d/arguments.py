@@ -224,7 +224,7 @@ class Conv2dArguments(OperationArguments):
                     raise ArgumentError(f"{info.name}: the operation expects {storage_type(desc.element).label} "
                                         f"elements, got {info.element.label}")
             c_strides = self._check_geometry(info, desc.layout, extents[label], allow_broadcast=label == "C")
-            if label == "C" and bias and c_strides is None:
+            if label == "C" and bias and c_strides is None and info.numel != channels:  # (N*P*Q = 1: the same)
                 raise ArgumentError(f"{info.name}: bias=True says C is a bias vector of {channels} elements (one per "
                                     f"output channel, or a view broadcasting one), but it is a full output-size "
                                     f"tensor (shape {info.shape}, strides {info.strides})")
