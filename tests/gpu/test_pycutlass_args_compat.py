@@ -15,7 +15,7 @@ from pycutlass.conv import SplitKMode, implicit_gemm_problem_size
 from pycutlass.gemm import GemmCoord, Mode, reorder_interleaved_b
 
 from .conftest import precompile_module, relative_error
-from .gemm_cases import (CM, CMI32, RI32, D, R, check_integer, deinterleave, epilogue_reference, interleave, make_op,
+from .gemm_cases import (CM, CMI32, RI32, D, R, check_integer, deinterleave, epilogue_reference, make_op,
                          random_values, to_float64, to_tensor)
 from .test_conv2d import ANALYTIC, FPROP, OPTIMIZED, conv_op, conv_reference, from_lib, problem, to_lib
 from .test_gemm_grouped import make_grouped
@@ -291,13 +291,6 @@ def test_interleaved_gemm_reorders_b(lib, prereordered):
         reference = epilogue_reference(op, a @ b, c, 0.5, 0.5)
         assert check_integer(got, reference, op), f"run {run}: max |diff| {np.abs(got - reference).max()}"
         assert np.array_equal(to_float64(B), B_before)
-
-
-def test_interleaved_helper_matches_test_layout():
-    """The layout helper this module relies on (gemm_cases.interleave) packs RowMajorInterleaved32 as the kernels."""
-    x = np.arange(64 * 32, dtype=np.float64).reshape(64, 32)
-    flat = interleave(x, RI32)
-    assert flat[32] == x[0, 1] and flat[1] == x[1, 0]
 
 
 # --- the fast path for seen problems with the new keywords -----------------------------------------------------------
