@@ -89,6 +89,12 @@ class Operation:
             source = self.__dict__["_source"] = translation_unit([self])
         return source
 
+    @property
+    def rt_module(self) -> "RuntimeModule":
+        """PyCUTLASS's per-operation runtime module, kept for ``operation.rt_module.emit()`` (the examples'
+        ``--print_cuda``): its ``emit()`` returns this operation's CUDA C++ (``operation.emit()``)."""
+        return RuntimeModule(self)
+
     def __eq__(self, other) -> bool:
         return type(other) is type(self) and other._signature() == self._signature()
 
@@ -109,6 +115,23 @@ class Operation:
             raise ArgumentError(f"{self.name}.run() takes the arguments built for it (e.g. GemmArguments), got "
                                 f"{type(arguments).__name__}")
         launch_for(self)
+
+
+class RuntimeModule:
+    """What remains of PyCUTLASS's ``rt_module``: the operation's source. Params are built on the device, so there
+    is no host-side ``plan()`` / ``get_args()``; run operations with ``operation.run(arguments)``."""
+
+    __slots__ = ("operation",)
+
+    def __init__(self, operation: Operation):
+        self.operation = operation
+
+    def emit(self) -> str:
+        """The operation's complete translation unit, as ``operation.emit()`` returns it."""
+        return self.operation.emit()
+
+    def __repr__(self) -> str:
+        return f"<RuntimeModule of {self.operation.name}>"
 
 
 class TiledOperation(Operation):

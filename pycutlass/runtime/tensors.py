@@ -78,6 +78,11 @@ def describe(obj, name: str) -> TensorInfo:
     """Classify ``obj`` and read dtype, shape and strides. Raises ArgumentError for anything unusable."""
     if obj is None:
         raise ArgumentError(f"{name}: a tensor is required, got None")
+    if isinstance(obj, DevicePointerTensor):
+        return describe_pointer(obj, name)
+    if is_device_pointer(obj):
+        raise ArgumentError(f"{name}: a raw CUdeviceptr carries no shape; it is accepted only for the A, B, C, D "
+                            f"operands of GEMM, Conv2d and Reduction Arguments (packed, sized from the problem)")
     if _is_torch(obj):
         dtype_name = str(obj.dtype).replace("torch.", "")
         element = _TORCH_NAMES.get(dtype_name)
@@ -278,6 +283,8 @@ def tensors_device(infos, explicit: int | None, what: str) -> int | None:
                 raise ArgumentError(f"{info.name}: address {info.device_address:#x} is not device memory known to "
                                     f"the CUDA driver")
             info.device_index = ordinal
+        if isinstance(info.source, DevicePointerTensor):
+            _check_pointer_extent(info)
         if ordinal is not None:
             found.setdefault(ordinal, info.name)
     if explicit is not None:
@@ -289,3 +296,110 @@ def tensors_device(infos, explicit: int | None, what: str) -> int | None:
         listed = ", ".join(f"{name} on cuda:{ordinal}" for ordinal, name in sorted(found.items()))
         raise ArgumentError(f"{what}: the tensors are on different devices ({listed}); put them on one device")
     return next(iter(found), None)
+
+
+# --- PyCUTLASS compatibility: raw device pointers and reordered copies ----------------------------------------------
+
+def is_device_pointer(obj) -> bool:
+    """True for ``cuda.bindings.driver.CUdeviceptr`` (or the older ``cuda.cuda.CUdeviceptr``), which PyCUTLASS 2.11
+    accepted for packed operands. Plain ints are not pointers here (an int is too easily a size or a handle)."""
+    kind = type(obj)
+    return kind.__name__ == "CUdeviceptr" and kind.__module__.split(".")[0] == "cuda"
+
+
+class DevicePointerTensor:
+    """A packed 1-D view of ``numel`` elements at a raw device address (a PyCUTLASS ``CUdeviceptr`` operand).
+
+    The extent comes from the problem size, never from the pointer, so the address must be known to the CUDA
+    driver (checked when the device is chosen) and the allocation must hold the extent (checked here when the driver
+    can say how large the allocation is)."""
+
+    _TYPESTR = {DataType.float64: "<f8", DataType.float32: "<f4", DataType.tfloat32: "<f4", DataType.float16: "<f2",
+                DataType.bfloat16: "<i2", DataType.int8: "|i1", DataType.int32: "<i4"}
+
+    def __init__(self, pointer, numel: int, element: DataType, name: str):
+        address = int(pointer)
+        if element not in self._TYPESTR:
+            raise ArgumentError(f"{name}: CUdeviceptr operands of {element.label} elements are not supported")
+        if address == 0 and numel:
+            raise ArgumentError(f"{name}: a null CUdeviceptr cannot hold {numel} elements")
+        self.pointer, self.address, self.numel, self.element = pointer, address, int(numel), element
+        self.__cuda_array_interface__ = {"shape": (int(numel),), "typestr": self._TYPESTR[element], "strides": None,
+                                         "data": (address, False), "version": 3}
+
+
+def pointer_operand(obj, numel: int, element: DataType, name: str):
+    """``obj`` itself, or a DevicePointerTensor of ``numel`` ``element``s if it is a CUdeviceptr."""
+    if not is_device_pointer(obj):
+        return obj
+    return DevicePointerTensor(obj, numel, element, name)
+
+
+def describe_pointer(tensor: DevicePointerTensor, name: str) -> TensorInfo:
+    info = TensorInfo(name, "device", tensor.element if tensor.element is not DataType.tfloat32 else DataType.float32,
+                      (tensor.numel,), (1,), tensor, device_address=tensor.address)
+    return info
+
+
+def gathered_copy(obj, name: str, view_shape: tuple, axis: int, index) -> object:
+    """A new contiguous tensor of ``obj``'s library, device and shape: ``obj`` (contiguous, read as ``view_shape``)
+    with ``axis`` gathered by ``index`` (``out[..., j, ...] = obj[..., index[j], ...]``). Used to put interleaved
+    operands into the order the kernels read, as PyCUTLASS's Arguments did; the input is not modified."""
+    index = np.asarray(index, dtype=np.int64)
+    if _is_torch(obj):
+        import torch
+
+        source = obj.detach()
+        if not source.is_contiguous():
+            raise ArgumentError(f"{name}: only a contiguous tensor can be reordered")
+        picked = source.reshape(view_shape).index_select(axis, torch.as_tensor(index, device=source.device))
+        return picked.reshape(obj.shape).contiguous()
+    if isinstance(obj, np.ndarray):
+        return np.ascontiguousarray(np.take(np.ascontiguousarray(obj).reshape(view_shape), index, axis=axis)) \
+            .reshape(obj.shape)
+    if hasattr(obj, "__cuda_array_interface__") or hasattr(obj, "__dlpack__"):
+        try:
+            import cupy
+        except ImportError:
+            cupy = None
+        if cupy is not None:
+            array = cupy.asarray(obj) if hasattr(obj, "__cuda_array_interface__") else cupy.from_dlpack(obj)
+            picked = cupy.take(cupy.ascontiguousarray(array).reshape(view_shape), cupy.asarray(index), axis=axis)
+            return cupy.ascontiguousarray(picked).reshape(array.shape)
+        if hasattr(obj, "__dlpack__"):
+            try:
+                import torch
+
+                return gathered_copy(torch.utils.dlpack.from_dlpack(obj), name, view_shape, axis, index)
+            except ImportError:
+                pass
+    raise ArgumentError(f"{name}: interleaved operands are reordered into the kernel's order inside the Arguments, "
+                        f"which needs a torch, numpy or cupy tensor (got {type(obj).__name__}); reorder it yourself "
+                        f"and pass reordered=True")
+
+
+def _check_pointer_extent(info: TensorInfo) -> None:
+    """A CUdeviceptr operand's extent (from the problem size) must lie inside its allocation."""
+    from . import driver
+
+    try:
+        bindings = driver._driver()
+        err, base, size = bindings.cuMemGetAddressRange(info.device_address)
+    except Exception:  # noqa: BLE001 - an older binding: the ordinal check above is all we can do
+        return
+    if err != bindings.CUresult.CUDA_SUCCESS:
+        raise ArgumentError(f"{info.name}: address {info.device_address:#x} is not device memory known to the CUDA "
+                            f"driver")
+    end = int(base) + int(size)
+    needed = info.device_address + info.numel * info.itemsize
+    if needed > end:
+        raise ArgumentError(f"{info.name}: the problem size needs {info.numel} elements ({info.numel * info.itemsize} "
+                            f"bytes) at {info.device_address:#x}, but its allocation ends {end - info.device_address} "
+                            f"bytes after it")
+
+
+def as_flat(info: TensorInfo) -> TensorInfo:
+    """The same memory read as a packed 1-D tensor (the caller checked it is contiguous in the order it means)."""
+    return TensorInfo(info.name, info.kind, info.element, (info.numel,), (1,), info.source,
+                      device_address=info.device_address, host_array=info.host_array, torch_cpu=info.torch_cpu,
+                      device_index=info.device_index)

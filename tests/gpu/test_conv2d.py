@@ -416,11 +416,14 @@ def test_parallel_split_k(name, ps, reduction):
     assert_close(op, from_lib(Dt, "torch"), reference, 2e-3)
 
 
+@pytest.mark.parametrize("prereordered", [False, True])
 @pytest.mark.parametrize("name", ["fprop_s8_il_opt", "fprop_s8_il_analytic"])
 @pytest.mark.parametrize("lib", ["torch_nhwc", "numpy"])
-def test_int8_interleaved(name, lib):
-    """NC32HW32 activation, C32RSK32 filter (output channels reordered with reorder_interleaved_filter), NC32HW32
-    output with a clamping epilogue: exact, or off by one where float rounding of alpha * acc + beta * C ties."""
+def test_int8_interleaved(name, lib, prereordered):
+    """NC32HW32 activation, C32RSK32 filter, NC32HW32 output with a clamping epilogue: exact, or off by one where
+    float rounding of alpha * acc + beta * C ties. The filter's output channels are put in the kernels' order by
+    Conv2dArguments (as PyCUTLASS's reorder_convK), or, prereordered, with reorder_interleaved_filter and
+    reordered=True."""
     op = CONV_OPS[name]
     ps = problem(2, 11, 12, 64, 64, 3, 3, (1, 1), (2, 1) if "analytic" in name else (1, 1))
     rng = np.random.default_rng(5)
@@ -434,13 +437,15 @@ def test_int8_interleaved(name, lib):
 
     filter_c32rsk32 = b.reshape(ps.K, ps.R, ps.S, ps.C // 32, 32).transpose(3, 1, 2, 0, 4)  # (C/32, R, S, K, 32)
     A = to_lib(nc32hw32(a), S8, lib)
-    B = to_lib(reorder_interleaved_filter(filter_c32rsk32), S8, lib)
+    B = to_lib(reorder_interleaved_filter(filter_c32rsk32) if prereordered else filter_c32rsk32, S8, lib)
     C = to_lib(nc32hw32(c), S8, lib)
     Dt = poisoned(nc32hw32(np.zeros(tuple(ps.output_extent()))).shape, S8, lib)
     alpha, beta = 0.05, 0.5
-    args = cutlass.Conv2dArguments(op, ps, A, B, C, Dt, op.epilogue_type(alpha, beta))
+    B_before = from_lib(B, lib).copy()
+    args = cutlass.Conv2dArguments(op, ps, A, B, C, Dt, op.epilogue_type(alpha, beta), reordered=prereordered)
     op.run(args)
     args.sync()
+    assert np.array_equal(from_lib(B, lib), B_before)  # the caller's filter is left as it is
     got = from_lib(Dt, lib).transpose(0, 2, 3, 1, 4).reshape(tuple(ps.output_extent()))  # back to NPQK
     reference = epilogue_reference(op, conv_reference(FPROP, ps, a, b), c, alpha, beta)
     assert (np.abs(reference) < 127).mean() > 0.5  # not everything saturated

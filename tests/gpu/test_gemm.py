@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import pycutlass as cutlass
-from pycutlass.gemm import GemmCoord, Mode, reorder_interleaved_b
+from pycutlass.gemm import GemmCoord, Mode
 
 from .conftest import precompile_module, relative_error
 from .gemm_cases import (CM, CMI32, CONFIGS, RI32, D, R, check_integer, deinterleave, epilogue_reference, make_op,
@@ -83,8 +83,9 @@ def run_gemm(op, m, n, k, lib="torch", alpha=1.25, beta=-0.5, activation_args=()
     out = op.C.element
     c = random_values(rng, (n,) if c_vector else (m, n), out) if with_c else None
     A = to_tensor(a, storage, op.A.layout, lib)
-    # Interleaved int8 kernels read B's columns in their own order (cutlass::reorder_column<32>).
-    B = to_tensor(reorder_interleaved_b(b) if op.B.layout is RI32 else b, storage, op.B.layout, lib)
+    # Interleaved int8 kernels read B's columns in their own order (cutlass::reorder_column<32>): GemmArguments puts
+    # B (in natural order) into it in a copy, as PyCUTLASS did (tests/gpu/test_pycutlass_args_compat.py: reordered=True).
+    B = to_tensor(b, storage, op.B.layout, lib)
     C = None
     if c is not None:
         C = to_tensor(c, out, R, lib) if c_vector and lib != "numpy" else \

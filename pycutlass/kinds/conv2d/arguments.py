@@ -10,8 +10,11 @@ extent each operand of fprop / dgrad / wgrad has):
   strides everywhere but the channels, e.g. ``bias.view(1, K, 1, 1).expand(N, K, P, Q)`` in torch); for wgrad only
   with a 1x1 filter (its kernel reads C as K x R*S*C rows, so a vector of C channels covers a row only when R*S = 1);
 - interleaved layouts (TensorNC32HW32, TensorC32RSK32): contiguous tensors of N * H * W * C elements in the
-  interleaved order; the C32RSK32 filter with its output channels in the kernels' order
-  (``pycutlass.conv.reorder_interleaved_filter``, as CUTLASS's ``reorder_convK``).
+  interleaved order. As in PyCUTLASS, the C32RSK32 filter is taken in natural order and its output channels are
+  put in the kernels' order (CUTLASS's ``reorder_convK``) in a copy these arguments own; pass ``reordered=True``
+  for a filter already in that order (``pycutlass.conv.reorder_interleaved_filter``).
+- PyCUTLASS's forms: ``bias=True`` (C is one value per output channel), ``split_k_mode`` right after D, and
+  ``cuda.CUdeviceptr`` operands (packed, sized from the problem).
 Anything else raises ArgumentError naming the operand; nothing is copied to "fix" a view.
 """
 from __future__ import annotations
@@ -19,10 +22,10 @@ from __future__ import annotations
 from ...description.types import LayoutType
 from ...errors import ArgumentError
 from ...runtime.arguments import OperationArguments, memo_key
-from ...runtime.tensors import TensorInfo, describe, storage_type
-from ..gemm.arguments import coerce_output_op
+from ...runtime.tensors import TensorInfo, as_flat, describe, gathered_copy, pointer_operand, storage_type
+from ..gemm.arguments import UNSET, coerce_output_op, compat_positional
 from .operation import Conv2dOperation
-from .problem import Conv2dProblemSize, Operator, SplitKMode
+from .problem import Conv2dProblemSize, Operator, SplitKMode, interleaved_filter_gather
 
 _FAST_CLAMP_MAX_K = 256
 
@@ -58,13 +61,32 @@ def _matches(strides, expected, extent) -> bool:
     return all(size <= 1 or s == e for s, e, size in zip(strides, expected, extent))
 
 
-def _memo_key(operation, problem_size, A, B, C, D, output_op, split_k_mode, split_k_slices, stream, device, session):
-    """A signature of the call for the fast path (no split-K, CUDA torch tensors), or None."""
+def _memo_key(operation, problem_size, A, B, C, D, output_op, split_k_mode, split_k_slices, stream, device, session,
+              bias, reordered):
+    """A signature of the call for the fast path (no split-K, CUDA torch tensors), or None. ``bias`` changes how C
+    is bound (part of the key); a filter reordered inside the Arguments is bound through a copy (no fast path)."""
     if split_k_slices != 1 or split_k_mode != SplitKMode.Serial or device is not None or \
             not isinstance(problem_size, Conv2dProblemSize) or problem_size.split_k_slices != 1 or \
-            not isinstance(operation, Conv2dOperation):
+            not isinstance(operation, Conv2dOperation) or (operation.B.layout.is_interleaved and not reordered) or \
+            bias not in (None, False, True):
         return None
-    return memo_key(operation.name, problem_size, output_op, tensors=(A, B, C, D), stream=stream, session=session)
+    return memo_key(operation.name, problem_size, output_op, bool(bias), bool(reordered), tensors=(A, B, C, D),
+                    stream=stream, session=session)
+
+
+def reorder_interleaved_operand_filter(B, problem_size, kind, name: str):
+    """A copy of a TensorC32RSK32 filter (contiguous, K * R * S * C elements in interleaved memory order) with its
+    output channels in the kernel's order, as PyCUTLASS's ``reorder_convK`` inside Conv2dArguments did."""
+    k, r, s, c = tuple(problem_size.tensor_b_extent(kind))
+    info = describe(B, name)
+    if info.numel != k * r * s * c or not info.is_contiguous:
+        raise ArgumentError(f"{name}: an interleaved TensorC32RSK32 operand must be a contiguous tensor of "
+                            f"{k * r * s * c} elements in interleaved order; got shape {info.shape}, strides "
+                            f"{info.strides}")
+    if c % 32 or k % 32:
+        raise ArgumentError(f"{name}: an interleaved filter needs C and K multiples of 32, got C={c}, K={k}")
+    # TensorC32RSK32 (K, R, S, C): a (C/32, R, S, K, 32) array; the kernels read K permuted within groups of 32.
+    return gathered_copy(B, name, (c // 32, r, s, k, 32), 3, interleaved_filter_gather(k))
 
 
 class Conv2dArguments(OperationArguments):
@@ -77,10 +99,30 @@ class Conv2dArguments(OperationArguments):
     (``problem_size=args.reduction_problem_size``, ``partitions=args.split_k_slices``, ``workspace=args``).
     """
 
-    def __init__(self, operation, problem_size, A, B, C, D, output_op=None, split_k_mode=SplitKMode.Serial,
-                 split_k_slices: int = 1, stream=None, device=None, session=None):
+    _POSITIONAL = ("output_op", "split_k_mode", "split_k_slices", "stream", "device", "session")
+
+    def __init__(self, operation, problem_size, A, B, C, D, *positional, output_op=UNSET, split_k_mode=UNSET,
+                 split_k_slices=UNSET, stream=UNSET, device=UNSET, session=UNSET, bias=None,
+                 reordered: bool = False):
+        # Signature: (operation, problem_size, A, B, C, D, output_op=None, split_k_mode=SplitKMode.Serial,
+        # split_k_slices=1, stream=None, device=None, session=None, *, bias=None, reordered=False), or PyCUTLASS's
+        # (operation, problem_size, A, B, C, D, split_k_mode, **keywords).
+        if positional:
+            given = compat_positional("Conv2dArguments", positional, self._POSITIONAL,
+                                      dict(output_op=output_op, split_k_mode=split_k_mode,
+                                           split_k_slices=split_k_slices, stream=stream, device=device,
+                                           session=session),
+                                      "split_k_mode", SplitKMode)
+            output_op, split_k_mode, split_k_slices, stream, device, session = (
+                given[name] for name in self._POSITIONAL)
+        output_op = None if output_op is UNSET else output_op
+        split_k_mode = SplitKMode.Serial if split_k_mode is UNSET else split_k_mode
+        split_k_slices = 1 if split_k_slices is UNSET else split_k_slices
+        stream = None if stream is UNSET else stream
+        device = None if device is UNSET else device
+        session = None if session is UNSET else session
         memo_key = _memo_key(operation, problem_size, A, B, C, D, output_op, split_k_mode, split_k_slices, stream,
-                             device, session)
+                             device, session, bias, reordered)
         if memo_key is not None:
             d = D.data_ptr()
             if self._from_memo(memo_key, session, (A.data_ptr(), B.data_ptr(), d if C is None else C.data_ptr(), d),
@@ -88,17 +130,23 @@ class Conv2dArguments(OperationArguments):
                 self.ptr_D = d
                 return
         self._validate_and_prepare(operation, problem_size, A, B, C, D, output_op, split_k_mode, split_k_slices,
-                                   stream, device, session)
+                                   stream, device, session, bias, reordered)
         if memo_key is not None:
             op = self.operation
             self._remember(memo_key, [x.alignment * x.element.bits // 8 for x in (op.A, op.B, op.C, op.C)],
-                           ("problem_size", "split_k_slices", "split_k_mode", "output_op", "parallel"))
+                           ("problem_size", "split_k_slices", "split_k_mode", "output_op", "parallel", "bias",
+                            "reordered"))
 
     def _validate_and_prepare(self, operation, problem_size, A, B, C, D, output_op, split_k_mode, split_k_slices,
-                              stream, device, session):
+                              stream, device, session, bias=None, reordered=False):
         if not isinstance(operation, Conv2dOperation):
             raise ArgumentError(f"Conv2dArguments needs a Conv2dOperation, got {type(operation).__name__}")
         super().__init__(operation, stream, device, session)
+        if bias not in (None, False, True):
+            raise ArgumentError(f"bias must be True or False, got {bias!r}")
+        if not isinstance(reordered, bool):
+            raise ArgumentError(f"reordered must be True or False, got {reordered!r}")
+        self.reordered = reordered
         if not isinstance(problem_size, Conv2dProblemSize):
             raise ArgumentError(f"problem_size must be a pycutlass.conv.Conv2dProblemSize, got {problem_size!r}")
         try:
@@ -146,18 +194,40 @@ class Conv2dArguments(OperationArguments):
         extents = {"A": tuple(problem_size.tensor_a_extent(kind)), "B": tuple(problem_size.tensor_b_extent(kind)),
                    "C": tuple(problem_size.tensor_c_extent(kind)), "D": tuple(problem_size.tensor_c_extent(kind))}
         descriptions = {"A": operation.A, "B": operation.B, "C": operation.C, "D": operation.C}
+        channels = extents["C"][3]
+        if bias and C is None:
+            raise ArgumentError("bias=True says C is a bias vector, but C is None")
+        if bias and operation.C.layout.is_interleaved:
+            raise ArgumentError(f"bias=True: a bias vector needs a TensorNHWC C, the operation's C is "
+                                f"{operation.C.layout.value}")
+        # Raw CUdeviceptr operands (PyCUTLASS): packed, sized from the problem.
+        count = {label: extent[0] * extent[1] * extent[2] * extent[3] for label, extent in extents.items()}
+        A = pointer_operand(A, count["A"], operation.A.element, f"A ({roles[0]})")
+        B = pointer_operand(B, count["B"], operation.B.element, f"B ({roles[1]})")
+        C = pointer_operand(C, channels if bias else count["C"], operation.C.element, f"C ({roles[2]})")
+        D = pointer_operand(D, count["D"], operation.C.element, f"D ({roles[2]})")
+        if operation.B.layout.is_interleaved and not reordered and B is not None and count["B"]:
+            # PyCUTLASS reordered the filter (cutlass::reorder_convK) inside its Arguments: do the same, in a copy
+            # these arguments own. reordered=True: the filter is already in the kernel's order.
+            B = self._reordered_B = reorder_interleaved_operand_filter(B, problem_size, kind, f"B ({roles[1]})")
         self._operands: dict[str, tuple[TensorInfo, tuple | None]] = {}
         for label, tensor in (("A", A), ("B", B), ("C", C), ("D", D)):
             if tensor is None and (label == "C" or (label == "D" and self.parallel)):
                 continue
             role = roles[{"A": 0, "B": 1, "C": 2, "D": 2}[label]]
             info = describe(tensor, f"{label} ({role})")
+            if label == "C":
+                info = self._as_bias(info, bias, extents["C"])
             desc = descriptions[label]
             if not (self.parallel and label in ("C", "D")):  # in parallel split-K, C and D are the reduction's
                 if info.element is not storage_type(desc.element):
                     raise ArgumentError(f"{info.name}: the operation expects {storage_type(desc.element).label} "
                                         f"elements, got {info.element.label}")
             c_strides = self._check_geometry(info, desc.layout, extents[label], allow_broadcast=label == "C")
+            if label == "C" and bias and c_strides is None and info.numel != channels:  # (N*P*Q = 1: the same)
+                raise ArgumentError(f"{info.name}: bias=True says C is a bias vector of {channels} elements (one per "
+                                    f"output channel, or a view broadcasting one), but it is a full output-size "
+                                    f"tensor (shape {info.shape}, strides {info.strides})")
             if c_strides is not None and kind is Operator.wgrad and problem_size.R * problem_size.S != 1:
                 # The wgrad epilogue reads C as the implicit GEMM's K x (R*S*C) row-major matrix and takes only its
                 # leading dimension (the K stride) from the tensor: a bias broadcast over K (ld 0) is read as
@@ -168,7 +238,24 @@ class Conv2dArguments(OperationArguments):
                     f"R and S would be read as {gemm.n()} contiguous elements, past its end (R*S = "
                     f"{problem_size.R * problem_size.S}); pass the full (K, R, S, C) tensor")
             self._operands[label] = (info, c_strides)
+        self.bias = "C" in self._operands and self._operands["C"][1] is not None
         self._materialize()
+
+    @staticmethod
+    def _as_bias(info: TensorInfo, bias, extent) -> TensorInfo:
+        """C as PyCUTLASS's bias: with ``bias=True`` any contiguous tensor of one value per output channel (a
+        full-size C is a contradiction); without it, a C of exactly that many elements when that is fewer than the
+        output's (PyCUTLASS's auto-detection). Returned as the 1-D vector the geometry check reads as a bias."""
+        n, h, w, c = extent
+        numel = info.numel
+        if not (numel == c and (bias or numel < n * h * w * c)) or len(info.shape) == 1:
+            return info
+        if len(info.shape) == 4 and not bias:
+            return info  # a 4-D view: read by its strides
+        if numel > 1 and not info.is_contiguous:
+            raise ArgumentError(f"{info.name}: a bias vector must be contiguous, got shape {info.shape}, strides "
+                                f"{info.strides}")
+        return as_flat(info)
 
     # --- validation (no GPU) --------------------------------------------------------------------------------
     @staticmethod

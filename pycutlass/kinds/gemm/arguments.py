@@ -9,10 +9,10 @@ from ...emit.abi import fill_epilogue
 from ...epilogue.functors import EpilogueArguments
 from ...errors import ArgumentError
 from ...runtime.arguments import OperationArguments, memo_key
-from ...runtime.tensors import describe, storage_type
+from ...runtime.tensors import describe, gathered_copy, pointer_operand, storage_type
 from .abi import GemmUniversalArgs
-from .matrix import check_output_geometry, matrix_geometry
-from .modes import Mode
+from .matrix import MatrixGeometry, check_output_geometry, matrix_geometry
+from .modes import Mode, interleaved_column_gather
 from .operation import GemmOperationUniversal
 
 
@@ -65,13 +65,69 @@ def check_problem_alignment(operation, m: int, n: int, k: int) -> None:
 
 
 def _memo_key(operation, problem_size, A, B, C, D, output_op, gemm_mode, split_k_slices, batch, stream, device,
-              session):
-    """A signature of the call for the fast path (plain Gemm mode on CUDA torch tensors), or None."""
+              session, bias, reordered):
+    """A signature of the call for the fast path (plain Gemm mode on CUDA torch tensors), or None.
+
+    ``bias`` changes how C is bound, so it is part of the key. Interleaved operands reordered inside the Arguments
+    are bound through a copy, never the caller's B: those calls always take the full path."""
     if gemm_mode != Mode.Gemm or split_k_slices != 1 or batch != 1 or device is not None or \
             type(problem_size) not in (GemmCoord, tuple) or not isinstance(operation, GemmOperationUniversal) or \
-            0 in tuple(problem_size):  # empty problems allocate stand-ins: always the full path
+            0 in tuple(problem_size) or \
+            (operation.B.layout.is_interleaved and not reordered):  # empty problems allocate stand-ins
         return None
-    return memo_key(operation.name, problem_size, output_op, tensors=(A, B, C, D), stream=stream, session=session)
+    if bias not in (None, False, True):
+        return None  # the full path says what is wrong
+    return memo_key(operation.name, problem_size, output_op, bool(bias), bool(reordered), tensors=(A, B, C, D),
+                    stream=stream, session=session)
+
+
+UNSET = object()  # a keyword not passed (PyCUTLASS's positional mode needs to tell "not passed" from a default)
+
+
+def compat_positional(what: str, positional: tuple, names: tuple, keywords: dict, mode_name: str, mode_type) -> dict:
+    """Binds the Arguments' positional parameters after D, in pycutlass's order (``names``), with PyCUTLASS's form
+    too: PyCUTLASS took the mode right after D (``GemmArguments(op, size, A, B, C, D, gemm_mode, **kwargs)``,
+    ``Conv2dArguments(..., D, split_k_mode, **kwargs)``), where pycutlass takes ``output_op``; a mode found there is
+    the mode, and ``output_op`` comes by keyword as PyCUTLASS required. Returns the values by name (UNSET: not given).
+    """
+    values = dict(keywords)
+    if positional and isinstance(positional[0], mode_type):
+        if len(positional) > 1:
+            raise ArgumentError(f"{what}: after {mode_name} (PyCUTLASS's positional order) pass the rest by keyword")
+        order = (mode_name,)
+    else:
+        order = names
+    if len(positional) > len(order):
+        raise TypeError(f"{what}() takes at most {6 + len(order)} positional arguments after self, got "
+                        f"{6 + len(positional)}")
+    for name, value in zip(order, positional):
+        if values.get(name, UNSET) is not UNSET:
+            raise ArgumentError(f"{what}: {name} was passed both by position ({value!r}) and by keyword "
+                                f"({values[name]!r}); pass it once")
+        values[name] = value
+    return values
+
+
+def bias_vector_length(layout: LayoutType, rows: int, cols: int) -> int:
+    """PyCUTLASS's bias: one value per column of a RowMajor C, per row of a ColumnMajor one."""
+    return cols if layout is LayoutType.RowMajor else rows
+
+
+def reorder_interleaved_operand_b(B, k: int, n: int, batch: int = 1, name: str = "B"):
+    """A copy of a RowMajorInterleaved32 B (contiguous, ``batch`` * K * N elements in interleaved memory order) with
+    its columns in the kernel's order, as PyCUTLASS's ``reorder_column<32>`` inside GemmArguments did."""
+    if isinstance(B, (list, tuple)):  # Array mode: one matrix per entry
+        return [reorder_interleaved_operand_b(b, k, n, 1, f"{name}[{i}]") for i, b in enumerate(B)]
+    info = describe(B, name)
+    if info.numel != batch * k * n or not info.is_contiguous:
+        raise ArgumentError(f"{name}: an interleaved RowMajorInterleaved32 operand must be a contiguous tensor of "
+                            f"{batch * k * n} elements in interleaved order; got shape {info.shape}, strides "
+                            f"{info.strides}")
+    if n % 32 or k % 32:
+        raise ArgumentError(f"{name}: interleaved B needs K and N multiples of 32, got K={k}, N={n}")
+    # RowMajorInterleaved32 (K, N): offset = (k / 32) * 32 * N + n * 32 + k % 32, i.e. a (K/32, N, 32) array per
+    # matrix; batched matrices follow one another.
+    return gathered_copy(B, name, (batch * k // 32, n, 32), 1, interleaved_column_gather(n))
 
 
 # Arguments of operations that GemmOperationUniversal builds for other kinds (visitor=True), by operation type.
@@ -93,10 +149,31 @@ class GemmArguments(OperationArguments):
             return visitor_arguments(operation, *args, **kwargs)
         return super().__new__(cls)
 
-    def __init__(self, operation, problem_size, A, B, C, D, output_op=None, gemm_mode=Mode.Gemm,
-                 split_k_slices: int = 1, batch: int = 1, stream=None, device=None, session=None):
+    _POSITIONAL = ("output_op", "gemm_mode", "split_k_slices", "batch", "stream", "device", "session")
+
+    def __init__(self, operation, problem_size, A, B, C, D, *positional, output_op=UNSET, gemm_mode=UNSET,
+                 split_k_slices=UNSET, batch=UNSET, stream=UNSET, device=UNSET, session=UNSET, bias=None,
+                 reordered: bool = False):
+        # Signature: (operation, problem_size, A, B, C, D, output_op=None, gemm_mode=Mode.Gemm, split_k_slices=1,
+        # batch=1, stream=None, device=None, session=None, *, bias=None, reordered=False), or PyCUTLASS's
+        # (operation, problem_size, A, B, C, D, gemm_mode, **keywords).
+        if positional:
+            given = compat_positional("GemmArguments", positional, self._POSITIONAL,
+                                      dict(output_op=output_op, gemm_mode=gemm_mode, split_k_slices=split_k_slices,
+                                           batch=batch, stream=stream, device=device, session=session),
+                                      "gemm_mode", Mode)
+            output_op, gemm_mode, split_k_slices, batch, stream, device, session = (
+                given[name] for name in self._POSITIONAL)
+        # (the plain keyword call stays cheap: it is the fast path's)
+        output_op = None if output_op is UNSET else output_op
+        gemm_mode = Mode.Gemm if gemm_mode is UNSET else gemm_mode
+        split_k_slices = 1 if split_k_slices is UNSET else split_k_slices
+        batch = 1 if batch is UNSET else batch
+        stream = None if stream is UNSET else stream
+        device = None if device is UNSET else device
+        session = None if session is UNSET else session
         memo_key = _memo_key(operation, problem_size, A, B, C, D, output_op, gemm_mode, split_k_slices, batch,
-                             stream, device, session)
+                             stream, device, session, bias, reordered)
         if memo_key is not None:
             d = D.data_ptr()
             addresses = (A.data_ptr(), B.data_ptr(), d if C is None else C.data_ptr(), d)
@@ -104,17 +181,23 @@ class GemmArguments(OperationArguments):
                 self.ptr_D = d
                 return
         self._validate_and_prepare(operation, problem_size, A, B, C, D, output_op, gemm_mode, split_k_slices, batch,
-                                   stream, device, session)
+                                   stream, device, session, bias, reordered)
         if memo_key is not None:
             op = self.operation
             self._remember(memo_key, [x.alignment * x.element.bits // 8 for x in (op.A, op.B, op.C, op.C)],
-                           ("gemm_mode", "problem_size", "output_op", "split_k_slices", "batch"))
+                           ("gemm_mode", "problem_size", "output_op", "split_k_slices", "batch", "bias",
+                            "reordered"))
 
     def _validate_and_prepare(self, operation, problem_size, A, B, C, D, output_op, gemm_mode, split_k_slices, batch,
-                              stream, device, session):
+                              stream, device, session, bias=None, reordered=False):
         if not isinstance(operation, GemmOperationUniversal):
             raise ArgumentError(f"GemmArguments needs a GemmOperationUniversal, got {type(operation).__name__}")
         super().__init__(operation, stream, device, session)
+        if bias not in (None, False, True):
+            raise ArgumentError(f"bias must be True or False, got {bias!r}")
+        if not isinstance(reordered, bool):
+            raise ArgumentError(f"reordered must be True or False, got {reordered!r}")
+        self.reordered = reordered
         try:
             if isinstance(gemm_mode, bool):
                 raise ValueError
@@ -149,6 +232,26 @@ class GemmArguments(OperationArguments):
             raise ArgumentError(f"C is None but beta is {self.output_op.beta}; pass C or set beta to 0")
 
         batch_count = self.batch
+        if bias and C is None:
+            raise ArgumentError("bias=True says C is a bias vector, but C is None")
+        if bias and operation.C.layout.is_interleaved:
+            raise ArgumentError(f"bias=True: a bias vector needs a RowMajor or ColumnMajor C, the operation's C is "
+                                f"{operation.C.layout.value}")
+        self._bias_requested = bool(bias)
+        # Raw CUdeviceptr operands (PyCUTLASS): packed in the operation's layouts, sized from the problem.
+        vector = bias_vector_length(operation.C.layout, m, n)
+        A = pointer_operand(A, batch_count * m * k, operation.A.element, "A")
+        B = pointer_operand(B, batch_count * k * n, operation.B.element, "B")
+        C = pointer_operand(C, batch_count * (vector if bias else m * n), operation.C.element, "C")
+        D = pointer_operand(D, batch_count * m * n, operation.C.element, "D")
+        if operation.B.layout.is_interleaved and not reordered and B is not None and k and n:
+            # PyCUTLASS reordered B (cutlass::reorder_column<32>) inside its Arguments: do the same, in a copy these
+            # arguments own (the caller's B is left as it is). reordered=True: B is already in the kernel's order.
+            if isinstance(B, (list, tuple)) and len(B) != batch_count:
+                raise ArgumentError(f"B: Array mode with batch {batch_count} needs {batch_count} matrices, got "
+                                    f"{len(B)}")
+            B = self._reordered_B = reorder_interleaved_operand_b(
+                B, k, n, batch_count if mode in (Mode.Batched, Mode.Array) else 1)
         self._operands = {}
         for label, tensor, rows, cols, layout, element in (
                 ("A", A, m, k, operation.A.layout, operation.A.element),
@@ -158,6 +261,7 @@ class GemmArguments(OperationArguments):
             if label == "C" and C is None:
                 continue
             self._operands[label] = self._describe_operand(label, tensor, rows, cols, layout, element, batch_count)
+        self.bias = "C" in self._operands and self._operands["C"][2].broadcast
         self._materialize()
 
     # --- validation (no GPU) --------------------------------------------------------------------------------
@@ -178,11 +282,53 @@ class GemmArguments(OperationArguments):
             return ("list", infos, geometries[0])
         info = describe(tensor, label)
         self._check_dtype(info, element, label, parallel)
+        if label == "C" and not layout.is_interleaved:
+            geometry = self._bias_geometry(info, layout, rows, cols, batch)
+            if geometry is not None:
+                self._check_alignment(label, info, geometry)
+                return ("tensor", info, geometry)
+        elif label == "C" and self._bias_requested:
+            raise ArgumentError(f"bias=True: a bias vector needs a RowMajor or ColumnMajor C, got {layout.value}")
         geometry = matrix_geometry(info, layout, rows, cols, batch, allow_broadcast=label == "C")
         if label == "D":
             check_output_geometry(info, geometry, layout, rows, cols, batch)
         self._check_alignment(label, info, geometry)
         return ("tensor", info, geometry)
+
+    def _bias_geometry(self, info, layout, rows, cols, batch):
+        """C read as PyCUTLASS's bias (None: C is a matrix, read by matrix_geometry).
+
+        With ``bias=True`` C must hold one vector (of N values for a RowMajor C, of M for a ColumnMajor one), or one
+        per batch (batch stride of one vector, as PyCUTLASS's batched_stride_C): any contiguous shape of that many
+        elements. Without it, a C of exactly one vector's elements is a bias when the broadcast dimension is not 1
+        (PyCUTLASS's auto-detection), and a C of one vector per batch is one too when it cannot be a full C."""
+        vector = bias_vector_length(layout, rows, cols)
+        full = batch * rows * cols
+        numel = info.numel
+        if self._bias_requested:
+            if numel not in (vector, batch * vector):
+                try:
+                    geometry = matrix_geometry(info, layout, rows, cols, batch, allow_broadcast=True)
+                except ArgumentError:
+                    geometry = None
+                if geometry is None or not geometry.broadcast:
+                    raise ArgumentError(
+                        f"{info.name}: bias=True says C is a bias vector of {vector} elements (one per "
+                        f"{'column' if layout is LayoutType.RowMajor else 'row'} of the {layout.value} {rows} x "
+                        f"{cols} C{', or one per batch' if batch > 1 else ''}, or a view broadcasting one), but it "
+                        f"holds {numel} elements (shape {info.shape}, strides {info.strides})")
+                return geometry
+        else:
+            broadcast_extent = rows if layout is LayoutType.RowMajor else cols
+            if numel == full or broadcast_extent == 1 or numel not in (vector, batch * vector) or \
+                    (len(info.shape) == 1 and numel == vector):  # 1-D vectors: matrix_geometry reads them
+                return None
+            if len(info.shape) >= 2 and info.shape[-2:] in ((rows, cols), (1, cols)):
+                return None  # a (possibly broadcast) matrix view: read by its strides
+        if numel > 1 and not info.is_contiguous:
+            raise ArgumentError(f"{info.name}: a bias vector must be contiguous, got shape {info.shape}, strides "
+                                f"{info.strides}")
+        return MatrixGeometry(0, vector if numel == batch * vector and batch > 1 else 0, broadcast=True)
 
     def _check_alignment(self, label, info, geometry):
         """Leading dimensions, batch strides and device addresses must allow the operation's vector accesses."""

@@ -42,6 +42,14 @@ def _list_of(name: str, values, count: int, allow_none: bool = False) -> list:
     return list(values)
 
 
+def _alias(plural: str, plural_value, single: str, single_value):
+    if single_value is None:
+        return plural_value
+    if plural_value is not None:
+        raise ArgumentError(f"GemmGroupedArguments: pass {plural}= or PyCUTLASS's {single}=, not both")
+    return single_value
+
+
 def _memo_key(operation, problem_sizes, As, Bs, Cs, Ds, output_op, stream, device, session):
     """A signature of the call for the fast path (Device scheduling, non-empty problems, CUDA torch tensors)."""
     if device is not None or not isinstance(operation, GemmOperationGrouped) or \
@@ -64,13 +72,20 @@ def _memo_key(operation, problem_sizes, As, Bs, Cs, Ds, output_op, stream, devic
 class GemmGroupedArguments(OperationArguments):
     """``D_i = epilogue(alpha * A_i @ B_i + beta * C_i)`` for every problem ``i`` of ``problem_sizes``.
 
-    ``As``, ``Bs``, ``Cs``, ``Ds``: one 2-D tensor per problem (torch, numpy, cupy, ``__cuda_array_interface__``
-    or DLPack), with the operation's layouts; each may have its own leading dimension. ``Cs`` may be None (or hold
+    ``As``, ``Bs``, ``Cs``, ``Ds``: one tensor per problem (torch, numpy, cupy, ``__cuda_array_interface__``
+    or DLPack): 2-D with the operation's layouts (each may have its own leading dimension), or packed 1-D in the
+    operation's layouts as PyCUTLASS's grouped testbed passes them (``np.zeros(M * N)``). A C of one value per column
+    (RowMajor C; per row of a ColumnMajor one) is a bias broadcast over the rows, as in PyCUTLASS. ``Cs`` may be None (or hold
     None entries) when beta is 0. One alpha/beta (``output_op``) applies to the whole group.
     """
 
-    def __init__(self, operation, problem_sizes, As, Bs, Cs, Ds, output_op=None, stream=None, device=None,
-                 session=None):
+    def __init__(self, operation, problem_sizes, As=None, Bs=None, Cs=None, Ds=None, output_op=None, stream=None,
+                 device=None, session=None, *, A=None, B=None, C=None, D=None):
+        if A is not None or B is not None or C is not None or D is not None:
+            # PyCUTLASS's keywords (its grouped testbed: GemmGroupedArguments(op, problem_sizes=..., A=..., ...))
+            As, Bs, Cs, Ds = (_alias(plural, plural_value, single, single_value) for plural, plural_value, single,
+                              single_value in (("As", As, "A", A), ("Bs", Bs, "B", B), ("Cs", Cs, "C", C),
+                                               ("Ds", Ds, "D", D)))
         memo_key = _memo_key(operation, problem_sizes, As, Bs, Cs, Ds, output_op, stream, device, session)
         if memo_key is not None and self._from_seen(memo_key, session, As, Bs, Cs, Ds):
             return
@@ -163,8 +178,10 @@ class GemmGroupedArguments(OperationArguments):
         if info.element is not storage_type(desc.element):
             raise ArgumentError(f"{name}: the operation expects {storage_type(desc.element).label} elements, got "
                                 f"{info.element.label}")
-        if len(info.shape) != 2 and not (label == "C" and len(info.shape) == 1):
-            raise ArgumentError(f"{name}: expected a 2-D tensor of shape ({rows}, {cols}), got shape {info.shape}")
+        if len(info.shape) not in (1, 2):
+            raise ArgumentError(f"{name}: expected a 2-D tensor of shape ({rows}, {cols}), got shape {info.shape} "
+                                f"(or pass a packed 1-D one of {rows * cols} elements in the operation's "
+                                f"{desc.layout.value} layout)")
         geometry = matrix_geometry(info, desc.layout, rows, cols, 1, allow_broadcast=label == "C")
         if label == "D":
             check_output_geometry(info, geometry, desc.layout, rows, cols, 1)

@@ -5,7 +5,7 @@ from ...description.types import LayoutType
 from ...emit.abi import fill_epilogue
 from ...errors import ArgumentError
 from ...runtime.arguments import OperationArguments
-from ...runtime.tensors import describe
+from ...runtime.tensors import as_flat, describe, is_device_pointer, pointer_operand
 from ..gemm.arguments import coerce_output_op
 from ..gemm.matrix import check_output_geometry, matrix_geometry
 from .abi import ReductionArgs
@@ -17,7 +17,8 @@ class ReductionArguments(OperationArguments):
     or the GemmArguments/Conv2dArguments object that owns it (which also keeps it alive)."""
 
     def __init__(self, operation, problem_size, partitions: int, workspace, destination, source=None,
-                 output_op=None, partition_stride: int | None = None, stream=None, device=None, session=None):
+                 output_op=None, partition_stride: int | None = None, stream=None, device=None, session=None,
+                 bias=None):
         if not isinstance(operation, ReductionOperation):
             raise ArgumentError(f"ReductionArguments needs a ReductionOperation, got {type(operation).__name__}")
         if stream is None and hasattr(workspace, "stream"):
@@ -35,19 +36,28 @@ class ReductionArguments(OperationArguments):
         if hasattr(workspace, "ptr_D"):
             self._producer = workspace
             workspace = workspace.ptr_D
+        if is_device_pointer(workspace):  # PyCUTLASS passed GemmArguments.ptr_D as a CUdeviceptr
+            workspace = int(workspace)
+        if bias not in (None, False, True):
+            raise ArgumentError(f"bias must be True or False, got {bias!r}")
+        if bias and source is None:
+            raise ArgumentError("bias=True says source (C) is a bias vector, but source is None")
         if not isinstance(workspace, int) or workspace == 0:
             raise ArgumentError(f"workspace must be a device address (GemmArguments.ptr_D) or the arguments object "
                                 f"that owns it, got {workspace!r}")
         self.workspace = workspace
         self.partition_stride = m * n if partition_stride is None else int(partition_stride)
         self.output_op = coerce_output_op(operation, output_op)
-        layout = operation.C.layout
+        layout = operation.matrix_layout
         contiguous = n if layout is LayoutType.RowMajor else m
         if contiguous % operation.count:
             raise ArgumentError(f"{'N' if layout is LayoutType.RowMajor else 'M'}={contiguous} must be a multiple of "
                                 f"the reduction's count {operation.count}")
         if source is None and self.output_op.beta != 0:
             raise ArgumentError(f"source (C) is None but beta is {self.output_op.beta}")
+        vector = n if layout is LayoutType.RowMajor else m  # PyCUTLASS's bias: one value per column of a row-major C
+        destination = pointer_operand(destination, m * n, operation.C.element, "destination")
+        source = pointer_operand(source, vector if bias else m * n, operation.C.element, "source")
         self._infos = {}
         for label, tensor in (("destination", destination), ("source", source)):
             if tensor is None:
@@ -55,15 +65,41 @@ class ReductionArguments(OperationArguments):
             info = describe(tensor, label)
             if info.element is not operation.C.element:
                 raise ArgumentError(f"{label}: expected {operation.C.element.label} elements, got {info.element.label}")
+            info = self._as_matrix(info, label, m, n, vector, bool(bias))
             geometry = matrix_geometry(info, layout, m, n, 1, allow_broadcast=label == "source")
+            if label == "source" and bias and not geometry.broadcast and m * n != vector:
+                raise ArgumentError(f"source: bias=True says C is a bias vector of {vector} elements (or a view "
+                                    f"broadcasting one), but it is a full {m} x {n} matrix (shape {info.shape}, "
+                                    f"strides {info.strides})")
             if label == "destination":
                 check_output_geometry(info, geometry, layout, m, n, 1)
             if geometry.ld % operation.count and not geometry.broadcast:
                 raise ArgumentError(f"{label}: leading dimension {geometry.ld} must be a multiple of {operation.count}")
             self._infos[label] = (info, geometry)
+        self.bias = "source" in self._infos and self._infos["source"][1].broadcast
         if self._producer is not None and self._device_request is None and self._producer.device is not None:
             self._device_request = self._producer.device.ordinal  # the workspace lives there
         self._materialize()
+
+    def _as_matrix(self, info, label, m, n, vector, bias):
+        """Tensor forms read as a packed 1-D matrix or vector: a bias with ``bias=True`` (any contiguous shape of
+        ``vector`` elements) and, for a TensorNHWC C, a packed NHWC tensor (4-D, or torch's NCHW in channels_last
+        memory) of the convolution's N*P*Q x K output."""
+        if len(info.shape) == 1:
+            return info
+        if label == "source" and bias and info.numel == vector and (vector <= 1 or info.is_contiguous):
+            return as_flat(info)
+        if self.operation.C.layout is LayoutType.TensorNHWC and len(info.shape) == 4 and info.numel == m * n:
+            if info.is_contiguous and info.shape[3] == n:
+                return as_flat(info)
+            nn, k, p, q = info.shape
+            if k == n and all(size <= 1 or s == e for s, e, size in
+                              zip(info.strides, (p * q * k, 1, q * k, k), info.shape)):
+                return as_flat(info)  # NCHW in channels_last memory
+            raise ArgumentError(f"{label}: a TensorNHWC reduction writes packed NHWC: pass a contiguous (N, P, Q, "
+                                f"{n}) tensor, torch's channels_last (N, {n}, P, Q), or a packed 1-D one; got shape "
+                                f"{info.shape}, strides {info.strides}")
+        return info
 
     def _tensor_infos(self) -> list:
         return [info for info, _ in self._infos.values()]
@@ -81,7 +117,7 @@ class ReductionArguments(OperationArguments):
 
     def bind(self, loaded_op=None) -> ReductionArgs:
         m, n = self.problem_size
-        transposed = self.operation.C.layout is LayoutType.ColumnMajor
+        transposed = self.operation.matrix_layout is LayoutType.ColumnMajor
         a = ReductionArgs()
         a.m, a.n = (n, m) if transposed else (m, n)  # the kernel reduces a row-major view
         a.partitions = self.partitions

@@ -24,8 +24,10 @@ class ReductionOperation(Operation):
             shape = MatrixCoord(*shape)
         if not isinstance(C, TensorDescription):
             raise DescriptionError(f"ReductionOperation: C must be a TensorDescription, got {C!r}")
-        if C.layout not in (LayoutType.RowMajor, LayoutType.ColumnMajor):
-            raise DescriptionError(f"ReductionOperation: C must be RowMajor or ColumnMajor, got {C.layout.value}")
+        if C.layout not in (LayoutType.RowMajor, LayoutType.ColumnMajor, LayoutType.TensorNHWC):
+            raise DescriptionError(f"ReductionOperation: C must be RowMajor, ColumnMajor or TensorNHWC (a convolution's "
+                                   f"output, reduced as its implicit GEMM's row-major NPQ x K matrix), got "
+                                   f"{C.layout.value}")
         element_workspace = element_workspace or element_accumulator
         if epilogue_functor is None:
             from ...epilogue import LinearCombination
@@ -54,6 +56,12 @@ class ReductionOperation(Operation):
         self.epilogue_functor = epilogue_functor
         self.count = count
         self.partitions_per_stage = partitions_per_stage
+
+    @property
+    def matrix_layout(self) -> LayoutType:
+        """The layout of the M x N matrix reduced: a TensorNHWC C (PyCUTLASS's conv parallel split-K) is the implicit
+        GEMM's NPQ x K output, row-major."""
+        return LayoutType.RowMajor if self.C.layout is LayoutType.TensorNHWC else self.C.layout
 
     def _signature(self) -> tuple:
         return ("reduction", self.compute_capability, self.shape, self.C, self.element_accumulator,
