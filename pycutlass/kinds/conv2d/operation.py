@@ -11,7 +11,7 @@ Which CUTLASS specializations exist (cutlass/conv/kernel/default_conv2d_{fprop,d
 * fprop: TensorOp analytic / optimized / fixed_channels / few_channels (NHWC); TensorOp analytic / optimized with
   interleaved int8 (A TensorNC32HW32, B TensorC32RSK32, C TensorNC32HW32); SIMT analytic / optimized.
   Interleaved kernels read the filter with its output channels permuted within groups of 32
-  (``cutlass::reorder_convK``): pass ``pycutlass.conv.reorder_interleaved_filter(filter)``.
+  (``cutlass::reorder_convK``): Conv2dArguments reorders a copy (``reordered=True`` for a filter already in order).
   ``StrideSupport`` does not restrict strides (fprop iterators handle any stride); in the TensorOp optimized
   multistage and SIMT kernels it selects the epilogue's output iterator (Unity: packed row-major NPQ x K;
   Strided: a 4-D NHWC iterator). Both are accepted, as PyCUTLASS accepted them.
