@@ -9,6 +9,9 @@ PyCUTLASS 2.11's module paths work too (``pycutlass.gemm_operation``, ``conv2d_o
 """
 from __future__ import annotations
 
+import importlib.util as _importlib_util
+import sys as _sys
+
 from . import cache, compiler, conv, gemm, utils  # noqa: F401  (namespaces of the users' API)
 from .description.coords import GemmCoord, MatrixCoord, Tensor4DCoord
 from .description.math_instruction import MathInstruction
@@ -69,3 +72,12 @@ __all__ = [
     "hardswish", "identity", "int32", "int8", "leaky_relu", "relu", "runtime", "sigmoid", "silu",
     "tanh", "tfloat32", "utils", "EpilogueVisitTree", "reduction_op",
 ]
+
+# PyCUTLASS 2.11 came with a pybind module named `cutlass` holding the same names (cutlass.float16,
+# cutlass.gemm.GemmCoord, cutlass.conv.Operator, ...). Its scripts `import cutlass` after `import pycutlass`, and its
+# `from pycutlass import *` handed out that module as `cutlass`. Both work here with pycutlass itself standing in, the
+# import only when no real `cutlass` package (such as NVIDIA's CuTe DSL) is installed, so nothing is ever shadowed.
+cutlass = _sys.modules[__name__]
+if "cutlass" not in _sys.modules and _importlib_util.find_spec("cutlass") is None:
+    _sys.modules["cutlass"] = cutlass
+__all__.append("cutlass")

@@ -24,7 +24,9 @@ VALID_MATH_INSTRUCTIONS: dict[tuple, tuple[MathOperation, ...]] = {
     (_T, (16, 8, 16), _F16, _F16): (_MA,),
     (_T, (16, 8, 16), _F16, _F32): (_MA,),
     (_T, (16, 8, 16), _BF16, _F32): (_MA,),
-    (_T, (16, 8, 32), _S8, _S32): (MathOperation.multiply_add_saturate,),
+    # int8: CUTLASS 4.2's Sm80 mma exists only as OpMultiplyAddSaturate; multiply_add (what PyCUTLASS 2.11 scripts
+    # ask for) is built with it (see MathInstruction.cutlass_math_operation).
+    (_T, (16, 8, 32), _S8, _S32): (MathOperation.multiply_add_saturate, _MA),
     (_S, (1, 1, 1), _F64, _F64): (_MA,),
     (_S, (1, 1, 1), _F32, _F32): (_MA,),
 }
@@ -62,20 +64,20 @@ class MathInstruction:
         key = (self.opcode_class, shape, self.element_a, self.element_accumulator)
         allowed = VALID_MATH_INSTRUCTIONS.get(key)
         if allowed is None or self.math_operation not in allowed:
-            if self.opcode_class is _T and self.element_a is _S8 and self.math_operation is _MA:
-                # cutlass/arch/mma_sm80.h defines the int8 mma.sync only as OpMultiplyAddSaturate (.satfinite); with
-                # OpMultiplyAdd, arch::Mma<GemmShape<16,8,32>, 32, int8_t, ...> is an incomplete type. PyCUTLASS 2.11
-                # and CUTLASS's generator use multiply_add_saturate for int8.
-                raise DescriptionError(
-                    f"MathInstruction TensorOp {list(shape)} int8->{self.element_accumulator.label} with multiply_add "
-                    f"is not supported: CUTLASS's Sm80 int8 tensor-core mma (cutlass/arch/mma_sm80.h) exists only as "
-                    f"OpMultiplyAddSaturate (mma.sync ... .satfinite); use MathOperation.multiply_add_saturate (the "
-                    f"same products and sums, clamped instead of wrapped on int32 overflow). "
-                    f"Valid combinations:\n{_describe_valid()}")
             raise DescriptionError(
                 f"MathInstruction {self.opcode_class.name} {list(shape)} {self.element_a.label}->"
                 f"{self.element_accumulator.label} with {self.math_operation.name} is not supported. "
                 f"Valid combinations:\n{_describe_valid()}")
+
+    @property
+    def cutlass_math_operation(self) -> MathOperation:
+        """The math operation the kernel is built with. CUTLASS 4.2's Sm80 int8 tensor-core mma exists only as
+        OpMultiplyAddSaturate (mma.sync ... .satfinite), so int8 multiply_add (PyCUTLASS 2.11 ran it with CUTLASS
+        2.11's non-saturating mma) is built saturating: the same products and sums, clamped instead of wrapped
+        should an int32 sum overflow (beyond ~133,000 products of int8 extremes)."""
+        if self.opcode_class is _T and self.element_a is _S8 and self.math_operation is _MA:
+            return MathOperation.multiply_add_saturate
+        return self.math_operation
 
     # PyCUTLASS spelled these positionally; keep aliases that read well in emitted code.
     @property

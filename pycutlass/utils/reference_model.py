@@ -16,7 +16,8 @@ shapes pycutlass's Arguments accept:
   batch, or, for Conv2d, one value per channel of the output.
 
 The result has the form of A: packed 1-D (in C's layout) for a 1-D A, as PyCUTLASS returned it, else the logical
-shape. It is a float64 numpy array, except for torch inputs, where it is a torch tensor on A's device in the type
+shape. It is a numpy array in PyCUTLASS's result type (float64 values rounded once to A's and C's promoted
+floating type), except for torch inputs, where it is a torch tensor on A's device in the type
 PyCUTLASS's torch path produced (A's and C's types promoted; float64 when that is not a floating type).
 """
 from __future__ import annotations
@@ -48,9 +49,20 @@ def _host64(x, name: str) -> np.ndarray:
 
 
 def _result(values: np.ndarray, a, c):
-    """float64 numpy, or a torch tensor (on A's device, in PyCUTLASS's result type) for torch inputs."""
+    """PyCUTLASS's result type: for numpy inputs of a floating type, A's and C's types promoted (bfloat16 gives C's
+    type), computed here in float64 and rounded once; float64 otherwise. For torch inputs, a torch tensor on A's
+    device in PyCUTLASS's torch result type."""
     if not _is_torch(a):
-        return values
+        a_type = getattr(a, "dtype", None)
+        if not isinstance(a_type, np.dtype) or a_type.kind != "f" and a_type.name != "bfloat16":
+            return values
+        c_type = getattr(c, "dtype", None)
+        if a_type.name == "bfloat16":
+            target = c_type if isinstance(c_type, np.dtype) else a_type
+        else:
+            target = np.result_type(a_type, c_type) if isinstance(c_type, np.dtype) and c_type.kind == "f" \
+                else a_type
+        return values.astype(target)
     import torch
 
     dtype = torch.promote_types(a.dtype, c.dtype) if _is_torch(c) else a.dtype

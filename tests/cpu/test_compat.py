@@ -358,3 +358,27 @@ def test_star_import_gives_what_pycutlass_scripts_use():
                  "LinearCombinationGeneric", "relu", "gelu", "get_memory_pool", "get_allocated_size", "compiler",
                  "IdentitySwizzle1", "utils"):
         assert name in namespace, name
+
+
+def test_pycutlass_scripts_import_cutlass_and_star_import_it(tmp_path):
+    """PyCUTLASS 2.11 scripts do `import pycutlass; from pycutlass import *; import cutlass` and use both names."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import pycutlass\nfrom pycutlass import *\nimport cutlass\n"
+            "assert cutlass is pycutlass\n"
+            "assert cutlass.gemm.Mode.GemmSplitKParallel == 1 and cutlass.conv.Operator.fprop\n"
+            "assert cutlass.float16 is pycutlass.float16 and cutlass.RowMajor is pycutlass.RowMajor\n"
+            "print('ok')\n")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)}, timeout=120)
+    import importlib.util
+
+    import pycutlass
+
+    if sys.modules.get("cutlass") is not pycutlass and importlib.util.find_spec("cutlass") is not None:
+        assert out.returncode != 0  # a real `cutlass` package is installed here: pycutlass never shadows it
+    else:
+        assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -25,10 +25,10 @@ INSTR = {D.float64: ([8, 8, 4], D.float64), D.float16: ([16, 8, 16], D.float32),
          D.tfloat32: ([16, 8, 8], D.float32), D.int8: ([16, 8, 32], D.int32)}
 
 
-def gemm(el, out, tb, warps, align_ab, align_c, stages=3, layouts=(R, CM, R), opclass=T):
+def gemm(el, out, tb, warps, align_ab, align_c, stages=3, layouts=(R, CM, R), opclass=T, math_operation=None):
     inst, acc = INSTR[el] if opclass is T else ([1, 1, 1], el)
-    math = cutlass.MathInstruction(inst, el, el, acc, opclass,
-                                   MO.multiply_add_saturate if el is D.int8 else MO.multiply_add)
+    math = cutlass.MathInstruction(inst, el, el, acc, opclass, math_operation or
+                                   (MO.multiply_add_saturate if el is D.int8 else MO.multiply_add))
     tile = cutlass.TileDescription(tb, stages, warps, math)
     storage = D.float32 if el is D.tfloat32 else el
     A = cutlass.TensorDescription(storage, layouts[0], align_ab)
@@ -101,12 +101,14 @@ def test_warp_tile_128_wide_still_rejected():
 
 
 # --- (b) int8 multiply_add ---------------------------------------------------------------------------------------
-def test_int8_multiply_add_rejected_with_reason():
-    with pytest.raises(DescriptionError, match=r"int8->int32 with multiply_add is not supported: CUTLASS's Sm80 "
-                                               r"int8 tensor-core mma.*OpMultiplyAddSaturate.*multiply_add_saturate"):
-        cutlass.MathInstruction([16, 8, 32], D.int8, D.int8, D.int32, T, MO.multiply_add)
-    math = cutlass.MathInstruction([16, 8, 32], D.int8, D.int8, D.int32, T, MO.multiply_add_saturate)
-    assert math.math_operation is MO.multiply_add_saturate
+def test_int8_multiply_add_is_built_saturating():
+    """PyCUTLASS 2.11 scripts ask for int8 multiply_add; CUTLASS 4.2's Sm80 int8 mma exists only saturating."""
+    math = cutlass.MathInstruction([16, 8, 32], D.int8, D.int8, D.int32, T, MO.multiply_add)
+    assert math.math_operation is MO.multiply_add and math.cutlass_math_operation is MO.multiply_add_saturate
+    op = gemm(D.int8, D.int32, [128, 128, 64], [2, 2, 1], 16, 4, math_operation=MO.multiply_add)
+    assert "cutlass::arch::OpMultiplyAddSaturate" in op.emit_body()
+    saturate = cutlass.MathInstruction([16, 8, 32], D.int8, D.int8, D.int32, T, MO.multiply_add_saturate)
+    assert saturate.cutlass_math_operation is MO.multiply_add_saturate
 
 
 # --- (c) 256-bit C stores ----------------------------------------------------------------------------------------

@@ -384,7 +384,7 @@ class Conv2dOperation(TiledOperation):
             opclass=names.OPCLASS[math.opcode_class], arch_tag=names.arch_tag(self.family),
             threadblock_shape=tile.threadblock_shape, warp_shape=tile.warp_shape,
             instruction_shape=math.instruction_shape, swizzle=names.gemm_swizzle(self.swizzling_functor),
-            stages=tile.stages, math_operation=names.MATH_OPERATION[math.math_operation],
+            stages=tile.stages, math_operation=names.MATH_OPERATION[math.cutlass_math_operation],
             iterator_algorithm=ITERATOR_ALGORITHM[self.iterator_algorithm],
             stride_support=STRIDE_SUPPORT[self.stride_support],
             c_strided=self.C.layout is _NHWC,

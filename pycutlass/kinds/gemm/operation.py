@@ -233,7 +233,7 @@ class GemmOperationUniversal(TiledOperation):
             opclass=names.OPCLASS[math.opcode_class], arch_tag=names.arch_tag(self.family),
             threadblock_shape=tile.threadblock_shape, warp_shape=tile.warp_shape,
             instruction_shape=math.instruction_shape, swizzle=names.gemm_swizzle(self.swizzling_functor),
-            stages=tile.stages, math_operation=names.MATH_OPERATION[math.math_operation],
+            stages=tile.stages, math_operation=names.MATH_OPERATION[math.cutlass_math_operation],
             transposed=self.transposed, activation_args=activation.argument_names if activation else ())
 
     def describe(self) -> str:

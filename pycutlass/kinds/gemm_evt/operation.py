@@ -230,7 +230,7 @@ class GemmOperationEvt(TiledOperation):
             opclass=names.OPCLASS[math.opcode_class], arch_tag=names.arch_tag(self.family),
             threadblock_shape=tile.threadblock_shape, warp_shape=tile.warp_shape,
             instruction_shape=math.instruction_shape, swizzle=names.gemm_swizzle(self.swizzling_functor),
-            stages=tile.stages, math_operation=names.MATH_OPERATION[math.math_operation])
+            stages=tile.stages, math_operation=names.MATH_OPERATION[math.cutlass_math_operation])
 
     def epilogue_type(self, *args, problem_size=None, **values) -> EvtOutputOp:
         """PyCUTLASS 2.11's visitor ``output_op``: every tensor and scalar of the tree by name, and problem_size."""

@@ -237,7 +237,7 @@ class GemmOperationGrouped(TiledOperation):
             opclass=names.OPCLASS[math.opcode_class], arch_tag=names.arch_tag(self.family),
             threadblock_shape=tile.threadblock_shape, warp_shape=tile.warp_shape,
             instruction_shape=math.instruction_shape, swizzle=names.gemm_swizzle(self.swizzling_functor),
-            stages=tile.stages, math_operation=names.MATH_OPERATION[math.math_operation],
+            stages=tile.stages, math_operation=names.MATH_OPERATION[math.cutlass_math_operation],
             schedule_mode=self.precompute_mode.cpp, host_precompute=self.precompute_mode is SchedulerMode.Host,
             transposed=self.transposed, thread_count=self.thread_count,
             problem_info_bytes=PROBLEM_INFO_BYTES, precompute_threads=PRECOMPUTE_THREADS,
