@@ -1,7 +1,7 @@
 """PyCUTLASS 2.11's ``pycutlass.conv2d_operation``: the Conv2d operation and its Arguments."""
 from __future__ import annotations
 
-from ._compat import missing_names
+from ._compat import missing_names, star_names
 from .kinds import Conv2dArguments, Conv2dOperation, Conv2dProblemSize, IteratorAlgorithm, StrideSupport
 
 __getattr__ = missing_names(__name__, {
@@ -10,4 +10,4 @@ __getattr__ = missing_names(__name__, {
     "EmitConv2dInstance": "use operation.emit() for the CUDA C++ of an operation",
 })
 
-__all__ = ["Conv2dArguments", "Conv2dOperation", "Conv2dProblemSize", "IteratorAlgorithm", "StrideSupport"]
+__all__ = star_names(["Conv2dArguments", "Conv2dOperation", "Conv2dProblemSize", "IteratorAlgorithm", "StrideSupport"])

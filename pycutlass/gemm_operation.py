@@ -1,7 +1,7 @@
 """PyCUTLASS 2.11's ``pycutlass.gemm_operation``: the GEMM operations and their Arguments."""
 from __future__ import annotations
 
-from ._compat import missing_names
+from ._compat import missing_names, star_names
 from .kinds import (GemmArguments, GemmGroupedArguments, GemmOperationGrouped, GemmOperationUniversal,
                     SchedulerMode)
 
@@ -15,5 +15,5 @@ __getattr__ = missing_names(__name__, {
     "transpose_layout": "a column-major C is handled by the operation itself",
 })
 
-__all__ = ["GemmArguments", "GemmGroupedArguments", "GemmOperationGrouped", "GemmOperationUniversal",
-           "SchedulerMode"]
+__all__ = star_names(["GemmArguments", "GemmGroupedArguments", "GemmOperationGrouped", "GemmOperationUniversal",
+           "SchedulerMode"])

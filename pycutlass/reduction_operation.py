@@ -1,7 +1,7 @@
 """PyCUTLASS 2.11's ``pycutlass.reduction_operation``: the split-K reduction and its Arguments."""
 from __future__ import annotations
 
-from ._compat import missing_names
+from ._compat import missing_names, star_names
 from .kinds import ReductionArguments, ReductionOperation
 
 __getattr__ = missing_names(__name__, {
@@ -10,4 +10,4 @@ __getattr__ = missing_names(__name__, {
     "EmitReductionInstance": "use operation.emit() for the CUDA C++ of an operation",
 })
 
-__all__ = ["ReductionArguments", "ReductionOperation"]
+__all__ = star_names(["ReductionArguments", "ReductionOperation"])
