@@ -137,6 +137,14 @@ class RuntimeModule:
 class TiledOperation(Operation):
     """An operation with a tile description and A, B, C operands (GEMM, grouped GEMM, conv)."""
 
+    def _describe(self, arch: int, tile_description, A, B, C, epilogue_functor, swizzling_functor) -> None:
+        """Record the fields every tiled kind has (after its own argument checks)."""
+        self.tile_description = tile_description
+        self.A, self.B, self.C = A, B, C
+        self.epilogue_functor = epilogue_functor
+        self.swizzling_functor = swizzling_functor
+        self.arch = arch
+
     @property
     def element_accumulator(self):
         return self.tile_description.math_instruction.element_accumulator

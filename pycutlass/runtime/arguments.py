@@ -116,6 +116,14 @@ class OperationArguments:
         self.tensors: DeviceTensors | None = None
         self.device = None
 
+    def _take_flags(self, bias, reordered) -> None:
+        """PyCUTLASS's ``bias=`` and pycutlass's ``reordered=`` keywords, checked; the kind applies them."""
+        if bias not in (None, False, True):
+            raise ArgumentError(f"bias must be True or False, got {bias!r}")
+        if not isinstance(reordered, bool):
+            raise ArgumentError(f"reordered must be True or False, got {reordered!r}")
+        self.reordered = reordered
+
     def _materialize(self) -> None:
         self._attach_device(self._tensor_infos())
         self._allocate()

@@ -142,11 +142,7 @@ class Conv2dArguments(OperationArguments):
         if not isinstance(operation, Conv2dOperation):
             raise ArgumentError(f"Conv2dArguments needs a Conv2dOperation, got {type(operation).__name__}")
         super().__init__(operation, stream, device, session)
-        if bias not in (None, False, True):
-            raise ArgumentError(f"bias must be True or False, got {bias!r}")
-        if not isinstance(reordered, bool):
-            raise ArgumentError(f"reordered must be True or False, got {reordered!r}")
-        self.reordered = reordered
+        self._take_flags(bias, reordered)
         if not isinstance(problem_size, Conv2dProblemSize):
             raise ArgumentError(f"problem_size must be a pycutlass.conv.Conv2dProblemSize, got {problem_size!r}")
         try:

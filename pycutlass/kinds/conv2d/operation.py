@@ -115,11 +115,7 @@ class Conv2dOperation(TiledOperation):
         self.conv_kind = conv_kind
         self.iterator_algorithm = iterator_algorithm
         self.stride_support = stride_support
-        self.tile_description = tile_description
-        self.A, self.B, self.C = A, B, C
-        self.epilogue_functor = epilogue_functor
-        self.swizzling_functor = swizzling_functor
-        self.arch = arch
+        self._describe(arch, tile_description, A, B, C, epilogue_functor, swizzling_functor)
         self._check_configuration()
         tile_description.check_shared_memory(arch)
 

@@ -193,11 +193,7 @@ class GemmArguments(OperationArguments):
         if not isinstance(operation, GemmOperationUniversal):
             raise ArgumentError(f"GemmArguments needs a GemmOperationUniversal, got {type(operation).__name__}")
         super().__init__(operation, stream, device, session)
-        if bias not in (None, False, True):
-            raise ArgumentError(f"bias must be True or False, got {bias!r}")
-        if not isinstance(reordered, bool):
-            raise ArgumentError(f"reordered must be True or False, got {reordered!r}")
-        self.reordered = reordered
+        self._take_flags(bias, reordered)
         try:
             if isinstance(gemm_mode, bool):
                 raise ValueError

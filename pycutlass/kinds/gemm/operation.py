@@ -157,11 +157,7 @@ class GemmOperationUniversal(TiledOperation):
         if swizzling_functor not in GEMM_SWIZZLES:
             raise DescriptionError(f"GemmOperationUniversal: swizzling_functor must be one of "
                                    f"{[s.name for s in GEMM_SWIZZLES]}, got {swizzling_functor!r}")
-        self.tile_description = tile_description
-        self.A, self.B, self.C = A, B, C
-        self.epilogue_functor = epilogue_functor
-        self.swizzling_functor = swizzling_functor
-        self.arch = arch
+        self._describe(arch, tile_description, A, B, C, epilogue_functor, swizzling_functor)
         self._check_layouts()
         tile_description.check_shared_memory(arch)
 

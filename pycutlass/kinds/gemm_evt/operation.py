@@ -193,11 +193,7 @@ class GemmOperationEvt(TiledOperation):
         if swizzling_functor not in GEMM_SWIZZLES:
             raise DescriptionError(f"{what}: swizzling_functor must be one of {[s.name for s in GEMM_SWIZZLES]}, "
                                    f"got {swizzling_functor!r}")
-        self.tile_description = tile_description
-        self.A, self.B, self.C = A, B, C
-        self.epilogue_functor = tree
-        self.swizzling_functor = swizzling_functor
-        self.arch = arch
+        self._describe(arch, tile_description, A, B, C, tree, swizzling_functor)
         self.visitor = True
         tile_description.check_shared_memory(arch)
 

@@ -103,12 +103,8 @@ class GemmOperationGrouped(TiledOperation):
         if swizzling_functor not in GROUPED_SWIZZLES:
             raise DescriptionError(f"{_WHAT}: swizzling_functor must be one of {[s.name for s in GROUPED_SWIZZLES]} "
                                    f"(the grouped kernel schedules its tiles itself), got {swizzling_functor!r}")
-        self.tile_description = tile_description
-        self.A, self.B, self.C = A, B, C
-        self.epilogue_functor = epilogue_functor
-        self.swizzling_functor = swizzling_functor
+        self._describe(arch, tile_description, A, B, C, epilogue_functor, swizzling_functor)
         self.precompute_mode = precompute_mode
-        self.arch = arch
         self._check_layouts()
         tile_description.check_shared_memory(arch)
 
