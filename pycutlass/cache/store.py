@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 
-from pycutlass.cache.location import check_cache_dir, default_cache_path, ensure_cache_dir
+from pycutlass.cache.location import check_cache_dir, ensure_cache_dir
 from pycutlass.errors import CacheError, CacheIntegrityWarning
 
 if TYPE_CHECKING:  # sqlite_utils costs ~130 ms to import: only when a cache is opened

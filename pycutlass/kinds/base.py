@@ -11,6 +11,7 @@ import inspect
 from pathlib import Path
 
 from ..description.target import family_of
+from ..description.types import DataType
 from ..emit.abi import LaunchInfo
 from ..emit import names
 from ..emit.emitter import render, translation_unit
@@ -144,6 +145,12 @@ class TiledOperation(Operation):
         self.epilogue_functor = epilogue_functor
         self.swizzling_functor = swizzling_functor
         self.arch = arch
+
+    def _operand_element(self, desc) -> str:
+        """The C++ element type of operand ``desc``: tf32 instructions read float32 memory as tf32."""
+        if self.tile_description.math_instruction.element_a is DataType.tfloat32:
+            return names.ELEMENT[DataType.tfloat32]
+        return names.ELEMENT[desc.element]
 
     @property
     def element_accumulator(self):

@@ -360,11 +360,6 @@ class Conv2dOperation(TiledOperation):
                 "cutlass/conv/threadblock/threadblock_swizzle.h", "cutlass/gemm/threadblock/threadblock_swizzle.h",
                 *names.epilogue_headers(self.epilogue_functor)]
 
-    def _operand_element(self, desc: TensorDescription) -> str:
-        if self.tile_description.math_instruction.element_a is DataType.tfloat32:
-            return names.ELEMENT[DataType.tfloat32]
-        return names.ELEMENT[desc.element]
-
     def emit_body(self) -> str:
         tile = self.tile_description
         math = tile.math_instruction

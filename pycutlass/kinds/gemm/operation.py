@@ -202,12 +202,6 @@ class GemmOperationUniversal(TiledOperation):
         return ["cutlass/gemm/kernel/default_gemm_universal.h", "cutlass/gemm/threadblock/threadblock_swizzle.h",
                 *names.epilogue_headers(self.epilogue_functor)]
 
-    def _operand_element(self, desc: TensorDescription) -> str:
-        math = self.tile_description.math_instruction
-        if math.element_a is DataType.tfloat32:
-            return names.ELEMENT[DataType.tfloat32]
-        return names.ELEMENT[desc.element]
-
     def emit_body(self) -> str:
         tile = self.tile_description
         math = tile.math_instruction

@@ -41,7 +41,7 @@ import enum
 
 from ...description.tensor_description import TensorDescription
 from ...description.tile_description import TileDescription
-from ...description.types import (DataType, HorizontalSwizzle, IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4,
+from ...description.types import (HorizontalSwizzle, IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4,
                                  IdentitySwizzle8, LayoutType, SwizzlingFunctor)
 from ...emit import names
 from ...epilogue.functors import EpilogueFunctor
@@ -211,11 +211,6 @@ class GemmOperationGrouped(TiledOperation):
     def headers(self) -> list[str]:
         return ["cutlass/gemm/kernel/default_gemm_grouped.h", "cutlass/gemm/threadblock/threadblock_swizzle.h",
                 *names.epilogue_headers(self.epilogue_functor)]
-
-    def _operand_element(self, desc: TensorDescription) -> str:
-        if self.tile_description.math_instruction.element_a is DataType.tfloat32:
-            return names.ELEMENT[DataType.tfloat32]
-        return names.ELEMENT[desc.element]
 
     def emit_body(self) -> str:
         tile = self.tile_description
