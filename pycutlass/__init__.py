@@ -18,7 +18,8 @@ from .description.math_instruction import MathInstruction
 from .description.tensor_description import TensorDescription
 from .description.target import Target
 from .description.tile_description import TileDescription
-from .description.types import (BatchedIdentitySwizzle, DataType, HorizontalSwizzle, IdentitySwizzle1,
+from .description.types import (BatchedIdentitySwizzle, DataType, EpilogueScheduleType, HorizontalSwizzle,
+                                 IdentitySwizzle1, KernelScheduleType, TileSchedulerType,
                                  IdentitySwizzle2, IdentitySwizzle4, IdentitySwizzle8, LayoutType, MathOperation,
                                  OpClass, StridedDgradHorizontalSwizzle, StridedDgradIdentitySwizzle1,
                                  StridedDgradIdentitySwizzle4, SwizzlingFunctor)
@@ -45,6 +46,8 @@ float16 = DataType.float16
 bfloat16 = DataType.bfloat16
 int8 = DataType.int8
 int32 = DataType.int32
+float8_e4m3 = DataType.float8_e4m3
+float8_e5m2 = DataType.float8_e5m2
 
 RowMajor = LayoutType.RowMajor
 ColumnMajor = LayoutType.ColumnMajor
@@ -71,6 +74,7 @@ __all__ = [
     "errors", "float16", "cache", "kinds", "session", "float32", "float64", "gelu", "gemm", "get_allocated_size", "get_memory_pool",
     "hardswish", "identity", "int32", "int8", "leaky_relu", "relu", "runtime", "sigmoid", "silu",
     "tanh", "tfloat32", "utils", "EpilogueVisitTree", "reduction_op",
+    "KernelScheduleType", "EpilogueScheduleType", "TileSchedulerType", "float8_e4m3", "float8_e5m2",
 ]
 
 # PyCUTLASS 2.11 came with a pybind module named `cutlass` holding the same names (cutlass.float16,

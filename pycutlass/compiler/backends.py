@@ -28,7 +28,8 @@ def clip_log(log: str) -> str:
 class Backend:
     name = "backend"
 
-    def flags(self, arch: int) -> list[str]:
+    def flags(self, arch) -> list[str]:
+        """``arch``: what follows "sm_" (90, "90", "90a")."""
         raise NotImplementedError
 
     def version(self) -> str:
@@ -88,8 +89,13 @@ class NvrtcBackend(Backend):
     def flags(self, arch: int) -> list[str]:
         # --split-compile=0 runs NVVM's optimizer on all cores: several operations in one unit compile in
         # parallel (4 GEMMs: 5.0 s -> 4.0 s on 2 cores) while one compiles as fast as before.
-        return [f"--gpu-architecture=sm_{arch}", "-std=c++17", "-default-device", "--split-compile=0",
-                *COMMON_DEFINES, *self.extra_flags]
+        flags = [f"--gpu-architecture=sm_{arch}", "-std=c++17", "-default-device", "--split-compile=0",
+                 *COMMON_DEFINES]
+        if str(arch).endswith("a"):
+            # CUTLASS 3.x tile schedulers divide 128-bit integers; without a native __int128 NVRTC compiles that
+            # division to a trap (brkpt) that kills the context.
+            flags += ["--device-int128", "-DCUTLASS_UINT128_NATIVE"]
+        return [*flags, *self.extra_flags]
 
     def version(self) -> str:
         return f"nvrtc {toolchain.nvrtc_version()}"

@@ -52,7 +52,7 @@ class _Children:
 
 
 def _compile_in_worker(children: _Children, backend, source: str, target, unit_name: str) -> bytes:
-    arch = target.compute_capability
+    arch = target.arch
     header = json.dumps({"backend": backend.name, "extra_flags": list(backend.extra_flags), "arch": arch,
                          "unit_name": unit_name})
     proc = children.start([sys.executable, "-m", "pycutlass.compiler.worker"])

@@ -56,6 +56,7 @@ class CompileReport:
     from_disk: int = 0
     seconds: float = 0.0
     backend: str = ""
+    substituted: dict = field(default_factory=dict)  # backend name -> why some operations used it instead
 
     def __iter__(self):
         return iter(self.kernels)
@@ -81,6 +82,7 @@ class Compiler(SessionState):
     def __init__(self, session: Session):
         super().__init__(session)
         self._backend: Backend | None = None
+        self._fallbacks: dict[str, Backend] = {}
         self._memory: dict[str, CompiledKernel] = {}
         self._keys: dict[tuple, str] = {}
         self._detected: dict[int, int | None] = {}
@@ -90,6 +92,7 @@ class Compiler(SessionState):
     def option_changed(self, name: str) -> None:
         if name == "backend":
             self._backend = None
+            self._fallbacks = {}
 
     # --- settings -------------------------------------------------------------------------------------------
     def use(self, backend: Backend) -> Backend:
@@ -117,6 +120,19 @@ class Compiler(SessionState):
                     self._backend = NvrtcBackend()
         return self._backend
 
+    def backend_for(self, operation) -> Backend:
+        """The session's backend, unless the operation can only be built by another (SM90 kernels' Params builders
+        run CUTLASS's host-side setup on the device, which only NVRTC's -default-device compiles)."""
+        backend = self.backend
+        required = getattr(operation, "required_backend", None)
+        if required is None or required == backend.name:
+            return backend
+        found = self._fallbacks.get(required)
+        if found is None:
+            found = self._fallbacks[required] = backend_by_name(required, backend.extra_flags
+                                                                if required == backend.name else ())
+        return found
+
     @property
     def explicit_target(self) -> Target | None:
         value = self.session.options.get("target")
@@ -131,14 +147,15 @@ class Compiler(SessionState):
                 self._detected[ordinal] = detected_compute_capability(ordinal)
             detected = self._detected[ordinal]
             target = Target(detected if detected is not None else operation.compute_capability)
+        target = target.for_family(operation.family)
         target.check_runs(operation.family, operation.name)
         return target
 
     # --- keys -----------------------------------------------------------------------------------------------
     def cache_key(self, operation, target: Target, backend: Backend | None = None) -> str:
         """sha256 of everything that changes the binary: source, backend, flags, target, toolchain, schema."""
-        backend = backend or self.backend
-        arch = target.compute_capability
+        backend = backend or self.backend_for(operation)
+        arch = target.arch
         memo = (operation.name, target, backend.name, tuple(backend.flags(arch)), backend.version(),
                 toolchain.cutlass_version())
         key = self._keys.get(memo)
@@ -162,6 +179,7 @@ class Compiler(SessionState):
 
     def compiled_for(self, operation, target: Target) -> CompiledKernel:
         """The operation compiled for ``target`` (a device's), compiling on first use."""
+        target = target.for_family(operation.family)
         target.check_runs(operation.family, operation.name)
         found = self._memory.get(self.cache_key(operation, target))
         if found is None:
@@ -179,8 +197,16 @@ class Compiler(SessionState):
         report = CompileReport(backend=backend.name)
         operations = list(dict.fromkeys(operations))  # equal descriptions compile once
         cache = cache if cache is not None else CacheState.of(self.session).cache
-        keyed = [(op, target if target is not None else self.target_for(op)) for op in operations]
-        keys = {(op, t): self.cache_key(op, t, backend) for op, t in keyed}
+        keyed = [(op, (target if target is not None else self.target_for(op)).for_family(op.family))
+                 for op in operations]
+        backends = {op: self.backend_for(op) for op, _ in keyed}
+        keys = {(op, t): self.cache_key(op, t, backends[op]) for op, t in keyed}
+        for op in operations:
+            if backends[op] is not backend and backends[op].name not in report.substituted:
+                report.substituted[backends[op].name] = (
+                    f"{type(op).__name__} compiles with {backends[op].name}, not {backend.name}: its device-side "
+                    f"Params builder runs CUTLASS's host-side setup, which only NVRTC (-default-device) compiles")
+                log.info("add_module: %s", report.substituted[backends[op].name])
         results: dict[str, CompiledKernel] = {}
 
         misses = []
@@ -192,14 +218,15 @@ class Compiler(SessionState):
                 continue
             artifact = cache.lookup(key)
             if artifact is not None:
-                results[key] = self._remember(key, artifact.binary, artifact.sha256, op, backend, t)
+                results[key] = self._remember(key, artifact.binary, artifact.sha256, op, backends[op], t)
                 report.from_disk += 1
             else:
                 misses.append((op, t))
 
         try:
-            if misses:
-                self._compile_misses(misses, keys, backend, jobs, cache, report, results)
+            for name in dict.fromkeys(backends[op].name for op, _ in misses):
+                chosen = [m for m in misses if backends[m[0]].name == name]
+                self._compile_misses(chosen, keys, backends[chosen[0][0]], jobs, cache, report, results)
         finally:
             report.seconds = time.perf_counter() - start
             report.kernels = [results[keys[pair]] for pair in keyed if keys[pair] in results]

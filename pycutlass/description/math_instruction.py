@@ -29,6 +29,16 @@ VALID_MATH_INSTRUCTIONS: dict[tuple, tuple[MathOperation, ...]] = {
     (_T, (16, 8, 32), _S8, _S32): (MathOperation.multiply_add_saturate, _MA),
     (_S, (1, 1, 1), _F64, _F64): (_MA,),
     (_S, (1, 1, 1), _F32, _F32): (_MA,),
+    # fp8 exists in the SM90 family only; the Sm80-style shape there means "the builder chooses".
+    (_T, (16, 8, 32), DataType.float8_e4m3, _F32): (_MA,),
+    (_T, (16, 8, 32), DataType.float8_e5m2, _F32): (_MA,),
+}
+
+# SM90 warpgroup MMA (wgmma): M is 64, N a multiple of 8 up to 256, K fixed by the operand width.
+# (element, accumulator) -> instruction K.
+WARPGROUP_MATH_INSTRUCTIONS: dict[tuple, int] = {
+    (_F16, _F32): 16, (_F16, _F16): 16, (_BF16, _F32): 16, (_TF32, _F32): 8, (_F32, _F32): 8,
+    (DataType.float8_e4m3, _F32): 32, (DataType.float8_e5m2, _F32): 32, (_S8, _S32): 32,
 }
 
 
@@ -58,9 +68,12 @@ class MathInstruction:
                                    ("math_operation", self.math_operation, MathOperation)):
             if not isinstance(value, kind):
                 raise DescriptionError(f"MathInstruction.{field} must be a {kind.__name__}, got {value!r}")
-        if self.element_a != self.element_b:
+        if self.element_a != self.element_b and not (self.element_a.is_fp8 and self.element_b.is_fp8):
             raise DescriptionError(f"MathInstruction: element_a ({self.element_a.label}) and element_b "
-                                   f"({self.element_b.label}) must be the same type")
+                                   f"({self.element_b.label}) must be the same type (or two fp8 types)")
+        if len(shape) == 3 and shape[0] == 64 and self.opcode_class is _T:
+            self._check_warpgroup(shape)
+            return
         key = (self.opcode_class, shape, self.element_a, self.element_accumulator)
         allowed = VALID_MATH_INSTRUCTIONS.get(key)
         if allowed is None or self.math_operation not in allowed:
@@ -68,6 +81,21 @@ class MathInstruction:
                 f"MathInstruction {self.opcode_class.name} {list(shape)} {self.element_a.label}->"
                 f"{self.element_accumulator.label} with {self.math_operation.name} is not supported. "
                 f"Valid combinations:\n{_describe_valid()}")
+
+    def _check_warpgroup(self, shape) -> None:
+        k = WARPGROUP_MATH_INSTRUCTIONS.get((self.element_a, self.element_accumulator))
+        rows = "\n".join(f"  [64, n, {kk}] {e.label}->{a.label}" for (e, a), kk in WARPGROUP_MATH_INSTRUCTIONS.items())
+        if k is None or shape[2] != k or shape[1] % 8 or not 8 <= shape[1] <= 256 \
+                or self.math_operation is not _MA:
+            raise DescriptionError(
+                f"warpgroup MathInstruction {list(shape)} {self.element_a.label}->{self.element_accumulator.label} "
+                f"with {self.math_operation.name} is not supported; SM90 wgmma shapes (n a multiple of 8 in 8..256, "
+                f"multiply_add) are:\n{rows}")
+
+    @property
+    def is_warpgroup(self) -> bool:
+        """An SM90 warpgroup (wgmma) shape such as [64, 128, 16]: usable by compute capability 90 only."""
+        return self.instruction_shape[0] == 64
 
     @property
     def cutlass_math_operation(self) -> MathOperation:

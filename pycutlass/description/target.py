@@ -16,7 +16,7 @@ from ..errors import DescriptionError
 _SHARED_MEMORY_PER_BLOCK = {80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 
 # Template families and the smallest compute capability whose instructions they use.
-FAMILIES = {"sm80": 80}
+FAMILIES = {"sm80": 80, "sm90": 90}
 
 _PATTERN = re.compile(r"^(?:sm_?|compute_)?(\d)(\d)([a-z]?)$")
 
@@ -58,17 +58,31 @@ class Target:
         return f"sm_{self.compute_capability}{self.suffix}"
 
     @property
+    def arch(self) -> str:
+        """What compiler flags take: "90", "90a"."""
+        return f"{self.compute_capability}{self.suffix}"
+
+    @property
     def shared_memory_per_block(self) -> int:
         return _SHARED_MEMORY_PER_BLOCK[self.compute_capability]
 
     def can_run(self, family: str) -> bool:
+        if family == "sm90":  # wgmma and TMA multicast exist on sm_90a only (SASS does not carry to sm_100)
+            return self.compute_capability == 90
         return self.compute_capability >= FAMILIES[family]
+
+    def for_family(self, family: str) -> "Target":
+        """The target a family's code is compiled for: CUTLASS 3.x SM90 kernels need sm_90a's features."""
+        if family == "sm90" and self.compute_capability == 90:
+            return Target(90, "a")
+        return self
 
     def check_runs(self, family: str, what: str) -> None:
         if not self.can_run(family):
-            raise DescriptionError(f"{what} uses the {family} template family, which needs compute capability >= "
-                                   f"{FAMILIES[family]}; target {self.name} cannot run it (its main loop would "
-                                   f"compile to nothing)")
+            need = "== 90 (sm_90a)" if family == "sm90" else f">= {FAMILIES[family]}"
+            raise DescriptionError(f"{what} uses the {family} template family, which needs compute capability "
+                                   f"{need}; target {self.name} cannot run it (its main loop would compile to "
+                                   f"nothing)")
 
     def __str__(self) -> str:
         return self.name

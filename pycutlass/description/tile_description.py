@@ -6,7 +6,11 @@ from dataclasses import dataclass
 from ..errors import DescriptionError
 from .math_instruction import MathInstruction
 from .target import Target
-from .types import OpClass
+from .types import EpilogueScheduleType, KernelScheduleType, OpClass, TileSchedulerType
+
+# The warp counts CUTLASS 3.x derives (4 per consumer warpgroup along M): a tile stating one may mean the SM90
+# family, so its Sm80 checks wait for the operation.
+SM90_WARP_COUNTS = ((4, 1, 1), (8, 1, 1))
 
 # Warp-tile widths (N) that CUTLASS's tensor-op epilogues compute correctly.
 WARP_N_TENSOR_OP = (16, 32, 64)
@@ -26,21 +30,49 @@ def _triple(name: str, value) -> tuple[int, int, int]:
 
 @dataclass(frozen=True)
 class TileDescription:
+    """The tile of one thread block (CTA) and how it is computed.
+
+    CUTLASS 2.x (Sm80 family) reads ``threadblock_shape``, ``stages`` (2..10) and ``warp_count``. The SM90 family
+    (CUTLASS 3.x, compute capability 90) also reads ``cluster_shape``, ``kernel_schedule``, ``epilogue_schedule`` and
+    ``tile_scheduler``; there ``stages=0`` means CUTLASS's automatic stage count and ``warp_count`` may be None (it
+    is derived from the schedule). A description that uses any SM90-only value is checked by the SM90 operation;
+    the others are checked against the Sm80 rules here, as PyCUTLASS did.
+    """
+
     threadblock_shape: tuple[int, int, int]
     stages: int
-    warp_count: tuple[int, int, int]
+    warp_count: tuple[int, int, int] | None
     math_instruction: MathInstruction
+    cluster_shape: tuple[int, int, int] = (1, 1, 1)
+    kernel_schedule: KernelScheduleType = KernelScheduleType.Auto
+    epilogue_schedule: EpilogueScheduleType = EpilogueScheduleType.Auto
+    tile_scheduler: TileSchedulerType = TileSchedulerType.Default
 
     def __post_init__(self):
         tb = _triple("threadblock_shape", self.threadblock_shape)
-        warps = _triple("warp_count", self.warp_count)
         object.__setattr__(self, "threadblock_shape", tb)
-        object.__setattr__(self, "warp_count", warps)
+        object.__setattr__(self, "cluster_shape", _triple("cluster_shape", self.cluster_shape))
+        for name, kind in (("kernel_schedule", KernelScheduleType), ("epilogue_schedule", EpilogueScheduleType),
+                           ("tile_scheduler", TileSchedulerType)):
+            if not isinstance(getattr(self, name), kind):
+                raise DescriptionError(f"TileDescription.{name} must be a pycutlass.{kind.__name__}, got "
+                                       f"{getattr(self, name)!r}")
         if not isinstance(self.math_instruction, MathInstruction):
             raise DescriptionError(f"TileDescription.math_instruction must be a MathInstruction, "
                                    f"got {self.math_instruction!r}")
-        if not isinstance(self.stages, int) or self.stages < 2 or self.stages > 10:
-            raise DescriptionError(f"TileDescription.stages must be an integer in 2..10, got {self.stages!r}")
+        if isinstance(self.stages, bool) or not isinstance(self.stages, int) or \
+                not (self.stages == 0 or 2 <= self.stages <= 10):
+            raise DescriptionError(f"TileDescription.stages must be an integer in 2..10 (or 0: CUTLASS's automatic "
+                                   f"count, SM90 family), got {self.stages!r}")
+        if self.warp_count is not None:
+            object.__setattr__(self, "warp_count", _triple("warp_count", self.warp_count))
+        if self.sm90_only or self.warp_count in SM90_WARP_COUNTS:
+            return  # the operation checks it: the SM90 rules differ from the warp-level Sm80 ones below
+        self._check_sm80_rules()
+
+    def _check_sm80_rules(self) -> None:
+        tb = self.threadblock_shape
+        warps = self.warp_count
         for axis, t, w in zip("MNK", tb, warps):
             if t % w:
                 raise DescriptionError(f"threadblock {axis} extent {t} is not divisible by the warp count "
@@ -80,6 +112,26 @@ class TileDescription:
                                        f"M*N a multiple of 32")
 
     @property
+    def sm90_only(self) -> bool:
+        """Whether a value here exists only in the SM90 family (so Sm80-family operations reject it)."""
+        return (self.warp_count is None or self.stages == 0 or self.math_instruction.is_warpgroup
+                or self.math_instruction.element_a.is_fp8 or self.cluster_shape != (1, 1, 1)
+                or self.kernel_schedule is not KernelScheduleType.Auto
+                or self.epilogue_schedule is not EpilogueScheduleType.Auto
+                or self.tile_scheduler is not TileSchedulerType.Default)
+
+    def check_sm80(self, what: str) -> None:
+        """Sm80-family operations call this: SM90-only values have no meaning there."""
+        if self.sm90_only:
+            raise DescriptionError(
+                f"{what}: this TileDescription uses SM90-only values (warp_count=None, stages=0, a warpgroup or fp8 "
+                f"instruction, a cluster, or a kernel/epilogue/tile schedule), which the CUTLASS 2.x Sm80 family "
+                f"this operation builds does not have; build it with compute capability 90 (GEMM), or give "
+                f"warp_count, stages >= 2 and an Sm80 instruction shape")
+        if self.warp_count in SM90_WARP_COUNTS:
+            self._check_sm80_rules()  # deferred in __post_init__: the SM90 family may have meant these warps
+
+    @property
     def warp_shape(self) -> tuple[int, int, int]:
         return tuple(t // w for t, w in zip(self.threadblock_shape, self.warp_count))
 
@@ -104,5 +156,7 @@ class TileDescription:
 
     def procedural_name(self) -> str:
         m, n, k = self.threadblock_shape
+        if self.warp_count is None:
+            return f"{m}x{n}x{k}_s{self.stages}"
         wm, wn, wk = self.warp_count
         return f"{m}x{n}x{k}_{wm}x{wn}x{wk}_s{self.stages}"

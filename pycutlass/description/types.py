@@ -19,6 +19,8 @@ class DataType(enum.Enum):
     bfloat16 = ("bfloat16", 16)
     int8 = ("int8", 8)
     int32 = ("int32", 32)
+    float8_e4m3 = ("float8_e4m3", 8)  # OCP fp8 (torch.float8_e4m3fn), SM90 family only
+    float8_e5m2 = ("float8_e5m2", 8)
 
     def __init__(self, label: str, bits: int):
         self.label = label
@@ -31,6 +33,10 @@ class DataType(enum.Enum):
     @property
     def is_float(self) -> bool:
         return not self.is_integer
+
+    @property
+    def is_fp8(self) -> bool:
+        return self in (DataType.float8_e4m3, DataType.float8_e5m2)
 
     def __repr__(self) -> str:
         return f"pycutlass.{self.label}"
@@ -103,3 +109,47 @@ StridedDgradHorizontalSwizzle = SwizzlingFunctor("StridedDgradHorizontalSwizzle"
 GEMM_SWIZZLES = (IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4, IdentitySwizzle8, BatchedIdentitySwizzle)
 CONV_SWIZZLES = (IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4, IdentitySwizzle8, HorizontalSwizzle,
                  StridedDgradIdentitySwizzle1, StridedDgradIdentitySwizzle4, StridedDgradHorizontalSwizzle)
+
+
+# ---- CUTLASS 3.x (SM90 family) knobs: more dimensions of TileDescription ------------------------------------------
+class KernelScheduleType(enum.Enum):
+    """How the SM90 main loop is organized (cutlass::gemm::Kernel*). ``Auto`` is resolved by the operation."""
+
+    Auto = "Auto"
+    TmaWarpSpecialized = "TmaWarpSpecialized"
+    TmaWarpSpecializedCooperative = "TmaWarpSpecializedCooperative"
+    TmaWarpSpecializedPingpong = "TmaWarpSpecializedPingpong"
+    TmaWarpSpecializedFP8FastAccum = "TmaWarpSpecializedFP8FastAccum"
+    TmaWarpSpecializedCooperativeFP8FastAccum = "TmaWarpSpecializedCooperativeFP8FastAccum"
+    TmaWarpSpecializedPingpongFP8FastAccum = "TmaWarpSpecializedPingpongFP8FastAccum"
+
+    @property
+    def is_fp8_fast_accum(self) -> bool:
+        return self.value.endswith("FP8FastAccum")
+
+    @property
+    def base(self) -> "KernelScheduleType":
+        """The schedule without its FP8FastAccum suffix."""
+        return KernelScheduleType(self.value.removesuffix("FP8FastAccum"))
+
+    def __repr__(self) -> str:
+        return f"pycutlass.KernelScheduleType.{self.name}"
+
+
+class EpilogueScheduleType(enum.Enum):
+    Auto = "Auto"
+    TmaWarpSpecialized = "TmaWarpSpecialized"
+    TmaWarpSpecializedCooperative = "TmaWarpSpecializedCooperative"
+    NoSmemWarpSpecialized = "NoSmemWarpSpecialized"
+
+    def __repr__(self) -> str:
+        return f"pycutlass.EpilogueScheduleType.{self.name}"
+
+
+class TileSchedulerType(enum.Enum):
+    Default = "Default"  # persistent (a non-persistent grid for TmaWarpSpecialized)
+    Persistent = "Default"
+    StreamK = "StreamK"
+
+    def __repr__(self) -> str:
+        return f"pycutlass.TileSchedulerType.{self.name}"

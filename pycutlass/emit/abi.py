@@ -83,7 +83,25 @@ class LaunchInfo(AbiStruct):
                 ("block_x", ctypes.c_int32), ("block_y", ctypes.c_int32), ("block_z", ctypes.c_int32),
                 ("shared_memory_bytes", ctypes.c_int32),
                 ("params_bytes", ctypes.c_int32), ("status", ctypes.c_int32), ("semaphore_count", ctypes.c_int32),
-                ("reserved", ctypes.c_int32)]
+                ("tma_count", ctypes.c_int32), ("reserved", ctypes.c_int32), ("workspace_bytes", ctypes.c_int64)]
+
+
+class TmaRecord(AbiStruct):
+    """One TMA descriptor inside Params: where it is and the arguments of ``cuTensorMapEncodeTiled`` for it.
+
+    The builder fills these from CUTLASS's own TMA copy types (global shape and strides through cute's
+    ``fill_tma_gmem_shape_stride``, the box from the copy's basis, swizzle from its smem layout); the runtime
+    encodes each descriptor through the driver and writes its 128 bytes at ``offset``. ``status`` is nonzero when a
+    rule of the encoder is broken (then nothing launches)."""
+
+    _fields_ = [("offset", ctypes.c_int32), ("rank", ctypes.c_int32), ("data_type", ctypes.c_int32),
+                ("swizzle", ctypes.c_int32), ("interleave", ctypes.c_int32), ("l2_promotion", ctypes.c_int32),
+                ("oob_fill", ctypes.c_int32), ("status", ctypes.c_int32), ("address", ctypes.c_uint64),
+                ("dims", ctypes.c_uint64 * 5), ("strides", ctypes.c_uint64 * 5),
+                ("box", ctypes.c_int32 * 5), ("element_strides", ctypes.c_int32 * 5)]
+
+
+MAX_TMA_RECORDS = 8  # per builder; they follow Params in its output slot
 
 
 def cpp_definitions(structs) -> str:

@@ -33,9 +33,10 @@ def render(template, **context) -> str:
     return environment().get_template(path.as_posix()).render(**context)
 
 
-def prelude(headers, structs) -> str:
+def prelude(headers, structs, preambles=()) -> str:
     ordered = list(dict.fromkeys([*BASE_HEADERS, *sorted(set(headers) - set(BASE_HEADERS))]))
-    return render(TEMPLATE_DIR / "prelude.h.j2", headers=ordered, abi_definitions=abi.cpp_definitions(structs))
+    return render(TEMPLATE_DIR / "prelude.h.j2", headers=ordered, abi_definitions=abi.cpp_definitions(structs),
+                  preambles=list(dict.fromkeys(p for p in preambles if p)))
 
 
 def translation_unit(operations) -> str:
@@ -43,4 +44,6 @@ def translation_unit(operations) -> str:
     operations = list(operations)
     headers = [h for op in operations for h in op.headers()]
     structs = [s for op in operations for s in op.abi_structs()]
-    return prelude(headers, structs) + "".join(op.emit_body() for op in operations)
+    preambles = [getattr(op, "preamble", lambda: "")() for op in operations]
+    shared = dict.fromkeys(getattr(op, "shared_code", lambda: "")() for op in operations)
+    return prelude(headers, structs, preambles) + "".join(shared) + "".join(op.emit_body() for op in operations)

@@ -11,10 +11,13 @@ ELEMENT = {
     DataType.bfloat16: "cutlass::bfloat16_t",
     DataType.int8: "int8_t",
     DataType.int32: "int32_t",
+    DataType.float8_e4m3: "cutlass::float_e4m3_t",
+    DataType.float8_e5m2: "cutlass::float_e5m2_t",
 }
 
 SHORT = {DataType.float64: "f64", DataType.float32: "f32", DataType.tfloat32: "tf32", DataType.float16: "f16",
-         DataType.bfloat16: "bf16", DataType.int8: "s8", DataType.int32: "s32"}
+         DataType.bfloat16: "bf16", DataType.int8: "s8", DataType.int32: "s32",
+         DataType.float8_e4m3: "e4m3", DataType.float8_e5m2: "e5m2"}
 
 LAYOUT = {
     LayoutType.RowMajor: "cutlass::layout::RowMajor",

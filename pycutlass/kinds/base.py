@@ -140,6 +140,8 @@ class TiledOperation(Operation):
 
     def _describe(self, arch: int, tile_description, A, B, C, epilogue_functor, swizzling_functor) -> None:
         """Record the fields every tiled kind has (after its own argument checks)."""
+        if self.family == "sm80" and hasattr(tile_description, "check_sm80"):
+            tile_description.check_sm80(type(self).__name__)
         self.tile_description = tile_description
         self.A, self.B, self.C = A, B, C
         self.epilogue_functor = epilogue_functor

@@ -7,6 +7,7 @@ what is loaded in them lives in the session's per-device state (``runtime.device
 from __future__ import annotations
 
 import ctypes
+import functools
 
 from ..errors import CudaError, NoGpuError
 
@@ -158,3 +159,35 @@ def pointer_device_ordinal(address: int) -> int | None:
 def pointer_array(*addresses: int):
     """A ctypes void*[] whose address is what cuLaunchKernel takes as kernelParams."""
     return (ctypes.c_void_p * len(addresses))(*addresses)
+
+
+# ---- TMA descriptors ---------------------------------------------------------------------------------------------
+_TENSOR_MAP_BYTES = 128
+
+
+@functools.cache  # libcuda is loaded once per process anyway
+def _tensor_map_encoder():
+    """libcuda's cuTensorMapEncodeTiled through ctypes: cheaper per call than through cuda.bindings."""
+    encoder = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
+    encoder.restype = ctypes.c_int
+    encoder.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p,
+                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                        ctypes.c_int]
+    return encoder
+
+
+def encode_tma_descriptor(record, out_address: int, what: str) -> None:
+    """Encode the descriptor a builder's TmaRecord describes into the 128 bytes at ``out_address`` (64-byte aligned
+    host memory)."""
+    rank = int(record.rank)
+    dims = (ctypes.c_uint64 * rank)(*record.dims[:rank])
+    strides = (ctypes.c_uint64 * max(rank - 1, 1))(*record.strides[1:rank])
+    box = (ctypes.c_uint32 * rank)(*record.box[:rank])
+    element_strides = (ctypes.c_uint32 * rank)(*record.element_strides[:rank])
+    err = _tensor_map_encoder()(out_address, record.data_type, rank, record.address, dims, strides, box,
+                                element_strides, record.interleave, record.swizzle, record.l2_promotion,
+                                record.oob_fill)
+    if err:
+        check((_driver().CUresult(err),), f"cuTensorMapEncodeTiled(rank {rank}, dims {list(record.dims[:rank])}, byte "
+                                          f"strides {list(record.strides[1:rank])}, box {list(record.box[:rank])}, "
+                                          f"address {record.address:#x})", what)

@@ -19,7 +19,7 @@ import struct
 import threading
 from dataclasses import dataclass
 
-from ..emit.abi import LaunchInfo
+from ..emit.abi import MAX_TMA_RECORDS, LaunchInfo, TmaRecord
 from ..errors import ArgumentError, CudaError
 from . import driver
 
@@ -27,9 +27,11 @@ MAX_PARAMS_BYTES = 4096  # pycutlass_detail::kMaxParamsBytes
 _STATIC_SHARED_MEMORY_LIMIT = 48 * 1024
 _PARAMS_CACHE_ENTRIES = 1024
 _MASK64 = (1 << 64) - 1
-# A build slot: LaunchInfo, then Params at a 256-byte aligned offset (they are constructed in place there).
+# A build slot: LaunchInfo, then Params at a 256-byte aligned offset (they are constructed in place there), then
+# the records of the TMA descriptors inside Params (kinds whose kernels use TMA).
 _PARAMS_OFFSET = 256
-_SLOT_BYTES = _PARAMS_OFFSET + MAX_PARAMS_BYTES
+_SLOT_BYTES = _PARAMS_OFFSET + MAX_PARAMS_BYTES + MAX_TMA_RECORDS * ctypes.sizeof(TmaRecord)
+_TMA_BYTES = 128
 
 
 def _probe_offset(index: int) -> int:
@@ -40,12 +42,12 @@ def _probe_offset(index: int) -> int:
 class _Readback(ctypes.Structure):
     _pack_ = 1
     _fields_ = [("info", LaunchInfo), ("gap", ctypes.c_byte * (_PARAMS_OFFSET - ctypes.sizeof(LaunchInfo))),
-                ("params", ctypes.c_byte * MAX_PARAMS_BYTES)]
+                ("params", ctypes.c_byte * MAX_PARAMS_BYTES), ("records", TmaRecord * MAX_TMA_RECORDS)]
 
 
 @dataclass(frozen=True)
 class _ParamsTemplate:
-    info: tuple  # (grid, block, shared memory bytes, semaphore count)
+    info: tuple  # (grid, block, shared memory bytes, semaphore count, workspace bytes)
     params: bytes
     patches: tuple  # (byte offset, address index, constant)
 
@@ -136,9 +138,10 @@ class LoadedOperation:
 
     def check_patched(self, abi_struct, launch: "PreparedLaunch", stream: int) -> None:
         """Build Params for ``abi_struct`` and compare them with a patched launch's (PYCUTLASS_VERIFY_PARAMS)."""
-        (grid, block, smem, semaphores), built = self.build(abi_struct, stream)
-        if (grid, block, smem, semaphores) != (launch.grid, launch.block, launch.shared_memory_bytes,
-                                               launch.semaphore_count) or bytes(built) != bytes(launch.params):
+        (grid, block, smem, semaphores, workspace), built = self.build(abi_struct, stream)
+        if (grid, block, smem, semaphores, workspace) != (launch.grid, launch.block, launch.shared_memory_bytes,
+                                                          launch.semaphore_count, launch.workspace_bytes) or \
+                bytes(built) != bytes(launch.params):
             raise CudaError(f"{self.name}: patched Params differ from freshly built ones", operation=self.name)
 
     def cached_template(self, abi_struct):
@@ -190,9 +193,24 @@ class LoadedOperation:
         if not 0 < info.params_bytes <= MAX_PARAMS_BYTES:
             raise CudaError(f"{self.name}: the builder reported {info.params_bytes} Params bytes", operation=self.name)
         params = (ctypes.c_byte * info.params_bytes).from_buffer_copy(readback.params)
+        if info.tma_count:
+            self._encode_tma(readback, info, params)
         shape = ((info.grid_x, info.grid_y, info.grid_z), (info.block_x, info.block_y, info.block_z),
-                 info.shared_memory_bytes, info.semaphore_count)
+                 info.shared_memory_bytes, info.semaphore_count, int(info.workspace_bytes))
         return shape, params
+
+    def _encode_tma(self, readback, info, params) -> None:
+        """TMA descriptors cannot be encoded on the device: encode what the builder recorded, in place."""
+        if not 0 < info.tma_count <= MAX_TMA_RECORDS:
+            raise CudaError(f"{self.name}: the builder reported {info.tma_count} TMA descriptors", operation=self.name)
+        staging = (ctypes.c_byte * (2 * _TMA_BYTES))()  # the encoder writes to 64-byte aligned memory
+        aligned = (ctypes.addressof(staging) + 63) & ~63
+        for record in readback.records[:info.tma_count]:
+            if record.status or not 0 <= record.offset <= info.params_bytes - _TMA_BYTES or record.offset % 64:
+                raise CudaError(f"{self.name}: TMA record at offset {record.offset} is not encodable (status "
+                                f"{record.status})", operation=self.name)
+            driver.encode_tma_descriptor(record, aligned, self.name)
+            ctypes.memmove(ctypes.addressof(params) + record.offset, aligned, _TMA_BYTES)
 
 
 def _shape_key(abi_struct, addresses) -> bytes:
@@ -228,9 +246,9 @@ def _find_patches(params: bytes, probe: bytes, addresses) -> tuple | None:
 def patched_launch(loaded_op: LoadedOperation, template: _ParamsTemplate, addresses) -> "PreparedLaunch":
     """A launch from a cached template and new addresses (in the ABI struct's ``_pointers_`` order)."""
     loaded_op.params_reused += 1
-    grid, block, smem, semaphores = template.info
+    grid, block, smem, semaphores, workspace = template.info
     return PreparedLaunch(loaded_op.kernel, grid, block, smem, _patched(template, addresses), semaphores,
-                          loaded_op.name)
+                          loaded_op.name, workspace)
 
 
 def _patched(template: _ParamsTemplate, addresses) -> ctypes.Array:
@@ -270,6 +288,7 @@ class PreparedLaunch:
     params: ctypes.Array
     semaphore_count: int
     name: str
+    workspace_bytes: int = 0
 
     def __post_init__(self):
         self.param_pointers = driver.pointer_array(ctypes.addressof(self.params))
@@ -288,6 +307,6 @@ class PreparedLaunch:
 
 def prepare(loaded_op: LoadedOperation, abi_struct, stream: int) -> PreparedLaunch:
     """Params for ``abi_struct`` (cached or built) and the kernel's launch shape."""
-    (grid, block, smem, semaphores), params = loaded_op.params_for(abi_struct, stream)
+    (grid, block, smem, semaphores, workspace), params = loaded_op.params_for(abi_struct, stream)
     loaded_op.ensure_shared_memory(smem)
-    return PreparedLaunch(loaded_op.kernel, grid, block, smem, params, semaphores, loaded_op.name)
+    return PreparedLaunch(loaded_op.kernel, grid, block, smem, params, semaphores, loaded_op.name, workspace)

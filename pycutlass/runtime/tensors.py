@@ -21,7 +21,8 @@ _NUMPY_TO_TYPE = {np.dtype(np.float64): DataType.float64, np.dtype(np.float32): 
 _TYPESTR_TO_TYPE = {"<f8": DataType.float64, "<f4": DataType.float32, "<f2": DataType.float16,
                     "|i1": DataType.int8, "<i1": DataType.int8, "<i4": DataType.int32}
 _TORCH_NAMES = {"float64": DataType.float64, "float32": DataType.float32, "float16": DataType.float16,
-                "bfloat16": DataType.bfloat16, "int8": DataType.int8, "int32": DataType.int32}
+                "bfloat16": DataType.bfloat16, "int8": DataType.int8, "int32": DataType.int32,
+                "float8_e4m3fn": DataType.float8_e4m3, "float8_e5m2": DataType.float8_e5m2}
 
 
 def storage_type(element: DataType) -> DataType:
@@ -98,6 +99,8 @@ def describe(obj, name: str) -> TensorInfo:
         host = obj.detach()
         if dtype_name == "bfloat16":
             array = host.view(dtype=__import__("torch").int16).numpy()
+        elif element.is_fp8:
+            array = host.view(dtype=__import__("torch").int8).numpy()
         else:
             array = host.numpy()
         info = _host_info(array, name, element)
@@ -105,8 +108,9 @@ def describe(obj, name: str) -> TensorInfo:
         return info
     if isinstance(obj, np.ndarray):
         element = _NUMPY_TO_TYPE.get(obj.dtype)
-        if element is None and obj.dtype.name == "bfloat16":  # ml_dtypes
-            element = DataType.bfloat16
+        if element is None:  # ml_dtypes
+            element = {"bfloat16": DataType.bfloat16, "float8_e4m3fn": DataType.float8_e4m3,
+                       "float8_e5m2": DataType.float8_e5m2}.get(obj.dtype.name)
         if element is None:
             raise ArgumentError(f"{name}: numpy dtype {obj.dtype} is not supported; use float64, float32, "
                                 f"float16, bfloat16 (ml_dtypes), int8 or int32")

@@ -157,7 +157,7 @@ def _int8_gemm(out_align, shape, warps, out=S8, layout_c=cutlass.RowMajor):
     A = cutlass.TensorDescription(S8, cutlass.RowMajor, 16)
     B = cutlass.TensorDescription(S8, cutlass.ColumnMajor, 16)
     C = cutlass.TensorDescription(out, layout_c, out_align)
-    return cutlass.GemmOperationUniversal(90, tile, A, B, C, cutlass.LinearCombinationClamp(out, out_align, S32, F32))
+    return cutlass.GemmOperationUniversal(80, tile, A, B, C, cutlass.LinearCombinationClamp(out, out_align, S32, F32))
 
 
 def test_int8_alignment_16_on_a_64_wide_tile_is_rejected():

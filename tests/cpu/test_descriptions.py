@@ -26,7 +26,7 @@ def f16_math(acc=cutlass.float32):
 
 
 def f16_tile(shape=(128, 128, 32), stages=3, warps=(2, 2, 1), math=None):
-    return cutlass.TileDescription(list(shape), stages, list(warps), math or f16_math())
+    return cutlass.TileDescription(list(shape), stages, None if warps is None else list(warps), math or f16_math())
 
 
 def td(element, layout, alignment):
@@ -126,6 +126,8 @@ def test_every_table_entry_is_covered_by_the_seed_rows():
     covered = {(opclass, tuple(shape), element, acc, op) for opclass, shape, element, acc, op in SEED_TABLE}
     covered.add((T, (16, 8, 32), cutlass.int8, cutlass.int32, MO.multiply_add))
     for (opclass, shape, element, acc), ops in VALID_MATH_INSTRUCTIONS.items():
+        if element.is_fp8:
+            continue  # SM90 family only (the seed table predates it)
         for op in ops:
             assert (opclass, shape, element, acc, op) in covered
 
@@ -187,7 +189,7 @@ def test_tile_warp_count_must_divide_the_threadblock():
 def test_tile_warp_tile_must_be_a_multiple_of_the_instruction():
     # 64 / 8 warps = 8 rows per warp, but the instruction is 16 rows.
     with pytest.raises(DescriptionError) as info:
-        f16_tile((64, 64, 32), 3, (8, 1, 1))
+        f16_gemm(tile=f16_tile((64, 64, 32), 3, (8, 1, 1)))  # (8, 1, 1) may mean SM90: checked by the operation
     message = str(info.value)
     assert "warp tile [8, 64, 32]" in message and "instruction shape [16, 8, 16]" in message and "along M" in message
     with pytest.raises(DescriptionError, match="along N"):
@@ -214,10 +216,17 @@ def test_tile_other_warp_rules():
         cutlass.TileDescription([128, 128, 32], 3, [2, 2, 1], "f16")
 
 
-@pytest.mark.parametrize("stages", [0, 1, 11, 2.5, "3", None])
+@pytest.mark.parametrize("stages", [1, 11, 2.5, "3", None, -1])
 def test_tile_stages_out_of_range(stages):
     with pytest.raises(DescriptionError, match=r"stages must be an integer in 2\.\.10"):
         f16_tile(stages=stages)
+
+
+def test_automatic_stages_are_for_the_sm90_family_only():
+    tile = f16_tile(stages=0)  # CUTLASS 3.x's automatic stage count
+    assert tile.sm90_only
+    with pytest.raises(DescriptionError, match="SM90-only values"):
+        f16_gemm(arch=80, tile=tile)
 
 
 def test_tile_too_much_shared_memory_for_sm80():
@@ -234,7 +243,7 @@ def test_tile_too_much_shared_memory_for_sm80():
     medium = f16_tile((256, 128, 64), 4, (2, 2, 1))
     with pytest.raises(DescriptionError, match="sm_80 allows 163 KiB"):
         f16_gemm(arch=80, tile=medium)
-    assert f16_gemm(arch=90, tile=medium).compute_capability == 90
+    medium.check_shared_memory(90)  # the Sm80 family on Hopper (GemmOperationUniversal(90) is the SM90 family)
     with pytest.raises(DescriptionError, match=r"compute capability 71 is not a supported target; choose one of \[80, 86"):
         f16_tile().check_shared_memory(71)
 
@@ -436,6 +445,16 @@ def test_gemm_supported_compute_capabilities(arch):
     assert "cutlass::arch::Sm80" in op.emit_body()  # the Sm80 template family on every supported target
 
 
+def test_gemm_compute_capability_90_is_the_cutlass_3_family():
+    """90 builds the SM90 (CUTLASS 3.x) kernel, unless the tile states an Sm80 warp arrangement (PyCUTLASS 2.11
+    scripts pass the device's 90 with those): then it is the Sm80 family, as those scripts expect."""
+    assert f16_gemm(arch=90).family == "sm80"
+    assert f16_gemm(arch=90, tile=f16_tile(warps=(8, 1, 1), shape=(128, 128, 64))).family == "sm90"
+    op = f16_gemm(arch=90, tile=f16_tile(warps=None, stages=0, shape=(128, 128, 64)))
+    assert type(op).__name__ == "GemmOperationSm90" and op.family == "sm90"
+    assert "CollectiveBuilder" in op.emit_body() and "cutlass::arch::Sm90" in op.emit_body()
+
+
 def test_gemm_multistage_needs_32_bit_accesses():
     with pytest.raises(DescriptionError) as info:
         f16_gemm(A=td(cutlass.float16, cutlass.RowMajor, 1))
@@ -531,7 +550,7 @@ def _variants():
     c16 = td(cutlass.float16, cutlass.RowMajor, 8)
     return {
         "base": f16_gemm(**base),
-        "arch90": f16_gemm(arch=90),
+        "arch90": f16_gemm(arch=90, tile=f16_tile(warps=None, stages=0, shape=(128, 128, 64))),
         "arch86": f16_gemm(arch=86),
         "tile_shape": f16_gemm(tile=f16_tile((128, 256, 32), warps=(2, 4, 1))),
         "stages": f16_gemm(tile=f16_tile(stages=4)),

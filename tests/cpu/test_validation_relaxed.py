@@ -34,7 +34,7 @@ def gemm(el, out, tb, warps, align_ab, align_c, stages=3, layouts=(R, CM, R), op
     A = cutlass.TensorDescription(storage, layouts[0], align_ab)
     B = cutlass.TensorDescription(storage, layouts[1], align_ab)
     C = cutlass.TensorDescription(out, layouts[2], align_c)
-    return cutlass.GemmOperationUniversal(90, tile, A, B, C, cutlass.LinearCombination(out, align_c, acc))
+    return cutlass.GemmOperationUniversal(80, tile, A, B, C, cutlass.LinearCombination(out, align_c, acc))
 
 
 def wgrad(el=D.float16, align_a=8, align_b=1, align_c=4, stages=2, out=None, algorithm=IteratorAlgorithm.optimized):

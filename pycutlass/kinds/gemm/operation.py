@@ -30,6 +30,7 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
     if not isinstance(epilogue, EpilogueFunctor):
         raise DescriptionError(f"{what}: epilogue_functor must be an epilogue functor such as LinearCombination, "
                                f"got {epilogue!r}")
+    tile.check_sm80(what)
     math = tile.math_instruction
     operand = math.element_a
     allowed = {operand}
@@ -144,6 +145,15 @@ class GemmOperationUniversal(TiledOperation):
         visitor = kwargs.get("visitor", args[7] if len(args) > 7 else False)
         if visitor and cls is GemmOperationUniversal and VISITOR_OPERATION is not None:
             return VISITOR_OPERATION(*args, **kwargs)
+        arch = kwargs.get("arch", args[0] if args else None)
+        if cls is GemmOperationUniversal and arch == 90 and not isinstance(arch, bool):
+            # Compute capability 90 picks the CUTLASS 3.x family (kinds/gemm_sm90 subclasses this class), except for
+            # a tile that states an Sm80 warp arrangement: PyCUTLASS 2.11 scripts pass the device's 90 with those,
+            # and get the CUTLASS 2.x kernel they were written for (it runs on Hopper).
+            tile = kwargs.get("tile_description", args[1] if len(args) > 1 else None)
+            for subclass in cls.__subclasses__():
+                if getattr(subclass, "kind", None) == "gemm_sm90" and subclass.takes(tile):
+                    return object.__new__(subclass)  # Python then runs the subclass's __init__
         return super().__new__(cls)
 
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,

@@ -1,0 +1,256 @@
+"""SM90 (CUTLASS 3.x) GEMM against torch in the same process: a grid of configurations per shape and data type, fp8
+against torch._scaled_mm, fused bias + GELU against eager addmm + gelu, and the host cost of launching.
+
+    python benchmarks/gemm_sm90.py [--dtypes f16 bf16 fp8 fused host] [--out benchmarks/results/gemm_sm90.json]
+
+Every kernel's output is checked once against torch (output NaN-poisoned first) before it is timed; a kernel that
+disagrees is reported as wrong and never timed. Times: median of triton's do_bench (L2 flushed between repetitions),
+random-normal inputs, the same tensors for both sides.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+
+import pycutlass as cutlass  # noqa: E402
+from common import bench_ms, device_name, host_us, print_table, write_json  # noqa: E402
+
+D = cutlass.DataType
+KS, TS = cutlass.KernelScheduleType, cutlass.TileSchedulerType
+SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (2048, 14336, 4096), (4096, 14336, 4096), (1024, 1024, 1024),
+          (16, 4096, 4096), (64, 14336, 4096), (128, 4096, 14336), (1000, 3000, 520)]
+COOP, PP, WS = KS.TmaWarpSpecializedCooperative, KS.TmaWarpSpecializedPingpong, KS.TmaWarpSpecialized
+# (tile, cluster, kernel schedule, tile scheduler): 15 configurations per 16-bit type.
+GRID = [((128, 128, 64), (1, 1, 1), COOP, TS.Default), ((128, 128, 64), (2, 1, 1), COOP, TS.Default),
+        ((128, 128, 64), (1, 2, 1), COOP, TS.Default), ((128, 256, 64), (1, 1, 1), COOP, TS.Default),
+        ((128, 256, 64), (2, 1, 1), COOP, TS.Default), ((256, 128, 64), (1, 1, 1), COOP, TS.Default),
+        ((256, 128, 64), (1, 2, 1), COOP, TS.Default), ((128, 128, 64), (1, 1, 1), PP, TS.Default),
+        ((128, 128, 64), (2, 1, 1), PP, TS.Default), ((64, 128, 64), (1, 1, 1), PP, TS.Default),
+        ((64, 256, 64), (1, 1, 1), PP, TS.Default), ((64, 128, 64), (1, 1, 1), WS, TS.Default),
+        ((64, 256, 64), (1, 2, 1), WS, TS.Default), ((128, 128, 64), (1, 1, 1), COOP, TS.StreamK),
+        ((128, 256, 64), (2, 1, 1), COOP, TS.StreamK)]
+DEFAULT = ((128, 128, 64), (1, 1, 1), KS.Auto, TS.Default)  # what TileDescription's defaults give
+FP8_GRID = [((128, 128, 128), (1, 1, 1), KS.TmaWarpSpecializedCooperativeFP8FastAccum, TS.Default),
+            ((128, 128, 128), (2, 1, 1), KS.TmaWarpSpecializedCooperativeFP8FastAccum, TS.Default),
+            ((128, 256, 128), (2, 1, 1), KS.TmaWarpSpecializedCooperativeFP8FastAccum, TS.Default),
+            ((256, 128, 128), (1, 2, 1), KS.TmaWarpSpecializedCooperativeFP8FastAccum, TS.Default),
+            ((64, 128, 128), (1, 1, 1), KS.TmaWarpSpecializedPingpongFP8FastAccum, TS.Default),
+            ((128, 128, 128), (2, 1, 1), KS.TmaWarpSpecializedPingpongFP8FastAccum, TS.Default)]
+FP8_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (2048, 14336, 4096), (64, 14336, 4096)]
+
+
+def make_op(element, config, out=None, activation=None, bias=None):
+    tile, cluster, kernel, scheduler = config
+    out = out or element
+    k = 32 if element.is_fp8 else 16
+    math = cutlass.MathInstruction([64, tile[1], k], element, element, D.float32, cutlass.OpClass.TensorOp)
+    description = cutlass.TileDescription(list(tile), 0, None, math, cluster_shape=list(cluster),
+                                          kernel_schedule=kernel, tile_scheduler=scheduler)
+    A = cutlass.TensorDescription(element, cutlass.RowMajor, 128 // element.bits)
+    B = cutlass.TensorDescription(element, cutlass.ColumnMajor, 128 // element.bits)
+    C = cutlass.TensorDescription(out, cutlass.RowMajor, 128 // out.bits)
+    if activation:
+        functor = cutlass.LinearCombinationGeneric(getattr(cutlass, activation)(D.float32), out, C.alignment,
+                                                   D.float32, D.float32)
+    else:
+        functor = cutlass.LinearCombination(out, C.alignment, D.float32, D.float32)
+    return cutlass.GemmOperationUniversal(90, description, A, B, C, functor, bias=bias)
+
+
+def operations(dtypes=("f16", "bf16", "fp8", "fused", "host")) -> dict:
+    ops = {}
+    if "f16" in dtypes or "host" in dtypes:
+        ops["f16"] = [make_op(D.float16, c) for c in [DEFAULT, *GRID]]
+    if "bf16" in dtypes:
+        ops["bf16"] = [make_op(D.bfloat16, c) for c in [DEFAULT, *GRID]]
+    if "fp8" in dtypes:
+        ops["fp8"] = [make_op(D.float8_e4m3, c, out=D.bfloat16) for c in FP8_GRID]
+    if "fused" in dtypes:
+        ops["fused"] = [make_op(D.float16, c, activation="gelu", bias="column") for c in GRID[:11]]
+    return {name: list(dict.fromkeys(found)) for name, found in ops.items()}
+
+
+def all_operations():
+    return [op for ops in operations().values() for op in ops]
+
+
+def describe(op) -> str:
+    t = op.tile_description
+    sched = {"TmaWarpSpecializedCooperative": "coop", "TmaWarpSpecializedPingpong": "pp",
+             "TmaWarpSpecialized": "ws"}[op.kernel_schedule.base.value]
+    return (f"{t.threadblock_shape[0]}x{t.threadblock_shape[1]}x{t.threadblock_shape[2]} "
+            f"c{t.cluster_shape[0]}x{t.cluster_shape[1]} {sched}{' sk' if op.tile_scheduler is TS.StreamK else ''}")
+
+
+def _tflops(m, n, k, ms):
+    return 2 * m * n * k / ms / 1e9
+
+
+def time_op(op, m, n, k, A, B, reference, tolerance, bias=None, epilogue=(1.0, 0.0), **knobs):
+    """Milliseconds of ``op`` on the given operands, or None when its output disagrees with ``reference``."""
+    import torch
+
+    out_dtype = reference.dtype
+    Dt = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
+    try:
+        arguments = cutlass.GemmArguments(op, cutlass.gemm.GemmCoord(m, n, k), A, B, None, Dt,
+                                          output_op=op.epilogue_type(*epilogue), bias=bias, **knobs)
+    except cutlass.ArgumentError as error:
+        return None, f"rejected: {error}"
+    op.run(arguments)
+    arguments.sync()
+    error = ((Dt.double() - reference.double()).norm() / reference.double().norm()).item()
+    if not error < tolerance:
+        return None, f"wrong (relative error {error:.3g})"
+    return bench_ms(lambda: op.run(arguments)), ""
+
+
+def gemm_section(name, element, ops, shapes, rows, results):
+    import torch
+
+    dtype = {D.float16: torch.float16, D.bfloat16: torch.bfloat16}[element]
+    for m, n, k in shapes:
+        A = torch.randn(m, k, device="cuda", dtype=dtype)
+        Bt = torch.randn(n, k, device="cuda", dtype=dtype)
+        B = Bt.t()  # ColumnMajor (K, N)
+        torch_ms = bench_ms(lambda: torch.matmul(A, B))
+        reference = torch.matmul(A, B)
+        tolerance = 1e-2 if element is D.float16 else 2e-2
+        timings = []
+        for op in ops:
+            ms, note = time_op(op, m, n, k, A, B, reference, tolerance)
+            timings.append((op, {}, ms, note))
+        # The tile scheduler's swizzle is a runtime argument: try it on the three fastest configurations
+        # (15 compiled configurations + 9 swizzled runs = 24 per shape).
+        ranked = sorted((t for t in timings[1:] if t[2] is not None), key=lambda t: t[2])[:3]
+        for op, _, _, _ in ranked:
+            for swizzle in (2, 4, 8):
+                ms, note = time_op(op, m, n, k, A, B, reference, tolerance, swizzle=swizzle)
+                timings.append((op, {"swizzle": swizzle}, ms, note))
+        good = [(op, knobs, ms) for op, knobs, ms, _ in timings if ms is not None]
+        best_op, best_knobs, best_ms = min(good, key=lambda x: x[2]) if good else (None, {}, None)
+        default_ms = timings[0][2]
+        row = {"dtype": name, "shape": f"{m}x{n}x{k}", "torch TFLOP/s": _tflops(m, n, k, torch_ms),
+               "best TFLOP/s": _tflops(m, n, k, best_ms) if best_ms else 0.0,
+               "best/torch": torch_ms / best_ms if best_ms else 0.0,
+               "best config": (describe(best_op) + "".join(f" {k}={v}" for k, v in best_knobs.items()))
+               if best_op else "-",
+               "default/torch": torch_ms / default_ms if default_ms else 0.0}
+        rows.append(row)
+        results.append({**row, "torch_ms": torch_ms,
+                        "configs": [{"config": describe(op), **knobs, "ms": ms, "note": note}
+                                    for op, knobs, ms, note in timings]})
+        print(row, flush=True)
+
+
+def fp8_section(ops, rows, results):
+    import torch
+
+    for m, n, k in FP8_SHAPES:
+        A = torch.randn(m, k, device="cuda").clamp(-4, 4).to(torch.float8_e4m3fn)
+        Bt = torch.randn(n, k, device="cuda").clamp(-4, 4).to(torch.float8_e4m3fn)
+        one = torch.ones((), device="cuda")
+        torch_ms = bench_ms(lambda: torch._scaled_mm(A, Bt.t(), one, one, out_dtype=torch.bfloat16))
+        reference = torch._scaled_mm(A, Bt.t(), one, one, out_dtype=torch.bfloat16)
+        timings = [(op, *time_op(op, m, n, k, A, Bt.t(), reference, 2e-2)) for op in ops]
+        good = [(op, ms) for op, ms, _ in timings if ms is not None]
+        best_op, best_ms = min(good, key=lambda x: x[1]) if good else (None, None)
+        row = {"dtype": "fp8 e4m3 -> bf16", "shape": f"{m}x{n}x{k}", "torch TFLOP/s": _tflops(m, n, k, torch_ms),
+               "best TFLOP/s": _tflops(m, n, k, best_ms) if best_ms else 0.0,
+               "best/torch": torch_ms / best_ms if best_ms else 0.0,
+               "best config": describe(best_op) if best_op else "-", "default/torch": timings[0][1] and torch_ms / timings[0][1] or 0.0}
+        rows.append(row)
+        results.append({**row, "torch_ms": torch_ms,
+                        "configs": [{"config": describe(op), "ms": ms, "note": note} for op, ms, note in timings]})
+        print(row, flush=True)
+
+
+def fused_section(ops, rows, results):
+    import torch
+    import torch.nn.functional as F
+
+    m = n = k = 4096
+    A = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    Bt = torch.randn(n, k, device="cuda", dtype=torch.float16)
+    bias = torch.randn(n, device="cuda", dtype=torch.float16)
+    torch_ms = bench_ms(lambda: F.gelu(torch.addmm(bias, A, Bt.t())))
+    reference = F.gelu(torch.addmm(bias, A, Bt.t()).float()).half()
+    timings = [(op, *time_op(op, m, n, k, A, Bt.t(), reference, 1e-2, bias=bias)) for op in ops]
+    good = [(op, ms) for op, ms, _ in timings if ms is not None]
+    best_op, best_ms = min(good, key=lambda x: x[1]) if good else (None, None)
+    row = {"dtype": "f16 GEMM+bias+GELU", "shape": "4096^3", "torch TFLOP/s": _tflops(m, n, k, torch_ms),
+           "best TFLOP/s": _tflops(m, n, k, best_ms) if best_ms else 0.0,
+           "best/torch": torch_ms / best_ms if best_ms else 0.0, "best config": describe(best_op) if best_op else "-",
+           "default/torch": timings[0][1] and torch_ms / timings[0][1] or 0.0}
+    rows.append(row)
+    results.append({**row, "torch_ms": torch_ms,
+                    "configs": [{"config": describe(op), "ms": ms, "note": note} for op, ms, note in timings]})
+    print(row, flush=True)
+
+
+def host_section(op, rows, results):
+    import torch
+
+    m = n = k = 128
+    A = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    B = torch.randn(n, k, device="cuda", dtype=torch.float16).t()
+    Dt = torch.empty(m, n, device="cuda", dtype=torch.float16)
+    size = cutlass.gemm.GemmCoord(m, n, k)
+    arguments = cutlass.GemmArguments(op, size, A, B, None, Dt)
+    run_us = host_us(lambda: op.run(arguments))
+    new_us = host_us(lambda: cutlass.GemmArguments(op, size, A, B, None, Dt), repeats=1000)
+    torch.cuda.synchronize()
+    mm_us = host_us(lambda: torch.mm(A, B))
+    torch.cuda.synchronize()
+    row = {"run() reused (us)": run_us, "new Arguments, seen shape (us)": new_us, "torch.mm (us)": mm_us}
+    rows.append(row)
+    results.append(row)
+    print(row, flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--dtypes", nargs="*", default=["f16", "bf16", "fp8", "fused", "host"])
+    parser.add_argument("--shapes", type=int, default=len(SHAPES), help="first N shapes only")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--out", default="benchmarks/results/gemm_sm90.json")
+    args = parser.parse_args()
+    ops = operations(args.dtypes)
+    report = cutlass.compiler.add_module([op for found in ops.values() for op in found], jobs=args.jobs)
+    print(f"compiled {report}")
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.max.sm",
+                          "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    tables, results = {}, {}
+    shapes = SHAPES[:args.shapes]
+    for name, element in (("f16", D.float16), ("bf16", D.bfloat16)):
+        if name in args.dtypes:
+            rows = tables.setdefault("gemm", [])
+            gemm_section(name, element, ops[name], shapes, rows, results.setdefault(name, []))
+    if "fp8" in args.dtypes:
+        fp8_section(ops["fp8"], tables.setdefault("fp8", []), results.setdefault("fp8", []))
+    if "fused" in args.dtypes:
+        fused_section(ops["fused"], tables.setdefault("fused", []), results.setdefault("fused", []))
+    if "host" in args.dtypes:
+        host_section(ops["f16"][0], tables.setdefault("host", []), results.setdefault("host", []))
+    for title, rows in tables.items():
+        print_table(f"{title} on {device_name()} ({smi})", rows)
+        for dtype in dict.fromkeys(row.get("dtype") for row in rows if "best/torch" in row):
+            mine = [row["best/torch"] for row in rows if row.get("dtype") == dtype and row["best/torch"] > 0]
+            if mine:
+                geomean = float(np.exp(np.mean(np.log(mine))))
+                at_least_one = sum(r >= 1.0 for r in mine)
+                print(f"{dtype}: geomean best/torch {geomean:.3f} over {len(mine)} shapes; >= 1.0 on {at_least_one}")
+                results.setdefault("summary", {})[dtype] = {"geomean": geomean, "shapes": len(mine),
+                                                            "at_least_torch": at_least_one}
+
+    write_json(args.out, {"nvidia_smi": smi, "tables": tables, "results": results})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""GemmArguments for SM90 operations: the same surface as the Sm80 GEMM's, plus the tile scheduler's runtime knobs
+and a bias vector. ``GemmArguments(op, ...)`` hands out this class when ``op`` is an SM90 operation."""
+from __future__ import annotations
+
+import ctypes
+
+from ...errors import ArgumentError
+from ...emit.abi import fill_epilogue
+from ...runtime.launch import PreparedLaunch, loaded, prepare
+from ...runtime.tensors import describe
+from ..gemm import arguments as gemm_arguments
+from ..gemm.arguments import UNSET, GemmArguments
+from ..gemm.modes import Mode
+from .abi import Sm90GemmArgs
+from .operation import GemmOperationSm90
+
+RASTER_ORDERS = {None: 0, "heuristic": 0, "along_m": 1, "along_n": 2}
+DECOMPOSITIONS = {None: 0, "heuristic": 0, "data_parallel": 1, "split_k": 2, "stream_k": 3}
+
+
+class GemmArgumentsSm90(GemmArguments):
+    """``GemmArguments(op, problem_size, A, B, C, D, output_op=None, gemm_mode=Mode.Gemm, split_k_slices=1, batch=1,
+    stream=None, device=None, session=None, *, bias=None, raster_order=None, swizzle=None, decomposition=None,
+    sm_count=None)`` for an SM90 operation.
+
+    - ``bias``: the vector of an operation built with ``bias="row"`` (M values) or ``"column"`` (N values); one per
+      batch in Batched mode if it holds ``batch`` vectors.
+    - ``raster_order`` ("heuristic", "along_m", "along_n"), ``swizzle`` (1, 2, 4, 8; default from the operation's
+      IdentitySwizzleN), ``sm_count`` (SMs the persistent grid may use; default all): no recompile.
+    - Mode.Gemm with ``split_k_slices`` > 1 needs a stream-K operation (``TileSchedulerType.StreamK``): the K
+      dimension is split that many ways; ``decomposition`` ("heuristic", "data_parallel", "split_k", "stream_k").
+    - Mode.Batched runs the L mode; Array and parallel split-K are not built for SM90 (use the Sm80 family).
+    """
+
+    def __init__(self, operation, problem_size, A, B, C, D, *positional, bias=None, raster_order=None, swizzle=None,
+                 decomposition=None, sm_count=None, **keywords):
+        self._knobs = _check_knobs(operation, raster_order, swizzle, decomposition, sm_count)
+        self._stream_k = operation.tile_scheduler.name == "StreamK"
+        self._bias_vector = None
+        if bias is not None and bias is not False and not (bias is True and operation.bias is None):
+            if bias is True:
+                raise ArgumentError("bias=True (C as a broadcast vector, PyCUTLASS's bias) is not built for SM90 "
+                                    "operations; build the operation with bias='row' or 'column' and pass the vector "
+                                    "as bias=")
+            if operation.bias is None:
+                raise ArgumentError(f"{operation.name} was built without a bias; build it with bias='row' or "
+                                    f"'column' to pass bias=")
+            self._bias_vector = bias
+            bias = None
+        elif operation.bias is not None:
+            raise ArgumentError(f"{operation.name} adds a bias vector ({operation.bias}); pass it as bias=")
+        elif bias is True:
+            raise ArgumentError("bias=True (C as a broadcast vector, PyCUTLASS's bias) is not built for SM90 "
+                                "operations; build the operation with bias='row' or 'column' and pass the vector "
+                                "as bias=")
+        super().__init__(operation, problem_size, A, B, C, D, *positional, bias=bias, **keywords)
+
+    # The fast path for seen problems: not with a bias vector or stream-K (its workspace belongs to one Arguments).
+    def _from_memo(self, memo_key, session, addresses, keep_alive) -> bool:
+        if self._bias_vector is not None or self._stream_k:
+            return False
+        return super()._from_memo((memo_key, self._knobs), session, addresses, keep_alive)
+
+    def _remember(self, memo_key, vector_bytes, attribute_names, extra=None) -> None:
+        if self._bias_vector is not None or self._stream_k:
+            return
+        super()._remember((memo_key, self._knobs), vector_bytes, (*attribute_names, "_knobs", "_bias_vector",
+                                                                  "workspace", "workspace_bytes"), extra)
+
+    def _validate_and_prepare(self, operation, problem_size, A, B, C, D, output_op, gemm_mode, split_k_slices, batch,
+                              stream, device, session, bias=None, reordered=False):
+        if not isinstance(operation, GemmOperationSm90):
+            raise ArgumentError(f"GemmArgumentsSm90 needs an SM90 GemmOperationUniversal, got {type(operation).__name__}")
+        mode = gemm_mode if isinstance(gemm_mode, Mode) else None
+        if mode in (Mode.Array, Mode.GemmSplitKParallel):
+            raise ArgumentError(f"{mode.name} mode is not built for SM90 operations; use Mode.Gemm (split-K through a "
+                                f"stream-K operation), Mode.Batched, or an Sm80-family operation (compute capability "
+                                f"80)")
+        if split_k_slices not in (1, UNSET) and operation.tile_scheduler.name != "StreamK":
+            raise ArgumentError(f"split_k_slices={split_k_slices} needs an SM90 operation with the stream-K tile "
+                                f"scheduler (TileDescription(..., tile_scheduler=TileSchedulerType.StreamK))")
+        self.workspace, self.workspace_bytes = 0, 0
+        splits = 1 if split_k_slices is UNSET else split_k_slices
+        if splits != 1 and self._knobs[2] in (1, 3):
+            raise ArgumentError(f"split_k_slices={splits} splits K only in the 'split_k' or 'heuristic' "
+                                f"decomposition (CUTLASS's stream-K scheduler), not in "
+                                f"{[k for k, v in DECOMPOSITIONS.items() if v == self._knobs[2]][0]!r}")
+        cluster = operation.cluster_shape[0] * operation.cluster_shape[1]
+        if self._knobs[3] and self._knobs[3] < cluster:
+            raise ArgumentError(f"sm_count={self._knobs[3]} is smaller than the operation's cluster of {cluster} CTAs; "
+                                f"the persistent grid needs at least one whole cluster")
+        super()._validate_and_prepare(operation, problem_size, A, B, C, D, output_op, gemm_mode, split_k_slices,
+                                      batch, stream, device, session, bias, reordered)
+
+    def _describe_operand(self, label, tensor, rows, cols, layout, element, batch):
+        found = super()._describe_operand(label, tensor, rows, cols, layout, element, batch)
+        geometry = found[2]
+        if label == "C" and geometry.broadcast:
+            raise ArgumentError(f"{found[1].name}: C broadcast from a vector (PyCUTLASS's bias) is not built for SM90 "
+                                f"operations (TMA reads whole matrices); build the operation with bias='row' or "
+                                f"'column' and pass the vector as bias=")
+        m, n, k = self.problem_size
+        if label == "A" and k == 0:
+            raise ArgumentError(f"{self.operation.name}: K must be at least 1 (TMA descriptors need nonzero extents)")
+        return found
+
+    def _tensor_infos(self) -> list:
+        infos = super()._tensor_infos()
+        if self._bias_vector is not None:
+            self._bias_info = self._check_bias(describe(self._bias_vector, "bias"))
+            infos.append(self._bias_info)
+        return infos
+
+    def _check_bias(self, info):
+        op = self.operation
+        m, n, _ = self.problem_size
+        length = m if op.bias == "row" else n
+        batches = self.batch if self.gemm_mode is Mode.Batched else 1
+        if info.element is not op.C.element:
+            raise ArgumentError(f"bias: the operation adds a {op.C.element.label} vector, got {info.element.label}")
+        if info.numel not in (length, batches * length) or (info.numel > 1 and not info.is_contiguous):
+            raise ArgumentError(f"bias: a bias='{op.bias}' operation adds {length} values (one per "
+                                f"{'row' if op.bias == 'row' else 'column'} of D{', or one vector per batch' if batches > 1 else ''}) "
+                                f"from a contiguous tensor; got shape {info.shape}, strides {info.strides}")
+        self._bias_batch_stride = length if info.numel == batches * length and batches > 1 else 0
+        return info
+
+    def _allocate(self) -> None:
+        super()._allocate()
+        self.ptr_bias = 0
+        if self._bias_vector is not None:
+            self.ptr_bias = self.tensors.address(self._bias_info)
+            self._check_address(self._bias_info, self.ptr_bias, 128 // self.operation.C.element.bits)
+
+    def bind(self, loaded_op=None) -> Sm90GemmArgs:
+        m, n, k = self.problem_size
+        a = Sm90GemmArgs()
+        a.m, a.n, a.k = m, n, k
+        a.l = self.batch if self.gemm_mode is Mode.Batched else 1
+        a.mode = int(self.gemm_mode)
+        raster, swizzle, decomposition, sm_count = self._knobs
+        a.sm_count = sm_count or self.device.sm_count
+        a.raster_order, a.swizzle, a.decomposition = raster, swizzle or self.operation.default_swizzle, decomposition
+        a.splits = self.split_k_slices
+        a.max_active_clusters = 0
+        # Without C (beta == 0) C's descriptor covers D: never read, and the Params equal the fast path's.
+        a.ptr_A, a.ptr_B, a.ptr_C, a.ptr_D = (self.addresses[x] for x in "ABCD")
+        a.ptr_bias = self.ptr_bias
+        a.workspace = self.workspace
+        a.lda, a.ldb, a.ldc, a.ldd = (self.lds[x] for x in "ABCD")
+        a.batch_stride_A, a.batch_stride_B, a.batch_stride_C, a.batch_stride_D = (self.batch_strides[x] for x in "ABCD")
+        a.batch_stride_bias = getattr(self, "_bias_batch_stride", 0)
+        fill_epilogue(a, self.output_op)
+        return a
+
+    def _prepare(self) -> PreparedLaunch:
+        if self._prepared is not None:  # every run() comes here: keep it one test
+            return self._prepared
+        m, n, _ = self.problem_size
+        if m == 0 or n == 0:  # nothing to write; TMA descriptors cannot describe empty tensors
+            self._prepared = PreparedLaunch(None, (0, 0, 0), (1, 1, 1), 0, (ctypes.c_byte * 8)(), 0,
+                                            self.operation.name)
+            return self._prepared
+        loaded_op = loaded(self.operation, self.device, self.session)
+        abi_struct = self.bind(loaded_op)
+        launch = prepare(loaded_op, abi_struct, self.stream)
+        if launch.workspace_bytes > self.workspace_bytes:
+            # The tile scheduler's workspace (stream-K partial tiles and barriers), sized by the builder.
+            self.workspace_bytes = launch.workspace_bytes
+            self.workspace = abi_struct.workspace = self.tensors.zeros(launch.workspace_bytes)
+            launch = prepare(loaded_op, abi_struct, self.stream)
+        self._prepared = launch
+        self._loaded_op, self._abi_struct = loaded_op, abi_struct
+        return self._prepared
+
+    prepared = _prepare
+
+    def before_launch(self) -> None:
+        if self.workspace_bytes and self._stream_k:
+            # Stream-K's barriers count arrivals: they must start at zero on every launch.
+            from ...runtime import driver
+
+            driver.memset_d8(self.workspace, 0, self.workspace_bytes, self.stream)
+
+
+_NO_KNOBS = (0, 0, 0, 0)
+
+
+def _check_knobs(operation, raster_order, swizzle, decomposition, sm_count) -> tuple:
+    if raster_order is None and swizzle is None and decomposition is None and sm_count is None and \
+            isinstance(operation, GemmOperationSm90):
+        return _NO_KNOBS  # the common call: nothing to check
+    if not isinstance(operation, GemmOperationSm90):
+        raise ArgumentError(f"GemmArgumentsSm90 needs an SM90 GemmOperationUniversal, got {type(operation).__name__}")
+    if raster_order not in RASTER_ORDERS:
+        raise ArgumentError(f"raster_order must be one of {list(RASTER_ORDERS)}, got {raster_order!r}")
+    if swizzle not in (None, 1, 2, 4, 8):
+        raise ArgumentError(f"swizzle must be 1, 2, 4 or 8, got {swizzle!r}")
+    if decomposition not in DECOMPOSITIONS:
+        raise ArgumentError(f"decomposition must be one of {list(DECOMPOSITIONS)}, got {decomposition!r}")
+    if decomposition not in (None, "heuristic") and operation.tile_scheduler.name != "StreamK":
+        raise ArgumentError(f"decomposition={decomposition!r} needs a stream-K operation")
+    if sm_count is not None and (isinstance(sm_count, bool) or not isinstance(sm_count, int) or sm_count < 1):
+        raise ArgumentError(f"sm_count must be a positive integer, got {sm_count!r}")
+    return (RASTER_ORDERS[raster_order], swizzle or 0, DECOMPOSITIONS[decomposition], sm_count or 0)
+
+
+gemm_arguments.VISITOR_ARGUMENTS[GemmOperationSm90] = GemmArgumentsSm90

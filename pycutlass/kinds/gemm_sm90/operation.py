@@ -1,0 +1,345 @@
+"""The SM90 (CUTLASS 3.x) GEMM: TMA loads, warpgroup MMA, warp-specialized schedules, clusters, persistent and
+stream-K tile schedulers, epilogues through CUTLASS's SM90 fusion operations.
+
+``GemmOperationUniversal(90, ...)`` builds one (compute capability 90 picks the 3.x family; 80 keeps the Sm80
+family, which runs on Hopper too). Everything CUTLASS would reject with a ``static_assert`` after a ~30 s compile is
+rejected here, with the rule, before anything compiles.
+
+The kernel's ``Params`` are built on the device by a one-thread builder that runs CUTLASS's own collective and
+tile-scheduler ``to_underlying_arguments``; only the part of the kernel-level glue that asks the host for the SM
+count is written in the template (the count comes in the ABI struct). TMA descriptors cannot be encoded on the device:
+the builder reports, for each, its offset in Params and the exact ``cuTensorMapEncodeTiled`` arguments (from the TMA
+copy types), and the runtime encodes them (``runtime/launch.py``). Only NVRTC compiles such a builder
+(``-default-device`` turns CUTLASS's unannotated host functions into device functions), so the operation asks for
+NVRTC whatever the session's backend is, and the compile report says so.
+"""
+from __future__ import annotations
+
+from ...description.tensor_description import TensorDescription
+from ...description.tile_description import TileDescription
+from ...description.types import (GEMM_SWIZZLES, DataType, EpilogueScheduleType, IdentitySwizzle1,
+                                   KernelScheduleType, LayoutType, OpClass, SwizzlingFunctor, TileSchedulerType)
+from ...emit import names
+from ...epilogue.functors import EpilogueFunctor
+from ...errors import DescriptionError
+from ..base import TiledOperation
+from ..gemm.operation import GemmOperationUniversal
+from .abi import Sm90GemmArgs, TmaRecord
+
+_KS, _ES, _TS = KernelScheduleType, EpilogueScheduleType, TileSchedulerType
+_F16, _BF16, _F32, _TF32 = DataType.float16, DataType.bfloat16, DataType.float32, DataType.tfloat32
+_S8, _S32, _E4M3, _E5M2 = DataType.int8, DataType.int32, DataType.float8_e4m3, DataType.float8_e5m2
+
+# Operand type -> accumulators wgmma offers for it.
+_ACCUMULATORS = {_F16: (_F32, _F16), _BF16: (_F32,), _TF32: (_F32,), _F32: (_F32,), _E4M3: (_F32,), _E5M2: (_F32,),
+                 _S8: (_S32,)}
+_FLOAT_OUTPUTS = (_F16, _BF16, _F32)
+_PLAIN = (LayoutType.RowMajor, LayoutType.ColumnMajor)
+_SMEM_BYTES = 227 * 1024
+_EPILOGUE_SMEM_RESERVE = 32 * 1024  # what a TMA epilogue's staging buffers may take (explicit stage counts)
+
+_KERNEL_SCHEDULES = {
+    _KS.TmaWarpSpecialized: "cutlass::gemm::KernelTmaWarpSpecialized",
+    _KS.TmaWarpSpecializedCooperative: "cutlass::gemm::KernelTmaWarpSpecializedCooperative",
+    _KS.TmaWarpSpecializedPingpong: "cutlass::gemm::KernelTmaWarpSpecializedPingpong",
+    _KS.TmaWarpSpecializedFP8FastAccum: "cutlass::gemm::KernelTmaWarpSpecializedFP8FastAccum",
+    _KS.TmaWarpSpecializedCooperativeFP8FastAccum: "cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum",
+    _KS.TmaWarpSpecializedPingpongFP8FastAccum: "cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8FastAccum",
+}
+_EPILOGUE_SCHEDULES = {
+    _ES.TmaWarpSpecialized: "cutlass::epilogue::TmaWarpSpecialized",
+    _ES.TmaWarpSpecializedCooperative: "cutlass::epilogue::TmaWarpSpecializedCooperative",
+    _ES.NoSmemWarpSpecialized: "cutlass::epilogue::NoSmemWarpSpecialized",
+}
+_TILE_SCHEDULERS = {_TS.Default: "cutlass::gemm::PersistentScheduler", _TS.StreamK: "cutlass::gemm::StreamKScheduler"}
+
+_NVRTC_SHIM = """#ifdef __CUDACC_RTC__
+#include <cuda/std/type_traits>
+namespace std {
+template <class T> inline constexpr bool is_pointer_v = cuda::std::is_pointer_v<T>;
+template <class... T> using void_t = cuda::std::void_t<T...>;
+template <class T> inline constexpr bool is_const_v = cuda::std::is_const_v<T>;
+}  // namespace std
+#endif"""
+
+BIAS_MODES = ("row", "column")  # one value per row of D (M values) or per column (N values)
+
+
+class GemmOperationSm90(GemmOperationUniversal):
+    """``GemmOperationUniversal(90, tile_description, A, B, C, epilogue_functor, swizzling_functor, bias=None)``.
+
+    ``bias``: None, ``"row"`` (a vector of M values added to every column: CUTLASS's per-row bias) or ``"column"``
+    (N values added to every row); D = activation(alpha * A @ B + beta * C + bias). The vector comes with the
+    arguments (``GemmArguments(..., bias=vector)``). The 2.x ``swizzling_functor`` is accepted for PyCUTLASS code:
+    an ``IdentitySwizzleN`` sets the default swizzle size N of the tile scheduler (a runtime argument here).
+    """
+
+    kind = "gemm_sm90"
+    abi_struct_type = Sm90GemmArgs
+    required_backend = "nvrtc"
+
+    def __new__(cls, *args, **kwargs):
+        return object.__new__(cls)
+
+    @staticmethod
+    def takes(tile) -> bool:
+        """Whether ``GemmOperationUniversal(90, tile, ...)`` means this family: any tile but one that states an
+        Sm80 warp arrangement (a warp_count other than the one CUTLASS 3.x derives), as PyCUTLASS 2.11 scripts do."""
+        if not isinstance(tile, TileDescription) or tile.sm90_only or tile.warp_count is None:
+            return True
+        schedule = resolve_kernel_schedule(tile, tile.math_instruction.element_a)
+        return tile.warp_count == derived_warp_count(tile.threadblock_shape, schedule)
+
+    def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
+                 C: TensorDescription, epilogue_functor: EpilogueFunctor,
+                 swizzling_functor: SwizzlingFunctor = IdentitySwizzle1, visitor: bool = False, bias=None):
+        if arch != 90:
+            raise DescriptionError(f"GemmOperationSm90 is compute capability 90, got {arch!r}")
+        self.compute_capability = 90
+        if visitor:
+            raise DescriptionError("the epilogue visitor tree is built for the Sm80 family only; for SM90 use "
+                                   "LinearCombinationGeneric and bias='row'/'column'")
+        if bias not in (None, *BIAS_MODES):
+            raise DescriptionError(f"bias must be None, 'row' (M values, one per row of D) or 'column' (N values), "
+                                   f"got {bias!r}")
+        if swizzling_functor not in GEMM_SWIZZLES:
+            raise DescriptionError(f"swizzling_functor must be one of {[s.name for s in GEMM_SWIZZLES]}, got "
+                                   f"{swizzling_functor!r}")
+        self.bias = bias
+        self._describe(90, tile_description, A, B, C, epilogue_functor, swizzling_functor)
+        self.kernel_schedule, self.epilogue_schedule = _check(tile_description, A, B, C, epilogue_functor, bias)
+        self.tile_scheduler = tile_description.tile_scheduler
+
+    # --- identity -------------------------------------------------------------------------------------------
+    @property
+    def family(self) -> str:
+        return "sm90"
+
+    def abi_structs(self) -> tuple:
+        return (*super().abi_structs(), TmaRecord)
+
+    def _signature(self) -> tuple:
+        tile = self.tile_description
+        return ("gemm_sm90", tile.threadblock_shape, tile.stages, tile.math_instruction, tile.cluster_shape,
+                self.kernel_schedule, self.epilogue_schedule, self.tile_scheduler, self.A, self.B, self.C,
+                self.epilogue_functor, self.bias)
+
+    def _readable_name(self) -> str:
+        tile = self.tile_description
+        math = tile.math_instruction
+        s = names.SHORT
+        layouts = "".join(names.LAYOUT_SHORT[d.layout] for d in (self.A, self.B, self.C))
+        m, n, k = tile.threadblock_shape
+        cm, cn, _ = tile.cluster_shape
+        schedule = {"TmaWarpSpecialized": "ws", "TmaWarpSpecializedCooperative": "coop",
+                    "TmaWarpSpecializedPingpong": "pp"}[self.kernel_schedule.base.value]
+        if self.kernel_schedule.is_fp8_fast_accum:
+            schedule += "fa"
+        extra = ("_sk" if self.tile_scheduler is _TS.StreamK else "") + \
+            ("_nosmem" if self.epilogue_schedule is _ES.NoSmemWarpSpecialized else "") + \
+            (f"_bias{self.bias[0]}" if self.bias else "") + \
+            (f"_{self.epilogue_functor.activation.name}" if self.epilogue_functor.activation else "")
+        return (f"gemm_sm90_{s[self.A.element]}{s[self.B.element]}{s[self.C.element]}{s[math.element_accumulator]}_"
+                f"{layouts}_{m}x{n}x{k}_c{cm}x{cn}_s{tile.stages}_{schedule}{extra}_"
+                f"a{self.A.alignment}{self.B.alignment}{self.C.alignment}")
+
+    @property
+    def transposed(self) -> bool:
+        return False  # CUTLASS 3.x writes either layout of D directly
+
+    @property
+    def warp_count(self) -> tuple[int, int, int]:
+        """The warps CUTLASS computes with (consumer warpgroups x 4, along M): what ``warp_count`` may say."""
+        return derived_warp_count(self.tile_description.threadblock_shape, self.kernel_schedule)
+
+    @property
+    def cluster_shape(self) -> tuple[int, int, int]:
+        return self.tile_description.cluster_shape
+
+    @property
+    def default_swizzle(self) -> int:
+        """The tile scheduler's swizzle size when the arguments give none (from a 2.x IdentitySwizzleN)."""
+        return self.swizzling_functor.log_tile if self.swizzling_functor.kind == "gemm" else 1
+
+    # --- emission -------------------------------------------------------------------------------------------
+    def preamble(self) -> str:
+        """Before any include: CUTLASS 4.2's SM90 headers use a few C++17 std names NVRTC's std lacks."""
+        return _NVRTC_SHIM
+
+    def shared_code(self) -> str:
+        """Helpers every SM90 operation of a translation unit uses (TMA records, strides), emitted once."""
+        return self.render("sm90_helpers.cu.j2")
+
+    def headers(self) -> list[str]:
+        return ["cute/tensor.hpp", "cutlass/gemm/collective/collective_builder.hpp",
+                "cutlass/epilogue/collective/collective_builder.hpp", "cutlass/epilogue/thread/activation.h",
+                "cutlass/gemm/kernel/gemm_universal.hpp", "cutlass/gemm/dispatch_policy.hpp"]
+
+    def emit_body(self) -> str:
+        tile = self.tile_description
+        math = tile.math_instruction
+        functor = self.epilogue_functor
+        activation = functor.activation.cpp_template if functor.activation else None
+        return self.render(
+            "gemm_sm90.cu.j2", name=self.name, summary=self.describe(),
+            element_a=self._operand_element(self.A), layout_a=names.LAYOUT[self.A.layout], alignment_a=self.A.alignment,
+            element_b=self._operand_element(self.B), layout_b=names.LAYOUT[self.B.layout], alignment_b=self.B.alignment,
+            element_c=names.ELEMENT[self.C.element], layout_c=names.LAYOUT[self.C.layout], alignment_c=self.C.alignment,
+            element_accumulator=names.ELEMENT[math.element_accumulator],
+            element_compute=names.ELEMENT[functor.element_epilogue],
+            tile_shape=tile.threadblock_shape, cluster_shape=tile.cluster_shape, stages=tile.stages,
+            kernel_schedule=_KERNEL_SCHEDULES[self.kernel_schedule],
+            kernel_family=self.kernel_schedule.base.value,
+            epilogue_schedule=_EPILOGUE_SCHEDULES[self.epilogue_schedule],
+            tile_scheduler=_TILE_SCHEDULERS[self.tile_scheduler], stream_k=self.tile_scheduler is _TS.StreamK,
+            activation=activation, activation_args=functor.activation.argument_names if functor.activation else (),
+            bias=self.bias, tma_epilogue=self.epilogue_schedule is not _ES.NoSmemWarpSpecialized)
+
+    def describe(self) -> str:
+        tile = self.tile_description
+        math = tile.math_instruction
+        return (f"GEMM sm90 A={self.A.element.label}/{self.A.layout.value}/{self.A.alignment} "
+                f"B={self.B.element.label}/{self.B.layout.value}/{self.B.alignment} "
+                f"C={self.C.element.label}/{self.C.layout.value}/{self.C.alignment} "
+                f"acc={math.element_accumulator.label} tile={list(tile.threadblock_shape)} "
+                f"cluster={list(tile.cluster_shape)} stages={tile.stages or 'auto'} "
+                f"kernel={self.kernel_schedule.value} epilogue={self.epilogue_schedule.value} "
+                f"scheduler={self.tile_scheduler.name} epilogue_op={self.epilogue_functor.describe()}"
+                f"{' bias=' + self.bias if self.bias else ''}")
+
+
+def derived_warp_count(tile_shape, kernel_schedule: KernelScheduleType) -> tuple[int, int, int]:
+    """Cooperative kernels split the tile's M over two consumer warpgroups; the others use one per tile."""
+    if kernel_schedule.base is _KS.TmaWarpSpecializedCooperative:
+        return (8, 1, 1)
+    return (4, 1, 1)
+
+
+def resolve_kernel_schedule(tile: TileDescription, element) -> KernelScheduleType:
+    """``Auto`` as CUTLASS's builder would choose it: cooperative for 128-row-multiple tiles (with fp8's fast
+    accumulation for fp8 operands), else the basic warp-specialized kernel."""
+    schedule = tile.kernel_schedule
+    if schedule is not _KS.Auto:
+        return schedule
+    if tile.tile_scheduler is _TS.StreamK or tile.threadblock_shape[0] % 128 == 0:
+        schedule = _KS.TmaWarpSpecializedCooperative
+    else:
+        schedule = _KS.TmaWarpSpecialized
+    if element.is_fp8:
+        schedule = KernelScheduleType(schedule.value + "FP8FastAccum")
+    return schedule
+
+
+def _check(tile: TileDescription, A, B, C, functor, bias) -> tuple[KernelScheduleType, EpilogueScheduleType]:
+    """CUTLASS 3.x's rules for an SM90 TMA warp-specialized GEMM; returns the resolved (kernel, epilogue) schedules."""
+    what = "GemmOperationUniversal(90)"
+    for label, desc in (("A", A), ("B", B), ("C", C)):
+        if not isinstance(desc, TensorDescription):
+            raise DescriptionError(f"{what}: {label} must be a TensorDescription, got {desc!r}")
+    if not isinstance(tile, TileDescription):
+        raise DescriptionError(f"{what}: tile_description must be a TileDescription, got {tile!r}")
+    if not isinstance(functor, EpilogueFunctor):
+        raise DescriptionError(f"{what}: epilogue_functor must be an epilogue functor, got {functor!r}")
+    math = tile.math_instruction
+    if math.opcode_class is not OpClass.TensorOp:
+        raise DescriptionError(f"{what}: the SM90 family computes on tensor cores (OpClass.TensorOp); SIMT kernels "
+                               f"are in the Sm80 family (compute capability 80)")
+    operand = math.element_a
+    if operand not in _ACCUMULATORS:
+        raise DescriptionError(f"{what}: {operand.label} operands are not in the SM90 family (it takes float16, "
+                               f"bfloat16, tfloat32, float8_e4m3/e5m2 and int8); use compute capability 80 for "
+                               f"{operand.label}")
+    if math.element_accumulator not in _ACCUMULATORS[operand]:
+        raise DescriptionError(f"{what}: {operand.label} operands accumulate in "
+                               f"{[a.label for a in _ACCUMULATORS[operand]]} on SM90, got "
+                               f"{math.element_accumulator.label}")
+    for label, desc, element in (("A", A, math.element_a), ("B", B, math.element_b)):
+        allowed = {element, _F32} if element is _TF32 else {element}
+        if desc.element not in allowed:
+            raise DescriptionError(f"{what}: {label}.element is {desc.element.label} but the math instruction "
+                                   f"multiplies {element.label}")
+        if desc.layout not in _PLAIN:
+            raise DescriptionError(f"{what}: {label} must be RowMajor or ColumnMajor on SM90, got {desc.layout.value}")
+        if (desc.alignment * desc.element.bits) % 128:
+            raise DescriptionError(f"{what}: TMA moves 16-byte vectors, so {label}'s alignment must be a multiple of "
+                                   f"{128 // desc.element.bits} {desc.element.label} elements; got {desc.alignment}")
+    if operand.bits != 16 and (A.layout, B.layout) != (LayoutType.RowMajor, LayoutType.ColumnMajor):
+        raise DescriptionError(f"{what}: wgmma reads {operand.label} operands K-major only: A must be RowMajor and B "
+                               f"ColumnMajor (got A {A.layout.value}, B {B.layout.value}); only 16-bit types take "
+                               f"every layout")
+    outputs = {_S8: (_S8, _S32)}.get(operand, _FLOAT_OUTPUTS + ((_E4M3, _E5M2) if operand.is_fp8 else ()))
+    if C.element not in outputs:
+        raise DescriptionError(f"{what}: C of {C.element.label} is not supported with {operand.label} operands; "
+                               f"choose one of {[e.label for e in outputs]}")
+    if C.layout not in _PLAIN:
+        raise DescriptionError(f"{what}: C must be RowMajor or ColumnMajor, got {C.layout.value}")
+    if (C.alignment * C.element.bits) % 128:
+        raise DescriptionError(f"{what}: the SM90 epilogue stores 16-byte vectors: C's alignment must be a multiple of "
+                               f"{128 // C.element.bits} {C.element.label} elements; got {C.alignment}")
+    if functor.kind not in ("LinearCombination", "LinearCombinationGeneric"):
+        raise DescriptionError(f"{what}: the {functor.kind} epilogue is not built for the SM90 family; use "
+                               f"LinearCombination or LinearCombinationGeneric (any activation), optionally with "
+                               f"bias='row'/'column'")
+    if functor.element_output is not C.element or functor.alignment != C.alignment:
+        raise DescriptionError(f"{what}: the epilogue writes {functor.element_output.label} x {functor.alignment} but "
+                               f"C is {C.element.label} x {C.alignment}; they must match")
+    if functor.element_accumulator is not math.element_accumulator:
+        raise DescriptionError(f"{what}: the epilogue reads {functor.element_accumulator.label} accumulators but the "
+                               f"math instruction accumulates in {math.element_accumulator.label}")
+    if functor.element_epilogue is not _F32:
+        raise DescriptionError(f"{what}: SM90 epilogues compute in float32, got {functor.element_epilogue.label}")
+
+    # --- tile, cluster, schedules -----------------------------------------------------------------------------
+    m, n, k = tile.threadblock_shape
+    cm, cn, ck = tile.cluster_shape
+    if m not in (64, 128, 256):
+        raise DescriptionError(f"{what}: tile M must be 64, 128 or 256 (wgmma works in 64-row steps per warpgroup), "
+                               f"got {m}")
+    if n % 16 or not 16 <= n <= 256:
+        raise DescriptionError(f"{what}: tile N must be a multiple of 16 in 16..256 (the wgmma N), got {n}")
+    k_bytes = k * operand.bits // 8
+    if k_bytes not in (64, 128, 256):
+        raise DescriptionError(f"{what}: tile K of {k} {operand.label} elements is {k_bytes} bytes; the TMA swizzle "
+                               f"atoms need 64, 128 or 256 bytes (K = {[b * 8 // operand.bits for b in (64, 128, 256)]})")
+    if ck != 1 or cm not in (1, 2, 4) or cn not in (1, 2, 4) or cm * cn > 8:
+        raise DescriptionError(f"{what}: cluster_shape must be [m, n, 1] with m, n in (1, 2, 4) and at most 8 CTAs "
+                               f"(the portable cluster size), got {list(tile.cluster_shape)}")
+    schedule = resolve_kernel_schedule(tile, operand)
+    if schedule.is_fp8_fast_accum and not operand.is_fp8:
+        raise DescriptionError(f"{what}: {schedule.value} accumulates fp8 products fast; the operands are "
+                               f"{operand.label}")
+    base = schedule.base
+    if base is _KS.TmaWarpSpecializedCooperative and m % 128:
+        raise DescriptionError(f"{what}: the cooperative schedule splits tile M over two warpgroups of 64 rows, so "
+                               f"tile M must be a multiple of 128, got {m}")
+    if base is not _KS.TmaWarpSpecializedCooperative and m > 128:
+        raise DescriptionError(f"{what}: {base.value} computes a tile with one warpgroup: tile M must be 64 or 128, "
+                               f"got {m} (use the cooperative schedule)")
+    if tile.tile_scheduler is _TS.StreamK and base is not _KS.TmaWarpSpecializedCooperative:
+        raise DescriptionError(f"{what}: the stream-K tile scheduler runs with the cooperative schedule only, got "
+                               f"{schedule.value}")
+    epilogue = tile.epilogue_schedule
+    if epilogue is _ES.Auto:
+        epilogue = _ES.TmaWarpSpecializedCooperative if base is _KS.TmaWarpSpecializedCooperative \
+            else _ES.TmaWarpSpecialized
+    elif epilogue is _ES.TmaWarpSpecializedCooperative and base is not _KS.TmaWarpSpecializedCooperative:
+        raise DescriptionError(f"{what}: the TmaWarpSpecializedCooperative epilogue needs the cooperative kernel "
+                               f"schedule, got {schedule.value}")
+    elif epilogue is _ES.TmaWarpSpecialized and base is _KS.TmaWarpSpecializedCooperative:
+        raise DescriptionError(f"{what}: a cooperative kernel takes the TmaWarpSpecializedCooperative (or "
+                               f"NoSmemWarpSpecialized) epilogue, got TmaWarpSpecialized")
+    if epilogue is _ES.NoSmemWarpSpecialized and (functor.activation is not None or bias):
+        raise DescriptionError(f"{what}: the NoSmemWarpSpecialized epilogue is CUTLASS's plain linear combination; "
+                               f"activations and bias need a TMA epilogue schedule")
+    if tile.warp_count is not None and tile.warp_count != derived_warp_count(tile.threadblock_shape, schedule):
+        raise DescriptionError(f"{what}: warp_count is derived on SM90 "
+                               f"({list(derived_warp_count(tile.threadblock_shape, schedule))} for {schedule.value}); "
+                               f"pass None or that value, got {list(tile.warp_count)}")
+    if tile.stages:
+        mainloop = tile.stages * (m * k + n * k) * operand.bits // 8
+        if tile.stages < 2 or mainloop + _EPILOGUE_SMEM_RESERVE > _SMEM_BYTES:
+            raise DescriptionError(f"{what}: {tile.stages} stages of a {m}x{n}x{k} {operand.label} tile take "
+                                   f"{mainloop // 1024} KiB of shared memory; with the epilogue's buffers that "
+                                   f"exceeds {_SMEM_BYTES // 1024} KiB (or is below 2 stages). Use stages=0 "
+                                   f"(CUTLASS's automatic count) or fewer stages")
+    return schedule, epilogue

@@ -1,0 +1,204 @@
+"""SM90 (CUTLASS 3.x) GEMM without a GPU: descriptions and CUTLASS's rules as rejections, emission, the argument
+checks that need no device, and a real NVRTC compile of one operation (its cubin holds the kernel and builder)."""
+from __future__ import annotations
+
+import pytest
+
+import pycutlass as cutlass
+from pycutlass import DescriptionError
+from pycutlass import EpilogueScheduleType as ES
+from pycutlass import KernelScheduleType as KS
+from pycutlass import TileSchedulerType as TS
+
+D = cutlass.DataType
+R, CM = cutlass.RowMajor, cutlass.ColumnMajor
+
+
+def sm90(element=D.float16, layouts=(R, CM, R), out=None, acc=D.float32, tile=(128, 128, 64), cluster=(1, 1, 1),
+         kernel=KS.Auto, epilogue=ES.Auto, scheduler=TS.Default, stages=0, warps=None, inst=None, functor=None,
+         bias=None, align=None):
+    out = out or element
+    k = {16: 16, 8: 32, 32: 8}[element.bits]
+    math = cutlass.MathInstruction(inst or [64, tile[1], k], element, element, acc, cutlass.OpClass.TensorOp)
+    description = cutlass.TileDescription(list(tile), stages, warps, math, cluster_shape=list(cluster),
+                                          kernel_schedule=kernel, epilogue_schedule=epilogue, tile_scheduler=scheduler)
+    memory = D.float32 if element is D.tfloat32 else element
+    a_align = align or 128 // memory.bits
+    A = cutlass.TensorDescription(memory, layouts[0], a_align)
+    B = cutlass.TensorDescription(memory, layouts[1], a_align)
+    C = cutlass.TensorDescription(out, layouts[2], 128 // out.bits)
+    functor = functor or cutlass.LinearCombination(out, C.alignment, acc, D.float32)
+    return cutlass.GemmOperationUniversal(90, description, A, B, C, functor, bias=bias)
+
+
+def test_compute_capability_90_builds_the_sm90_family():
+    op = sm90()
+    assert type(op).__name__ == "GemmOperationSm90" and isinstance(op, cutlass.GemmOperationUniversal)
+    assert op.family == "sm90" and op.required_backend == "nvrtc"
+    assert op.kernel_schedule is KS.TmaWarpSpecializedCooperative  # Auto, as CUTLASS picks it for M = 128
+    assert op.epilogue_schedule is ES.TmaWarpSpecializedCooperative
+    assert op.warp_count == (8, 1, 1)
+    assert sm90(tile=(64, 128, 64)).kernel_schedule is KS.TmaWarpSpecialized
+    assert sm90(D.float8_e4m3, out=D.bfloat16, tile=(128, 128, 128)).kernel_schedule is \
+        KS.TmaWarpSpecializedCooperativeFP8FastAccum
+
+
+def test_sm80_warp_arrangements_at_90_build_the_sm80_family():
+    """PyCUTLASS 2.11 scripts pass the device's compute capability with Sm80 tiles: they keep their 2.x kernel."""
+    math = cutlass.MathInstruction([16, 8, 16], D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp)
+    tile = cutlass.TileDescription([128, 128, 32], 3, [2, 2, 1], math)
+    desc = [cutlass.TensorDescription(D.float16, lay, 8) for lay in (R, CM, R)]
+    op = cutlass.GemmOperationUniversal(90, tile, *desc, cutlass.LinearCombination(D.float16, 8))
+    assert op.family == "sm80" and "cutlass::arch::Sm80" in op.emit_body()
+    with pytest.raises(DescriptionError, match="warp_count is derived"):
+        cutlass.kinds.GemmOperationSm90(90, tile, *desc, cutlass.LinearCombination(D.float16, 8))
+
+
+def test_sm80_instruction_shapes_and_cutlass_warp_counts_are_accepted():
+    """The seed's [16, 8, 16] means "the builder chooses"; warp_count may state CUTLASS's own value."""
+    a = sm90(inst=[16, 8, 16], warps=[8, 1, 1])
+    b = sm90()
+    assert a.emit_body().split("\n", 1)[1] == b.emit_body().split("\n", 1)[1] or a.name != b.name
+    sm90(tile=(64, 128, 64), kernel=KS.TmaWarpSpecializedPingpong, warps=[4, 1, 1])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(tile=(64, 128, 64), kernel=KS.TmaWarpSpecializedCooperative), "multiple of 128"),
+    (dict(tile=(256, 128, 64), kernel=KS.TmaWarpSpecializedPingpong), "tile M must be 64 or 128"),
+    (dict(tile=(96, 128, 64)), "tile M must be 64, 128 or 256"),
+    (dict(tile=(128, 120, 64)), "tile N must be a multiple of 16"),
+    (dict(tile=(128, 128, 48)), "TMA swizzle atoms"),
+    (dict(cluster=(3, 1, 1)), "cluster_shape"),
+    (dict(cluster=(4, 4, 1)), "at most 8 CTAs"),
+    (dict(cluster=(1, 1, 2)), "cluster_shape"),
+    (dict(scheduler=TS.StreamK, kernel=KS.TmaWarpSpecializedPingpong, tile=(64, 128, 64)), "stream-K"),
+    (dict(kernel=KS.TmaWarpSpecializedCooperativeFP8FastAccum), "FP8FastAccum"),
+    (dict(epilogue=ES.TmaWarpSpecialized), "TmaWarpSpecializedCooperative"),
+    (dict(tile=(64, 128, 64), kernel=KS.TmaWarpSpecializedPingpong, epilogue=ES.TmaWarpSpecializedCooperative),
+     "needs the cooperative"),
+    (dict(stages=8, tile=(128, 256, 64)), "shared memory"),
+    (dict(element=D.int8, acc=D.int32, tile=(128, 128, 128), out=D.int8,
+          layouts=(R, CM, cutlass.ColumnMajorInterleaved32)), "RowMajor or ColumnMajor"),
+    (dict(align=4), "16-byte vectors"),
+    (dict(element=D.tfloat32, out=D.float32, tile=(128, 128, 32), layouts=(CM, CM, R)), "K-major"),
+    (dict(element=D.float8_e4m3, tile=(128, 128, 128), layouts=(R, R, R), out=D.float16), "K-major"),
+    (dict(element=D.int8, acc=D.int32, out=D.float16, tile=(128, 128, 128)), "not supported with int8"),
+    (dict(acc=D.int32), "wgmma"),
+    (dict(epilogue=ES.NoSmemWarpSpecialized, bias="row"), "NoSmemWarpSpecialized"),
+    (dict(bias="rows"), "bias must be"),
+])
+def test_cutlass_rules_are_rejected_at_construction(kwargs, message):
+    with pytest.raises(DescriptionError, match=message):
+        sm90(**kwargs)
+
+
+def test_unsupported_types_and_epilogues_name_the_way_out():
+    f64 = cutlass.MathInstruction([8, 8, 4], D.float64, D.float64, D.float64, cutlass.OpClass.TensorOp)
+    tile = cutlass.TileDescription([64, 64, 16], 0, None, f64)
+    desc = cutlass.TensorDescription(D.float64, R, 1)
+    with pytest.raises(DescriptionError, match="compute capability 80"):
+        cutlass.GemmOperationUniversal(90, tile, desc, desc, desc, cutlass.LinearCombination(D.float64, 1, D.float64))
+    clamp = cutlass.LinearCombinationClamp(D.float16, 8, D.float32, D.float32)
+    with pytest.raises(DescriptionError, match="LinearCombinationClamp epilogue is not built for the SM90"):
+        sm90(functor=clamp)
+    with pytest.raises(DescriptionError, match="SM90-only values"):  # an SM90 tile in an Sm80-family kind
+        cutlass.GemmOperationGrouped(80, sm90().tile_description, *(sm90().A, sm90().B, sm90().C),
+                                     sm90().epilogue_functor)
+
+
+def test_warpgroup_instruction_table():
+    for bad in ([64, 100, 16], [64, 128, 32], [64, 264, 16]):
+        with pytest.raises(DescriptionError, match="wgmma"):
+            cutlass.MathInstruction(bad, D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp)
+    assert cutlass.MathInstruction([64, 256, 16], D.bfloat16, D.bfloat16, D.float32,
+                                   cutlass.OpClass.TensorOp).is_warpgroup
+    mixed = cutlass.MathInstruction([64, 128, 32], D.float8_e4m3, D.float8_e5m2, D.float32, cutlass.OpClass.TensorOp)
+    assert mixed.element_b is D.float8_e5m2
+
+
+def test_names_are_unique_per_code_changing_field():
+    variants = [sm90(), sm90(cluster=(2, 1, 1)), sm90(kernel=KS.TmaWarpSpecializedPingpong),
+                sm90(scheduler=TS.StreamK), sm90(stages=4), sm90(bias="row"), sm90(bias="column"),
+                sm90(epilogue=ES.NoSmemWarpSpecialized), sm90(tile=(128, 256, 64)), sm90(layouts=(CM, R, CM)),
+                sm90(functor=cutlass.LinearCombinationGeneric(cutlass.relu(D.float32), D.float16, 8)),
+                sm90(functor=cutlass.LinearCombinationGeneric(cutlass.gelu(D.float32), D.float16, 8)),
+                sm90(D.bfloat16), sm90(acc=D.float16,
+                                       functor=cutlass.LinearCombination(D.float16, 8, D.float16, D.float32))]
+    names = [op.name for op in variants]
+    assert len(set(names)) == len(names)
+    assert sm90() == sm90() and sm90().name == sm90().name
+
+
+def test_emission_uses_cutlass_builders_and_reports_tma():
+    op = sm90(cluster=(2, 1, 1), scheduler=TS.StreamK, bias="row",
+              functor=cutlass.LinearCombinationGeneric(cutlass.leaky_relu(D.float32), D.float16, 8))
+    source = op.emit()
+    for needle in ("cutlass::gemm::collective::CollectiveBuilder", "cutlass::epilogue::collective::CollectiveBuilder",
+                   "LinCombPerRowBiasEltAct", "cutlass::epilogue::thread::LeakyReLU", "StreamKScheduler",
+                   "__cluster_dims__(2, 1, 1)", "__grid_constant__", "record_tma", "fusion.activation.leaky_alpha",
+                   "StageCountAutoCarveout", "struct TmaRecord", "is_const_v"):
+        assert needle in source, needle
+    assert source.index("is_const_v") < source.index('#include "cutlass'), "the NVRTC shim must precede CUTLASS's headers"
+    two = cutlass.emit.emitter.translation_unit([op, sm90()])
+    assert two.count("namespace pycutlass_sm90 {") == 1  # helpers once per unit
+
+
+def test_arguments_rules_that_need_no_gpu():
+    import numpy as np
+
+    from pycutlass.gemm import GemmCoord, Mode
+
+    op = sm90()
+    A = np.zeros((64, 64), np.float16)
+    with pytest.raises(cutlass.ArgumentError, match="Array"):
+        cutlass.GemmArguments(op, GemmCoord(64, 64, 64), A, A.T, A, A, gemm_mode=Mode.Array)
+    with pytest.raises(cutlass.ArgumentError, match="stream-K"):
+        cutlass.GemmArguments(op, GemmCoord(64, 64, 64), A, A.T, A, A, split_k_slices=2)
+    with pytest.raises(cutlass.ArgumentError, match="raster_order"):
+        cutlass.GemmArguments(op, GemmCoord(64, 64, 64), A, A.T, A, A, raster_order="diagonal")
+    with pytest.raises(cutlass.ArgumentError, match="swizzle"):
+        cutlass.GemmArguments(op, GemmCoord(64, 64, 64), A, A.T, A, A, swizzle=3)
+    with pytest.raises(cutlass.ArgumentError, match="stream-K operation"):
+        cutlass.GemmArguments(op, GemmCoord(64, 64, 64), A, A.T, A, A, decomposition="split_k")
+    with pytest.raises(cutlass.ArgumentError, match="bias=True"):
+        cutlass.GemmArguments(op, GemmCoord(64, 64, 64), A, A.T, A, A, bias=True)
+    with pytest.raises(cutlass.ArgumentError, match="pass it as bias="):
+        cutlass.GemmArguments(sm90(bias="row"), GemmCoord(64, 64, 64), A, A.T, A, A)
+    streamk = sm90(scheduler=TS.StreamK)
+    with pytest.raises(cutlass.ArgumentError, match="decomposition"):
+        cutlass.GemmArguments(streamk, GemmCoord(64, 64, 64), A, A.T, A, A, split_k_slices=2,
+                              decomposition="data_parallel")
+    with pytest.raises(cutlass.ArgumentError, match="cluster"):
+        cutlass.GemmArguments(sm90(cluster=(2, 1, 1)), GemmCoord(64, 64, 64), A, A.T, A, A, sm_count=1)
+
+
+def test_target_is_sm_90a_and_the_backend_is_nvrtc(tmp_path):
+    session = cutlass.Session(backend="nvcc", target=90, cache_path=tmp_path / "c.db")
+    compiler = cutlass.compiler.manager.Compiler.of(session)
+    op = sm90()
+    assert compiler.target_for(op).name == "sm_90a"
+    assert compiler.backend_for(op).name == "nvrtc"
+    assert compiler.target_for(cutlass.GemmOperationGrouped(
+        90, cutlass.TileDescription([128, 128, 32], 3, [2, 2, 1], cutlass.MathInstruction(
+            [16, 8, 16], D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp)),
+        *(cutlass.TensorDescription(D.float16, lay, 8) for lay in (R, CM, R)),
+        cutlass.LinearCombination(D.float16, 8))).name == "sm_90"  # Sm80-family kinds keep plain sm_90
+    with pytest.raises(DescriptionError, match="sm_90a"):
+        cutlass.Target(80).check_runs("sm90", op.name)
+
+
+@pytest.mark.slow
+def test_nvrtc_compiles_an_sm90_operation_with_its_builder(tmp_path):
+    """A real compile (about a minute on two cores): the cubin carries the kernel and the Params builder, and the
+    report says NVRTC stood in for the session's nvcc."""
+    session = cutlass.Session(backend="nvcc", target=90, cache_path=tmp_path / "c.db", progress=False)
+    compiler = cutlass.compiler.manager.Compiler.of(session)
+    op = sm90(tile=(64, 128, 64), kernel=KS.TmaWarpSpecializedPingpong, bias="column",
+              functor=cutlass.LinearCombinationGeneric(cutlass.gelu(D.float32), D.float16, 8))
+    report = compiler.add_module([op])
+    kernel = report[0]
+    assert kernel.backend == "nvrtc" and kernel.target == "sm_90a" and "nvrtc" in report.substituted
+    assert op.kernel_symbol.encode() in kernel.binary and op.builder_symbol.encode() in kernel.binary
+    assert len(kernel.binary) > 100_000  # a real kernel, not an empty stub
+    again = compiler.add_module([op])
+    assert again.from_memory == 1 and again.compiled == 0
