@@ -159,16 +159,22 @@ def fp8_section(ops, rows, results):
         torch_ms = bench_ms(lambda: torch._scaled_mm(A, Bt.t(), one, one, out_dtype=torch.bfloat16))
         reference = torch._scaled_mm(A, Bt.t(), one, one, out_dtype=torch.bfloat16)
         timings = [(op, *time_op(op, m, n, k, A, Bt.t(), reference, 2e-2)) for op in ops]
-        good = [(op, ms) for op, ms, _ in timings if ms is not None]
-        best_op, best_ms = min(good, key=lambda x: x[1]) if good else (None, None)
-        row = {"dtype": "fp8 e4m3 -> bf16", "shape": f"{m}x{n}x{k}", "torch TFLOP/s": _tflops(m, n, k, torch_ms),
-               "best TFLOP/s": _tflops(m, n, k, best_ms) if best_ms else 0.0,
-               "best/torch": torch_ms / best_ms if best_ms else 0.0,
-               "best config": describe(best_op) if best_op else "-", "default/torch": timings[0][1] and torch_ms / timings[0][1] or 0.0}
-        rows.append(row)
-        results.append({**row, "torch_ms": torch_ms,
-                        "configs": [{"config": describe(op), "ms": ms, "note": note} for op, ms, note in timings]})
-        print(row, flush=True)
+        summarize("fp8 e4m3 -> bf16", f"{m}x{n}x{k}", (m, n, k), torch_ms, timings, rows, results)
+
+
+def summarize(label, shape, mnk, torch_ms, timings, rows, results):
+    """One table row from (op, ms or None, note) timings: the best against torch, and the first (default) one."""
+    good = [(op, ms) for op, ms, _ in timings if ms is not None]
+    best_op, best_ms = min(good, key=lambda x: x[1]) if good else (None, None)
+    default_ms = timings[0][1]
+    row = {"dtype": label, "shape": shape, "torch TFLOP/s": _tflops(*mnk, torch_ms),
+           "best TFLOP/s": _tflops(*mnk, best_ms) if best_ms else 0.0,
+           "best/torch": torch_ms / best_ms if best_ms else 0.0, "best config": describe(best_op) if best_op else "-",
+           "default/torch": torch_ms / default_ms if default_ms else 0.0}
+    rows.append(row)
+    results.append({**row, "torch_ms": torch_ms,
+                    "configs": [{"config": describe(op), "ms": ms, "note": note} for op, ms, note in timings]})
+    print(row, flush=True)
 
 
 def fused_section(ops, rows, results):
@@ -182,16 +188,7 @@ def fused_section(ops, rows, results):
     torch_ms = bench_ms(lambda: F.gelu(torch.addmm(bias, A, Bt.t())))
     reference = F.gelu(torch.addmm(bias, A, Bt.t()).float()).half()
     timings = [(op, *time_op(op, m, n, k, A, Bt.t(), reference, 1e-2, bias=bias)) for op in ops]
-    good = [(op, ms) for op, ms, _ in timings if ms is not None]
-    best_op, best_ms = min(good, key=lambda x: x[1]) if good else (None, None)
-    row = {"dtype": "f16 GEMM+bias+GELU", "shape": "4096^3", "torch TFLOP/s": _tflops(m, n, k, torch_ms),
-           "best TFLOP/s": _tflops(m, n, k, best_ms) if best_ms else 0.0,
-           "best/torch": torch_ms / best_ms if best_ms else 0.0, "best config": describe(best_op) if best_op else "-",
-           "default/torch": timings[0][1] and torch_ms / timings[0][1] or 0.0}
-    rows.append(row)
-    results.append({**row, "torch_ms": torch_ms,
-                    "configs": [{"config": describe(op), "ms": ms, "note": note} for op, ms, note in timings]})
-    print(row, flush=True)
+    summarize("f16 GEMM+bias+GELU", "4096^3", (m, n, k), torch_ms, timings, rows, results)
 
 
 def host_section(op, rows, results):
