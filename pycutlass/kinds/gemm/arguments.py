@@ -130,7 +130,8 @@ def reorder_interleaved_operand_b(B, k: int, n: int, batch: int = 1, name: str =
     return gathered_copy(B, name, (batch * k // 32, n, 32), 1, interleaved_column_gather(n))
 
 
-# Arguments of operations that GemmOperationUniversal builds for other kinds (visitor=True), by operation type.
+# Arguments of operations that GemmOperationUniversal builds for other kinds (visitor=True: gemm_evt; compute
+# capability 90: gemm_sm90), by operation type; each kind registers its class here when imported.
 VISITOR_ARGUMENTS: dict = {}
 
 
