@@ -16,12 +16,8 @@ _INTERLEAVED_GEMM = (LayoutType.ColumnMajorInterleaved32, LayoutType.RowMajorInt
                      LayoutType.ColumnMajorInterleaved32)
 
 
-def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDescription,
-                        C: TensorDescription, epilogue: EpilogueFunctor, what: str, wide_c: bool = False) -> None:
-    """Shared by GEMM, grouped GEMM and conv2d: operand types must match the instruction and the epilogue.
-
-    ``wide_c``: the kind's tensor-op epilogue may store C/D with 256-bit accesses (GEMM and grouped GEMM).
-    """
+def check_description_types(tile, A, B, C, epilogue, what: str) -> None:
+    """Every tiled GEMM-like kind takes these description types (named in the error when one is not)."""
     for label, desc in (("A", A), ("B", B), ("C", C)):
         if not isinstance(desc, TensorDescription):
             raise DescriptionError(f"{what}: {label} must be a TensorDescription, got {desc!r}")
@@ -30,6 +26,15 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
     if not isinstance(epilogue, EpilogueFunctor):
         raise DescriptionError(f"{what}: epilogue_functor must be an epilogue functor such as LinearCombination, "
                                f"got {epilogue!r}")
+
+
+def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDescription,
+                        C: TensorDescription, epilogue: EpilogueFunctor, what: str, wide_c: bool = False) -> None:
+    """Shared by GEMM, grouped GEMM and conv2d: operand types must match the instruction and the epilogue.
+
+    ``wide_c``: the kind's tensor-op epilogue may store C/D with 256-bit accesses (GEMM and grouped GEMM).
+    """
+    check_description_types(tile, A, B, C, epilogue, what)
     tile.check_sm80(what)
     math = tile.math_instruction
     operand = math.element_a

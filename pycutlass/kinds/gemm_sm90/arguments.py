@@ -37,22 +37,19 @@ class GemmArgumentsSm90(GemmArguments):
         self._knobs = _check_knobs(operation, raster_order, swizzle, decomposition, sm_count)
         self._stream_k = operation.tile_scheduler.name == "StreamK"
         self._bias_vector = None
-        if bias is not None and bias is not False and not (bias is True and operation.bias is None):
-            if bias is True:
-                raise ArgumentError("bias=True (C as a broadcast vector, PyCUTLASS's bias) is not built for SM90 "
-                                    "operations; build the operation with bias='row' or 'column' and pass the vector "
-                                    "as bias=")
+        if bias is True:
+            raise ArgumentError("bias=True (C as a broadcast vector, PyCUTLASS's bias) is not built for SM90 "
+                                "operations; build the operation with bias='row' or 'column' and pass the vector "
+                                "as bias=")
+        if bias is None or bias is False:
+            if operation.bias is not None:
+                raise ArgumentError(f"{operation.name} adds a bias vector ({operation.bias}); pass it as bias=")
+        else:
             if operation.bias is None:
                 raise ArgumentError(f"{operation.name} was built without a bias; build it with bias='row' or "
                                     f"'column' to pass bias=")
             self._bias_vector = bias
-            bias = None
-        elif operation.bias is not None:
-            raise ArgumentError(f"{operation.name} adds a bias vector ({operation.bias}); pass it as bias=")
-        elif bias is True:
-            raise ArgumentError("bias=True (C as a broadcast vector, PyCUTLASS's bias) is not built for SM90 "
-                                "operations; build the operation with bias='row' or 'column' and pass the vector "
-                                "as bias=")
+            bias = None  # the vector is ours; GemmArguments' bias= is PyCUTLASS's flag
         super().__init__(operation, problem_size, A, B, C, D, *positional, bias=bias, **keywords)
 
     # The fast path for seen problems: not with a bias vector or stream-K (its workspace belongs to one Arguments).

@@ -23,7 +23,7 @@ from ...emit import names
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import DescriptionError
 from ..base import TiledOperation
-from ..gemm.operation import GemmOperationUniversal
+from ..gemm.operation import GemmOperationUniversal, check_description_types
 from .abi import Sm90GemmArgs, TmaRecord
 
 _KS, _ES, _TS = KernelScheduleType, EpilogueScheduleType, TileSchedulerType
@@ -230,16 +230,19 @@ def resolve_kernel_schedule(tile: TileDescription, element) -> KernelScheduleTyp
     return schedule
 
 
+def _check_tma_operand(what: str, label: str, desc: TensorDescription) -> None:
+    """TMA moves A, B, C and D as 16-byte vectors of a row- or column-major matrix."""
+    if desc.layout not in _PLAIN:
+        raise DescriptionError(f"{what}: {label} must be RowMajor or ColumnMajor on SM90, got {desc.layout.value}")
+    if (desc.alignment * desc.element.bits) % 128:
+        raise DescriptionError(f"{what}: TMA moves 16-byte vectors, so {label}'s alignment must be a multiple of "
+                               f"{128 // desc.element.bits} {desc.element.label} elements; got {desc.alignment}")
+
+
 def _check(tile: TileDescription, A, B, C, functor, bias) -> tuple[KernelScheduleType, EpilogueScheduleType]:
     """CUTLASS 3.x's rules for an SM90 TMA warp-specialized GEMM; returns the resolved (kernel, epilogue) schedules."""
     what = "GemmOperationUniversal(90)"
-    for label, desc in (("A", A), ("B", B), ("C", C)):
-        if not isinstance(desc, TensorDescription):
-            raise DescriptionError(f"{what}: {label} must be a TensorDescription, got {desc!r}")
-    if not isinstance(tile, TileDescription):
-        raise DescriptionError(f"{what}: tile_description must be a TileDescription, got {tile!r}")
-    if not isinstance(functor, EpilogueFunctor):
-        raise DescriptionError(f"{what}: epilogue_functor must be an epilogue functor, got {functor!r}")
+    check_description_types(tile, A, B, C, functor, what)
     math = tile.math_instruction
     if math.opcode_class is not OpClass.TensorOp:
         raise DescriptionError(f"{what}: the SM90 family computes on tensor cores (OpClass.TensorOp); SIMT kernels "
@@ -258,11 +261,7 @@ def _check(tile: TileDescription, A, B, C, functor, bias) -> tuple[KernelSchedul
         if desc.element not in allowed:
             raise DescriptionError(f"{what}: {label}.element is {desc.element.label} but the math instruction "
                                    f"multiplies {element.label}")
-        if desc.layout not in _PLAIN:
-            raise DescriptionError(f"{what}: {label} must be RowMajor or ColumnMajor on SM90, got {desc.layout.value}")
-        if (desc.alignment * desc.element.bits) % 128:
-            raise DescriptionError(f"{what}: TMA moves 16-byte vectors, so {label}'s alignment must be a multiple of "
-                                   f"{128 // desc.element.bits} {desc.element.label} elements; got {desc.alignment}")
+        _check_tma_operand(what, label, desc)
     if operand.bits != 16 and (A.layout, B.layout) != (LayoutType.RowMajor, LayoutType.ColumnMajor):
         raise DescriptionError(f"{what}: wgmma reads {operand.label} operands K-major only: A must be RowMajor and B "
                                f"ColumnMajor (got A {A.layout.value}, B {B.layout.value}); only 16-bit types take "
@@ -271,11 +270,7 @@ def _check(tile: TileDescription, A, B, C, functor, bias) -> tuple[KernelSchedul
     if C.element not in outputs:
         raise DescriptionError(f"{what}: C of {C.element.label} is not supported with {operand.label} operands; "
                                f"choose one of {[e.label for e in outputs]}")
-    if C.layout not in _PLAIN:
-        raise DescriptionError(f"{what}: C must be RowMajor or ColumnMajor, got {C.layout.value}")
-    if (C.alignment * C.element.bits) % 128:
-        raise DescriptionError(f"{what}: the SM90 epilogue stores 16-byte vectors: C's alignment must be a multiple of "
-                               f"{128 // C.element.bits} {C.element.label} elements; got {C.alignment}")
+    _check_tma_operand(what, "C", C)
     if functor.kind not in ("LinearCombination", "LinearCombinationGeneric"):
         raise DescriptionError(f"{what}: the {functor.kind} epilogue is not built for the SM90 family; use "
                                f"LinearCombination or LinearCombinationGeneric (any activation), optionally with "
