@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ctypes
 
-from ...emit.abi import EPILOGUE_FIELDS, MAX_TMA_RECORDS, AbiStruct, TmaRecord  # noqa: F401 (re-exported)
+from ...emit.abi import EPILOGUE_FIELDS, AbiStruct
 
 
 class Sm90GemmArgs(AbiStruct):

@@ -22,9 +22,9 @@ from ...description.types import (GEMM_SWIZZLES, DataType, EpilogueScheduleType,
 from ...emit import names
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import DescriptionError
-from ..base import TiledOperation
 from ..gemm.operation import GemmOperationUniversal, check_description_types
-from .abi import Sm90GemmArgs, TmaRecord
+from ...emit.abi import TmaRecord
+from .abi import Sm90GemmArgs
 
 _KS, _ES, _TS = KernelScheduleType, EpilogueScheduleType, TileSchedulerType
 _F16, _BF16, _F32, _TF32 = DataType.float16, DataType.bfloat16, DataType.float32, DataType.tfloat32
