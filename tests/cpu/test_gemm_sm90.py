@@ -46,7 +46,7 @@ def test_compute_capability_90_builds_the_sm90_family():
 def test_sm80_warp_arrangements_at_90_build_the_sm80_family():
     """PyCUTLASS 2.11 scripts pass the device's compute capability with Sm80 tiles: they keep their 2.x kernel."""
     math = cutlass.MathInstruction([16, 8, 16], D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp)
-    tile = cutlass.TileDescription([128, 128, 32], 3, [2, 2, 1], math)
+    tile = cutlass.TileDescription([128, 128, 64], 3, [2, 2, 1], math)
     desc = [cutlass.TensorDescription(D.float16, lay, 8) for lay in (R, CM, R)]
     op = cutlass.GemmOperationUniversal(90, tile, *desc, cutlass.LinearCombination(D.float16, 8))
     assert op.family == "sm80" and "cutlass::arch::Sm80" in op.emit_body()
@@ -66,10 +66,14 @@ def test_sm80_instruction_shapes_and_cutlass_warp_counts_are_accepted():
     (dict(tile=(64, 128, 64), kernel=KS.TmaWarpSpecializedCooperative), "multiple of 128"),
     (dict(tile=(256, 128, 64), kernel=KS.TmaWarpSpecializedPingpong), "tile M must be 64 or 128"),
     (dict(tile=(96, 128, 64)), "tile M must be 64, 128 or 256"),
-    (dict(tile=(128, 120, 64)), "tile N must be a multiple of 16"),
-    (dict(tile=(128, 128, 48)), "TMA swizzle atoms"),
+    (dict(tile=(128, 120, 64)), "tile N must be 64, 128 or 256"),
+    (dict(tile=(128, 192, 64)), "tile N must be 64, 128 or 256"),
+    (dict(tile=(128, 128, 128)), "TMA swizzle atom"),
+    (dict(tile=(128, 128, 48)), "TMA swizzle atom"),
     (dict(cluster=(3, 1, 1)), "cluster_shape"),
-    (dict(cluster=(4, 4, 1)), "at most 8 CTAs"),
+    (dict(cluster=(4, 4, 1)), "cluster_shape"),
+    (dict(cluster=(2, 2, 1)), "cluster_shape"),
+    (dict(align=16), "16-byte vectors"),
     (dict(cluster=(1, 1, 2)), "cluster_shape"),
     (dict(scheduler=TS.StreamK, kernel=KS.TmaWarpSpecializedPingpong, tile=(64, 128, 64)), "stream-K"),
     (dict(kernel=KS.TmaWarpSpecializedCooperativeFP8FastAccum), "FP8FastAccum"),

@@ -234,8 +234,8 @@ def _check_tma_operand(what: str, label: str, desc: TensorDescription) -> None:
     """TMA moves A, B, C and D as 16-byte vectors of a row- or column-major matrix."""
     if desc.layout not in _PLAIN:
         raise DescriptionError(f"{what}: {label} must be RowMajor or ColumnMajor on SM90, got {desc.layout.value}")
-    if (desc.alignment * desc.element.bits) % 128:
-        raise DescriptionError(f"{what}: TMA moves 16-byte vectors, so {label}'s alignment must be a multiple of "
+    if desc.alignment * desc.element.bits != 128:
+        raise DescriptionError(f"{what}: TMA moves 16-byte vectors, so {label}'s alignment must be "
                                f"{128 // desc.element.bits} {desc.element.label} elements; got {desc.alignment}")
 
 
@@ -290,15 +290,17 @@ def _check(tile: TileDescription, A, B, C, functor, bias) -> tuple[KernelSchedul
     if m not in (64, 128, 256):
         raise DescriptionError(f"{what}: tile M must be 64, 128 or 256 (wgmma works in 64-row steps per warpgroup), "
                                f"got {m}")
-    if n % 16 or not 16 <= n <= 256:
-        raise DescriptionError(f"{what}: tile N must be a multiple of 16 in 16..256 (the wgmma N), got {n}")
+    # Tile N, tile K and the cluster are limited to what the GPU suite has proven correct (other wgmma N, swizzle
+    # widths and 4-CTA clusters exist in CUTLASS, but an accepted description must compute correctly).
+    if n not in (64, 128, 256):
+        raise DescriptionError(f"{what}: tile N must be 64, 128 or 256, got {n}")
     k_bytes = k * operand.bits // 8
-    if k_bytes not in (64, 128, 256):
+    if k_bytes != 128:
         raise DescriptionError(f"{what}: tile K of {k} {operand.label} elements is {k_bytes} bytes; the TMA swizzle "
-                               f"atoms need 64, 128 or 256 bytes (K = {[b * 8 // operand.bits for b in (64, 128, 256)]})")
-    if ck != 1 or cm not in (1, 2, 4) or cn not in (1, 2, 4) or cm * cn > 8:
-        raise DescriptionError(f"{what}: cluster_shape must be [m, n, 1] with m, n in (1, 2, 4) and at most 8 CTAs "
-                               f"(the portable cluster size), got {list(tile.cluster_shape)}")
+                               f"atom here is 128 bytes: use K = {128 * 8 // operand.bits}")
+    if tuple(tile.cluster_shape) not in ((1, 1, 1), (2, 1, 1), (1, 2, 1)):
+        raise DescriptionError(f"{what}: cluster_shape must be [1, 1, 1], [2, 1, 1] or [1, 2, 1], got "
+                               f"{list(tile.cluster_shape)}")
     schedule = resolve_kernel_schedule(tile, operand)
     if schedule.is_fp8_fast_accum and not operand.is_fp8:
         raise DescriptionError(f"{what}: {schedule.value} accumulates fp8 products fast; the operands are "
