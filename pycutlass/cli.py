@@ -195,3 +195,6 @@ def _human_size(size: int | None) -> str:
 
 def _when(timestamp: float | None) -> str:
     return "?" if timestamp is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
+from .tune import cli as _tune_cli  # noqa: E402,F401  (registers sweep, tune, select, heatmap, bundle, db)

@@ -57,6 +57,9 @@ class CompileReport:
     seconds: float = 0.0
     backend: str = ""
     substituted: dict = field(default_factory=dict)  # backend name -> why some operations used it instead
+    # With add_module(..., errors="report"): (operations of a unit that failed, its CompilationError). Operations
+    # compiled together fail together; a sweep recompiles such a unit one operation at a time to find the culprit.
+    failures: list = field(default_factory=list)
 
     def __iter__(self):
         return iter(self.kernels)
@@ -86,6 +89,7 @@ class Compiler(SessionState):
         self._memory: dict[str, CompiledKernel] = {}
         self._keys: dict[tuple, str] = {}
         self._detected: dict[int, int | None] = {}
+        self._adopted: dict[tuple[str, str], CompiledKernel] = {}  # (operation name, target) -> bundle binary
         self._lock = threading.Lock()
         self.last_report = CompileReport()
 
@@ -172,6 +176,11 @@ class Compiler(SessionState):
             key = self._keys[memo] = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
         return key
 
+    def key_and_target(self, operation, target: Target | None = None) -> tuple[str, Target]:
+        """The cache key an operation compiles under (for ``target``, else the session's), and that target."""
+        target = target.for_family(operation.family) if target is not None else self.target_for(operation)
+        return self.cache_key(operation, target), target
+
     # --- compile --------------------------------------------------------------------------------------------
     def lookup(self, operation, target: Target | None = None) -> CompiledKernel | None:
         target = target if target is not None else self.target_for(operation)
@@ -181,17 +190,38 @@ class Compiler(SessionState):
         """The operation compiled for ``target`` (a device's), compiling on first use."""
         target = target.for_family(operation.family)
         target.check_runs(operation.family, operation.name)
+        found = self._adopted.get((operation.name, target.name))
+        if found is not None:
+            return found
         found = self._memory.get(self.cache_key(operation, target))
         if found is None:
             found = self._add([operation], jobs=None, cache=None, target=target).kernels[0]
         return found
 
-    def add_module(self, operations, *, jobs: int | None = None, cache=None) -> CompileReport:
+    def adopt(self, operation, target, binary: bytes, backend: str, kernel_symbol: str, builder_symbol: str) -> None:
+        """Run ``operation`` on ``target`` from a binary compiled elsewhere (a bundle), without a toolchain here.
+
+        The caller vouches that the binary was compiled from this operation's source (bundles check its hash).
+        Adopted binaries live in this session only; they never enter the artifact cache, whose keys name the
+        toolchain that built each entry."""
+        target = Target.parse(target) if not isinstance(target, Target) else target
+        sha = hashlib.sha256(binary).hexdigest()
+        kernel = CompiledKernel(f"adopted:{sha}", binary, sha, kernel_symbol, builder_symbol, backend, target.name)
+        with self._lock:
+            self._adopted[(operation.name, target.name)] = kernel
+
+    def add_module(self, operations, *, jobs: int | None = None, cache=None, target=None,
+                   errors: str = "raise") -> CompileReport:
+        """Compile the cache misses among ``operations``. ``target`` overrides the session's (compile for another
+        GPU); ``errors="report"`` lists failed units in ``report.failures`` instead of raising."""
         operations = _check_operations(operations)
         jobs = _check_jobs(jobs)
-        return self._add(operations, jobs=jobs, cache=cache, target=None)
+        if errors not in ("raise", "report"):
+            raise ArgumentError(f"errors must be 'raise' or 'report', got {errors!r}")
+        target = parse_target(target) if target is not None else None
+        return self._add(operations, jobs=jobs, cache=cache, target=target, errors=errors)
 
-    def _add(self, operations, *, jobs, cache, target: Target | None) -> CompileReport:
+    def _add(self, operations, *, jobs, cache, target: Target | None, errors: str = "raise") -> CompileReport:
         start = time.perf_counter()
         backend = self.backend
         report = CompileReport(backend=backend.name)
@@ -226,7 +256,7 @@ class Compiler(SessionState):
         try:
             for name in dict.fromkeys(backends[op].name for op, _ in misses):
                 chosen = [m for m in misses if backends[m[0]].name == name]
-                self._compile_misses(chosen, keys, backends[chosen[0][0]], jobs, cache, report, results)
+                self._compile_misses(chosen, keys, backends[chosen[0][0]], jobs, cache, report, results, errors)
         finally:
             report.seconds = time.perf_counter() - start
             report.kernels = [results[keys[pair]] for pair in keyed if keys[pair] in results]
@@ -235,7 +265,7 @@ class Compiler(SessionState):
                  report.from_memory, report.from_disk, report.seconds, backend.name)
         return report
 
-    def _compile_misses(self, misses, keys, backend, jobs, cache, report, results) -> None:
+    def _compile_misses(self, misses, keys, backend, jobs, cache, report, results, errors="raise") -> None:
         with cache.claim([keys[m] for m in misses]):
             still_missing = []
             for op, t in misses:  # another process may have compiled them while we waited
@@ -259,7 +289,9 @@ class Compiler(SessionState):
                 for op in unit_ops:
                     results[keys[(op, t)]] = self._remember(keys[(op, t)], result, sha, op, backend, t)
                 report.compiled += len(unit_ops)
-        if failures:  # the units that compiled are cached; name the ones that did not
+        if failures and errors == "report":
+            report.failures.extend((tuple(ops), error) for ops, error in failures)
+        elif failures:  # the units that compiled are cached; name the ones that did not
             failed = [op.name for ops, _ in failures for op in ops]
             first = failures[0][1]
             summary = str(first).split("\n--- compiler log ---")[0]

@@ -1,0 +1,301 @@
+"""Autotuning with a persistent tuning cache (seed 003), and ``Tuned``: a GEMM that dispatches by shape.
+
+    best = autotune(SearchSpace.preset("sm80-f16"), GemmProblem(4096, 4096, 4096), db="tune.db")
+    gemm = Tuned(SearchSpace.preset("sm80-f16"), db="tune.db", policy="pow2")
+    gemm(a, b, d)          # tunes on the first call in each bucket, then one dict lookup per call
+
+The cache key names the device (GPU, compute capability, driver, toolkit), the operation class (kind, types,
+layouts, epilogue) and the shape under a key policy: ``"exact"``, ``"pow2"`` (M, N, K rounded up to powers of two)
+or a function of the problem.
+"""
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import ArgumentError
+from ..session import Session, current
+from .db import ResultsDB, canonical_json
+
+
+# --- key policies -----------------------------------------------------------------------------------------------
+def next_pow2(value: int) -> int:
+    return 1 if value <= 1 else 1 << (int(value) - 1).bit_length()
+
+
+def bucket_of(problem, policy) -> tuple:
+    """The shape part of a tuning key under ``policy``."""
+    if callable(policy):
+        bucket = policy(problem)
+        try:
+            json.dumps(bucket)
+        except TypeError:
+            raise ArgumentError(f"a key policy function must return JSON-able values, got {bucket!r}") from None
+        return tuple(bucket) if isinstance(bucket, list) else bucket if isinstance(bucket, tuple) else (bucket,)
+    shape = (problem.m, problem.n, problem.k, problem.batch)
+    if policy == "exact":
+        return shape
+    if policy == "pow2":
+        return tuple(next_pow2(v) for v in shape)
+    raise ArgumentError(f"key policy must be 'exact', 'pow2' or a function of the problem, got {policy!r}")
+
+
+def policy_name(policy) -> str:
+    return policy if isinstance(policy, str) else f"function:{getattr(policy, '__qualname__', repr(policy))}"
+
+
+def operation_signature(operation) -> dict:
+    """What a tuning result is about besides the shape: kind, types, layouts and epilogue (not the tile)."""
+    math_inst = operation.tile_description.math_instruction
+    return {"kind": type(operation).__name__.replace("Sm90", ""),
+            "a": [math_inst.element_a.label, operation.A.layout.value],
+            "b": [math_inst.element_b.label, operation.B.layout.value],
+            "c": [operation.C.element.label, operation.C.layout.value],
+            "accumulator": math_inst.element_accumulator.label, "epilogue": operation.epilogue_functor.describe(),
+            "bias": getattr(operation, "bias", None)}
+
+
+def local_device_facts(ordinal: int = 0) -> dict:
+    """The part of the current GPU that goes into tuning keys: name, compute capability, driver, toolkit."""
+    from cuda.bindings import driver as cu
+
+    from ..errors import NoGpuError
+
+    try:
+        (err,) = cu.cuInit(0)
+    except Exception as exc:
+        raise NoGpuError(f"autotuning needs a GPU ({exc})") from None
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise NoGpuError(f"autotuning needs a GPU (cuInit: {err!r})")
+    _, dev = cu.cuDeviceGet(ordinal)
+    _, name = cu.cuDeviceGetName(256, dev)
+    attr = cu.CUdevice_attribute
+    _, major = cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
+    _, minor = cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
+    _, driver = cu.cuDriverGetVersion()
+    from ..compiler import toolchain
+
+    try:
+        toolkit = toolchain.nvrtc_version()
+    except Exception:
+        toolkit = None
+    return {"device": name.split(b"\0")[0].decode(), "cc": int(major) * 10 + int(minor), "driver": int(driver),
+            "toolkit": toolkit}
+
+
+def tuning_key(device_facts: dict, signature: dict, bucket: tuple, policy) -> str:
+    return canonical_json({"device": device_facts, "op": signature, "bucket": list(bucket),
+                           "policy": policy_name(policy)})
+
+
+# --- candidates and measurement ---------------------------------------------------------------------------------
+def _candidates(space_or_operations) -> tuple[list, dict]:
+    """Operations and their parameters (parameters let the cache rebuild the winner in another process)."""
+    if hasattr(space_or_operations, "build"):
+        built = space_or_operations.build()
+        operations = list(built.operations)
+        params = {op.name: built.params_of(op) for op in operations}
+    else:
+        operations = list(dict.fromkeys(space_or_operations))
+        params = {op.name: {} for op in operations}
+    if not operations:
+        raise ArgumentError("autotune needs at least one valid candidate operation")
+    signatures = {canonical_json(operation_signature(op)) for op in operations}
+    if len(signatures) > 1:
+        raise ArgumentError(f"autotune's candidates must share types, layouts and epilogue (they answer one "
+                            f"call); found {len(signatures)} different ones: {sorted(signatures)[:2]} ...")
+    return operations, params
+
+
+def gpu_measure(config=None, session: Session | None = None, device: int | None = None):
+    """The default measurement: the sweep harness in this process; returns seconds or None (wrong/failed)."""
+    from .bench import BenchConfig, GemmBench, measure_gemm
+
+    bench = GemmBench(config or BenchConfig(repetitions=30), device)
+
+    def measure(operation, problem):
+        measurement, _ = measure_gemm(bench, operation, problem, session)
+        return measurement.seconds if measurement.status == "ok" else None
+
+    return measure
+
+
+@dataclass
+class TuneResult:
+    operation: object
+    seconds: float | None
+    key: str
+    from_cache: bool
+    candidates: int
+    timings: dict  # operation name -> seconds (None: failed or wrong); empty when from the cache
+
+
+def autotune(space_or_operations, problem, *, db: ResultsDB | str, policy="exact", config=None,
+             session: Session | None = None, jobs: int | None = None, measure: Callable | None = None,
+             device_facts: dict | None = None, retune: bool = False) -> TuneResult:
+    """The fastest candidate for ``problem`` on this GPU, from the tuning cache or by compiling and timing all.
+
+    ``measure(operation, problem) -> seconds | None`` replaces the GPU harness (tests, custom timing).
+    """
+    tuner = _Tuner(space_or_operations, db, policy, config, session, jobs, measure, device_facts)
+    return tuner.tune(problem, retune=retune)
+
+
+class _Tuner:
+    def __init__(self, space_or_operations, db, policy, config, session, jobs, measure, device_facts):
+        bucket_of(_Probe(), policy)  # validates the policy early
+        self.operations, self.params = _candidates(space_or_operations)
+        self.by_name = {op.name: op for op in self.operations}
+        self.db = db if isinstance(db, ResultsDB) else ResultsDB(db)
+        self.policy = policy
+        self.config = config
+        self.session = session or current()
+        self.jobs = jobs
+        self._measure = measure
+        self.device_facts = device_facts
+        self.signature = operation_signature(self.operations[0])
+        self.compiled = False
+
+    def facts(self) -> dict:
+        if self.device_facts is None:
+            self.device_facts = local_device_facts(self.session.options.get("device") or 0)
+        return self.device_facts
+
+    def key(self, problem) -> str:
+        return tuning_key(self.facts(), self.signature, bucket_of(problem, self.policy), self.policy)
+
+    def cached(self, key: str):
+        row = self.db.tuning(key)
+        if row is None:
+            return None
+        op = self.by_name.get(row["kernel"])
+        if op is None:  # tuned with another candidate list: rebuild from parameters when possible
+            params = json.loads(row["params"])
+            if not params:
+                return None
+            from .space import build_operation
+
+            op = build_operation(params)
+        return op, row
+
+    def tune(self, problem, *, retune: bool = False) -> TuneResult:
+        key = self.key(problem)
+        if not retune:
+            hit = self.cached(key)
+            if hit is not None:
+                return TuneResult(hit[0], hit[1]["seconds"], key, True, hit[1]["candidates"], {})
+        ready = self._compile()
+        measure = self._measure or gpu_measure(self.config, self.session)
+        timings = {op.name: measure(op, problem) for op in ready}
+        good = {name: t for name, t in timings.items() if t is not None and math.isfinite(t) and t > 0}
+        if not good:
+            raise ArgumentError(f"no candidate ran correctly on {problem.key} ({len(ready)} tried)")
+        best = min(good, key=good.get)
+        self.db.put_tuning(key, best, self.params.get(best, {}), good[best], policy_name(self.policy), len(ready))
+        return TuneResult(self.by_name[best], good[best], key, False, len(ready), timings)
+
+    def _compile(self) -> list:
+        if self._measure is not None and not self.compiled:
+            self.compiled = True
+            self.ready = list(self.operations)  # a custom measure compiles (or simulates) what it needs
+        if not self.compiled:
+            from .sweep import Sweep
+
+            sweep = Sweep(self.operations, db=self.db, name="autotune", session=self.session)
+            sweep._params.update(self.params)
+            sweep.compile(jobs=self.jobs)
+            self.ready = sweep.ready_operations()
+            self.compiled = True
+        return self.ready
+
+
+class _Probe:
+    m = n = k = batch = 1
+    key = "probe"
+
+
+class Tuned:
+    """A GEMM callable over a candidate set: ``tuned(A, B, D, C=None, alpha=1, beta=0)``.
+
+    Dispatch is one dict lookup by the key policy's bucket (thread-safe without a lock: misses take one). On a
+    miss it tunes (``tune=True``) or uses the nearest known bucket by log-distance of M, N, K (``tune=False``).
+    """
+
+    def __init__(self, space_or_operations, *, db: ResultsDB | str, policy="pow2", tune: bool = True, config=None,
+                 session: Session | None = None, jobs: int | None = None, measure: Callable | None = None,
+                 device_facts: dict | None = None):
+        self._tuner = _Tuner(space_or_operations, db, policy, config, session, jobs, measure, device_facts)
+        self.tune_on_miss = tune
+        self._chosen: dict[tuple, object] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def policy(self):
+        return self._tuner.policy
+
+    def select(self, m: int, n: int, k: int, batch: int = 1):
+        """The operation for this shape (tuning or falling back on a miss)."""
+        found = self._chosen.get((m, n, k, batch))
+        if found is not None:
+            return found
+        from .problems import GemmProblem
+
+        problem = GemmProblem(m, n, k, batch)
+        with self._lock:
+            found = self._chosen.get((m, n, k, batch))
+            if found is None:
+                found = self._resolve(problem)
+                self._chosen[(m, n, k, batch)] = found
+        return found
+
+    def _resolve(self, problem):
+        key = self._tuner.key(problem)
+        hit = self._tuner.cached(key)
+        if hit is not None:
+            return hit[0]
+        if self.tune_on_miss:
+            return self._tuner.tune(problem).operation
+        nearest = self._nearest(problem)
+        if nearest is None:
+            raise ArgumentError(f"no tuning result for {problem.key} or any shape of this operation class on this "
+                                f"device, and tuning is off (Tuned(..., tune=True) tunes on a miss)")
+        return nearest
+
+    def _nearest(self, problem):
+        facts, policy = self._tuner.facts(), self._tuner.policy
+        wanted = bucket_of(problem, policy)
+        best, best_distance = None, math.inf
+        for row in self._tuner.db.tuning_keys():
+            key = json.loads(row["key"])
+            if (key.get("device") != facts or key.get("op") != self._tuner.signature
+                    or key.get("policy") != policy_name(policy)):
+                continue
+            bucket = key["bucket"]
+            if len(bucket) != len(wanted) or not all(isinstance(v, (int, float)) and v > 0 for v in bucket + list(wanted)):
+                continue
+            distance = sum(abs(math.log2(a) - math.log2(b)) for a, b in zip(bucket, wanted))
+            if distance < best_distance:
+                hit = self._tuner.cached(row["key"])
+                if hit is not None:
+                    best, best_distance = hit[0], distance
+        return best
+
+    def __call__(self, A, B, D, C=None, alpha: float = 1.0, beta: float = 0.0, *, stream=None):
+        import pycutlass as cutlass
+
+        batch = A.shape[0] if len(A.shape) == 3 else 1
+        m, k = A.shape[-2], A.shape[-1]
+        n = B.shape[-1]
+        if B.shape[-2] != k or tuple(D.shape[-2:]) != (m, n):
+            raise ArgumentError(f"Tuned GEMM: A {tuple(A.shape)}, B {tuple(B.shape)}, D {tuple(D.shape)} do not "
+                                f"form (M x K) @ (K x N) -> (M x N)")
+        operation = self.select(m, n, k, batch)
+        mode = cutlass.gemm.Mode.Batched if batch > 1 else cutlass.gemm.Mode.Gemm
+        arguments = cutlass.GemmArguments(operation, (m, n, k), A, B, C, D,
+                                          output_op=operation.epilogue_type(alpha, beta if C is not None else 0.0),
+                                          gemm_mode=mode, batch=batch, stream=stream, session=self._tuner.session)
+        operation.run(arguments)
+        return arguments

@@ -1,0 +1,323 @@
+"""The timing harness (seed 003's rules): verified once, then timed honestly.
+
+- random-normal inputs (zeros and small integers run faster and lie), outputs poisoned with NaN before the check;
+- each kernel verified against a float64 reference once before it is timed; a wrong kernel is never timed;
+- warm-up, then CUDA events around every repetition, L2 flushed before each (or an argument pool larger than L2),
+  at least ``repetitions`` samples and at most ``max_seconds``; median, minimum and inter-quartile range;
+- optional CUDA-graph replay (``cuda_graph`` launches per graph) to take the host's launch cost out;
+- the torch baseline (cuBLAS) is timed by the same code in the same process.
+
+Needs torch and a GPU. GEMM problems (``GemmProblem``) on GEMM operations (Sm80 and SM90 families).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+
+from ..errors import ArgumentError
+from .db import canonical_json
+
+# Relative (Frobenius) error allowed against float64, by output type; fp8 operands add their input rounding.
+TOLERANCE = {"float16": 5e-3, "bfloat16": 3e-2, "float32": 5e-3, "tfloat32": 5e-3, "float8_e4m3": 1e-1,
+             "float8_e5m2": 2e-1, "int32": 0.0, "int8": 0.0}
+_TORCH_DTYPE = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "tfloat32": "float32",
+                "int8": "int8", "int32": "int32", "float8_e4m3": "float8_e4m3fn", "float8_e5m2": "float8_e5m2",
+                "float64": "float64"}
+_INTEGER = ("int8", "int32")
+_FP8 = ("float8_e4m3", "float8_e5m2")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """How to time. The fingerprint goes into every run row: results of different harnesses never mix."""
+
+    warmup: int = 5
+    repetitions: int = 50
+    max_seconds: float = 2.0  # per (kernel, problem): stop early (with >= 10 samples) for slow kernels
+    flush_l2: bool = True
+    cuda_graph: int = 0  # launches per captured graph; 0 = plain launches
+    arg_pool: int = 1  # distinct argument sets cycled through (vLLM's --with-arg-pool)
+    verify: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("warmup", "repetitions", "cuda_graph", "arg_pool", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ArgumentError(f"BenchConfig.{name} must be a non-negative integer, got {value!r}")
+        if self.repetitions < 1 or self.arg_pool < 1:
+            raise ArgumentError("BenchConfig.repetitions and arg_pool must be >= 1")
+        if not (isinstance(self.max_seconds, (int, float)) and self.max_seconds > 0):
+            raise ArgumentError(f"BenchConfig.max_seconds must be > 0, got {self.max_seconds!r}")
+
+    @property
+    def fingerprint(self) -> str:
+        return canonical_json(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> BenchConfig:
+        return cls(**__import__("json").loads(text))
+
+
+@dataclass
+class Measurement:
+    status: str  # ok | wrong | failed
+    seconds: float | None = None
+    seconds_min: float | None = None
+    seconds_iqr: float | None = None
+    repetitions: int = 0
+    rel_error: float | None = None
+    message: str = ""
+
+
+def summarize(samples: list[float]) -> tuple[float, float, float]:
+    """Median, minimum and inter-quartile range of timing samples (seconds)."""
+    ordered = sorted(samples)
+    if len(ordered) >= 4:
+        q1, _, q3 = statistics.quantiles(ordered, n=4)
+    else:
+        q1 = q3 = ordered[len(ordered) // 2]
+    return statistics.median(ordered), ordered[0], q3 - q1
+
+
+def element_label(element) -> str:
+    return getattr(element, "label", str(element))
+
+
+class GemmBench:
+    """Inputs, references and timing for GEMM problems on one GPU (the current torch device)."""
+
+    def __init__(self, config: BenchConfig, device: int | None = None):
+        import torch
+
+        self.torch = torch
+        self.config = config
+        self.device = torch.device("cuda", torch.cuda.current_device() if device is None else device)
+        props = torch.cuda.get_device_properties(self.device)
+        l2 = getattr(props, "L2_cache_size", 0) or 50 * 2**20
+        self.l2_bytes = l2
+        self._flush = torch.empty(2 * l2 // 4, dtype=torch.int32, device=self.device) if config.flush_l2 else None
+        self._inputs: dict = {}
+
+    # --- inputs -----------------------------------------------------------------------------------------------
+    def _random(self, shape, label, generator):
+        torch = self.torch
+        if label == "int8":
+            return torch.randint(-4, 5, shape, generator=generator, dtype=torch.int8).to(self.device)
+        values = torch.randn(shape, generator=generator, dtype=torch.float32)
+        if label in _FP8:
+            values = values.clamp(-6, 6)
+        return values.to(getattr(torch, _TORCH_DTYPE[label])).to(self.device)
+
+    def _matrix(self, rows, cols, row_major: bool, label, generator, batch):
+        """A logical (batch,) rows x cols matrix; a column-major one is a transposed view of its storage."""
+        shape = (batch, rows, cols) if row_major else (batch, cols, rows)
+        stored = self._random(shape, label, generator)
+        logical = stored if row_major else stored.transpose(1, 2)
+        return logical if batch > 1 else logical[0]
+
+    def poisoned(self, rows, cols, row_major: bool, label, batch):
+        torch = self.torch
+        shape = (batch, rows, cols) if row_major else (batch, cols, rows)
+        fill = float("nan") if label not in _INTEGER else -77
+        tensor = torch.full(shape, fill, dtype=torch.float32, device=self.device).to(getattr(torch, _TORCH_DTYPE[label]))
+        tensor = tensor if row_major else tensor.transpose(1, 2)
+        return tensor if batch > 1 else tensor[0]
+
+    def operands(self, problem, a_label, b_label, a_row: bool, b_row: bool, index: int = 0):
+        """A and B for a problem (cached: kernels of one sweep share them; ``index`` > 0 for argument pools)."""
+        key = (problem.key, a_label, b_label, a_row, b_row, index)
+        found = self._inputs.get(key)
+        if found is None:
+            if len(self._inputs) > 4 * max(1, self.config.arg_pool):  # keep memory bounded: problems come in order
+                self._inputs.clear()
+            generator = self.torch.Generator().manual_seed(self.config.seed * 1_000_003 + index)
+            a = self._matrix(problem.m, problem.k, a_row, a_label, generator, problem.batch)
+            b = self._matrix(problem.k, problem.n, b_row, b_label, generator, problem.batch)
+            found = self._inputs[key] = (a, b)
+        return found
+
+    # --- timing -----------------------------------------------------------------------------------------------
+    def time(self, launch, *, pool: int = 1, capture=None) -> tuple[list[float], str]:
+        """Seconds per launch, one sample per repetition. ``launch(i)`` runs with argument set ``i % pool``;
+        ``capture`` (a stream) is needed for CUDA graphs. Returns the samples and a note."""
+        torch, config = self.torch, self.config
+        for i in range(config.warmup):
+            launch(i)
+        note = ""
+        graph, per_sample = None, 1
+        if config.cuda_graph:
+            try:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, stream=capture):
+                    for i in range(config.cuda_graph):
+                        launch(i)
+                graph.replay()
+                per_sample = config.cuda_graph
+            except Exception as exc:  # some launches cannot be captured: time them plainly and say so
+                graph, note = None, f"CUDA graph capture failed ({type(exc).__name__}: {exc}); plain launches timed"
+        torch.cuda.synchronize(self.device)
+        flush = self._flush is not None and pool * 1 <= 1
+        events = []
+        elapsed_estimate, i = 0.0, 0
+        while len(events) < config.repetitions:
+            if flush:
+                self._flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            if graph is not None:
+                graph.replay()
+            else:
+                launch(i)
+            end.record()
+            events.append((start, end))
+            i += 1
+            if len(events) == 10:  # estimate: stop at the time budget for slow kernels
+                end.synchronize()
+                elapsed_estimate = sum(s.elapsed_time(e) for s, e in events) / 1e3
+                if elapsed_estimate * config.repetitions / 10 > config.max_seconds:
+                    break
+        torch.cuda.synchronize(self.device)
+        return [s.elapsed_time(e) / 1e3 / per_sample for s, e in events], note
+
+    def l2_pool_size(self, bytes_per_set: int) -> int:
+        """Argument sets needed for the pool to exceed L2 twice (each launch then reads from memory)."""
+        return max(1, min(self.config.arg_pool, math.ceil(2 * self.l2_bytes / max(1, bytes_per_set)) or 1))
+
+
+def relative_error(got, reference) -> float:
+    """Frobenius-norm relative error in float64; NaN anywhere gives inf."""
+    got = got.double()
+    diff = (got - reference).norm().item()
+    if math.isnan(diff):
+        return math.inf
+    scale = reference.norm().item()
+    return diff / scale if scale else diff
+
+
+def measure_gemm(bench: GemmBench, operation, problem, session=None) -> tuple[Measurement, dict | None]:
+    """Verify ``operation`` on ``problem`` once, then time it. Returns the measurement and kernel resources."""
+    import pycutlass as cutlass
+
+    torch, config = bench.torch, bench.config
+    math_inst = operation.tile_description.math_instruction
+    a_label, b_label = element_label(math_inst.element_a), element_label(math_inst.element_b)
+    c_label = element_label(operation.C.element)
+    a_row = operation.A.layout is cutlass.RowMajor
+    b_row = operation.B.layout is cutlass.RowMajor
+    c_row = operation.C.layout is cutlass.RowMajor
+    mode = cutlass.gemm.Mode.Batched if problem.batch > 1 else cutlass.gemm.Mode.Gemm
+    activation = getattr(operation.epilogue_functor, "activation", None)
+    if getattr(operation, "bias", None):
+        return Measurement("failed", message="sweeps time operations without a bias vector"), None
+
+    def arguments(index: int, stream=None):
+        a, b = bench.operands(problem, a_label, b_label, a_row, b_row, index)
+        d = bench.poisoned(problem.m, problem.n, c_row, c_label, problem.batch)
+        args = cutlass.GemmArguments(operation, cutlass.gemm.GemmCoord(problem.m, problem.n, problem.k), a, b, None,
+                                     d, output_op=operation.epilogue_type(1.0, 0.0), gemm_mode=mode,
+                                     batch=problem.batch, stream=stream, session=session)
+        return args, a, b, d
+
+    args, a, b, d = arguments(0)
+    resources = kernel_resources(args)
+    rel_error = None
+    if config.verify:
+        operation.run(args)
+        args.sync()
+        reference = torch.matmul(a.double(), b.double())
+        if activation is not None:
+            from ..epilogue.activations import reference as activation_reference
+
+            reference = torch.from_numpy(activation_reference(activation.name, reference.cpu().numpy())).to(
+                bench.device)
+        if c_label in _INTEGER:
+            expected = reference.round()
+            if c_label == "int8":
+                expected = expected.clamp(-128, 127)
+            rel_error = float((d.double() - expected).abs().max().item())
+        else:
+            rel_error = relative_error(d, reference)
+        tolerance = max(TOLERANCE.get(c_label, 5e-3), TOLERANCE.get(a_label, 0.0) if a_label in _FP8 else 0.0)
+        if element_label(math_inst.element_accumulator) == "float16":
+            tolerance = max(tolerance, 1e-2)
+        if not rel_error <= tolerance:
+            return Measurement("wrong", rel_error=rel_error,
+                               message=f"relative error {rel_error:.3g} > tolerance {tolerance:g}"), resources
+    capture = torch.cuda.Stream(bench.device) if config.cuda_graph else None
+    set_bytes = (a.numel() * a.element_size() + b.numel() * b.element_size() + d.numel() * d.element_size())
+    pool_size = bench.l2_pool_size(set_bytes) if config.arg_pool > 1 else 1
+    if capture is not None:  # captured launches must be issued on the capture stream
+        pool = [arguments(i, capture)[0] for i in range(pool_size)]
+    else:
+        pool = [args] + [arguments(i)[0] for i in range(1, pool_size)]
+    samples, note = bench.time(lambda i: operation.run(pool[i % len(pool)]), pool=len(pool), capture=capture)
+    median, minimum, iqr = summarize(samples)
+    return Measurement("ok", median, minimum, iqr, len(samples), rel_error, note), resources
+
+
+def measure_torch(bench: GemmBench, problem, a_label: str, a_row: bool = True, b_row: bool = False,
+                  c_label: str | None = None) -> Measurement:
+    """The baseline: torch (cuBLAS) on the same problem and operand layouts, timed by the same harness."""
+    torch = bench.torch
+    a, b = bench.operands(problem, a_label, a_label, a_row, b_row, 0)
+    if a_label in ("float16", "bfloat16", "float32", "tfloat32"):
+        torch.backends.cuda.matmul.allow_tf32 = a_label == "tfloat32"
+        out = torch.empty(*((problem.batch,) if problem.batch > 1 else ()), problem.m, problem.n,
+                          dtype=getattr(torch, _TORCH_DTYPE[c_label or a_label]), device=bench.device)
+        if out.dtype == a.dtype:
+            def run(_):
+                torch.matmul(a, b, out=out)
+        else:
+            def run(_):
+                torch.matmul(a, b).to(out.dtype)
+    elif a_label == "int8" and problem.batch == 1:
+        def run(_):
+            torch._int_mm(a, b)
+    elif a_label in _FP8 and problem.batch == 1:
+        one = torch.ones((), device=bench.device)
+        out_dtype = getattr(torch, _TORCH_DTYPE.get(c_label or "bfloat16", "bfloat16"))
+
+        def run(_):
+            torch._scaled_mm(a, b, one, one, out_dtype=out_dtype)
+    else:
+        return Measurement("failed", message=f"no torch baseline for {a_label} (batch {problem.batch})")
+    try:
+        samples, note = bench.time(run)
+    except Exception as exc:  # e.g. _scaled_mm's layout rules: the row says why
+        return Measurement("failed", message=f"{type(exc).__name__}: {exc}")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = False
+    median, minimum, iqr = summarize(samples)
+    return Measurement("ok", median, minimum, iqr, len(samples), None, note)
+
+
+def kernel_resources(args) -> dict | None:
+    """Registers, spills, shared memory and occupancy of the kernel an Arguments object launches."""
+    try:
+        from cuda.bindings import driver as cu
+
+        launch = args.prepared()
+        loaded_op = args._loaded_op
+        attr = cu.CUfunction_attribute
+
+        def get(name):
+            err, value = cu.cuFuncGetAttribute(getattr(attr, name), loaded_op.kernel)
+            return int(value) if err == cu.CUresult.CUDA_SUCCESS else None
+
+        threads = launch.block[0] * launch.block[1] * launch.block[2]
+        facts = {"registers": get("CU_FUNC_ATTRIBUTE_NUM_REGS"), "local_bytes": get("CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES"),
+                 "static_smem": get("CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES"), "dynamic_smem": launch.shared_memory_bytes,
+                 "threads": threads}
+        try:
+            blocks = loaded_op.occupancy(threads, launch.shared_memory_bytes)
+            facts["max_active_blocks"] = blocks
+            props = args.device
+            max_threads = getattr(props, "max_threads_per_sm", 2048)
+            facts["occupancy"] = blocks * threads / max_threads
+        except Exception:  # cluster kernels: the occupancy API needs the cluster launch config
+            pass
+        return facts
+    except Exception:
+        return None

@@ -1,0 +1,302 @@
+"""``pycutlass sweep | tune | select | heatmap | bundle | db``: the tuning workflows from the command line."""
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+
+from ..cli import main
+from ..errors import PyCutlassError
+
+_db_option = click.option("--db", "db_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
+                          help="The results database (SQLite; created if missing).")
+
+
+@contextlib.contextmanager
+def _reported() -> Iterator[None]:
+    """pycutlass errors as one-line messages, not tracebacks."""
+    try:
+        yield
+    except PyCutlassError as exc:
+        raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _space(value: str):
+    from .space import SearchSpace
+
+    path = Path(value)
+    return SearchSpace.from_file(path) if path.suffix in (".toml", ".json") else SearchSpace.preset(value)
+
+
+def _problems(specs: tuple[str, ...]):
+    from .problems import parse_problems
+
+    found = []
+    for spec in specs:
+        found.extend(parse_problems(spec))
+    return list(dict.fromkeys(found))
+
+
+def _bench_config(repetitions, cuda_graph, arg_pool, verify, max_seconds):
+    from .bench import BenchConfig
+
+    return BenchConfig(repetitions=repetitions, cuda_graph=cuda_graph, arg_pool=arg_pool, verify=verify,
+                       max_seconds=max_seconds)
+
+
+_harness_options = [
+    click.option("--repetitions", default=50, show_default=True, help="Timed repetitions per (kernel, problem)."),
+    click.option("--cuda-graph", default=0, show_default=True, help="Launches per captured CUDA graph (0: none)."),
+    click.option("--arg-pool", default=1, show_default=True, help="Argument sets cycled (> 1: pool beyond L2)."),
+    click.option("--verify/--no-verify", default=True, show_default=True, help="Check each kernel once first."),
+    click.option("--max-seconds", default=2.0, show_default=True, help="Time budget per (kernel, problem)."),
+]
+
+
+def _with_harness(function):
+    for option in reversed(_harness_options):
+        function = option(function)
+    return function
+
+
+@main.command()
+@click.option("--space", help="A preset name (sm80-f16, sm90-f16, ...) or a .toml/.json space file.")
+@click.option("--problems", "problem_specs", multiple=True,
+              help="Problem set, e.g. square:256:4096:256, model:llama-3-8b:tp=1:batch=1,16,128 (repeatable).")
+@_db_option
+@click.option("--name", default=None, help="Sweep name (default: from the space's fingerprint).")
+@click.option("--compile-only", is_flag=True, help="Compile and record compile status; no GPU needed.")
+@click.option("--jobs", type=int, default=None, help="Parallel compile processes (default: by cores and memory).")
+@click.option("--target", default=None, help="Compile for this GPU (e.g. 90) instead of the local one.")
+@click.option("--bundle", "bundle_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Run a bundle's precompiled kernels (from `pycutlass bundle export`); nothing compiles.")
+@click.option("--devices", default=None, help="GPU ordinals, e.g. 0,1 (default: every visible GPU).")
+@click.option("--timeout", default=120.0, show_default=True, help="Seconds per measurement before the worker is killed.")
+@click.option("--no-baseline", is_flag=True, help="Skip the torch (cuBLAS) baseline rows.")
+@_with_harness
+def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundle_path, devices, timeout,
+          no_baseline, repetitions, cuda_graph, arg_pool, verify, max_seconds):
+    """Compile a search space and benchmark it over problems; results go to --db (resumable)."""
+    from .. import Session
+    from .db import ResultsDB
+    from .sweep import Sweep
+
+    with _reported():
+        ordinals = None if devices is None else [int(d) for d in devices.split(",") if d.strip()]
+        config = _bench_config(repetitions, cuda_graph, arg_pool, verify, max_seconds)
+        db = ResultsDB(db_path)
+        if bundle_path:
+            from .bundle import run_bundle
+
+            summary = run_bundle(bundle_path, db, config=config, devices=ordinals, timeout=timeout,
+                                 baseline=not no_baseline)
+            click.echo(f"benchmark: {summary}")
+            return
+        if not space:
+            raise click.UsageError("--space is required (or --bundle)")
+        session = Session(target=target) if target else Session()
+        job = Sweep(_space(space), _problems(problem_specs), db=db, name=name, session=session)
+        click.echo(f"compile: {job.compile(jobs=jobs)}")
+        if compile_only:
+            return
+        if not job.problems:
+            raise click.UsageError("--problems is required to benchmark (or pass --compile-only)")
+        click.echo(f"benchmark: {job.benchmark(config=config, devices=ordinals, timeout=timeout, baseline=not no_baseline)}")
+
+
+@main.command()
+@click.option("--space", required=True, help="A preset name or a .toml/.json space file.")
+@click.option("--problem", "problem_specs", required=True, multiple=True, help="Problem(s), e.g. gemm:4096x4096x4096.")
+@_db_option
+@click.option("--policy", type=click.Choice(["exact", "pow2"]), default="exact", show_default=True)
+@click.option("--jobs", type=int, default=None)
+@click.option("--retune", is_flag=True, help="Ignore the tuning cache.")
+def tune(space, problem_specs, db_path, policy, jobs, retune):
+    """Find the fastest kernel of a space for each problem (tuning cache in --db)."""
+    from .autotune import autotune
+
+    with _reported():
+        for problem in _problems(problem_specs):
+            result = autotune(_space(space), problem, db=str(db_path), policy=policy, jobs=jobs, retune=retune)
+            source = "cache" if result.from_cache else f"tuned over {result.candidates}"
+            click.echo(f"{problem.key}: {result.operation.name} {result.seconds * 1e6:.1f} us ({source})")
+
+
+def _load_results(db_path: Path, sweep_name: str | None):
+    """(kernel name, problem object, seconds) from a results DB."""
+    from .db import ResultsDB
+    from .problems import problem_from_dict
+
+    with ResultsDB(db_path, read_only=True) as db:
+        rows = db.results(sweep=sweep_name)
+        specs = {row["key"]: json.loads(row["spec"]) for row in db.query("select key, spec from problems")}
+    if not rows:
+        raise click.ClickException(f"{db_path} has no successful runs{' for sweep ' + sweep_name if sweep_name else ''}")
+    problems = {key: problem_from_dict(spec) for key, spec in specs.items()}
+    return [(kernel, problems[problem], seconds) for kernel, problem, seconds in rows]
+
+
+@main.command()
+@_db_option
+@click.option("--sweep", "sweep_name", default=None, help="Only this sweep's runs.")
+@click.option("--min-efficiency", default=0.98, show_default=True, type=float)
+@click.option("--pareto", "pareto_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also draw the set-size vs efficiency curve (.png/.svg).")
+@click.option("--dispatch-json", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--dispatch-py", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write a standalone Python dispatcher (by M, N, K).")
+@click.option("--policy", type=click.Choice(["exact", "pow2"]), default="exact", show_default=True,
+              help="The generated dispatcher's key policy.")
+def select(db_path, sweep_name, min_efficiency, pareto_path, dispatch_json, dispatch_py, policy):
+    """The minimum kernel set covering every problem within --min-efficiency of its best kernel."""
+    from .select import generate_dispatch_python, greedy_select, pareto_curve, select_kernels, write_dispatch_table
+
+    with _reported():
+        results = _load_results(db_path, sweep_name)
+        exact = select_kernels(results, min_efficiency)
+        greedy = greedy_select(results, min_efficiency)
+        click.echo(f"{len(exact.kernels)} kernels cover {len(exact.assignment)} problems at >= {min_efficiency} "
+                   f"(worst {exact.worst:.3f}, geomean {exact.geomean:.3f}; greedy needs {len(greedy.kernels)})")
+        for kernel in exact.kernels:
+            served = sum(1 for k in exact.assignment.values() if k == kernel)
+            click.echo(f"  {kernel}  ({served} problems)")
+        if pareto_path:
+            from .plots import pareto_plot
+
+            pareto_plot(pareto_curve(results), pareto_path, greedy=greedy)
+            click.echo(f"wrote {pareto_path}")
+        if dispatch_json:
+            write_dispatch_table(exact, dispatch_json)
+            click.echo(f"wrote {dispatch_json}")
+        if dispatch_py:
+            dispatch_py.write_text(generate_dispatch_python(exact, ("m", "n", "k"), policy=policy))
+            click.echo(f"wrote {dispatch_py}")
+
+
+@main.command()
+@_db_option
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--sweep", "sweep_name", default=None)
+@click.option("--select", "min_efficiency", type=float, default=None,
+              help="Mark the minimum kernel set at this efficiency (e.g. 0.98).")
+@click.option("--max-kernels", type=int, default=None, help="Show at most this many kernels (selected first).")
+def heatmap(db_path, out, sweep_name, min_efficiency, max_kernels):
+    """Problems x kernels, normalized per problem, as a PNG or SVG."""
+    from .plots import heatmap as draw
+
+    with _reported():
+        results = _load_results(db_path, sweep_name)
+        selected = None
+        if min_efficiency is not None:
+            from .select import select_kernels
+
+            selected = select_kernels(results, min_efficiency)
+        draw(results, out, selected=selected, max_kernels=max_kernels, problem_label=lambda p: p.key)
+        click.echo(f"wrote {out}")
+
+
+@main.group()
+def bundle():
+    """Compile here, run there: one portable file of compiled kernels."""
+
+
+@bundle.command("export")
+@click.option("--space", required=True)
+@click.option("--problems", "problem_specs", multiple=True)
+@click.option("--target", required=True, help="The GPU that will run it, e.g. 90.")
+@click.option("--jobs", type=int, default=None)
+@click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Results DB for the compile memo (default: beside the bundle).")
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+def bundle_export(space, problem_specs, target, jobs, db_path, out):
+    """Compile a sweep for --target (no GPU needed) and write it to OUT."""
+    from .. import Session
+    from .bundle import export_bundle
+    from .sweep import Sweep
+
+    with _reported():
+        job = Sweep(_space(space), _problems(problem_specs), db=db_path or out.with_suffix(".compile.db"),
+                    session=Session(target=target))
+        path = export_bundle(job, out, target=target, jobs=jobs)
+        click.echo(f"wrote {path}")
+
+
+@bundle.command("info")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+def bundle_info(path):
+    """Verify a bundle's hashes and describe it."""
+    from .bundle import Bundle
+
+    with _reported():
+        opened = Bundle.open(path)
+        m = opened.manifest
+        click.echo(f"{path}: {len(m['kernels'])} kernels for {m['target']}, {len(m['problems'])} problems, sweep "
+                   f"{m['sweep']!r}, pycutlass {m['pycutlass']}, created {m['created']}; hashes verified")
+
+
+@main.group()
+def db():
+    """Results databases: merge, export, inspect."""
+
+
+@db.command("merge")
+@click.argument("dest", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def db_merge(dest, sources):
+    """Copy the rows of SOURCES that DEST lacks (idempotent: merging twice adds nothing)."""
+    from .db import ResultsDB
+
+    with _reported(), ResultsDB(dest) as target:
+        for source in sources:
+            added = {k: v for k, v in target.merge(source).items() if v}
+            click.echo(f"{source}: {sum(added.values())} rows added {added if added else ''}".rstrip())
+
+
+@db.command("export")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("table")
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+def db_export(path, table, out):
+    """Write one table as CSV or JSON (by OUT's suffix)."""
+    from .db import ResultsDB
+
+    with _reported(), ResultsDB(path, read_only=True) as source:
+        click.echo(f"wrote {source.export(table, out)}")
+
+
+@db.command("info")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def db_info(path):
+    """Row counts per table and the sweeps recorded."""
+    from .db import ResultsDB
+
+    with _reported(), ResultsDB(path, read_only=True) as source:
+        for table, count in source.counts().items():
+            click.echo(f"{table:15} {count}")
+        for row in source.query("select name, fingerprint from sweeps"):
+            click.echo(f"sweep {row['name']}")
+
+
+@db.command("correlate")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--scatter", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also draw registers vs normalized time (.png/.svg).")
+def db_correlate(path, scatter):
+    """Which kernel resource predicts time (Spearman, per problem class)."""
+    from .db import ResultsDB
+    from .resources import correlation_report, resource_points
+
+    with _reported(), ResultsDB(path, read_only=True) as source:
+        points = resource_points(source)
+    if not points:
+        raise click.ClickException(f"{path} has no runs with recorded resources")
+    for row in correlation_report(points):
+        click.echo(f"{row['class']:8} {row['resource']:18} rho={row['spearman']:+.3f} (n={row['n']})")
+    if scatter:
+        from .plots import resource_scatter
+
+        resource_scatter(points, scatter, x="registers", y="ratio")
+        click.echo(f"wrote {scatter}")

@@ -1,0 +1,315 @@
+"""The results database: one SQLite file (through sqlite-utils) per sweep, or shared by many.
+
+Tables (documented in docs/tuning.md; query them with ``sqlite-utils`` or Datasette):
+
+- ``devices``         one row per GPU + driver + toolkit + library versions a run was measured on
+- ``kernels``         one row per operation (``name`` = the operation's unique name), its space parameters as
+                      columns and as JSON, and its description; baselines (torch) are kernels of kind "baseline"
+- ``problems``        one row per problem (``key``), its fields as columns and as JSON
+- ``compile_status``  the compile memo, keyed by the cache key (source + flags + target + toolchain): ok or failed,
+                      with the error class and the compiler log
+- ``runs``            one row per (sweep, device, kernel, problem, harness): status (ok, wrong, failed, timeout),
+                      median / min / spread of seconds, repetitions, relative error
+- ``resources``       registers, spills, shared memory, occupancy per (kernel, device)
+- ``tuning``          the autotuner's cache: key (device, arch, driver, toolkit, kind, types, layouts, epilogue,
+                      shape bucket) -> kernel
+- ``sweeps``          a sweep's definition (space and problem set as JSON)
+
+Every row has a deterministic primary key, so re-running skips what is done and merging DBs is idempotent.
+Each row is committed as it is written: an interrupted sweep keeps everything it finished.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import hashlib
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import ArgumentError
+
+SCHEMA_VERSION = 1
+
+# Table -> (primary key, column types). Columns not listed (kernel parameters, problem fields) are added as
+# they appear (sqlite-utils alter=True), so a new search-space dimension needs no migration.
+TABLES: dict[str, tuple[str | tuple[str, ...], dict[str, type]]] = {
+    "devices": ("id", {"id": str, "name": str, "uuid": str, "compute_capability": int, "sm_count": int,
+                       "sm_clock_mhz": int, "memory_clock_mhz": int, "l2_bytes": int, "driver": str,
+                       "cuda_runtime": str, "cutlass": str, "pycutlass": str, "torch": str, "host": str}),
+    "kernels": ("name", {"name": str, "kind": str, "family": str, "description": str, "params": str}),
+    "problems": ("key", {"key": str, "kind": str, "flops": float, "spec": str}),
+    "compile_status": ("cache_key", {"cache_key": str, "kernel": str, "target": str, "backend": str, "status": str,
+                                     "error_class": str, "log": str, "seconds": float, "time": float}),
+    "runs": ("id", {"id": str, "sweep": str, "device": str, "kernel": str, "problem": str, "harness": str,
+                    "status": str, "seconds": float, "seconds_min": float, "seconds_iqr": float,
+                    "repetitions": int, "tflops": float, "rel_error": float, "message": str, "time": float}),
+    "resources": (("kernel", "device"), {"kernel": str, "device": str, "registers": int, "local_bytes": int,
+                                         "static_smem": int, "dynamic_smem": int, "threads": int,
+                                         "max_active_blocks": int, "occupancy": float}),
+    "tuning": ("key", {"key": str, "kernel": str, "params": str, "seconds": float, "policy": str,
+                       "candidates": int, "time": float}),
+    "sweeps": ("name", {"name": str, "space": str, "problems": str, "fingerprint": str, "time": float}),
+}
+
+RUN_STATUSES = ("ok", "wrong", "failed", "timeout")
+BASELINE_KIND = "baseline"
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def run_id(sweep: str, device: str, kernel: str, problem: str, harness: str) -> str:
+    """The runs table's key: one measurement per sweep, device, kernel, problem and harness setting."""
+    return hashlib.sha256(canonical_json([sweep, device, kernel, problem, harness]).encode()).hexdigest()[:32]
+
+
+def device_id(facts: dict) -> str:
+    """A device row's key: the GPU (UUID, else name) with the driver and library versions that shape timings."""
+    parts = [facts.get(k) for k in ("uuid", "name", "driver", "cuda_runtime", "cutlass", "pycutlass")]
+    return hashlib.sha256(canonical_json(parts).encode()).hexdigest()[:16]
+
+
+class ResultsDB:
+    """A results database file. Thread-safe (one connection, serialized); processes share it through SQLite's
+    locking (WAL journal, busy timeout), each write its own transaction."""
+
+    def __init__(self, path: str | Path, *, read_only: bool = False):
+        import sqlite_utils  # ~100 ms: only when a DB is opened
+
+        self.path = Path(path)
+        self.read_only = read_only
+        if read_only:
+            if not self.path.exists():
+                raise ArgumentError(f"no results database at {self.path}")
+            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=60, check_same_thread=False)
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(str(self.path), timeout=60, check_same_thread=False, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+        self._lock = threading.RLock()
+        self.db = sqlite_utils.Database(conn)
+        if not read_only:
+            self._ensure_schema()
+        elif self._version() != SCHEMA_VERSION:
+            raise ArgumentError(f"{self.path} is not a pycutlass results database of schema {SCHEMA_VERSION} "
+                                f"(found {self._version()!r})")
+
+    # --- schema ---------------------------------------------------------------------------------------------
+    def _version(self):
+        if "meta" not in self.db.table_names():
+            return None
+        rows = list(self.db.query("select value from meta where key = 'schema'"))
+        return int(rows[0]["value"]) if rows else None
+
+    def _ensure_schema(self) -> None:
+        with self.transaction():
+            found = self._version()
+            if found is None:
+                names = set(self.db.table_names())
+                if names - {"meta"} - set(TABLES):
+                    raise ArgumentError(f"{self.path} holds tables {sorted(names)}: not a pycutlass results database")
+                self.db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
+                self.db["meta"].insert({"key": "schema", "value": str(SCHEMA_VERSION)}, replace=True)
+            elif found != SCHEMA_VERSION:
+                raise ArgumentError(f"{self.path} has results schema {found}; this pycutlass reads {SCHEMA_VERSION}")
+            for name, (pk, columns) in TABLES.items():
+                self.db[name].create(columns, pk=pk, if_not_exists=True)
+            self.db["runs"].create_index(["kernel", "problem"], if_not_exists=True)
+            self.db["compile_status"].create_index(["kernel"], if_not_exists=True)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """A write: BEGIN IMMEDIATE takes the write lock first, so concurrent writers queue (busy timeout) instead
+        of failing mid-way. sqlite-utils commits its own statements, so the transaction may already be closed."""
+        with self._lock:
+            conn = self.db.conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            if conn.in_transaction:
+                conn.execute("COMMIT")
+
+    def close(self) -> None:
+        self.db.conn.close()
+
+    def __enter__(self) -> ResultsDB:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<ResultsDB {self.path}>"
+
+    # --- writes ---------------------------------------------------------------------------------------------
+    def _upsert(self, table: str, rows: Iterable[dict], *, replace: bool = True) -> None:
+        if self.read_only:
+            raise ArgumentError(f"{self.path} was opened read-only")
+        rows = list(rows)
+        if not rows:
+            return
+        with self.transaction():
+            self.db[table].insert_all(rows, pk=TABLES[table][0], alter=True, replace=replace,
+                                      ignore=not replace)
+
+    def add_device(self, facts: dict) -> str:
+        row = {k: v for k, v in facts.items() if v is not None}
+        row["id"] = device_id(facts)
+        self._upsert("devices", [row])
+        return row["id"]
+
+    def add_kernel(self, operation, params: dict | None = None) -> str:
+        """Record an operation (its parameters flattened to columns, so SQL can group by tile or stages)."""
+        params = dict(params or {})
+        row = {"name": operation.name, "kind": params.get("kind", type(operation).__name__),
+               "family": getattr(operation, "family", ""), "description": operation.describe(),
+               "params": canonical_json(params), **_flatten(params)}
+        self._upsert("kernels", [row])
+        return operation.name
+
+    def add_baseline(self, name: str, description: str) -> str:
+        self._upsert("kernels", [{"name": name, "kind": BASELINE_KIND, "family": "", "description": description,
+                                  "params": "{}"}])
+        return name
+
+    def add_problem(self, problem) -> str:
+        spec = problem.to_dict()
+        row = {"key": problem.key, "kind": problem.kind, "flops": float(problem.flops), "spec": canonical_json(spec),
+               **{k: v for k, v in _flatten(spec).items() if k != "kind"}}
+        self._upsert("problems", [row])
+        return problem.key
+
+    def add_sweep(self, name: str, space: dict, problems: dict, fingerprint: str) -> None:
+        self._upsert("sweeps", [{"name": name, "space": canonical_json(space), "problems": canonical_json(problems),
+                                 "fingerprint": fingerprint, "time": time.time()}])
+
+    def record_compile(self, cache_key: str, kernel: str, target: str, backend: str, status: str,
+                       error_class: str = "", log: str = "", seconds: float = 0.0) -> None:
+        if status not in ("ok", "failed"):
+            raise ArgumentError(f"compile status must be 'ok' or 'failed', got {status!r}")
+        self._upsert("compile_status", [{"cache_key": cache_key, "kernel": kernel, "target": target,
+                                         "backend": backend, "status": status, "error_class": error_class,
+                                         "log": log[-20000:], "seconds": seconds, "time": time.time()}])
+
+    def record_run(self, *, sweep: str, device: str, kernel: str, problem: str, harness: str, status: str,
+                   seconds: float | None = None, seconds_min: float | None = None, seconds_iqr: float | None = None,
+                   repetitions: int = 0, flops: float | None = None, rel_error: float | None = None,
+                   message: str = "") -> str:
+        if status not in RUN_STATUSES:
+            raise ArgumentError(f"run status must be one of {RUN_STATUSES}, got {status!r}")
+        rid = run_id(sweep, device, kernel, problem, harness)
+        tflops = flops / seconds / 1e12 if (flops and seconds) else None
+        self._upsert("runs", [{"id": rid, "sweep": sweep, "device": device, "kernel": kernel, "problem": problem,
+                               "harness": harness, "status": status, "seconds": seconds, "seconds_min": seconds_min,
+                               "seconds_iqr": seconds_iqr, "repetitions": repetitions, "tflops": tflops,
+                               "rel_error": rel_error, "message": message[-4000:], "time": time.time()}])
+        return rid
+
+    def record_resources(self, kernel: str, device: str, resources: dict) -> None:
+        self._upsert("resources", [{"kernel": kernel, "device": device, **resources}])
+
+    def put_tuning(self, key: str, kernel: str, params: dict, seconds: float, policy: str, candidates: int) -> None:
+        self._upsert("tuning", [{"key": key, "kernel": kernel, "params": canonical_json(params), "seconds": seconds,
+                                 "policy": policy, "candidates": candidates, "time": time.time()}])
+
+    # --- reads ----------------------------------------------------------------------------------------------
+    def query(self, sql: str, params: Iterable | dict = ()) -> list[dict]:
+        with self._lock:
+            return list(self.db.query(sql, params))
+
+    def compile_status(self, cache_key: str) -> dict | None:
+        rows = self.query("select * from compile_status where cache_key = ?", [cache_key])
+        return rows[0] if rows else None
+
+    def has_run(self, rid: str) -> bool:
+        return bool(self.query("select 1 from runs where id = ?", [rid]))
+
+    def tuning(self, key: str) -> dict | None:
+        rows = self.query("select * from tuning where key = ?", [key])
+        return rows[0] if rows else None
+
+    def tuning_keys(self) -> list[dict]:
+        return self.query("select key, kernel, params, seconds from tuning")
+
+    def results(self, *, sweep: str | None = None, device: str | None = None,
+                include_baselines: bool = False) -> list[tuple[str, str, float]]:
+        """``(kernel, problem, seconds)`` of every successful run: the input of select_kernels and heatmaps."""
+        sql = ("select r.kernel, r.problem, min(r.seconds) as seconds from runs r join kernels k on k.name = r.kernel "
+               "where r.status = 'ok'")
+        args: list = []
+        if not include_baselines:
+            sql += " and k.kind != ?"
+            args.append(BASELINE_KIND)
+        if sweep is not None:
+            sql += " and r.sweep = ?"
+            args.append(sweep)
+        if device is not None:
+            sql += " and r.device = ?"
+            args.append(device)
+        sql += " group by r.kernel, r.problem order by r.problem, r.kernel"
+        return [(row["kernel"], row["problem"], row["seconds"]) for row in self.query(sql, args)]
+
+    def counts(self) -> dict[str, int]:
+        return {name: self.db[name].count for name in TABLES}
+
+    # --- merge and export -----------------------------------------------------------------------------------
+    def merge(self, other: str | Path | ResultsDB) -> dict[str, int]:
+        """Copy every row of another results DB that this one lacks (by primary key). Idempotent: merging twice
+        adds nothing. Returns the rows added per table."""
+        source = other if isinstance(other, ResultsDB) else ResultsDB(other, read_only=True)
+        added = {}
+        try:
+            for table in TABLES:
+                before = self.db[table].count
+                rows = source.query(f"select * from [{table}]")
+                self._upsert(table, rows, replace=False)  # same key, same facts: keep ours
+                added[table] = self.db[table].count - before
+        finally:
+            if source is not other:
+                source.close()
+        return added
+
+    def export(self, table: str, path: str | Path) -> Path:
+        """Write one table as CSV or JSON (by the path's suffix)."""
+        if table not in TABLES:
+            raise ArgumentError(f"unknown table {table!r}; tables: {sorted(TABLES)}")
+        path = Path(path)
+        rows = self.query(f"select * from [{table}]")
+        if path.suffix == ".json":
+            path.write_text(json.dumps(rows, indent=1))
+        elif path.suffix == ".csv":
+            columns = list(dict.fromkeys(c for row in rows for c in row)) or [
+                c.name for c in self.db[table].columns]
+            with path.open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=columns)
+                writer.writeheader()
+                writer.writerows(rows)
+        else:
+            raise ArgumentError(f"export writes .csv or .json, got {path.name!r}")
+        return path
+
+
+def _flatten(params: dict, prefix: str = "") -> dict:
+    """Parameters as SQL columns: lists become "128x128x32"-style strings, nested dicts get prefixed names."""
+    flat = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{name}_"))
+        elif isinstance(value, (list, tuple)):
+            flat[name] = "x".join(str(v) for v in value)
+        elif value is None or isinstance(value, (str, int, float)):
+            flat[name] = value
+        else:
+            flat[name] = str(value)
+    return {k: v for k, v in flat.items() if k not in ("name", "key", "spec", "params", "description")}

@@ -1,0 +1,304 @@
+"""Benchmark a sweep in worker processes, one per GPU, that a faulting or hanging kernel cannot take down.
+
+A kernel that raises a CUDA error poisons its context (and a hang never returns): each GPU's work runs in a child
+process that the parent kills and restarts when a task fails that way or passes its timeout. The parent writes each
+finished row at once, skips rows already in the DB (resume), and stops within a moment on Ctrl-C.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ..errors import ArgumentError, NoGpuError
+from .bench import BenchConfig, element_label
+from .db import run_id
+
+log = logging.getLogger("pycutlass.tune")
+_POLL_SECONDS = 0.5  # how often a waiting parent looks for Ctrl-C
+
+
+# --- the worker process ---------------------------------------------------------------------------------------
+def _device_facts(ordinal: int) -> dict:
+    import platform
+
+    import torch
+
+    import pycutlass
+    from ..compiler import toolchain
+
+    props = torch.cuda.get_device_properties(ordinal)
+    facts = {"name": props.name, "uuid": str(getattr(props, "uuid", "")), "compute_capability":
+             props.major * 10 + props.minor, "sm_count": props.multi_processor_count,
+             "l2_bytes": getattr(props, "L2_cache_size", None), "cuda_runtime": torch.version.cuda,
+             "pycutlass": pycutlass.__version__, "torch": torch.__version__, "host": platform.node()}
+    try:
+        facts["cutlass"] = toolchain.cutlass_version()
+    except Exception:
+        facts["cutlass"] = None
+    try:
+        from cuda.bindings import driver as cu
+
+        cu.cuInit(0)
+        _, version = cu.cuDriverGetVersion()
+        facts["driver_api"] = int(version)
+        _, dev = cu.cuDeviceGet(ordinal)
+        attr = cu.CUdevice_attribute
+        _, clock = cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_CLOCK_RATE, dev)
+        _, mem_clock = cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, dev)
+        facts["sm_clock_mhz"], facts["memory_clock_mhz"] = int(clock) // 1000, int(mem_clock) // 1000
+    except Exception:
+        pass
+    try:  # the driver's own version string, as nvidia-smi shows it
+        import ctypes
+
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        nvml.nvmlInit_v2()
+        buffer = ctypes.create_string_buffer(96)
+        if nvml.nvmlSystemGetDriverVersion(buffer, 96) == 0:
+            facts["driver"] = buffer.value.decode()
+    except Exception:
+        facts.setdefault("driver", str(facts.get("driver_api", "")))
+    return facts
+
+
+def _worker_main(conn, ordinal: int, session_options: dict, config_json: str, bundle_path: str | None) -> None:
+    """Serve tasks until told to stop: ``("facts",)``, ``("kernel", op, problem_dict)``, ``("baseline", ...)``."""
+    import torch
+
+    import pycutlass
+    from .bench import GemmBench, measure_gemm, measure_torch
+    from .problems import problem_from_dict
+
+    torch.cuda.set_device(ordinal)
+    session = pycutlass.Session(**{**session_options, "device": ordinal})
+    if bundle_path:
+        from .bundle import Bundle
+
+        Bundle.open(bundle_path).adopt_into(session)
+    bench = GemmBench(BenchConfig.from_json(config_json), ordinal)
+    while True:
+        message = conn.recv()
+        if message is None:
+            return
+        try:
+            if message[0] == "facts":
+                reply = _device_facts(ordinal)
+            elif message[0] == "kernel":
+                _, operation, problem = message
+                measurement, resources = measure_gemm(bench, operation, problem_from_dict(problem), session)
+                reply = {"measurement": measurement.__dict__, "resources": resources}
+            else:
+                _, problem, a_label, c_label = message
+                measurement = measure_torch(bench, problem_from_dict(problem), a_label, c_label=c_label)
+                reply = {"measurement": measurement.__dict__}
+        except Exception as exc:  # a Python-level failure: the row says so, the process lives on
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        conn.send(reply)
+
+
+# --- the parent's side ----------------------------------------------------------------------------------------
+class WorkerLost(Exception):
+    """The worker died or passed its timeout; it has been stopped and will be restarted."""
+
+
+class Worker:
+    """One GPU's worker process, restarted on demand."""
+
+    def __init__(self, ordinal: int, session_options: dict, config: BenchConfig, bundle_path: str | None = None):
+        self.ordinal = ordinal
+        self._args = (ordinal, session_options, config.fingerprint, bundle_path)
+        self._process = None
+        self._conn = None
+        self.restarts = 0
+
+    def _start(self) -> None:
+        context = multiprocessing.get_context("spawn")  # fork would inherit a CUDA context
+        parent, child = context.Pipe()
+        self._process = context.Process(target=_worker_main, args=(child, *self._args), daemon=True,
+                                        name=f"pycutlass-bench-gpu{self.ordinal}")
+        self._process.start()
+        child.close()
+        self._conn = parent
+
+    def request(self, message, timeout: float, stop: threading.Event):
+        if self._process is None or not self._process.is_alive():
+            if self._process is not None:
+                self.restarts += 1
+            self._start()
+        self._conn.send(message)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self._conn.poll(_POLL_SECONDS):
+                    return self._conn.recv()
+            except (EOFError, OSError):
+                self.stop()
+                raise WorkerLost("the worker process died (a kernel fault or a crash)") from None
+            if stop.is_set():
+                self.stop()
+                raise KeyboardInterrupt
+            if not self._process.is_alive():
+                code = self._process.exitcode
+                self.stop()
+                raise WorkerLost(f"the worker process died (exit code {code})")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise WorkerLost(f"timed out after {timeout:.0f} s (killed)")
+
+    def stop(self) -> None:
+        if self._process is not None:
+            if self._process.is_alive():
+                try:
+                    self._conn.send(None)
+                except (OSError, BrokenPipeError):
+                    pass
+                self._process.join(1.0)
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join(5.0)
+        self._process = None
+
+
+@dataclass
+class BenchSummary:
+    done: int = 0
+    skipped: int = 0  # already in the DB
+    statuses: dict = field(default_factory=dict)
+    restarts: int = 0
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(self.statuses.items()))
+        return (f"{self.done} measured ({counts or 'none'}), {self.skipped} already in the DB, {self.restarts} worker "
+                f"restarts, {self.seconds:.1f} s")
+
+
+def visible_gpus() -> list[int]:
+    from ..compiler.target import detected_compute_capability
+
+    found, ordinal = [], 0
+    while detected_compute_capability(ordinal) is not None:
+        found.append(ordinal)
+        ordinal += 1
+    return found
+
+
+def baseline_name(a_label: str, c_label: str) -> str:
+    return f"torch.matmul[{a_label}->{c_label}]"
+
+
+def run_sweep(sweep, *, config: BenchConfig | None = None, devices=None, timeout: float = 120.0,
+              progress: bool | None = None, baseline: bool = True, bundle_path: str | None = None,
+              operations=None) -> BenchSummary:
+    """Time ``sweep``'s compiled operations on its problems; one worker per device, rows written as they finish."""
+    from .sweep import _progress
+
+    config = config or BenchConfig()
+    if not isinstance(config, BenchConfig):
+        raise ArgumentError(f"config must be a BenchConfig, got {type(config).__name__}")
+    devices = visible_gpus() if devices is None else list(devices)
+    if not devices:
+        raise NoGpuError("benchmarking needs a GPU: none is visible (compile-only sweeps run anywhere)")
+    if not sweep.problems:
+        raise ArgumentError("the sweep has no problems to benchmark")
+    operations = sweep.ready_operations() if operations is None else list(operations)
+    start = time.perf_counter()
+    options = {k: v for k, v in sweep.session.options.items() if k in ("backend", "target", "cache_path")}
+    workers = [Worker(d, options, config, bundle_path) for d in devices]
+    stop = threading.Event()
+    summary = BenchSummary()
+    device_ids = {}
+    harness = config.fingerprint
+    try:
+        for worker in workers:  # facts first: a device row is part of every run's key
+            facts = worker.request(("facts",), timeout, stop)
+            device_ids[worker.ordinal] = sweep.db.add_device(facts)
+        tasks = _tasks(sweep, operations, baseline)
+        pending = queue.Queue()
+        for task in tasks:
+            pending.put(task)
+        bar = _progress(len(tasks), "benchmark", progress)
+        lock = threading.Lock()
+
+        def serve(worker: Worker) -> None:
+            device = device_ids[worker.ordinal]
+            while not stop.is_set():
+                try:
+                    kernel, problem, message = pending.get_nowait()
+                except queue.Empty:
+                    return
+                rid = run_id(sweep.name, device, kernel, problem.key, harness)
+                if sweep.db.has_run(rid):
+                    with lock:
+                        summary.skipped += 1
+                    bar.update(1)
+                    continue
+                try:
+                    reply = worker.request(message, timeout, stop)
+                except WorkerLost as lost:
+                    status = "timeout" if "timed out" in str(lost) else "failed"
+                    reply = {"measurement": {"status": status, "message": str(lost)}}
+                except KeyboardInterrupt:
+                    return
+                if "error" in reply:
+                    reply = {"measurement": {"status": "failed", "message": reply["error"]}}
+                m = reply["measurement"]
+                sweep.db.record_run(sweep=sweep.name, device=device, kernel=kernel, problem=problem.key,
+                                    harness=harness, status=m["status"], seconds=m.get("seconds"),
+                                    seconds_min=m.get("seconds_min"), seconds_iqr=m.get("seconds_iqr"),
+                                    repetitions=m.get("repetitions", 0), flops=problem.flops,
+                                    rel_error=m.get("rel_error"), message=m.get("message", ""))
+                if reply.get("resources"):
+                    sweep.db.record_resources(kernel, device, reply["resources"])
+                with lock:
+                    summary.done += 1
+                    summary.statuses[m["status"]] = summary.statuses.get(m["status"], 0) + 1
+                bar.update(1)
+
+        threads = [threading.Thread(target=serve, args=(w,), daemon=True) for w in workers]
+        for thread in threads:
+            thread.start()
+        try:
+            for thread in threads:
+                while thread.is_alive():
+                    thread.join(_POLL_SECONDS)
+        except KeyboardInterrupt:
+            stop.set()
+            for thread in threads:
+                thread.join(5.0)
+            raise
+        finally:
+            bar.close()
+    finally:
+        for worker in workers:
+            worker.stop()
+            summary.restarts += worker.restarts
+        summary.seconds = time.perf_counter() - start
+    log.info("sweep %s benchmark: %s", sweep.name, summary)
+    return summary
+
+
+def _tasks(sweep, operations, baseline: bool) -> list:
+    """Problem-major order (inputs are reused across kernels), each problem's baseline first."""
+    tasks = []
+    for problem in sweep.problems:
+        if problem.kind != "gemm":
+            continue  # the harness times GEMM problems; other kinds are recorded by their own benchmarks
+        labels = []
+        for op in operations:
+            math_inst = op.tile_description.math_instruction
+            pair = (element_label(math_inst.element_a), element_label(op.C.element))
+            if pair not in labels:
+                labels.append(pair)
+        if baseline:
+            for a_label, c_label in labels:
+                name = sweep.db.add_baseline(baseline_name(a_label, c_label),
+                                             f"torch (cuBLAS) {a_label} -> {c_label}, A row-major, B column-major")
+                tasks.append((name, problem, ("baseline", problem.to_dict(), a_label, c_label)))
+        for op in operations:
+            tasks.append((op.name, problem, ("kernel", op, problem.to_dict())))
+    return tasks
