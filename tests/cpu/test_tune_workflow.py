@@ -1,0 +1,289 @@
+"""Sweeps without a GPU: real compiles into a results DB with a compile memo, the tuning cache and Tuned dispatch
+(timed by a deterministic stand-in for the GPU), merges and exports."""
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+
+import pytest
+
+import pycutlass as cutlass
+from pycutlass.errors import ArgumentError
+from pycutlass.tune.autotune import Tuned, autotune, bucket_of, next_pow2, tuning_key
+from pycutlass.tune.db import ResultsDB, run_id
+from pycutlass.tune.problems import GemmProblem
+from pycutlass.tune.sweep import Sweep, error_class
+
+F16 = cutlass.float16
+FACTS = {"device": "test GPU", "cc": 90, "driver": 13000, "toolkit": "13.0"}
+
+
+def gemm(tile=(128, 128, 32), stages=3, warps=(2, 2, 1)):
+    math_inst = cutlass.MathInstruction([16, 8, 16], F16, F16, cutlass.float32, cutlass.OpClass.TensorOp,
+                                        cutlass.MathOperation.multiply_add)
+    a = cutlass.TensorDescription(F16, cutlass.RowMajor, 8)
+    b = cutlass.TensorDescription(F16, cutlass.ColumnMajor, 8)
+    c = cutlass.TensorDescription(F16, cutlass.RowMajor, 8)
+    epilogue = cutlass.LinearCombination(F16, 8, cutlass.float32, cutlass.float32)
+    return cutlass.GemmOperationUniversal(80, cutlass.TileDescription(list(tile), stages, list(warps), math_inst),
+                                          a, b, c, epilogue)
+
+
+class BrokenGemm(type(gemm())):
+    """Valid as a description, but its source does not compile (a configuration CUTLASS would reject late)."""
+
+    __module__ = type(gemm()).__module__  # its templates live beside the real kind
+
+    def _signature(self):
+        return (*super()._signature(), "broken")
+
+    def emit_body(self):
+        return super().emit_body() + "\n#error deliberately broken for the compile-memo test\n"
+
+
+def broken_gemm():
+    good = gemm((64, 64, 32), 3, (2, 2, 1))
+    return BrokenGemm(80, good.tile_description, good.A, good.B, good.C, good.epilogue_functor)
+
+
+# --- the results DB ---------------------------------------------------------------------------------------------
+class FakeOp:
+    family = "sm80"
+
+    def __init__(self, name):
+        self.name = name
+
+    def describe(self):
+        return f"fake {self.name}"
+
+
+def test_db_schema_rows_and_idempotent_merge(tmp_path):
+    first = ResultsDB(tmp_path / "a.db")
+    device = first.add_device({"name": "GPU A", "uuid": "GPU-1", "driver": "580"})
+    first.add_kernel(FakeOp("k1"), {"kind": "gemm", "threadblock_shape": [128, 128, 32], "stages": 3})
+    first.add_problem(GemmProblem(256, 512, 128))
+    first.record_run(sweep="s", device=device, kernel="k1", problem=GemmProblem(256, 512, 128).key, harness="h",
+                     status="ok", seconds=2e-5, flops=GemmProblem(256, 512, 128).flops)
+    row = first.query("select * from kernels")[0]
+    assert row["threadblock_shape"] == "128x128x32" and row["stages"] == 3  # parameters are SQL columns
+    run = first.query("select * from runs")[0]
+    assert math.isclose(run["tflops"], 2 * 256 * 512 * 128 / 2e-5 / 1e12)
+
+    second = ResultsDB(tmp_path / "b.db")
+    second.add_kernel(FakeOp("k2"), {"kind": "gemm"})
+    assert second.merge(tmp_path / "a.db") == {"devices": 1, "kernels": 1, "problems": 1, "compile_status": 0,
+                                               "runs": 1, "resources": 0, "tuning": 0, "sweeps": 0}
+    assert sum(second.merge(tmp_path / "a.db").values()) == 0  # merging again adds nothing
+    assert second.counts()["kernels"] == 2
+    assert second.results() == [("k1", GemmProblem(256, 512, 128).key, 2e-5)]
+
+    csv_path = second.export("runs", tmp_path / "runs.csv")
+    assert "k1" in csv_path.read_text()
+    assert json.loads(second.export("kernels", tmp_path / "kernels.json").read_text())[0]["name"] in ("k1", "k2")
+    with pytest.raises(ArgumentError, match="unknown table"):
+        second.export("nope", tmp_path / "x.csv")
+    with pytest.raises(ArgumentError, match="status"):
+        second.record_run(sweep="s", device=device, kernel="k1", problem="p", harness="h", status="fast")
+
+
+def test_db_refuses_foreign_files_and_read_only_writes(tmp_path):
+    other = tmp_path / "other.db"
+    conn = sqlite3.connect(other)
+    conn.execute("create table stuff (x)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(ArgumentError, match="not a pycutlass results database"):
+        ResultsDB(other)
+    ResultsDB(tmp_path / "r.db").close()
+    with ResultsDB(tmp_path / "r.db", read_only=True) as db:
+        with pytest.raises(ArgumentError, match="read-only"):
+            db.add_kernel(FakeOp("k"), {})
+    with pytest.raises(ArgumentError, match="no results database"):
+        ResultsDB(tmp_path / "missing.db", read_only=True)
+
+
+def test_concurrent_writers_lose_no_rows(tmp_path):
+    path = tmp_path / "shared.db"
+    ResultsDB(path).close()
+
+    def write(worker):
+        db = ResultsDB(path)
+        for i in range(40):
+            db.record_run(sweep="s", device="d", kernel=f"k{worker}", problem=f"p{i}", harness="h", status="ok",
+                          seconds=1e-3)
+        db.close()
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with ResultsDB(path, read_only=True) as db:
+        assert db.counts()["runs"] == 160
+
+
+def test_run_ids_are_deterministic():
+    assert run_id("s", "d", "k", "p", "h") == run_id("s", "d", "k", "p", "h") != run_id("s", "d", "k", "p", "h2")
+
+
+# --- compile stage: real NVRTC compiles, the memo ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def compile_session(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tune-compile")
+    return cutlass.Session(target=90, backend="nvrtc", cache_path=str(folder / "cache.db")), folder
+
+
+@pytest.mark.slow
+def test_sweep_compile_memo_skips_known_good_and_known_bad(compile_session):
+    session, folder = compile_session
+    good = [gemm((128, 128, 32), 3, (2, 2, 1)), gemm((64, 64, 32), 3, (2, 2, 1))]
+    broken = broken_gemm()
+    operations = [good[0], broken, good[1]]
+    sweep = Sweep(operations, [GemmProblem(256, 256, 64)], db=folder / "results.db", name="memo", session=session)
+    first = sweep.compile(jobs=2, progress=False)
+    assert (first.compiled, first.known_bad, sum(first.failed.values())) == (2, 0, 1), str(first)
+    [(cls, _)] = first.failed.items()
+    assert cls.startswith("CompilationError") and "#" in cls or "error" in cls.lower()
+    rows = {r["kernel"]: r for r in sweep.db.query("select * from compile_status")}
+    assert rows[broken.name]["status"] == "failed" and "deliberately broken" in rows[broken.name]["log"]
+    assert {rows[op.name]["status"] for op in good} == {"ok"}
+    assert [op.name for op in sweep.ready_operations()] == [good[0].name, good[1].name]
+
+    # A re-run compiles nothing: the good ones come from the cache, the broken one is not tried again.
+    again = Sweep(operations, db=folder / "results.db", name="memo",
+                  session=cutlass.Session(target=90, backend="nvrtc", cache_path=session.options["cache_path"]))
+    second = again.compile(jobs=2, progress=False)
+    assert (second.compiled, second.from_cache, second.known_bad) == (0, 2, 1), str(second)
+
+
+def test_error_class_groups_like_failures():
+    one = cutlass.CompilationError("unit failed", log='x.cu(12): error: identifier "foo" is undefined')
+    two = cutlass.CompilationError("unit failed", log='y.cu(99): error: identifier "bar" is undefined')
+    assert error_class(one) == error_class(two)
+    assert error_class(one).startswith("CompilationError")
+
+
+def test_sweep_rejects_empty_and_foreign_inputs(tmp_path):
+    with pytest.raises(ArgumentError, match="no valid operation"):
+        Sweep([], db=tmp_path / "r.db")
+    with pytest.raises(ArgumentError, match="problems"):
+        Sweep([gemm()], [(1, 2, 3)], db=tmp_path / "r.db")
+
+
+def test_benchmark_without_gpu_says_so(tmp_path, monkeypatch):
+    from pycutlass.tune import runner
+
+    monkeypatch.setattr(runner, "visible_gpus", lambda: [])
+    sweep = Sweep([gemm()], [GemmProblem(128, 128, 128)], db=tmp_path / "r.db")
+    with pytest.raises(cutlass.NoGpuError, match="needs a GPU"):
+        sweep.benchmark()
+
+
+# --- autotune and Tuned, with a stand-in for the GPU ------------------------------------------------------------
+CANDIDATES = [gemm((128, 128, 32), 3, (2, 2, 1)), gemm((64, 64, 32), 3, (2, 2, 1)), gemm((128, 64, 32), 4, (2, 2, 1))]
+
+
+def model_seconds(operation, problem):
+    """A deterministic cost model: tiles that waste less of the problem win; stands in for GPU timings."""
+    tm, tn, _ = operation.tile_description.threadblock_shape
+    tiles = math.ceil(problem.m / tm) * math.ceil(problem.n / tn)
+    waves = math.ceil(tiles / 132)
+    return 1e-6 * (5 + waves * tm * tn * problem.k / 4e5)
+
+
+class CountingMeasure:
+    def __init__(self):
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, operation, problem):
+        with self.lock:
+            self.calls += 1
+        return model_seconds(operation, problem)
+
+
+def exhaustive_best(problem):
+    return min(CANDIDATES, key=lambda op: model_seconds(op, problem))
+
+
+def test_autotune_picks_the_best_and_caches_it(tmp_path):
+    measure = CountingMeasure()
+    problem = GemmProblem(4096, 4096, 4096)
+    result = autotune(CANDIDATES, problem, db=tmp_path / "t.db", measure=measure, device_facts=FACTS)
+    assert result.operation == exhaustive_best(problem) and not result.from_cache
+    assert measure.calls == len(CANDIDATES) and result.candidates == 3
+    again = autotune(CANDIDATES, problem, db=tmp_path / "t.db", measure=measure, device_facts=FACTS)
+    assert again.from_cache and again.operation == result.operation and measure.calls == 3
+    # Another device is another key.
+    other = autotune(CANDIDATES, problem, db=tmp_path / "t.db", measure=measure,
+                     device_facts={**FACTS, "device": "other GPU"})
+    assert not other.from_cache and measure.calls == 6
+    row = ResultsDB(tmp_path / "t.db").query("select * from tuning")[0]
+    assert json.loads(row["key"])["bucket"] == [4096, 4096, 4096, 1]
+
+
+def test_key_policies():
+    p = GemmProblem(100, 3000, 4096)
+    assert bucket_of(p, "exact") == (100, 3000, 4096, 1)
+    assert bucket_of(p, "pow2") == (128, 4096, 4096, 1)
+    assert bucket_of(p, lambda q: ("small" if q.m <= 128 else "large", q.n)) == ("small", 3000)
+    assert [next_pow2(v) for v in (0, 1, 2, 3, 1025)] == [1, 1, 2, 4, 2048]
+    with pytest.raises(ArgumentError, match="key policy"):
+        bucket_of(p, "log10")
+    with pytest.raises(ArgumentError, match="JSON"):
+        bucket_of(p, lambda q: object())
+    sig = {"kind": "GemmOperationUniversal"}
+    assert tuning_key(FACTS, sig, (1, 2), "pow2") != tuning_key(FACTS, sig, (1, 2), "exact")
+
+
+def test_autotune_rejects_mixed_candidates(tmp_path):
+    bf16 = cutlass.MathInstruction([16, 8, 16], cutlass.bfloat16, cutlass.bfloat16, cutlass.float32,
+                                   cutlass.OpClass.TensorOp, cutlass.MathOperation.multiply_add)
+    t = cutlass.TensorDescription(cutlass.bfloat16, cutlass.RowMajor, 8)
+    other = cutlass.GemmOperationUniversal(80, cutlass.TileDescription([128, 128, 32], 3, [2, 2, 1], bf16), t, t, t,
+                                           cutlass.LinearCombination(cutlass.bfloat16, 8, cutlass.float32,
+                                                                     cutlass.float32))
+    with pytest.raises(ArgumentError, match="share types"):
+        autotune([CANDIDATES[0], other], GemmProblem(64, 64, 64), db=tmp_path / "t.db", measure=model_seconds,
+                 device_facts=FACTS)
+
+
+def test_tuned_dispatch_pow2_buckets_are_thread_safe(tmp_path):
+    measure = CountingMeasure()
+    tuned = Tuned(CANDIDATES, db=tmp_path / "t.db", policy="pow2", measure=measure, device_facts=FACTS)
+    shapes = [(100, 4000, 4096), (120, 4096, 4000), (128, 3000, 4096)]  # one pow2 bucket
+    chosen = []
+
+    def call(shape):
+        chosen.append(tuned.select(*shape))
+
+    threads = [threading.Thread(target=call, args=(shapes[i % 3],)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({op.name for op in chosen}) == 1
+    assert measure.calls == len(CANDIDATES)  # tuned once for the whole bucket, despite 12 racing callers
+    assert tuned.select(4096, 4096, 4096) == exhaustive_best(GemmProblem(4096, 4096, 4096))
+
+
+def test_tuned_without_tuning_falls_back_to_the_nearest_bucket(tmp_path):
+    db = tmp_path / "t.db"
+    for shape in [(16, 4096, 4096), (4096, 4096, 4096)]:
+        autotune(CANDIDATES, GemmProblem(*shape), db=db, policy="pow2", measure=model_seconds, device_facts=FACTS)
+    offline = Tuned(CANDIDATES, db=db, policy="pow2", tune=False, device_facts=FACTS)
+    assert offline.select(3000, 4096, 4096) == exhaustive_best(GemmProblem(4096, 4096, 4096))
+    assert offline.select(24, 4096, 4096) == exhaustive_best(GemmProblem(16, 4096, 4096))
+    stranger = Tuned(CANDIDATES, db=db, policy="pow2", tune=False, device_facts={**FACTS, "device": "other"})
+    with pytest.raises(ArgumentError, match="tuning is off"):
+        stranger.select(64, 64, 64)
+
+
+def test_tuned_call_checks_shapes(tmp_path):
+    import numpy as np
+
+    tuned = Tuned(CANDIDATES, db=tmp_path / "t.db", measure=model_seconds, device_facts=FACTS)
+    with pytest.raises(ArgumentError, match="do not form"):
+        tuned(np.zeros((64, 32), np.float16), np.zeros((16, 64), np.float16), np.zeros((64, 64), np.float16))
