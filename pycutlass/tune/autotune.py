@@ -236,6 +236,10 @@ class Tuned:
     def policy(self):
         return self._tuner.policy
 
+    def dispatched(self) -> dict:
+        """``{(m, n, k, batch): operation}`` for every shape this callable has served so far."""
+        return dict(self._chosen)
+
     def select(self, m: int, n: int, k: int, batch: int = 1):
         """The operation for this shape (tuning or falling back on a miss)."""
         found = self._chosen.get((m, n, k, batch))

@@ -169,7 +169,7 @@ def select(db_path, sweep_name, min_efficiency, pareto_path, dispatch_json, disp
             pareto_plot(pareto_curve(results), pareto_path, greedy=greedy)
             click.echo(f"wrote {pareto_path}")
         if dispatch_json:
-            write_dispatch_table(exact, dispatch_json)
+            write_dispatch_table(exact, dispatch_json, key_fn=lambda problem: problem.key)
             click.echo(f"wrote {dispatch_json}")
         if dispatch_py:
             dispatch_py.write_text(generate_dispatch_python(exact, ("m", "n", "k"), policy=policy))

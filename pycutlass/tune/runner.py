@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from ..errors import ArgumentError, NoGpuError
 from .bench import BenchConfig, element_label
-from .db import run_id
 
 log = logging.getLogger("pycutlass.tune")
 _POLL_SECONDS = 0.5  # how often a waiting parent looks for Ctrl-C
@@ -67,6 +66,9 @@ def _device_facts(ordinal: int) -> dict:
 
 def _worker_main(conn, ordinal: int, session_options: dict, config_json: str, bundle_path: str | None) -> None:
     """Serve tasks until told to stop: ``("facts",)``, ``("kernel", op, problem_dict)``, ``("baseline", ...)``."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us cleanly
     import torch
 
     import pycutlass
@@ -108,8 +110,10 @@ class WorkerLost(Exception):
 class Worker:
     """One GPU's worker process, restarted on demand."""
 
-    def __init__(self, ordinal: int, session_options: dict, config: BenchConfig, bundle_path: str | None = None):
+    def __init__(self, ordinal: int, session_options: dict, config: BenchConfig, bundle_path: str | None = None,
+                 main=None):
         self.ordinal = ordinal
+        self._main = main or _worker_main  # tests substitute a stand-in that needs no GPU
         self._args = (ordinal, session_options, config.fingerprint, bundle_path)
         self._process = None
         self._conn = None
@@ -118,7 +122,7 @@ class Worker:
     def _start(self) -> None:
         context = multiprocessing.get_context("spawn")  # fork would inherit a CUDA context
         parent, child = context.Pipe()
-        self._process = context.Process(target=_worker_main, args=(child, *self._args), daemon=True,
+        self._process = context.Process(target=self._main, args=(child, *self._args), daemon=True,
                                         name=f"pycutlass-bench-gpu{self.ordinal}")
         self._process.start()
         child.close()
@@ -126,8 +130,6 @@ class Worker:
 
     def request(self, message, timeout: float, stop: threading.Event):
         if self._process is None or not self._process.is_alive():
-            if self._process is not None:
-                self.restarts += 1
             self._start()
         self._conn.send(message)
         deadline = time.monotonic() + timeout
@@ -136,18 +138,23 @@ class Worker:
                 if self._conn.poll(_POLL_SECONDS):
                     return self._conn.recv()
             except (EOFError, OSError):
-                self.stop()
+                self._lost()
                 raise WorkerLost("the worker process died (a kernel fault or a crash)") from None
             if stop.is_set():
                 self.stop()
                 raise KeyboardInterrupt
             if not self._process.is_alive():
                 code = self._process.exitcode
-                self.stop()
+                self._lost()
                 raise WorkerLost(f"the worker process died (exit code {code})")
             if time.monotonic() > deadline:
-                self.stop()
+                self._lost()
                 raise WorkerLost(f"timed out after {timeout:.0f} s (killed)")
+
+    def _lost(self) -> None:
+        """Kill the worker after a fault or a timeout; the next request starts a fresh one."""
+        self.restarts += 1
+        self.stop()
 
     def stop(self) -> None:
         if self._process is not None:
@@ -193,7 +200,7 @@ def baseline_name(a_label: str, c_label: str) -> str:
 
 def run_sweep(sweep, *, config: BenchConfig | None = None, devices=None, timeout: float = 120.0,
               progress: bool | None = None, baseline: bool = True, bundle_path: str | None = None,
-              operations=None) -> BenchSummary:
+              operations=None, worker_main=None) -> BenchSummary:
     """Time ``sweep``'s compiled operations on its problems; one worker per device, rows written as they finish."""
     from .sweep import _progress
 
@@ -208,7 +215,7 @@ def run_sweep(sweep, *, config: BenchConfig | None = None, devices=None, timeout
     operations = sweep.ready_operations() if operations is None else list(operations)
     start = time.perf_counter()
     options = {k: v for k, v in sweep.session.options.items() if k in ("backend", "target", "cache_path")}
-    workers = [Worker(d, options, config, bundle_path) for d in devices]
+    workers = [Worker(d, options, config, bundle_path, worker_main) for d in devices]
     stop = threading.Event()
     summary = BenchSummary()
     device_ids = {}
@@ -218,10 +225,18 @@ def run_sweep(sweep, *, config: BenchConfig | None = None, devices=None, timeout
             facts = worker.request(("facts",), timeout, stop)
             device_ids[worker.ordinal] = sweep.db.add_device(facts)
         tasks = _tasks(sweep, operations, baseline)
+        # Resume: a pair measured before on any of these devices (same sweep and harness) is not measured again;
+        # with several GPUs of one kind, which of them measured a pair does not matter.
+        done = {(r["kernel"], r["problem"]) for r in sweep.db.query(
+            f"select kernel, problem from runs where sweep = ? and harness = ? and device in "
+            f"({','.join('?' * len(device_ids))})", [sweep.name, harness, *device_ids.values()])}
         pending = queue.Queue()
         for task in tasks:
-            pending.put(task)
-        bar = _progress(len(tasks), "benchmark", progress)
+            if (task[0], task[1].key) in done:
+                summary.skipped += 1
+            else:
+                pending.put(task)
+        bar = _progress(pending.qsize(), "benchmark", progress)
         lock = threading.Lock()
 
         def serve(worker: Worker) -> None:
@@ -231,15 +246,11 @@ def run_sweep(sweep, *, config: BenchConfig | None = None, devices=None, timeout
                     kernel, problem, message = pending.get_nowait()
                 except queue.Empty:
                     return
-                rid = run_id(sweep.name, device, kernel, problem.key, harness)
-                if sweep.db.has_run(rid):
-                    with lock:
-                        summary.skipped += 1
-                    bar.update(1)
-                    continue
                 try:
                     reply = worker.request(message, timeout, stop)
                 except WorkerLost as lost:
+                    if stop.is_set():  # stopped by Ctrl-C, not by the kernel: record nothing
+                        return
                     status = "timeout" if "timed out" in str(lost) else "failed"
                     reply = {"measurement": {"status": status, "message": str(lost)}}
                 except KeyboardInterrupt:
@@ -282,9 +293,17 @@ def run_sweep(sweep, *, config: BenchConfig | None = None, devices=None, timeout
     return summary
 
 
+def _times_as_gemm(operation) -> bool:
+    """GEMM operations (Sm80 and SM90 families); grouped GEMM and conv have their own benchmarks."""
+    from ..kinds import GemmOperationUniversal
+
+    return isinstance(operation, GemmOperationUniversal)
+
+
 def _tasks(sweep, operations, baseline: bool) -> list:
     """Problem-major order (inputs are reused across kernels), each problem's baseline first."""
     tasks = []
+    operations = [op for op in operations if _times_as_gemm(op)]
     for problem in sweep.problems:
         if problem.kind != "gemm":
             continue  # the harness times GEMM problems; other kinds are recorded by their own benchmarks

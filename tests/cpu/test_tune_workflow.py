@@ -287,3 +287,31 @@ def test_tuned_call_checks_shapes(tmp_path):
     tuned = Tuned(CANDIDATES, db=tmp_path / "t.db", measure=model_seconds, device_facts=FACTS)
     with pytest.raises(ArgumentError, match="do not form"):
         tuned(np.zeros((64, 32), np.float16), np.zeros((16, 64), np.float16), np.zeros((64, 64), np.float16))
+
+
+# --- the runner's robustness, with a stand-in worker (no GPU) ---------------------------------------------------
+def test_runner_survives_faults_and_hangs_and_resumes(tmp_path, monkeypatch):
+    from pycutlass.tune.runner import run_sweep
+    from tests.cpu.tune_fake_worker import fake_worker_main
+
+    ops = [gemm((128, 128, 32)), gemm((64, 64, 32)), gemm((128, 64, 32), 4), gemm((64, 128, 32))]
+    monkeypatch.setenv("FAKE_WORKER_MARKERS", "fault:64x64 hang:128x64")
+    problems = [GemmProblem(256, 512, 128), GemmProblem(1024, 1024, 1024)]
+    sweep = Sweep(ops, problems, db=tmp_path / "r.db", name="robust")
+    summary = run_sweep(sweep, devices=[0, 1], timeout=3, operations=ops, worker_main=fake_worker_main,
+                        progress=False)
+    status = {(r["kernel"], r["problem"]): r for r in sweep.db.query("select * from runs")}
+    for p in problems:
+        assert status[(ops[1].name, p.key)]["status"] == "failed"
+        assert "died" in status[(ops[1].name, p.key)]["message"]
+        assert status[(ops[2].name, p.key)]["status"] == "timeout"
+        for op in (ops[0], ops[3]):
+            assert status[(op.name, p.key)]["status"] == "ok" and status[(op.name, p.key)]["seconds"] > 0
+        assert status[("torch.matmul[float16->float16]", p.key)]["status"] == "ok"
+    assert summary.done == len(status) == 10 and summary.restarts >= 4, str(summary)
+    assert {r["name"] for r in sweep.db.query("select name from devices")} == {"fake GPU 0", "fake GPU 1"}
+    assert len(sweep.db.query("select * from resources")) >= 2
+    # A re-run measures nothing again, on the devices that measured it.
+    again = run_sweep(Sweep(ops, problems, db=tmp_path / "r.db", name="robust"), devices=[0, 1], timeout=3,
+                      operations=ops, worker_main=fake_worker_main, progress=False)
+    assert again.done == 0 and again.skipped == 10

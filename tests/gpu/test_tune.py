@@ -1,0 +1,170 @@
+"""Sweeps and autotuning on a GPU: a real sweep, kernels that fault or hang, resume after Ctrl-C, autotune, Tuned."""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import pycutlass as cutlass
+from pycutlass.kinds.gemm.operation import GemmOperationUniversal as _Sm80Gemm  # noqa: F401
+from pycutlass.tune.bench import BenchConfig
+from pycutlass.tune.db import ResultsDB
+from pycutlass.tune.problems import GemmProblem
+from pycutlass.tune.space import SearchSpace
+from pycutlass.tune.sweep import Sweep
+
+try:
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch is None, reason="needs torch")]
+
+QUICK = BenchConfig(repetitions=10, max_seconds=0.5, warmup=2)
+PROBLEMS = [GemmProblem(256, 512, 128), GemmProblem(1000, 3000, 520), GemmProblem(512, 1024, 1024, batch=2)]
+F16 = cutlass.float16
+
+
+def gemm(tile=(128, 128, 32), stages=3, warps=(2, 2, 1), cls=None):
+    math_inst = cutlass.MathInstruction([16, 8, 16], F16, F16, cutlass.float32, cutlass.OpClass.TensorOp,
+                                        cutlass.MathOperation.multiply_add)
+    a = cutlass.TensorDescription(F16, cutlass.RowMajor, 8)
+    b = cutlass.TensorDescription(F16, cutlass.ColumnMajor, 8)
+    c = cutlass.TensorDescription(F16, cutlass.RowMajor, 8)
+    epilogue = cutlass.LinearCombination(F16, 8, cutlass.float32, cutlass.float32)
+    return (cls or cutlass.GemmOperationUniversal)(80, cutlass.TileDescription(list(tile), stages, list(warps),
+                                                                                 math_inst), a, b, c, epilogue)
+
+
+_KIND_FOLDER = Path(__import__("inspect").getfile(type(gemm()))).parent
+
+
+class _Sabotaged(type(gemm())):
+    """A valid GEMM whose kernel misbehaves on purpose (``SABOTAGE`` is inserted at the kernel's start)."""
+
+    SABOTAGE = ""
+
+    def _signature(self):
+        return (*super()._signature(), type(self).__name__)
+
+    def render(self, template, **context):  # the templates live beside the real kind
+        from pycutlass.emit.emitter import render
+
+        return render(_KIND_FOLDER / template, **context)
+
+    def emit_body(self):
+        body = super().emit_body()
+        assert "  K op;\n" in body
+        return body.replace("  K op;\n", "  K op;\n" + self.SABOTAGE, 1)
+
+
+class FaultingGemm(_Sabotaged):
+    SABOTAGE = "  if (threadIdx.x == 0) { *reinterpret_cast<volatile int *>(16) = 1; }  // illegal address\n"
+
+
+class HangingGemm(_Sabotaged):
+    SABOTAGE = "  if (threadIdx.x == 0) { volatile int spin = 1; while (spin) {} }  // never returns\n"
+
+
+def _tolerance_ok(row):
+    return row["rel_error"] is not None and row["rel_error"] < 5e-3
+
+
+def test_small_real_sweep_records_verified_timings_baselines_and_resources(tmp_path):
+    space = SearchSpace.preset("sm80-f16-small")
+    sweep = Sweep(space, PROBLEMS, db=tmp_path / "r.db", name="small")
+    compiled = sweep.compile()
+    assert compiled.ready == compiled.valid and not compiled.failed, str(compiled)
+    summary = sweep.benchmark(config=QUICK, timeout=120)
+    kernels = len(sweep.ready_operations())
+    assert summary.statuses == {"ok": kernels * len(PROBLEMS) + len(PROBLEMS)}, str(summary)
+    db = sweep.db
+    rows = db.query("select r.*, k.kind from runs r join kernels k on k.name = r.kernel")
+    for row in rows:
+        assert row["seconds"] > 0 and row["seconds_min"] <= row["seconds"] and row["repetitions"] >= 10
+        if row["kind"] != "baseline":
+            assert _tolerance_ok(row), row
+    assert len(db.query("select * from resources")) == kernels
+    assert all(r["registers"] and r["threads"] for r in db.query("select * from resources"))
+    device = db.query("select * from devices")[0]
+    assert device["name"] and device["compute_capability"] >= 80 and device["cutlass"]
+    from pycutlass.tune.select import select_kernels
+
+    chosen = select_kernels(db.results(), 0.95)
+    assert set(chosen.assignment) == {p.key for p in PROBLEMS}
+    # Re-running measures nothing new.
+    again = Sweep(space, PROBLEMS, db=tmp_path / "r.db", name="small").benchmark(config=QUICK)
+    assert again.done == 0 and again.skipped == summary.done
+
+
+def test_faulting_and_hanging_kernels_are_recorded_and_the_sweep_goes_on(tmp_path):
+    good = [gemm((128, 128, 32)), gemm((64, 64, 32))]
+    faulting, hanging = gemm((128, 64, 32), cls=FaultingGemm), gemm((64, 128, 32), cls=HangingGemm)
+    sweep = Sweep([good[0], faulting, hanging, good[1]], PROBLEMS[:2], db=tmp_path / "r.db", name="faults")
+    sweep.compile()
+    summary = sweep.benchmark(config=QUICK, timeout=20, baseline=False)
+    status = {(r["kernel"], r["problem"]): r["status"] for r in sweep.db.query("select * from runs")}
+    for problem in PROBLEMS[:2]:
+        assert status[(faulting.name, problem.key)] == "failed"
+        assert status[(hanging.name, problem.key)] == "timeout"
+        for op in good:
+            assert status[(op.name, problem.key)] == "ok"
+    assert summary.restarts >= 3, str(summary)
+
+
+def test_interrupted_sweep_resumes_without_losing_or_repeating_rows(tmp_path):
+    db_path = tmp_path / "r.db"
+    command = [sys.executable, "-m", "pycutlass", "sweep", "--space", "sm80-f16-small", "--problems",
+               "gemm:256x512x128,1000x3000x520,2048x2048x2048,4096x1024x512", "--db", str(db_path),
+               "--repetitions", "10", "--name", "resume"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(command, env=env)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        if db_path.exists():
+            with ResultsDB(db_path, read_only=True) as db:
+                if db.counts()["runs"] >= 3:
+                    break
+    process.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    process.wait(timeout=30)
+    assert time.monotonic() - started < 5, "Ctrl-C must stop a sweep within seconds"
+    with ResultsDB(db_path, read_only=True) as db:
+        done_before = db.counts()["runs"]
+    assert done_before >= 3
+    finished = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stderr
+    assert f"{done_before} already in the DB" in finished.stdout, finished.stdout
+    with ResultsDB(db_path, read_only=True) as db:
+        rows = db.query("select kernel, problem, count(*) as n from runs group by kernel, problem")
+        assert all(r["n"] == 1 for r in rows)
+        kernels = db.query("select count(*) as n from kernels where kind != 'baseline'")[0]["n"]
+        assert len(rows) == (kernels + 1) * 4
+
+
+def test_autotune_and_tuned_compute_correct_results(tmp_path):
+    from pycutlass.tune.autotune import Tuned, autotune
+
+    space = SearchSpace.preset("sm80-f16-small")
+    problem = GemmProblem(1024, 2048, 512)
+    first = autotune(space, problem, db=tmp_path / "t.db")
+    assert not first.from_cache and first.candidates >= 2
+    assert first.seconds == min(t for t in first.timings.values() if t is not None)
+    assert autotune(space, problem, db=tmp_path / "t.db").from_cache
+
+    tuned = Tuned(space, db=tmp_path / "t.db", policy="pow2")
+    for m, n, k in [(1000, 2000, 500), (77, 300, 64), (1024, 2048, 512)]:
+        a = torch.randn(m, k, device="cuda").half()
+        b = torch.randn(n, k, device="cuda").half().t()  # column-major B
+        d = torch.full((m, n), math.nan, device="cuda").half()
+        tuned(a, b, d)
+        torch.cuda.synchronize()
+        reference = a.double() @ b.double()
+        error = ((d.double() - reference).norm() / reference.norm()).item()
+        assert error < 5e-3, (m, n, k, error)
