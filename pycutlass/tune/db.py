@@ -47,7 +47,8 @@ TABLES: dict[str, tuple[str | tuple[str, ...], dict[str, type]]] = {
                                      "error_class": str, "log": str, "seconds": float, "time": float}),
     "runs": ("id", {"id": str, "sweep": str, "device": str, "kernel": str, "problem": str, "harness": str,
                     "status": str, "seconds": float, "seconds_min": float, "seconds_iqr": float,
-                    "repetitions": int, "tflops": float, "rel_error": float, "message": str, "time": float}),
+                    "repetitions": int, "tflops": float, "rel_error": float, "message": str, "worker": str,
+                    "time": float}),
     "resources": (("kernel", "device"), {"kernel": str, "device": str, "registers": int, "local_bytes": int,
                                          "static_smem": int, "dynamic_smem": int, "threads": int,
                                          "max_active_blocks": int, "occupancy": float}),
@@ -204,7 +205,7 @@ class ResultsDB:
     def record_run(self, *, sweep: str, device: str, kernel: str, problem: str, harness: str, status: str,
                    seconds: float | None = None, seconds_min: float | None = None, seconds_iqr: float | None = None,
                    repetitions: int = 0, flops: float | None = None, rel_error: float | None = None,
-                   message: str = "") -> str:
+                   message: str = "", worker: str = "") -> str:
         if status not in RUN_STATUSES:
             raise ArgumentError(f"run status must be one of {RUN_STATUSES}, got {status!r}")
         rid = run_id(sweep, device, kernel, problem, harness)
@@ -212,7 +213,8 @@ class ResultsDB:
         self._upsert("runs", [{"id": rid, "sweep": sweep, "device": device, "kernel": kernel, "problem": problem,
                                "harness": harness, "status": status, "seconds": seconds, "seconds_min": seconds_min,
                                "seconds_iqr": seconds_iqr, "repetitions": repetitions, "tflops": tflops,
-                               "rel_error": rel_error, "message": message[-4000:], "time": time.time()}])
+                               "rel_error": rel_error, "message": message[-4000:], "worker": worker,
+                               "time": time.time()}])
         return rid
 
     def record_resources(self, kernel: str, device: str, resources: dict) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
+import platform
 import queue
 import threading
 import time
@@ -22,8 +24,6 @@ _POLL_SECONDS = 0.5  # how often a waiting parent looks for Ctrl-C
 
 # --- the worker process ---------------------------------------------------------------------------------------
 def _device_facts(ordinal: int) -> dict:
-    import platform
-
     import torch
 
     import pycutlass
@@ -75,20 +75,21 @@ def _worker_main(conn, ordinal: int, session_options: dict, config_json: str, bu
     from .bench import GemmBench, measure_gemm, measure_torch
     from .problems import problem_from_dict
 
-    torch.cuda.set_device(ordinal)
-    session = pycutlass.Session(**{**session_options, "device": ordinal})
+    # The parent pinned this process to its GPU with CUDA_VISIBLE_DEVICES: it is device 0 here.
+    torch.cuda.set_device(0)
+    session = pycutlass.Session(**{**session_options, "device": 0})
     if bundle_path:
         from .bundle import Bundle
 
         Bundle.open(bundle_path).adopt_into(session)
-    bench = GemmBench(BenchConfig.from_json(config_json), ordinal)
+    bench = GemmBench(BenchConfig.from_json(config_json), 0)
     while True:
         message = conn.recv()
         if message is None:
             return
         try:
             if message[0] == "facts":
-                reply = _device_facts(ordinal)
+                reply = _device_facts(0)
             elif message[0] == "kernel":
                 _, operation, problem = message
                 measurement, resources = measure_gemm(bench, operation, problem_from_dict(problem), session)
@@ -103,6 +104,19 @@ def _worker_main(conn, ordinal: int, session_options: dict, config_json: str, bu
 
 
 # --- the parent's side ----------------------------------------------------------------------------------------
+_ENVIRONMENT_LOCK = threading.Lock()  # children inherit os.environ at start: one start at a time
+
+
+def physical_gpu(ordinal: int, visible: str | None) -> str:
+    """The CUDA_VISIBLE_DEVICES entry for this process's GPU ``ordinal`` (respecting the parent's own list)."""
+    if not visible:
+        return str(ordinal)
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if ordinal >= len(entries):
+        raise ArgumentError(f"GPU {ordinal} is not visible (CUDA_VISIBLE_DEVICES={visible!r})")
+    return entries[ordinal]
+
+
 class WorkerLost(Exception):
     """The worker died or passed its timeout; it has been stopped and will be restarted."""
 
@@ -124,7 +138,17 @@ class Worker:
         parent, child = context.Pipe()
         self._process = context.Process(target=self._main, args=(child, *self._args), daemon=True,
                                         name=f"pycutlass-bench-gpu{self.ordinal}")
-        self._process.start()
+        # Pin the child to its GPU: it sees one device (ordinal 0), so nothing in it can touch another GPU.
+        with _ENVIRONMENT_LOCK:
+            before = os.environ.get("CUDA_VISIBLE_DEVICES")
+            os.environ["CUDA_VISIBLE_DEVICES"] = physical_gpu(self.ordinal, before)
+            try:
+                self._process.start()
+            finally:
+                if before is None:
+                    del os.environ["CUDA_VISIBLE_DEVICES"]
+                else:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = before
         child.close()
         self._conn = parent
 
@@ -262,7 +286,8 @@ def run_sweep(sweep, *, config: BenchConfig | None = None, devices=None, timeout
                                     harness=harness, status=m["status"], seconds=m.get("seconds"),
                                     seconds_min=m.get("seconds_min"), seconds_iqr=m.get("seconds_iqr"),
                                     repetitions=m.get("repetitions", 0), flops=problem.flops,
-                                    rel_error=m.get("rel_error"), message=m.get("message", ""))
+                                    rel_error=m.get("rel_error"), message=m.get("message", ""),
+                                    worker=f"{platform.node()}/gpu{worker.ordinal}")
                 if reply.get("resources"):
                     sweep.db.record_resources(kernel, device, reply["resources"])
                 with lock:
