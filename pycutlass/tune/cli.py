@@ -145,12 +145,14 @@ def _load_results(db_path: Path, sweep_name: str | None):
 @click.option("--min-efficiency", default=0.98, show_default=True, type=float)
 @click.option("--pareto", "pareto_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also draw the set-size vs efficiency curve (.png/.svg).")
+@click.option("--pareto-max-size", default=12, show_default=True,
+              help="Largest set size on the Pareto curve (each size is a few exact integer programs).")
 @click.option("--dispatch-json", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--dispatch-py", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write a standalone Python dispatcher (by M, N, K).")
 @click.option("--policy", type=click.Choice(["exact", "pow2"]), default="exact", show_default=True,
               help="The generated dispatcher's key policy.")
-def select(db_path, sweep_name, min_efficiency, pareto_path, dispatch_json, dispatch_py, policy):
+def select(db_path, sweep_name, min_efficiency, pareto_path, pareto_max_size, dispatch_json, dispatch_py, policy):
     """The minimum kernel set covering every problem within --min-efficiency of its best kernel."""
     from .select import generate_dispatch_python, greedy_select, pareto_curve, select_kernels, write_dispatch_table
 
@@ -166,7 +168,9 @@ def select(db_path, sweep_name, min_efficiency, pareto_path, dispatch_json, disp
         if pareto_path:
             from .plots import pareto_plot
 
-            pareto_plot(pareto_curve(results), pareto_path, greedy=greedy)
+            kernels = len({kernel for kernel, _, _ in results})
+            curve = pareto_curve(results, max_size=max(len(exact.kernels), min(pareto_max_size, kernels)))
+            pareto_plot(curve, pareto_path, greedy=greedy)
             click.echo(f"wrote {pareto_path}")
         if dispatch_json:
             write_dispatch_table(exact, dispatch_json, key_fn=lambda problem: problem.key)

@@ -1,0 +1,314 @@
+"""Plots of tuning results: efficiency heatmaps, ratio bars, Pareto curves and resource scatters.
+
+Every function draws on its own ``matplotlib.figure.Figure`` (no pyplot, so no global state and no display
+needed) and writes a PNG or an SVG chosen by the path's suffix. matplotlib is imported when a plot is drawn.
+Figures grow with the number of labels up to a cap; past it fonts shrink to a floor and labels are thinned.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ArgumentError
+from .select import ParetoPoint, Selection, efficiency_matrix, results_matrix
+
+FORMATS = {".png": "png", ".svg": "svg"}
+MAX_FIGURE_INCHES = 40.0  # beyond this PNGs get huge and viewers slow; labels thin out instead
+MAX_AXES_INCHES = 30.0  # the data area's share of it; the rest is for labels
+CELL_INCHES = (0.12, 0.45)  # a heatmap cell's side, largest while the grid fits MAX_AXES_INCHES
+MAX_LABEL_CHARS = 48  # kernel names run to 100+ characters; the middle goes
+FONT_RANGE = (5.0, 10.0)
+
+
+def _format(path: str | Path) -> tuple[Path, str]:
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in FORMATS:
+        raise ArgumentError(f"cannot write a plot to {str(path)!r}: the suffix must be one of "
+                            f"{', '.join(FORMATS)}, not {suffix or 'none'!r}")
+    return path, FORMATS[suffix]
+
+
+def _save(figure: Any, path: Path, fmt: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format=fmt, dpi=100, bbox_inches="tight")  # "tight" makes room for long labels
+    return path
+
+
+def _figure(width: float, height: float) -> Any:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(min(width, MAX_FIGURE_INCHES), min(height, MAX_FIGURE_INCHES)), layout="constrained")
+
+
+def _font_size(count: int, inches: float) -> float:
+    """The largest font (in the allowed range) that fits ``count`` labels side by side in ``inches``."""
+    per_label_points = 72.0 * inches / max(count, 1)
+    return float(np.clip(per_label_points * 0.8, *FONT_RANGE))
+
+
+def _label_step(count: int, inches: float, font: float) -> int:
+    """Show every n-th label when even the smallest font would overlap."""
+    return max(1, math.ceil(count * font * 1.2 / (72.0 * inches)))
+
+
+def _axis_inches(count: int) -> float:
+    """The length of a heatmap axis with ``count`` cells."""
+    return count * float(np.clip(MAX_AXES_INCHES / max(count, 1), *CELL_INCHES))
+
+
+def _label_inches(labels: Sequence[str], count: int, inches: float) -> float:
+    """How far the longest (shortened) label reaches out from its axis."""
+    longest = max((len(_shorten(label)) for label in labels), default=0)
+    return longest * _font_size(count, inches) * 0.6 / 72.0
+
+
+def _shorten(label: str) -> str:
+    if len(label) <= MAX_LABEL_CHARS:
+        return label
+    keep = (MAX_LABEL_CHARS - 1) // 2
+    return f"{label[:keep]}…{label[-keep:]}"
+
+
+def _set_ticks(axis: Any, labels: Sequence[str], inches: float, *, rotation: float = 0) -> list[int]:
+    """Label the axis (thinned and shortened as needed); returns the positions that got a label."""
+    font = _font_size(len(labels), inches)
+    step = _label_step(len(labels), inches, font)
+    positions = list(range(0, len(labels), step))
+    axis.set_ticks(positions)
+    axis.set_ticklabels([_shorten(labels[i]) for i in positions], fontsize=font, rotation=rotation)
+    return positions
+
+
+def _finite_positive(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+        raise ArgumentError(f"{what} is {value!r}; it must be a finite number > 0")
+    return float(value)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Heatmap
+
+
+def _selected_kernels(selected: Selection | Iterable[Hashable] | None, kernels: list) -> list:
+    if selected is None:
+        return []
+    chosen = list(selected.kernels if isinstance(selected, Selection) else selected)
+    unknown = [k for k in chosen if k not in kernels]
+    if unknown:
+        raise ArgumentError(f"selected kernels {unknown!r} are not in the results; select among the results' "
+                            f"kernels")
+    return list(dict.fromkeys(chosen))
+
+
+def _shown_kernels(efficiency: np.ndarray, kernels: list, selected: list, max_kernels: int | None) -> list[int]:
+    """Column indices: the selected kernels first, then the others by mean efficiency (not run counts as 0),
+    up to ``max_kernels`` in all (never fewer than the selected ones)."""
+    if max_kernels is not None and (isinstance(max_kernels, bool) or not isinstance(max_kernels, numbers.Integral)
+                                    or max_kernels < 1):
+        raise ArgumentError(f"max_kernels is {max_kernels!r}; it must be None or an integer >= 1")
+    first = [kernels.index(k) for k in selected]
+    score = np.nan_to_num(efficiency, nan=0.0).mean(axis=0)
+    others = sorted((k for k in range(len(kernels)) if k not in first), key=lambda k: (-score[k], str(kernels[k])))
+    room = len(others) if max_kernels is None else max(0, max_kernels - len(first))
+    return first + others[:room]
+
+
+def heatmap(results: Iterable[tuple[Hashable, Hashable, float]], path: str | Path, *,
+            selected: Selection | Iterable[Hashable] | None = None, title: str | None = None,
+            problem_label: Callable[[Any], str] = str, kernel_label: Callable[[Any], str] = str,
+            max_kernels: int | None = None) -> Path:
+    """Kernels (rows, so that long names read horizontally) x problems (columns), each cell the kernel's
+    efficiency on the problem (best time / time; 1.0 = fastest). Missing pairs are hatched grey. Selected
+    kernels are listed first with bold names and a box, and the cell each problem runs on is outlined (for a
+    Selection its assignment, otherwise the fastest selected kernel). ``max_kernels`` keeps the selected ones
+    plus the best others by mean efficiency. Returns the path."""
+    path, fmt = _format(path)
+    problems, kernels, seconds = results_matrix(results)
+    efficiency = efficiency_matrix(seconds)
+    chosen = _selected_kernels(selected, kernels)
+    columns = _shown_kernels(efficiency, kernels, chosen, max_kernels)
+    grid = efficiency[:, columns].T  # rows: shown kernels, columns: problems
+    n_rows, n_cols = grid.shape
+
+    from matplotlib import colormaps
+    from matplotlib.patches import Patch, Rectangle
+
+    problem_names = [problem_label(p) for p in problems]
+    kernel_names = [kernel_label(kernels[k]) for k in columns]
+    width, height = _axis_inches(n_cols), _axis_inches(n_rows)
+    # + the kernel names, the colorbar, the problem names (vertical), the title and the legend
+    figure = _figure(width + _label_inches(kernel_names, n_rows, height) + 2.0,
+                     height + _label_inches(problem_names, n_cols, width) + 1.5)
+    axes = figure.add_subplot()
+    axes.add_patch(Rectangle((-0.5, -0.5), n_cols, n_rows, facecolor="0.88", edgecolor="0.65", hatch="///",
+                             linewidth=0, zorder=0))
+    colormap = colormaps["viridis"].with_extremes(bad=(0, 0, 0, 0))  # NaN cells let the hatching through
+    low = float(np.nanmin(grid))
+    image = axes.imshow(np.ma.masked_invalid(grid), cmap=colormap, vmin=min(low, 0.999), vmax=1.0,
+                        aspect="auto", interpolation="nearest", zorder=1)
+    colorbar = figure.colorbar(image, ax=axes, shrink=min(1.0, 8.0 / height))
+    colorbar.set_label("efficiency (best time / time)")
+
+    _set_ticks(axes.xaxis, problem_names, width, rotation=90)
+    labelled_rows = _set_ticks(axes.yaxis, kernel_names, height)
+    axes.set_xlabel("problem")
+    axes.set_ylabel("kernel")
+    if n_rows * n_cols <= 400:  # values are legible only on small grids
+        for (row, col), value in np.ndenumerate(grid):
+            if not np.isnan(value):
+                axes.text(col, row, f"{value:.2f}", ha="center", va="center", fontsize=7, zorder=3,
+                          color="black" if value > low + 0.6 * (1 - low) else "white")
+
+    if chosen:
+        for row, label in zip(labelled_rows, axes.get_yticklabels()):
+            if row < len(chosen):  # the selected kernels are the first rows
+                label.set_fontweight("bold")
+        axes.add_patch(Rectangle((-0.5, -0.5), n_cols, len(chosen), fill=False, edgecolor="red", linewidth=2,
+                                 zorder=4))
+        assignment = selected.assignment if isinstance(selected, Selection) else _fastest_of(efficiency, chosen,
+                                                                                             kernels, problems)
+        for col, problem in enumerate(problems):
+            if problem in assignment:
+                row = chosen.index(assignment[problem])
+                axes.add_patch(Rectangle((col - 0.5, row - 0.5), 1, 1, fill=False, edgecolor="black",
+                                         linewidth=1.2, zorder=5))
+    handles = [Patch(facecolor="0.88", edgecolor="0.65", hatch="///", label="not run / failed")]
+    if chosen:
+        handles += [Patch(fill=False, edgecolor="red", linewidth=2, label="selected kernels"),
+                    Patch(fill=False, edgecolor="black", label="kernel each problem runs")]
+    figure.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
+    if title:
+        axes.set_title(title)
+    return _save(figure, path, fmt)
+
+
+def _fastest_of(efficiency: np.ndarray, chosen: list, kernels: list, problems: list) -> dict:
+    """problem -> the fastest chosen kernel on it (problems none of them ran are left out)."""
+    columns = [kernels.index(k) for k in chosen]
+    assignment = {}
+    for p, problem in enumerate(problems):
+        values = efficiency[p, columns]
+        if not np.all(np.isnan(values)):
+            assignment[problem] = chosen[int(np.nanargmax(values))]
+    return assignment
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Ratio bars, Pareto curve, resource scatter
+
+
+def ratio_bars(rows: Iterable[tuple[str, float]], path: str | Path, *, title: str | None = None,
+               ylabel: str = "ratio vs baseline (baseline time / kernel time)") -> Path:
+    """One bar per shape: the ratio against the baseline (cuBLAS), green at or above 1.0 and red below, with a
+    line at 1.0. ``rows``: ``(label, ratio)`` pairs."""
+    path, fmt = _format(path)
+    rows = list(rows)
+    if not rows:
+        raise ArgumentError("rows is empty; give at least one (label, ratio) pair")
+    labels, ratios = [], []
+    for index, row in enumerate(rows):
+        try:
+            label, ratio = row
+        except (TypeError, ValueError):
+            raise ArgumentError(f"rows[{index}] is {row!r}; each row must be a (label, ratio) pair") from None
+        labels.append(str(label))
+        ratios.append(_finite_positive(ratio, f"the ratio of {label!r}"))
+    width = min(3.0 + 0.3 * len(rows), MAX_FIGURE_INCHES)
+    figure = _figure(width, 4.5)
+    axes = figure.add_subplot()
+    colors = ["tab:green" if ratio >= 1.0 else "tab:red" for ratio in ratios]
+    axes.bar(range(len(rows)), ratios, color=colors, width=0.8)
+    axes.axhline(1.0, color="black", linewidth=1, linestyle="--")
+    _set_ticks(axes.xaxis, labels, width, rotation=90)
+    axes.set_xlim(-0.6, len(rows) - 0.4)
+    axes.set_ylabel(ylabel)
+    axes.grid(axis="y", alpha=0.3)
+    if title:
+        axes.set_title(title)
+    return _save(figure, path, fmt)
+
+
+def pareto_plot(curve: Sequence[ParetoPoint], path: str | Path, *, greedy: Selection | None = None,
+                title: str | None = None) -> Path:
+    """Set size vs the best worst-case and the best geometric-mean efficiency (``pareto_curve``'s points),
+    with a greedy selection's size, worst and geomean marked if given."""
+    path, fmt = _format(path)
+    curve = list(curve)
+    if not curve or not all(isinstance(point, ParetoPoint) for point in curve):
+        raise ArgumentError("curve must be a non-empty list of ParetoPoint, as pareto_curve() returns")
+    sizes = [point.size for point in curve]
+    figure = _figure(min(4.0 + 0.25 * len(curve), MAX_FIGURE_INCHES), 4.5)
+    axes = figure.add_subplot()
+    axes.plot(sizes, [p.worst for p in curve], marker="o", label="best worst-case efficiency")
+    axes.plot(sizes, [p.geomean for p in curve], marker="s", label="best geomean efficiency")
+    if greedy is not None:
+        if not isinstance(greedy, Selection):
+            raise ArgumentError(f"greedy is a {type(greedy).__name__}; give the Selection greedy_select() returns")
+        size = len(greedy.kernels)
+        axes.scatter([size], [greedy.worst], marker="x", s=80, color="tab:red", zorder=3, label="greedy: worst")
+        axes.scatter([size], [greedy.geomean], marker="+", s=100, color="tab:red", zorder=3,
+                     label="greedy: geomean")
+    axes.xaxis.get_major_locator().set_params(integer=True)
+    axes.set_xlabel("kernels in the set")
+    axes.set_ylabel("efficiency (best time / time)")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8, loc="lower right")
+    if title:
+        axes.set_title(title)
+    return _save(figure, path, fmt)
+
+
+def resource_scatter(points: Iterable[Mapping[str, Any]], path: str | Path, *, x: str = "registers",
+                     y: str = "seconds", group: str | None = None, log_y: bool | None = None,
+                     title: str | None = None) -> Path:
+    """Each point a dict with numeric ``x`` and ``y`` fields (e.g. registers per thread and seconds), colored by
+    its ``group`` field (e.g. the problem class) when given. ``log_y``: None = log scale when y spans more than
+    100x."""
+    path, fmt = _format(path)
+    points = list(points)
+    if not points:
+        raise ArgumentError("points is empty; give at least one dict with the x and y fields")
+    xs, ys, groups = [], [], []
+    for index, point in enumerate(points):
+        if not isinstance(point, Mapping):
+            raise ArgumentError(f"points[{index}] is {point!r}; each point must be a dict")
+        missing = [name for name in (x, y, group) if name is not None and name not in point]
+        if missing:
+            raise ArgumentError(f"points[{index}] has no field {', '.join(map(repr, missing))}; its fields are "
+                                f"{', '.join(map(repr, point))}")
+        for name in (x, y):
+            if isinstance(point[name], bool) or not isinstance(point[name], numbers.Real):
+                raise ArgumentError(f"points[{index}][{name!r}] is {point[name]!r}; it must be a number")
+        xs.append(float(point[x]))
+        ys.append(float(point[y]))
+        groups.append(None if group is None else str(point[group]))
+    from matplotlib import colormaps
+
+    figure = _figure(6.5, 4.5)
+    axes = figure.add_subplot()
+    names = list(dict.fromkeys(groups))
+    palette = colormaps["tab10" if len(names) <= 10 else "tab20"]
+    for number, name in enumerate(names):
+        mask = [g == name for g in groups]
+        axes.scatter(np.array(xs)[mask], np.array(ys)[mask], s=14, alpha=0.75,
+                     color=palette(number % palette.N), label=name)
+    positive = [value for value in ys if value > 0]
+    if log_y is None:
+        log_y = len(positive) == len(ys) and max(ys) / min(ys) > 100
+    if log_y:
+        axes.set_yscale("log")
+    if group is not None:  # beside the axes: many groups would hide the points
+        figure.legend(title=group, fontsize=7, title_fontsize=8, ncols=max(1, math.ceil(len(names) / 25)),
+                      loc="outside right upper")
+    axes.set_xlabel(x)
+    axes.set_ylabel(y)
+    axes.grid(alpha=0.3)
+    if title:
+        axes.set_title(title)
+    return _save(figure, path, fmt)

@@ -1,0 +1,217 @@
+"""Compile here, run there: bundle export / open / adopt with hash checks (real NVRTC compiles), and the tuning
+command line (help, errors, db merge/export/info, select/heatmap on a synthetic results DB)."""
+from __future__ import annotations
+
+import json
+import math
+import random
+import zipfile
+
+import pytest
+from click.testing import CliRunner
+
+import pycutlass as cutlass
+from pycutlass.cli import main
+from pycutlass.compiler.manager import Compiler
+from pycutlass.tune.bundle import Bundle, BundleError, export_bundle
+from pycutlass.tune.db import ResultsDB
+from pycutlass.tune.problems import GemmProblem, explicit_problems
+from pycutlass.tune.space import SearchSpace
+from pycutlass.tune.sweep import Sweep
+
+TWO_TILES = {"kind": "gemm", "compute_capability": 80, "dtypes": "f16_f32acc", "layouts": "rcr",
+             "threadblock_shape": [[128, 128, 32], [64, 64, 32]], "warp_count": [[2, 2, 1]], "stages": [3]}
+
+
+@pytest.fixture(scope="module")
+def bundle_file(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bundle")
+    session = cutlass.Session(backend="nvrtc", cache_path=str(folder / "cache.db"))
+    sweep = Sweep(SearchSpace.from_dict(TWO_TILES), explicit_problems([(256, 512, 128), (1000, 3000, 520)]),
+                  db=folder / "compile.db", session=session)
+    return export_bundle(sweep, folder / "sweep.bundle", target=90, jobs=2), sweep
+
+
+@pytest.mark.slow
+def test_bundle_round_trip_runs_binaries_without_a_toolchain(bundle_file, monkeypatch):
+    path, sweep = bundle_file
+    opened = Bundle.open(path)
+    assert opened.target == "sm_90" and len(opened.manifest["kernels"]) == 2
+    assert [p.key for p in opened.problems()] == [p.key for p in sweep.problems]
+    assert opened.space().fingerprint == sweep.space.fingerprint
+    # On the GPU host: operations rebuilt from parameters, binaries adopted; nothing may compile there.
+    session = cutlass.Session(cache_path=":memory:")
+    monkeypatch.setattr(Compiler, "_add", lambda *a, **k: pytest.fail("a bundle run must not compile"))
+    operations = opened.adopt_into(session)
+    compiler = Compiler.of(session)
+    for op, kernel in zip(operations, opened.manifest["kernels"]):
+        found = compiler.compiled_for(op, cutlass.Target(90))
+        assert found.sha256 == kernel["binary_sha256"] and found.binary == opened.binaries[found.sha256]
+
+
+@pytest.mark.slow
+def test_bundle_hash_checks_catch_tampering(bundle_file, tmp_path):
+    path, _ = bundle_file
+    with zipfile.ZipFile(path) as archive:
+        entries = {name: archive.read(name) for name in archive.namelist()}
+
+    def rewrite(name, change):
+        bad = tmp_path / f"bad-{name.replace('/', '_')}.bundle"
+        with zipfile.ZipFile(bad, "w") as archive:
+            for entry, data in entries.items():
+                archive.writestr(entry, change(data) if entry == name else data)
+        return bad
+
+    binary = next(n for n in entries if n.startswith("binaries/"))
+    with pytest.raises(BundleError, match="fails its hash check"):
+        Bundle.open(rewrite(binary, lambda d: d[:-1] + bytes([d[-1] ^ 1])))
+    with pytest.raises(BundleError, match="does not match its hash"):
+        Bundle.open(rewrite("manifest.json", lambda d: d.replace(b'"sm_90"', b'"sm_80"')))
+    # A consistent manifest whose kernel source no longer matches this pycutlass is refused when run.
+    manifest = json.loads(entries["manifest.json"])
+    manifest["kernels"][0]["source_sha256"] = "0" * 64
+    data = json.dumps(manifest).encode()
+    import hashlib
+
+    forged = tmp_path / "forged.bundle"
+    with zipfile.ZipFile(forged, "w") as archive:
+        for entry, content in entries.items():
+            archive.writestr(entry, data if entry == "manifest.json" else
+                             hashlib.sha256(data).hexdigest().encode() if entry == "manifest.sha256" else content)
+    with pytest.raises(BundleError, match="different source"):
+        Bundle.open(forged).operations()
+    not_zip = tmp_path / "plain.bundle"
+    not_zip.write_text("hello")
+    with pytest.raises(BundleError, match="not a readable pycutlass bundle"):
+        Bundle.open(not_zip)
+
+
+def test_bundle_needs_a_target(tmp_path):
+    sweep = Sweep(SearchSpace.from_dict(TWO_TILES), db=tmp_path / "r.db")
+    with pytest.raises(cutlass.ArgumentError, match="explicit target"):
+        export_bundle(sweep, tmp_path / "x.bundle", target=None)
+
+
+# --- the command line -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("command", [["sweep"], ["tune"], ["select"], ["heatmap"], ["bundle", "export"],
+                                     ["bundle", "info"], ["db", "merge"], ["db", "export"], ["db", "info"],
+                                     ["db", "correlate"]])
+def test_cli_help(command):
+    result = CliRunner().invoke(main, [*command, "--help"])
+    assert result.exit_code == 0 and "Usage" in result.output
+
+
+def synthetic_db(path, kernels=6, problems=8, seed=0):
+    """Runs with made-up times (a few missing pairs) and resources, as a GPU sweep would record them."""
+    rng = random.Random(seed)
+    db = ResultsDB(path)
+    device = db.add_device({"name": "synthetic", "uuid": "GPU-0"})
+
+    class Op:
+        family = "sm80"
+
+        def __init__(self, name):
+            self.name = name
+
+        def describe(self):
+            return self.name
+
+    shapes = [GemmProblem(2 ** rng.randint(4, 12), 4096, 4096) for _ in range(problems)]
+    shapes = list(dict.fromkeys(shapes))
+    for p in shapes:
+        db.add_problem(p)
+    for i in range(kernels):
+        db.add_kernel(Op(f"k{i}"), {"kind": "gemm", "stages": 3 + i % 3})
+        db.record_resources(f"k{i}", device, {"registers": 100 + 20 * i, "dynamic_smem": 40000 + 1000 * i,
+                                              "threads": 128})
+        for p in shapes:
+            if rng.random() < 0.1 and i:
+                continue
+            db.record_run(sweep="s", device=device, kernel=f"k{i}", problem=p.key, harness="h", status="ok",
+                          seconds=1e-4 * (1 + rng.random()) * (1 + 0.05 * i), flops=p.flops)
+    db.close()
+    return shapes
+
+
+def test_cli_select_heatmap_db_commands(tmp_path):
+    pytest.importorskip("matplotlib")
+    synthetic_db(tmp_path / "a.db")
+    runner = CliRunner()
+    out = runner.invoke(main, ["select", "--db", str(tmp_path / "a.db"), "--min-efficiency", "0.9",
+                               "--pareto", str(tmp_path / "pareto.png"), "--dispatch-json", str(tmp_path / "d.json"),
+                               "--dispatch-py", str(tmp_path / "d.py")])
+    assert out.exit_code == 0, out.output
+    assert "kernels cover" in out.output and (tmp_path / "pareto.png").stat().st_size > 1000
+    document = json.loads((tmp_path / "d.json").read_text())
+    table = document["table"]
+    assert set(table.values()) == set(document["kernels"]) and all(k.startswith("gemm ") for k in table)
+    namespace = {}
+    exec(compile((tmp_path / "d.py").read_text(), "d.py", "exec"), namespace)
+    dispatch = next(v for k, v in namespace.items() if callable(v) and not k.startswith("_"))
+    for key, kernel in table.items():  # the generated dispatcher agrees with the table on every problem
+        m, n, k = (int(x) for x in key.split()[1].split("x"))
+        assert dispatch(m, n, k) == kernel
+
+    out = runner.invoke(main, ["heatmap", "--db", str(tmp_path / "a.db"), str(tmp_path / "h.svg"), "--select", "0.95"])
+    assert out.exit_code == 0, out.output
+    assert "<svg" in (tmp_path / "h.svg").read_text()[:2000]
+
+    synthetic_db(tmp_path / "b.db", seed=1)
+    out = runner.invoke(main, ["db", "merge", str(tmp_path / "all.db"), str(tmp_path / "a.db"), str(tmp_path / "b.db")])
+    assert out.exit_code == 0, out.output
+    again = runner.invoke(main, ["db", "merge", str(tmp_path / "all.db"), str(tmp_path / "a.db")])
+    assert "0 rows added" in again.output
+    out = runner.invoke(main, ["db", "info", str(tmp_path / "all.db")])
+    assert "runs" in out.output
+    out = runner.invoke(main, ["db", "export", str(tmp_path / "all.db"), "runs", str(tmp_path / "runs.csv")])
+    assert out.exit_code == 0 and (tmp_path / "runs.csv").read_text().startswith("id,")
+    out = runner.invoke(main, ["db", "correlate", str(tmp_path / "all.db"), "--scatter", str(tmp_path / "s.png")])
+    assert out.exit_code == 0, out.output
+    assert "registers" in out.output and (tmp_path / "s.png").exists()
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    runner = CliRunner()
+    out = runner.invoke(main, ["sweep", "--space", "no-such-preset", "--db", str(tmp_path / "r.db"), "--compile-only"])
+    assert out.exit_code != 0 and "no-such-preset" in out.output and "Traceback" not in out.output
+    out = runner.invoke(main, ["sweep", "--space", "sm80-f16-small", "--problems", "square:1:2", "--db",
+                               str(tmp_path / "r.db")])
+    assert out.exit_code != 0 and "square" in out.output
+    empty = tmp_path / "empty.db"
+    ResultsDB(empty).close()
+    out = runner.invoke(main, ["select", "--db", str(empty)])
+    assert out.exit_code != 0 and "no successful runs" in out.output
+    out = runner.invoke(main, ["db", "export", str(empty), "nope", str(tmp_path / "x.csv")])
+    assert out.exit_code != 0 and "unknown table" in out.output
+
+
+def test_resource_correlation_ranks_a_planted_predictor(tmp_path):
+    """Times that grow with registers: the report must find registers as the strongest predictor."""
+    from pycutlass.tune.resources import correlation_report, resource_points
+
+    db = ResultsDB(tmp_path / "r.db")
+    device = db.add_device({"name": "synthetic"})
+    rng = random.Random(3)
+
+    class Op:
+        family = "sm80"
+
+        def __init__(self, name):
+            self.name = name
+
+        def describe(self):
+            return self.name
+
+    problems = [GemmProblem(m, 4096, 4096) for m in (16, 256, 4096)]
+    for p in problems:
+        db.add_problem(p)
+    for i in range(12):
+        registers = 64 + 16 * i
+        db.add_kernel(Op(f"k{i}"), {})
+        db.record_resources(f"k{i}", device, {"registers": registers, "dynamic_smem": rng.randint(1, 9) * 8192})
+        for p in problems:
+            db.record_run(sweep="s", device=device, kernel=f"k{i}", problem=p.key, harness="h", status="ok",
+                          seconds=1e-4 * (1 + registers / 256) * (1 + 0.01 * rng.random()))
+    report = correlation_report(resource_points(db))
+    top = [r for r in report if r["class"] == "all"][0]
+    assert top["resource"] == "registers" and top["spearman"] > 0.9 and not math.isnan(top["spearman"])
