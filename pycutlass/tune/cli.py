@@ -73,11 +73,14 @@ def _with_harness(function):
 @click.option("--target", default=None, help="Compile for this GPU (e.g. 90) instead of the local one.")
 @click.option("--bundle", "bundle_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Run a bundle's precompiled kernels (from `pycutlass bundle export`); nothing compiles.")
-@click.option("--devices", default=None, help="GPU ordinals, e.g. 0,1 (default: every visible GPU).")
+@click.option("--gpus", "--devices", "devices", default=None,
+              help="GPU ordinals, e.g. 0,1, or all (default): one pinned benchmark worker per GPU.")
+@click.option("--scheduler", default=None,
+              help="Run through Dask: local:N (a local cluster of N workers) or a scheduler address tcp://host:8786.")
 @click.option("--timeout", default=120.0, show_default=True, help="Seconds per measurement before the worker is killed.")
 @click.option("--no-baseline", is_flag=True, help="Skip the torch (cuBLAS) baseline rows.")
 @_with_harness
-def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundle_path, devices, timeout,
+def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundle_path, devices, scheduler, timeout,
           no_baseline, repetitions, cuda_graph, arg_pool, verify, max_seconds):
     """Compile a search space and benchmark it over problems; results go to --db (resumable)."""
     from .. import Session
@@ -85,7 +88,10 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
     from .sweep import Sweep
 
     with _reported():
-        ordinals = None if devices is None else [int(d) for d in devices.split(",") if d.strip()]
+        try:
+            ordinals = None if devices in (None, "all") else [int(d) for d in devices.split(",") if d.strip()]
+        except ValueError:
+            raise click.UsageError(f"--gpus takes 'all' or ordinals such as 0,1; got {devices!r}") from None
         config = _bench_config(repetitions, cuda_graph, arg_pool, verify, max_seconds)
         db = ResultsDB(db_path)
         if bundle_path:
@@ -99,6 +105,14 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
             raise click.UsageError("--space is required (or --bundle)")
         session = Session(target=target) if target else Session()
         job = Sweep(_space(space), _problems(problem_specs), db=db, name=name, session=session)
+        if scheduler:
+            from .distributed import DaskExecutor
+
+            with DaskExecutor(scheduler) as executor:
+                click.echo(f"compile (dask): {executor.compile(job)}")
+                if not compile_only:
+                    click.echo(f"benchmark (dask): {executor.benchmark(job, config=config, timeout=timeout)}")
+            return
         click.echo(f"compile: {job.compile(jobs=jobs)}")
         if compile_only:
             return

@@ -65,7 +65,8 @@ def _device_facts(ordinal: int) -> dict:
 
 
 def _worker_main(conn, ordinal: int, session_options: dict, config_json: str, bundle_path: str | None) -> None:
-    """Serve tasks until told to stop: ``("facts",)``, ``("kernel", op, problem_dict)``, ``("baseline", ...)``."""
+    """Serve tasks until told to stop: ``("facts",)``, ``("adopt", op, target, binary, ...)``,
+    ``("kernel", op, problem_dict)``, ``("baseline", problem_dict, a_label, c_label)``."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us cleanly
@@ -90,6 +91,12 @@ def _worker_main(conn, ordinal: int, session_options: dict, config_json: str, bu
         try:
             if message[0] == "facts":
                 reply = _device_facts(0)
+            elif message[0] == "adopt":  # a binary compiled elsewhere (a Dask compile worker)
+                from ..compiler.manager import Compiler
+
+                _, operation, target, binary, backend, kernel_symbol, builder_symbol = message
+                Compiler.of(session).adopt(operation, target, binary, backend, kernel_symbol, builder_symbol)
+                reply = {"adopted": operation.name}
             elif message[0] == "kernel":
                 _, operation, problem = message
                 measurement, resources = measure_gemm(bench, operation, problem_from_dict(problem), session)

@@ -15,6 +15,7 @@ from pycutlass.tune.autotune import Tuned, autotune, bucket_of, next_pow2, tunin
 from pycutlass.tune.db import ResultsDB, run_id
 from pycutlass.tune.problems import GemmProblem
 from pycutlass.tune.sweep import Sweep, error_class
+from tests.cpu.tune_fake_worker import broken_gemm
 
 F16 = cutlass.float16
 FACTS = {"device": "test GPU", "cc": 90, "driver": 13000, "toolkit": "13.0"}
@@ -29,23 +30,6 @@ def gemm(tile=(128, 128, 32), stages=3, warps=(2, 2, 1)):
     epilogue = cutlass.LinearCombination(F16, 8, cutlass.float32, cutlass.float32)
     return cutlass.GemmOperationUniversal(80, cutlass.TileDescription(list(tile), stages, list(warps), math_inst),
                                           a, b, c, epilogue)
-
-
-class BrokenGemm(type(gemm())):
-    """Valid as a description, but its source does not compile (a configuration CUTLASS would reject late)."""
-
-    __module__ = type(gemm()).__module__  # its templates live beside the real kind
-
-    def _signature(self):
-        return (*super()._signature(), "broken")
-
-    def emit_body(self):
-        return super().emit_body() + "\n#error deliberately broken for the compile-memo test\n"
-
-
-def broken_gemm():
-    good = gemm((64, 64, 32), 3, (2, 2, 1))
-    return BrokenGemm(80, good.tile_description, good.A, good.B, good.C, good.epilogue_functor)
 
 
 # --- the results DB ---------------------------------------------------------------------------------------------
@@ -309,7 +293,7 @@ def test_runner_survives_faults_and_hangs_and_resumes(tmp_path, monkeypatch):
             assert status[(op.name, p.key)]["status"] == "ok" and status[(op.name, p.key)]["seconds"] > 0
         assert status[("torch.matmul[float16->float16]", p.key)]["status"] == "ok"
     assert summary.done == len(status) == 10 and summary.restarts >= 4, str(summary)
-    assert {r["name"] for r in sweep.db.query("select name from devices")} == {"fake GPU 0", "fake GPU 1"}
+    assert {r["uuid"] for r in sweep.db.query("select uuid from devices")} == {"GPU-fake-0", "GPU-fake-1"}
     assert len(sweep.db.query("select * from resources")) >= 2
     # A re-run measures nothing again, on the devices that measured it.
     again = run_sweep(Sweep(ops, problems, db=tmp_path / "r.db", name="robust"), devices=[0, 1], timeout=3,

@@ -1,0 +1,132 @@
+"""Sweeps through Dask on this CPU-only machine: compile-only through a LocalCluster of 2 workers equals a
+single-process sweep, a worker killed mid-sweep loses nothing, and distributed benchmarking (with a stand-in GPU
+worker) partitions work, isolates a faulting kernel and resumes."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+import pycutlass as cutlass
+from pycutlass.tune.db import ResultsDB
+from pycutlass.tune.problems import GemmProblem
+from pycutlass.tune.sweep import Sweep
+from tests.cpu.tune_fake_worker import broken_gemm, fake_worker_main
+
+distributed = pytest.importorskip("distributed")
+from pycutlass.tune.distributed import DaskExecutor  # noqa: E402
+
+F16 = cutlass.float16
+
+
+def gemm(tile, stages=3, warps=(2, 2, 1)):
+    math_inst = cutlass.MathInstruction([16, 8, 16], F16, F16, cutlass.float32, cutlass.OpClass.TensorOp,
+                                        cutlass.MathOperation.multiply_add)
+    a = cutlass.TensorDescription(F16, cutlass.RowMajor, 8)
+    b = cutlass.TensorDescription(F16, cutlass.ColumnMajor, 8)
+    return cutlass.GemmOperationUniversal(80, cutlass.TileDescription(list(tile), stages, list(warps), math_inst),
+                                          a, b, a, cutlass.LinearCombination(F16, 8, cutlass.float32, cutlass.float32))
+
+
+OPS = [gemm((128, 128, 32)), gemm((64, 64, 32)), gemm((128, 64, 32), 4), gemm((64, 128, 32), 4), broken_gemm()]
+
+
+def memo(db_path):
+    with ResultsDB(db_path, read_only=True) as db:
+        rows = db.query("select kernel, status, error_class from compile_status")
+    assert len(rows) == len({r["kernel"] for r in rows}), "one memo row per kernel"
+    return {r["kernel"]: (r["status"], r["error_class"]) for r in rows}
+
+
+def session(path):
+    return cutlass.Session(target=90, backend="nvrtc", cache_path=str(path))
+
+
+@pytest.fixture(scope="module")
+def single_process(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("single")
+    sweep = Sweep(OPS, db=folder / "r.db", name="s", session=session(folder / "cache.db"))
+    sweep.compile(jobs=1, progress=False)
+    return memo(folder / "r.db")
+
+
+@pytest.mark.slow
+def test_dask_compile_only_equals_a_single_process_sweep(single_process, tmp_path):
+    sweep = Sweep(OPS, db=tmp_path / "r.db", name="s", session=session(tmp_path / "client-cache.db"))
+    with DaskExecutor("local:2", worker_cache_path=str(tmp_path / "worker-cache.db")) as executor:
+        summary = executor.compile(sweep, progress=False)
+    assert memo(tmp_path / "r.db") == single_process
+    assert summary.statuses == {"ok": 4, "failed": 1} and len(summary.workers) == 2, str(summary)
+    assert [op.name for op in sweep.ready_operations()] == [op.name for op in OPS[:4]]
+    # The binaries arrived in the client's cache, verified: a local sweep now compiles nothing.
+    again = Sweep(OPS, db=tmp_path / "r.db", name="s", session=session(tmp_path / "client-cache.db"))
+    local = again.compile(jobs=1, progress=False)
+    assert (local.compiled, local.from_cache, local.known_bad) == (0, 4, 1), str(local)
+
+
+@pytest.mark.slow
+def test_killing_a_worker_mid_sweep_loses_nothing(single_process, tmp_path):
+    sweep = Sweep(OPS, db=tmp_path / "r.db", name="s", session=session(tmp_path / "client-cache.db"))
+    with DaskExecutor("local:2", worker_cache_path=str(tmp_path / "worker-cache.db")) as executor:
+        pids = executor.client.run(os.getpid)
+        killed = []
+
+        def kill_one_when_busy():
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not killed:
+                processing = executor.client.processing()
+                busy = [address for address, tasks in processing.items() if tasks]
+                if busy:
+                    time.sleep(1.0)  # let it start compiling
+                    os.kill(pids[busy[0]], signal.SIGKILL)
+                    killed.append(busy[0])
+                time.sleep(0.2)
+
+        killer = threading.Thread(target=kill_one_when_busy, daemon=True)
+        killer.start()
+        summary = executor.compile(sweep, progress=False)
+        killer.join()
+    assert killed, "the test must have killed a worker"
+    assert memo(tmp_path / "r.db") == single_process, str(summary)
+    assert summary.done == summary.submitted == len(OPS)
+
+
+@pytest.mark.slow
+def test_dask_benchmark_partitions_isolates_faults_and_resumes(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_WORKER_MARKERS", "fault:64x64")
+    ops = OPS[:4]
+    problems = [GemmProblem(256, 512, 128), GemmProblem(1024, 1024, 1024), GemmProblem(16, 4096, 4096)]
+    sweep = Sweep(ops, problems, db=tmp_path / "r.db", name="b", session=session(tmp_path / "cache.db"))
+    sweep.compile(jobs=2, progress=False)
+    import dask
+
+    with dask.config.set({"distributed.worker.daemon": False}):  # as docs/distributed.md says for GPU workers
+        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                           dashboard_address=None, resources={"GPU": 1})
+    with distributed.Client(cluster) as client, DaskExecutor(client) as executor:
+        summary = executor.benchmark(sweep, timeout=20, worker_main=fake_worker_main, progress=False)
+        assert summary.done == summary.submitted == len(ops) * len(problems), str(summary)
+        rows = sweep.db.query("select kernel, problem, status, worker from runs")
+        assert len({(r["kernel"], r["problem"]) for r in rows}) == len(rows) == 12
+        for row in rows:
+            expected = "failed" if row["kernel"] == ops[1].name else "ok"
+            assert row["status"] == expected, row
+        again = executor.benchmark(sweep, timeout=20, worker_main=fake_worker_main, progress=False)
+        assert again.submitted == 0 and again.skipped == 12
+    cluster.close()
+
+
+def test_executor_rejects_bad_schedulers_and_gpu_less_clusters(tmp_path):
+    with pytest.raises(cutlass.ArgumentError, match="local:N"):
+        DaskExecutor("local:many")
+    with pytest.raises(cutlass.ArgumentError, match="scheduler"):
+        DaskExecutor(42)
+    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None)
+    with distributed.Client(cluster) as client:
+        sweep = Sweep(OPS[:1], [GemmProblem(64, 64, 64)], db=tmp_path / "r.db")
+        with pytest.raises(cutlass.ArgumentError, match="GPU resource"):
+            DaskExecutor(client).benchmark(sweep)
+    cluster.close()
