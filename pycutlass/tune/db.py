@@ -202,20 +202,30 @@ class ResultsDB:
                                          "backend": backend, "status": status, "error_class": error_class,
                                          "log": log[-20000:], "seconds": seconds, "time": time.time()}])
 
-    def record_run(self, *, sweep: str, device: str, kernel: str, problem: str, harness: str, status: str,
-                   seconds: float | None = None, seconds_min: float | None = None, seconds_iqr: float | None = None,
-                   repetitions: int = 0, flops: float | None = None, rel_error: float | None = None,
-                   message: str = "", worker: str = "") -> str:
+    def record_runs(self, runs: Iterable[dict]) -> list[str]:
+        """Many ``record_run`` rows in one transaction (a distributed task's results: one commit, not hundreds)."""
+        rows = [self._run_row(**run) for run in runs]
+        self._upsert("runs", rows)
+        return [row["id"] for row in rows]
+
+    def record_run(self, **run) -> str:
+        row = self._run_row(**run)
+        self._upsert("runs", [row])
+        return row["id"]
+
+    @staticmethod
+    def _run_row(*, sweep: str, device: str, kernel: str, problem: str, harness: str, status: str,
+                 seconds: float | None = None, seconds_min: float | None = None, seconds_iqr: float | None = None,
+                 repetitions: int = 0, flops: float | None = None, rel_error: float | None = None,
+                 message: str = "", worker: str = "") -> dict:
         if status not in RUN_STATUSES:
             raise ArgumentError(f"run status must be one of {RUN_STATUSES}, got {status!r}")
         rid = run_id(sweep, device, kernel, problem, harness)
         tflops = flops / seconds / 1e12 if (flops and seconds) else None
-        self._upsert("runs", [{"id": rid, "sweep": sweep, "device": device, "kernel": kernel, "problem": problem,
-                               "harness": harness, "status": status, "seconds": seconds, "seconds_min": seconds_min,
-                               "seconds_iqr": seconds_iqr, "repetitions": repetitions, "tflops": tflops,
-                               "rel_error": rel_error, "message": message[-4000:], "worker": worker,
-                               "time": time.time()}])
-        return rid
+        return {"id": rid, "sweep": sweep, "device": device, "kernel": kernel, "problem": problem,
+                "harness": harness, "status": status, "seconds": seconds, "seconds_min": seconds_min,
+                "seconds_iqr": seconds_iqr, "repetitions": repetitions, "tflops": tflops, "rel_error": rel_error,
+                "message": message[-4000:], "worker": worker, "time": time.time()}
 
     def record_resources(self, kernel: str, device: str, resources: dict) -> None:
         self._upsert("resources", [{"kernel": kernel, "device": device, **resources}])
