@@ -168,3 +168,30 @@ def test_autotune_and_tuned_compute_correct_results(tmp_path):
         reference = a.double() @ b.double()
         error = ((d.double() - reference).norm() / reference.norm()).item()
         assert error < 5e-3, (m, n, k, error)
+
+
+def _gpu_count():
+    return torch.cuda.device_count() if torch is not None else 0
+
+
+@pytest.mark.multigpu
+@pytest.mark.skipif(_gpu_count() < 2, reason="needs two GPUs")
+def test_two_gpu_workers_split_the_work_and_isolate_a_fault(tmp_path):
+    good = [gemm((128, 128, 32)), gemm((64, 64, 32)), gemm((128, 256, 32), 3, (2, 4, 1))]
+    faulting = gemm((128, 64, 32), cls=FaultingGemm)
+    problems = PROBLEMS + [GemmProblem(2048, 2048, 2048)]
+    sweep = Sweep([*good, faulting], problems, db=tmp_path / "r.db", name="two")
+    sweep.compile()
+    summary = sweep.benchmark(config=QUICK, devices=[0, 1], timeout=30, baseline=False)
+    rows = sweep.db.query("select kernel, problem, status, worker, device from runs")
+    assert len(rows) == len({(r["kernel"], r["problem"]) for r in rows}) == 4 * len(problems)
+    assert len({r["worker"] for r in rows}) == 2, "both GPUs must have measured"
+    assert all((r["status"] == "failed") == (r["kernel"] == faulting.name) for r in rows), rows
+    # The same pairs on one GPU agree with the two-GPU run within noise (same kernels, same model of GPU).
+    single = Sweep([*good], problems, db=tmp_path / "r.db", name="one")
+    single.benchmark(config=QUICK, devices=[1], baseline=False)
+    two = {(k, p): s for k, p, s in sweep.db.results(sweep="two")}
+    one = {(k, p): s for k, p, s in sweep.db.results(sweep="one")}
+    ratios = sorted(two[pair] / one[pair] for pair in one)
+    assert 0.7 < ratios[len(ratios) // 2] < 1.3, ratios
+    assert summary.restarts >= 1
