@@ -13,6 +13,7 @@ entries: the binary, its sha256 (checked on arrival) and the cache key the worke
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import time
@@ -177,8 +178,6 @@ class DaskExecutor:
     # --- compile ------------------------------------------------------------------------------------------------
     def compile(self, sweep, *, chunk: int = 1, progress: bool | None = None) -> DistributedSummary:
         """Compile the sweep's operations that the memo does not already settle, ``chunk`` per task."""
-        from distributed import as_completed
-
         from ..cache.current import CacheState
         from ..compiler.manager import Compiler
         from .sweep import _progress
@@ -207,8 +206,8 @@ class DaskExecutor:
             futures[future] = part
         summary.submitted = len(pending)
         bar = _progress(len(pending), "compile (dask)", progress)
-        try:
-            for future in as_completed(list(futures)):
+        with _collecting(self.client, futures, bar, summary, start) as finished:
+            for future in finished:
                 part = futures[future]
                 try:
                     rows = future.result()
@@ -219,12 +218,6 @@ class DaskExecutor:
                 for row, (op, key, _) in zip(rows, part):
                     self._record_compile(sweep, cache, row, key, summary)
                 bar.update(len(part))
-        except KeyboardInterrupt:
-            self.client.cancel(list(futures))
-            raise
-        finally:
-            bar.close()
-            summary.seconds = time.perf_counter() - start
         log.info("dask compile %s: %s", sweep.name, summary)
         return summary
 
@@ -254,8 +247,6 @@ class DaskExecutor:
 
         Work is partitioned by problem (``problems_per_task`` per task, all kernels each) so no pair is measured
         twice and idle GPUs steal the remaining tasks. Rows already in the DB are not submitted again."""
-        from distributed import as_completed
-
         from ..cache.current import CacheState
         from ..compiler.manager import Compiler
         from .bench import BenchConfig
@@ -302,8 +293,8 @@ class DaskExecutor:
             summary.submitted += len(todo) * len(part)
         bar = _progress(summary.submitted, "benchmark (dask)", progress)
         devices: dict[str, str] = {}
-        try:
-            for future in as_completed(list(futures)):
+        with _collecting(self.client, futures, bar, summary, start) as finished:
+            for future in finished:
                 runs = []
                 for row in future.result():
                     problem = by_key[_problem_key(row["problem"])]
@@ -328,13 +319,22 @@ class DaskExecutor:
                 sweep.db.record_runs(runs)  # one commit per task: the single writer keeps up at scale
                 summary.done += len(runs)
                 bar.update(len(runs))
-        except KeyboardInterrupt:
-            self.client.cancel(list(futures))
-            raise
-        finally:
-            bar.close()
-            summary.seconds = time.perf_counter() - start
         return summary
+
+
+@contextlib.contextmanager
+def _collecting(client, futures, bar, summary: DistributedSummary, start: float):
+    """Futures as they finish; Ctrl-C cancels the rest (everything recorded so far stays)."""
+    from distributed import as_completed
+
+    try:
+        yield as_completed(list(futures))
+    except KeyboardInterrupt:
+        client.cancel(list(futures))
+        raise
+    finally:
+        bar.close()
+        summary.seconds = time.perf_counter() - start
 
 
 def _problem_key(spec: dict) -> str:

@@ -18,6 +18,7 @@ from pycutlass.tune.db import ResultsDB
 from pycutlass.tune.problems import GemmProblem, explicit_problems
 from pycutlass.tune.space import SearchSpace
 from pycutlass.tune.sweep import Sweep
+from tests.tune_helpers import NamedOp
 
 TWO_TILES = {"kind": "gemm", "compute_capability": 80, "dtypes": "f16_f32acc", "layouts": "rcr",
              "threadblock_shape": [[128, 128, 32], [64, 64, 32]], "warp_count": [[2, 2, 1]], "stages": [3]}
@@ -107,21 +108,12 @@ def synthetic_db(path, kernels=6, problems=8, seed=0):
     db = ResultsDB(path)
     device = db.add_device({"name": "synthetic", "uuid": "GPU-0"})
 
-    class Op:
-        family = "sm80"
-
-        def __init__(self, name):
-            self.name = name
-
-        def describe(self):
-            return self.name
-
     shapes = [GemmProblem(2 ** rng.randint(4, 12), 4096, 4096) for _ in range(problems)]
     shapes = list(dict.fromkeys(shapes))
     for p in shapes:
         db.add_problem(p)
     for i in range(kernels):
-        db.add_kernel(Op(f"k{i}"), {"kind": "gemm", "stages": 3 + i % 3})
+        db.add_kernel(NamedOp(f"k{i}"), {"kind": "gemm", "stages": 3 + i % 3})
         db.record_resources(f"k{i}", device, {"registers": 100 + 20 * i, "dynamic_smem": 40000 + 1000 * i,
                                               "threads": 128})
         for p in shapes:
@@ -193,21 +185,12 @@ def test_resource_correlation_ranks_a_planted_predictor(tmp_path):
     device = db.add_device({"name": "synthetic"})
     rng = random.Random(3)
 
-    class Op:
-        family = "sm80"
-
-        def __init__(self, name):
-            self.name = name
-
-        def describe(self):
-            return self.name
-
     problems = [GemmProblem(m, 4096, 4096) for m in (16, 256, 4096)]
     for p in problems:
         db.add_problem(p)
     for i in range(12):
         registers = 64 + 16 * i
-        db.add_kernel(Op(f"k{i}"), {})
+        db.add_kernel(NamedOp(f"k{i}"), {})
         db.record_resources(f"k{i}", device, {"registers": registers, "dynamic_smem": rng.randint(1, 9) * 8192})
         for p in problems:
             db.record_run(sweep="s", device=device, kernel=f"k{i}", problem=p.key, harness="h", status="ok",

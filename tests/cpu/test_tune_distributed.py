@@ -14,21 +14,11 @@ import pycutlass as cutlass
 from pycutlass.tune.db import ResultsDB
 from pycutlass.tune.problems import GemmProblem
 from pycutlass.tune.sweep import Sweep
-from tests.cpu.tune_fake_worker import broken_gemm, fake_worker_main
+from tests.tune_helpers import broken_gemm, f16_gemm as gemm, fake_worker_main
 
 distributed = pytest.importorskip("distributed")
 from pycutlass.tune.distributed import DaskExecutor  # noqa: E402
 
-F16 = cutlass.float16
-
-
-def gemm(tile, stages=3, warps=(2, 2, 1)):
-    math_inst = cutlass.MathInstruction([16, 8, 16], F16, F16, cutlass.float32, cutlass.OpClass.TensorOp,
-                                        cutlass.MathOperation.multiply_add)
-    a = cutlass.TensorDescription(F16, cutlass.RowMajor, 8)
-    b = cutlass.TensorDescription(F16, cutlass.ColumnMajor, 8)
-    return cutlass.GemmOperationUniversal(80, cutlass.TileDescription(list(tile), stages, list(warps), math_inst),
-                                          a, b, a, cutlass.LinearCombination(F16, 8, cutlass.float32, cutlass.float32))
 
 
 OPS = [gemm((128, 128, 32)), gemm((64, 64, 32)), gemm((128, 64, 32), 4), gemm((64, 128, 32), 4), broken_gemm()]

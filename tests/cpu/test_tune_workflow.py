@@ -15,38 +15,16 @@ from pycutlass.tune.autotune import Tuned, autotune, bucket_of, next_pow2, tunin
 from pycutlass.tune.db import ResultsDB, run_id
 from pycutlass.tune.problems import GemmProblem
 from pycutlass.tune.sweep import Sweep, error_class
-from tests.cpu.tune_fake_worker import broken_gemm
+from tests.tune_helpers import NamedOp, broken_gemm, f16_gemm as gemm
 
-F16 = cutlass.float16
 FACTS = {"device": "test GPU", "cc": 90, "driver": 13000, "toolkit": "13.0"}
 
 
-def gemm(tile=(128, 128, 32), stages=3, warps=(2, 2, 1)):
-    math_inst = cutlass.MathInstruction([16, 8, 16], F16, F16, cutlass.float32, cutlass.OpClass.TensorOp,
-                                        cutlass.MathOperation.multiply_add)
-    a = cutlass.TensorDescription(F16, cutlass.RowMajor, 8)
-    b = cutlass.TensorDescription(F16, cutlass.ColumnMajor, 8)
-    c = cutlass.TensorDescription(F16, cutlass.RowMajor, 8)
-    epilogue = cutlass.LinearCombination(F16, 8, cutlass.float32, cutlass.float32)
-    return cutlass.GemmOperationUniversal(80, cutlass.TileDescription(list(tile), stages, list(warps), math_inst),
-                                          a, b, c, epilogue)
-
-
 # --- the results DB ---------------------------------------------------------------------------------------------
-class FakeOp:
-    family = "sm80"
-
-    def __init__(self, name):
-        self.name = name
-
-    def describe(self):
-        return f"fake {self.name}"
-
-
 def test_db_schema_rows_and_idempotent_merge(tmp_path):
     first = ResultsDB(tmp_path / "a.db")
     device = first.add_device({"name": "GPU A", "uuid": "GPU-1", "driver": "580"})
-    first.add_kernel(FakeOp("k1"), {"kind": "gemm", "threadblock_shape": [128, 128, 32], "stages": 3})
+    first.add_kernel(NamedOp("k1"), {"kind": "gemm", "threadblock_shape": [128, 128, 32], "stages": 3})
     first.add_problem(GemmProblem(256, 512, 128))
     first.record_run(sweep="s", device=device, kernel="k1", problem=GemmProblem(256, 512, 128).key, harness="h",
                      status="ok", seconds=2e-5, flops=GemmProblem(256, 512, 128).flops)
@@ -56,7 +34,7 @@ def test_db_schema_rows_and_idempotent_merge(tmp_path):
     assert math.isclose(run["tflops"], 2 * 256 * 512 * 128 / 2e-5 / 1e12)
 
     second = ResultsDB(tmp_path / "b.db")
-    second.add_kernel(FakeOp("k2"), {"kind": "gemm"})
+    second.add_kernel(NamedOp("k2"), {"kind": "gemm"})
     assert second.merge(tmp_path / "a.db") == {"devices": 1, "kernels": 1, "problems": 1, "compile_status": 0,
                                                "runs": 1, "resources": 0, "tuning": 0, "sweeps": 0}
     assert sum(second.merge(tmp_path / "a.db").values()) == 0  # merging again adds nothing
@@ -83,7 +61,7 @@ def test_db_refuses_foreign_files_and_read_only_writes(tmp_path):
     ResultsDB(tmp_path / "r.db").close()
     with ResultsDB(tmp_path / "r.db", read_only=True) as db:
         with pytest.raises(ArgumentError, match="read-only"):
-            db.add_kernel(FakeOp("k"), {})
+            db.add_kernel(NamedOp("k"), {})
     with pytest.raises(ArgumentError, match="no results database"):
         ResultsDB(tmp_path / "missing.db", read_only=True)
 
@@ -276,7 +254,7 @@ def test_tuned_call_checks_shapes(tmp_path):
 # --- the runner's robustness, with a stand-in worker (no GPU) ---------------------------------------------------
 def test_runner_survives_faults_and_hangs_and_resumes(tmp_path, monkeypatch):
     from pycutlass.tune.runner import run_sweep
-    from tests.cpu.tune_fake_worker import fake_worker_main
+    from tests.tune_helpers import fake_worker_main
 
     ops = [gemm((128, 128, 32)), gemm((64, 64, 32)), gemm((128, 64, 32), 4), gemm((64, 128, 32))]
     monkeypatch.setenv("FAKE_WORKER_MARKERS", "fault:64x64 hang:128x64")

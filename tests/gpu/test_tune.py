@@ -7,17 +7,16 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 import pycutlass as cutlass
-from pycutlass.kinds.gemm.operation import GemmOperationUniversal as _Sm80Gemm  # noqa: F401
 from pycutlass.tune.bench import BenchConfig
 from pycutlass.tune.db import ResultsDB
 from pycutlass.tune.problems import GemmProblem
 from pycutlass.tune.space import SearchSpace
 from pycutlass.tune.sweep import Sweep
+from tests.tune_helpers import FaultingGemm, HangingGemm, f16_gemm as gemm
 
 try:
     import torch
@@ -27,48 +26,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch is None, reason="needs t
 
 QUICK = BenchConfig(repetitions=10, max_seconds=0.5, warmup=2)
 PROBLEMS = [GemmProblem(256, 512, 128), GemmProblem(1000, 3000, 520), GemmProblem(512, 1024, 1024, batch=2)]
-F16 = cutlass.float16
-
-
-def gemm(tile=(128, 128, 32), stages=3, warps=(2, 2, 1), cls=None):
-    math_inst = cutlass.MathInstruction([16, 8, 16], F16, F16, cutlass.float32, cutlass.OpClass.TensorOp,
-                                        cutlass.MathOperation.multiply_add)
-    a = cutlass.TensorDescription(F16, cutlass.RowMajor, 8)
-    b = cutlass.TensorDescription(F16, cutlass.ColumnMajor, 8)
-    c = cutlass.TensorDescription(F16, cutlass.RowMajor, 8)
-    epilogue = cutlass.LinearCombination(F16, 8, cutlass.float32, cutlass.float32)
-    return (cls or cutlass.GemmOperationUniversal)(80, cutlass.TileDescription(list(tile), stages, list(warps),
-                                                                                 math_inst), a, b, c, epilogue)
-
-
-_KIND_FOLDER = Path(__import__("inspect").getfile(type(gemm()))).parent
-
-
-class _Sabotaged(type(gemm())):
-    """A valid GEMM whose kernel misbehaves on purpose (``SABOTAGE`` is inserted at the kernel's start)."""
-
-    SABOTAGE = ""
-
-    def _signature(self):
-        return (*super()._signature(), type(self).__name__)
-
-    def render(self, template, **context):  # the templates live beside the real kind
-        from pycutlass.emit.emitter import render
-
-        return render(_KIND_FOLDER / template, **context)
-
-    def emit_body(self):
-        body = super().emit_body()
-        assert "  K op;\n" in body
-        return body.replace("  K op;\n", "  K op;\n" + self.SABOTAGE, 1)
-
-
-class FaultingGemm(_Sabotaged):
-    SABOTAGE = "  if (threadIdx.x == 0) { *reinterpret_cast<volatile int *>(16) = 1; }  // illegal address\n"
-
-
-class HangingGemm(_Sabotaged):
-    SABOTAGE = "  if (threadIdx.x == 0) { volatile int spin = 1; while (spin) {} }  // never returns\n"
 
 
 def _tolerance_ok(row):

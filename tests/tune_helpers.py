@@ -1,0 +1,115 @@
+"""Stand-ins shared by the tuning tests and shipped to their worker processes: a benchmark worker that answers like
+the real one without a GPU (faults or hangs on the tiles named in FAKE_WORKER_MARKERS, times the rest from a
+formula), and a GEMM that is valid as a description but does not compile."""
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+import time
+from pathlib import Path
+
+import pycutlass as cutlass
+from pycutlass.emit.emitter import render
+from pycutlass.kinds.gemm.operation import GemmOperationUniversal
+
+_KIND_FOLDER = Path(inspect.getfile(GemmOperationUniversal)).parent
+
+
+
+class NamedOp:
+    """Just enough of an operation for the results DB (a name and a description)."""
+
+    family = "sm80"
+
+    def __init__(self, name):
+        self.name = name
+
+    def describe(self):
+        return f"stand-in {self.name}"
+
+
+def f16_gemm(tile=(128, 128, 32), stages=3, warps=(2, 2, 1), cls=None):
+    """A float16 Sm80-family GEMM (A row-, B column-major, f32 accumulation) with the given tile."""
+    f16 = cutlass.float16
+    math_inst = cutlass.MathInstruction([16, 8, 16], f16, f16, cutlass.float32, cutlass.OpClass.TensorOp,
+                                        cutlass.MathOperation.multiply_add)
+    a = cutlass.TensorDescription(f16, cutlass.RowMajor, 8)
+    b = cutlass.TensorDescription(f16, cutlass.ColumnMajor, 8)
+    return (cls or cutlass.GemmOperationUniversal)(80, cutlass.TileDescription(list(tile), stages, list(warps),
+                                                                                 math_inst), a, b, a,
+                                                    cutlass.LinearCombination(f16, 8, cutlass.float32,
+                                                                              cutlass.float32))
+
+
+class _SabotagedGemm(GemmOperationUniversal):
+    """A valid GEMM whose emitted code is changed on purpose: ``PREFIX`` goes at the kernel's start, ``SUFFIX`` at
+    the end of the unit. Module-level classes, so worker processes unpickle them by reference."""
+
+    PREFIX = ""
+    SUFFIX = ""
+
+    def _signature(self):
+        return (*super()._signature(), type(self).__name__)
+
+    def render(self, template, **context):  # the templates live beside the real kind
+        return render(_KIND_FOLDER / template, **context)
+
+    def emit_body(self):
+        body = super().emit_body()
+        if self.PREFIX:
+            assert "  K op;\n" in body
+            body = body.replace("  K op;\n", "  K op;\n" + self.PREFIX, 1)
+        return body + self.SUFFIX
+
+
+class BrokenGemm(_SabotagedGemm):
+    """Does not compile (a configuration CUTLASS would reject late)."""
+
+    SUFFIX = "\n#error deliberately broken for the compile-memo test\n"
+
+
+class FaultingGemm(_SabotagedGemm):
+    """Compiles, then writes to an illegal address on the GPU."""
+
+    PREFIX = "  if (threadIdx.x == 0) { *reinterpret_cast<volatile int *>(16) = 1; }  // illegal address\n"
+
+
+class HangingGemm(_SabotagedGemm):
+    """Compiles, then never returns."""
+
+    PREFIX = "  if (threadIdx.x == 0) { volatile int spin = 1; while (spin) {} }  // never returns\n"
+
+
+def broken_gemm():
+    return f16_gemm((64, 64, 32), cls=BrokenGemm)
+
+
+def fake_worker_main(conn, ordinal, session_options, config_json, bundle_path):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:
+        message = conn.recv()
+        if message is None:
+            return
+        if message[0] == "facts":
+            uuid = os.environ.get("FAKE_WORKER_UUID", f"GPU-fake-{ordinal}")
+            conn.send({"name": f"fake GPU {uuid}", "uuid": uuid, "compute_capability": 90, "host": "fake"})
+            continue
+        if message[0] == "adopt":
+            conn.send({"adopted": message[1].name})
+            continue
+        if message[0] == "baseline":
+            conn.send({"measurement": {"status": "ok", "seconds": 1e-4, "repetitions": 50}})
+            continue
+        _, operation, problem = message
+        tile = operation.tile_description.threadblock_shape
+        marker = os.environ.get("FAKE_WORKER_MARKERS", "")
+        if f"fault:{tile[0]}x{tile[1]}" in marker:
+            os._exit(3)  # what a CUDA fault looks like from outside: the process is gone
+        if f"hang:{tile[0]}x{tile[1]}" in marker:
+            time.sleep(3600)
+        time.sleep(float(os.environ.get("FAKE_WORKER_DELAY", "0")))
+        seconds = 1e-6 * (problem["m"] * problem["n"] * problem["k"]) ** (1 / 3) / tile[0] * 64
+        conn.send({"measurement": {"status": "ok", "seconds": seconds, "seconds_min": seconds * 0.98,
+                                   "seconds_iqr": seconds * 0.01, "repetitions": 50, "rel_error": 1e-4},
+                   "resources": {"registers": tile[0], "threads": 128}})
