@@ -105,9 +105,21 @@ def _worker_main(conn, ordinal: int, session_options: dict, config_json: str, bu
                 _, problem, a_label, c_label = message
                 measurement = measure_torch(bench, problem_from_dict(problem), a_label, c_label=c_label)
                 reply = {"measurement": measurement.__dict__}
-        except Exception as exc:  # a Python-level failure: the row says so, the process lives on
+        except Exception as exc:  # the row says what failed
             reply = {"error": f"{type(exc).__name__}: {exc}"}
+            if not _context_usable(torch):  # a fault is sticky: every later launch would fail too
+                conn.send(reply)
+                os._exit(70)  # the parent starts a fresh process for the next task
         conn.send(reply)
+
+
+def _context_usable(torch) -> bool:
+    try:
+        torch.cuda.synchronize()
+        torch.zeros(1, device="cuda").add_(1).item()
+        return True
+    except Exception:
+        return False
 
 
 # --- the parent's side ----------------------------------------------------------------------------------------
@@ -161,6 +173,9 @@ class Worker:
 
     def request(self, message, timeout: float, stop: threading.Event):
         if self._process is None or not self._process.is_alive():
+            if self._process is not None:  # it exited after a sticky CUDA fault
+                self.restarts += 1
+                self._process = None
             self._start()
         self._conn.send(message)
         deadline = time.monotonic() + timeout
