@@ -49,11 +49,9 @@ def noop(x):
 
 
 def scheduler_throughput(tasks: int = 2000) -> dict:
-    import dask
     from distributed import Client, LocalCluster
 
-    with dask.config.set({"distributed.worker.daemon": False}):
-        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
     with Client(cluster) as client:
         client.gather(client.map(noop, range(100), pure=False))  # warm up
         start = time.perf_counter()

@@ -78,7 +78,8 @@ class FaultingGemm(_SabotagedGemm):
 class HangingGemm(_SabotagedGemm):
     """Compiles, then never returns."""
 
-    PREFIX = "  if (threadIdx.x == 0) { volatile int spin = 1; while (spin) {} }  // never returns\n"
+    # clock64() is an opaque volatile read: the compiler cannot prove the loop ends, so it cannot drop it
+    PREFIX = "  if (threadIdx.x == 0) { while (clock64() >= 0) { __nanosleep(1000); } }  // never returns\n"
 
 
 def broken_gemm():

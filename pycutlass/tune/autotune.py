@@ -117,7 +117,10 @@ def gpu_measure(config=None, session: Session | None = None, device: int | None 
     bench = GemmBench(config or BenchConfig(repetitions=30), device)
 
     def measure(operation, problem):
-        measurement, _ = measure_gemm(bench, operation, problem, session)
+        try:
+            measurement, _ = measure_gemm(bench, operation, problem, session)
+        except ArgumentError:  # this candidate cannot run this problem (e.g. its alignment): not a choice
+            return None
         return measurement.seconds if measurement.status == "ok" else None
 
     return measure

@@ -76,12 +76,6 @@ def benchmark_task(kernels: list[dict], problems: list[dict], config_json: str, 
     from .bench import BenchConfig
     from .runner import Worker, WorkerLost
 
-    import multiprocessing
-
-    if multiprocessing.current_process().daemon:
-        raise ArgumentError("this Dask worker is a daemon process and cannot start the benchmark subprocess that "
-                            "isolates faulting kernels: start GPU workers with DASK_DISTRIBUTED__WORKER__DAEMON=False "
-                            "(or dask.config distributed.worker.daemon: false)")
     config = BenchConfig.from_json(config_json)
     worker = Worker(0, {}, config, None, worker_main)
     stop = threading.Event()
@@ -142,11 +136,8 @@ def _client_for(scheduler):
             workers = int(count or 2)
         except ValueError:
             raise ArgumentError(f"write a local cluster as 'local:N' (N workers), got {scheduler!r}") from None
-        import dask
-
-        with dask.config.set({"distributed.worker.daemon": False}):  # workers may start benchmark subprocesses
-            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
-                                   resources={COMPILE_RESOURCE: COMPILE_MEMORY_GB})
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                               resources={COMPILE_RESOURCE: COMPILE_MEMORY_GB})
         return Client(cluster), cluster
     return Client(scheduler), None
 

@@ -7,12 +7,15 @@ finished row at once, skips rows already in the DB (resume), and stops within a 
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import platform
 import queue
+import socket
+import subprocess
+import sys
 import threading
 import time
+from multiprocessing.connection import Connection
 from dataclasses import dataclass, field
 
 from ..errors import ArgumentError, NoGpuError
@@ -108,7 +111,7 @@ def _worker_main(conn, ordinal: int, session_options: dict, config_json: str, bu
         except Exception as exc:  # the row says what failed
             reply = {"error": f"{type(exc).__name__}: {exc}"}
             if not _context_usable(torch):  # a fault is sticky: every later launch would fail too
-                conn.send(reply)
+                conn.send({**reply, "fatal": True})
                 os._exit(70)  # the parent starts a fresh process for the next task
         conn.send(reply)
 
@@ -122,10 +125,21 @@ def _context_usable(torch) -> bool:
         return False
 
 
+def child_entry() -> None:
+    """The worker process's entry: receive the worker function and its arguments, then serve."""
+    fd = int(sys.argv[1])
+    conn = Connection(fd)
+    try:
+        main, args = conn.recv()
+    except EOFError:
+        return
+    try:
+        main(conn, *args)
+    except EOFError:  # the parent went away
+        pass
+
+
 # --- the parent's side ----------------------------------------------------------------------------------------
-_ENVIRONMENT_LOCK = threading.Lock()  # children inherit os.environ at start: one start at a time
-
-
 def physical_gpu(ordinal: int, visible: str | None) -> str:
     """The CUDA_VISIBLE_DEVICES entry for this process's GPU ``ordinal`` (respecting the parent's own list)."""
     if not visible:
@@ -153,44 +167,47 @@ class Worker:
         self.restarts = 0
 
     def _start(self) -> None:
-        context = multiprocessing.get_context("spawn")  # fork would inherit a CUDA context
-        parent, child = context.Pipe()
-        self._process = context.Process(target=self._main, args=(child, *self._args), daemon=True,
-                                        name=f"pycutlass-bench-gpu{self.ordinal}")
-        # Pin the child to its GPU: it sees one device (ordinal 0), so nothing in it can touch another GPU.
-        with _ENVIRONMENT_LOCK:
-            before = os.environ.get("CUDA_VISIBLE_DEVICES")
-            os.environ["CUDA_VISIBLE_DEVICES"] = physical_gpu(self.ordinal, before)
-            try:
-                self._process.start()
-            finally:
-                if before is None:
-                    del os.environ["CUDA_VISIBLE_DEVICES"]
-                else:
-                    os.environ["CUDA_VISIBLE_DEVICES"] = before
-        child.close()
-        self._conn = parent
+        # A fresh interpreter (not fork: it would inherit a CUDA context; not multiprocessing's spawn: it re-runs
+        # the user's script when that has no __main__ guard, and daemonic Dask workers may not use it), talking
+        # over a socket pair. Pinned to its GPU: it sees one device (ordinal 0) and can touch no other.
+        parent, child = socket.socketpair()
+        environment = {**os.environ, "CUDA_VISIBLE_DEVICES": physical_gpu(self.ordinal,
+                                                                         os.environ.get("CUDA_VISIBLE_DEVICES")),
+                       "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", "from pycutlass.tune.runner import child_entry; child_entry()",
+                 str(child.fileno())], pass_fds=[child.fileno()], env=environment, stdin=subprocess.DEVNULL)
+        finally:
+            child.close()
+        self._conn = Connection(parent.detach())
+        self._conn.send((self._main, self._args))  # the worker function and its arguments, pickled by reference
 
     def request(self, message, timeout: float, stop: threading.Event):
-        if self._process is None or not self._process.is_alive():
-            if self._process is not None:  # it exited after a sticky CUDA fault
-                self.restarts += 1
-                self._process = None
+        if self._process is None or self._process.poll() is not None:
             self._start()
-        self._conn.send(message)
+        try:
+            self._conn.send(message)
+        except OSError:  # it died between tasks: the message never arrived, so send it to a fresh process
+            self._lost()
+            self._start()
+            self._conn.send(message)
         deadline = time.monotonic() + timeout
         while True:
             try:
                 if self._conn.poll(_POLL_SECONDS):
-                    return self._conn.recv()
+                    reply = self._conn.recv()
+                    if reply.get("fatal"):  # the worker's context is poisoned and it is exiting: replace it
+                        self._lost()
+                    return reply
             except (EOFError, OSError):
                 self._lost()
                 raise WorkerLost("the worker process died (a kernel fault or a crash)") from None
             if stop.is_set():
                 self.stop()
                 raise KeyboardInterrupt
-            if not self._process.is_alive():
-                code = self._process.exitcode
+            if self._process.poll() is not None:
+                code = self._process.returncode
                 self._lost()
                 raise WorkerLost(f"the worker process died (exit code {code})")
             if time.monotonic() > deadline:
@@ -204,15 +221,17 @@ class Worker:
 
     def stop(self) -> None:
         if self._process is not None:
-            if self._process.is_alive():
+            if self._process.poll() is None:
                 try:
                     self._conn.send(None)
-                except (OSError, BrokenPipeError):
+                except OSError:
                     pass
-                self._process.join(1.0)
-            if self._process.is_alive():
-                self._process.kill()
-                self._process.join(5.0)
+                try:
+                    self._process.wait(1.0)
+                except subprocess.TimeoutExpired:
+                    self._process.kill()
+                    self._process.wait(5.0)
+            self._conn.close()
         self._process = None
 
 

@@ -91,11 +91,8 @@ def test_dask_benchmark_partitions_isolates_faults_and_resumes(tmp_path, monkeyp
     problems = [GemmProblem(256, 512, 128), GemmProblem(1024, 1024, 1024), GemmProblem(16, 4096, 4096)]
     sweep = Sweep(ops, problems, db=tmp_path / "r.db", name="b", session=session(tmp_path / "cache.db"))
     sweep.compile(jobs=2, progress=False)
-    import dask
-
-    with dask.config.set({"distributed.worker.daemon": False}):  # as docs/distributed.md says for GPU workers
-        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                           dashboard_address=None, resources={"GPU": 1})
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                       resources={"GPU": 1})
     with distributed.Client(cluster) as client, DaskExecutor(client) as executor:
         summary = executor.benchmark(sweep, timeout=20, worker_main=fake_worker_main, progress=False)
         assert summary.done == summary.submitted == len(ops) * len(problems), str(summary)
