@@ -99,6 +99,7 @@ class GemmBench:
         self.l2_bytes = l2
         self._flush = torch.empty(2 * l2 // 4, dtype=torch.int32, device=self.device) if config.flush_l2 else None
         self._inputs: dict = {}
+        self._references: dict = {}
 
     # --- inputs -----------------------------------------------------------------------------------------------
     def _random(self, shape, label, generator):
@@ -136,6 +137,16 @@ class GemmBench:
             a = self._matrix(problem.m, problem.k, a_row, a_label, generator, problem.batch)
             b = self._matrix(problem.k, problem.n, b_row, b_label, generator, problem.batch)
             found = self._inputs[key] = (a, b)
+        return found
+
+    def reference(self, problem, a, b):
+        """A @ B in float64 for the problem's first argument set (kernels of a sweep share it)."""
+        key = (problem.key, a.data_ptr(), b.data_ptr())
+        found = self._references.get(key)
+        if found is None:
+            if len(self._references) > 2:  # float64 references are large: keep the current problem's
+                self._references.clear()
+            found = self._references[key] = self.torch.matmul(a.double(), b.double())
         return found
 
     # --- timing -----------------------------------------------------------------------------------------------
@@ -226,7 +237,7 @@ def measure_gemm(bench: GemmBench, operation, problem, session=None) -> tuple[Me
     if config.verify:
         operation.run(args)
         args.sync()
-        reference = torch.matmul(a.double(), b.double())
+        reference = bench.reference(problem, a, b)
         if activation is not None:
             from ..epilogue.activations import reference as activation_reference
 

@@ -6,8 +6,10 @@ Figures grow with the number of labels up to a cap; past it fonts shrink to a fl
 """
 from __future__ import annotations
 
+
 import math
 import numbers
+import os
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -66,6 +68,16 @@ def _label_inches(labels: Sequence[str], count: int, inches: float) -> float:
     """How far the longest (shortened) label reaches out from its axis."""
     longest = max((len(_shorten(label)) for label in labels), default=0)
     return longest * _font_size(count, inches) * 0.6 / 72.0
+
+
+def _without_common_prefix(labels: list[str]) -> list[str]:
+    """Operation names share a long prefix (kind, types, layouts); what tells them apart starts after it, at an
+    underscore."""
+    if len(labels) < 2:
+        return labels
+    prefix = os.path.commonprefix(labels)
+    cut = prefix.rfind("_") + 1
+    return [label[cut:] for label in labels] if cut > 8 else labels
 
 
 def _shorten(label: str) -> str:
@@ -140,7 +152,7 @@ def heatmap(results: Iterable[tuple[Hashable, Hashable, float]], path: str | Pat
     from matplotlib.patches import Patch, Rectangle
 
     problem_names = [problem_label(p) for p in problems]
-    kernel_names = [kernel_label(kernels[k]) for k in columns]
+    kernel_names = _without_common_prefix([kernel_label(kernels[k]) for k in columns])
     width, height = _axis_inches(n_cols), _axis_inches(n_rows)
     # + the kernel names, the colorbar, the problem names (vertical), the title and the legend
     figure = _figure(width + _label_inches(kernel_names, n_rows, height) + 2.0,
