@@ -209,16 +209,18 @@ def relative_error(got, reference) -> float:
 
 def measure_gemm(bench: GemmBench, operation, problem, session=None) -> tuple[Measurement, dict | None]:
     """Verify ``operation`` on ``problem`` once, then time it. Returns the measurement and kernel resources."""
-    import pycutlass as cutlass
+    from ..description.types import LayoutType
+    from ..kinds import GemmArguments
+    from ..kinds.gemm.modes import GemmCoord, Mode
 
     torch, config = bench.torch, bench.config
     math_inst = operation.tile_description.math_instruction
     a_label, b_label = element_label(math_inst.element_a), element_label(math_inst.element_b)
     c_label = element_label(operation.C.element)
-    a_row = operation.A.layout is cutlass.RowMajor
-    b_row = operation.B.layout is cutlass.RowMajor
-    c_row = operation.C.layout is cutlass.RowMajor
-    mode = cutlass.gemm.Mode.Batched if problem.batch > 1 else cutlass.gemm.Mode.Gemm
+    a_row = operation.A.layout is LayoutType.RowMajor
+    b_row = operation.B.layout is LayoutType.RowMajor
+    c_row = operation.C.layout is LayoutType.RowMajor
+    mode = Mode.Batched if problem.batch > 1 else Mode.Gemm
     activation = getattr(operation.epilogue_functor, "activation", None)
     if getattr(operation, "bias", None):
         return Measurement("failed", message="sweeps time operations without a bias vector"), None
@@ -226,9 +228,9 @@ def measure_gemm(bench: GemmBench, operation, problem, session=None) -> tuple[Me
     def arguments(index: int, stream=None):
         a, b = bench.operands(problem, a_label, b_label, a_row, b_row, index)
         d = bench.poisoned(problem.m, problem.n, c_row, c_label, problem.batch)
-        args = cutlass.GemmArguments(operation, cutlass.gemm.GemmCoord(problem.m, problem.n, problem.k), a, b, None,
-                                     d, output_op=operation.epilogue_type(1.0, 0.0), gemm_mode=mode,
-                                     batch=problem.batch, stream=stream, session=session)
+        args = GemmArguments(operation, GemmCoord(problem.m, problem.n, problem.k), a, b, None, d,
+                             output_op=operation.epilogue_type(1.0, 0.0), gemm_mode=mode, batch=problem.batch,
+                             stream=stream, session=session)
         return args, a, b, d
 
     args, a, b, d = arguments(0)

@@ -27,13 +27,21 @@ class BundleError(CacheError):
     """A bundle file is damaged, altered, or does not match this pycutlass."""
 
 
+def pycutlass_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pycutlass")
+    except PackageNotFoundError:  # run from a source tree (a GPU host with the project on PYTHONPATH)
+        return "source"
+
+
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
 def export_bundle(sweep, path: str | Path, *, target, jobs: int | None = None) -> Path:
     """Compile ``sweep``'s operations for ``target`` (here, no GPU needed) and write them to one file."""
-    from .. import __version__
     from ..compiler import toolchain
     from ..compiler.manager import Compiler, parse_target
 
@@ -63,7 +71,7 @@ def export_bundle(sweep, path: str | Path, *, target, jobs: int | None = None) -
         except Exception as exc:  # informative only
             toolchains[backend] = {"error": str(exc)}
     manifest = {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "pycutlass": __version__, "target": target.name, "toolchains": toolchains,
+                "pycutlass": pycutlass_version(), "target": target.name, "toolchains": toolchains,
                 "sweep": sweep.name, "space": sweep.space.to_dict(),
                 "problems": [p.to_dict() for p in sweep.problems], "pruned": dict(sweep.pruned),
                 "compile": {"failed": dict(summary.failed), "known_bad": summary.known_bad}, "kernels": kernels}

@@ -32,8 +32,9 @@ GPU_RESOURCE = "GPU"
 # --- tasks (run on Dask workers) --------------------------------------------------------------------------------
 def compile_task(operations: list, target: str, backend: str, cache_path: str | None) -> list[dict]:
     """Compile ``operations`` in this worker's process; failures come back as data (retries are for lost workers)."""
-    import pycutlass
     from ..compiler.manager import Compiler
+    from ..description.target import Target
+    from ..session import Session
     from .sweep import error_class
 
     try:
@@ -45,7 +46,7 @@ def compile_task(operations: list, target: str, backend: str, cache_path: str | 
     options = {"target": target, "backend": backend}
     if cache_path is not None:
         options["cache_path"] = cache_path
-    session = pycutlass.Session(**options)
+    session = Session(**options)
     compiler = Compiler.of(session)
     start = time.perf_counter()
     report = compiler.add_module(operations, target=target, errors="report")
@@ -53,7 +54,7 @@ def compile_task(operations: list, target: str, backend: str, cache_path: str | 
     seconds = (time.perf_counter() - start) / max(1, len(operations))
     results = []
     for op in operations:
-        key, resolved = compiler.key_and_target(op, pycutlass.Target.parse(target))
+        key, resolved = compiler.key_and_target(op, Target.parse(target))
         row = {"name": op.name, "key": key, "target": resolved.name, "backend": compiler.backend_for(op).name,
                "worker": worker, "seconds": seconds}
         error = failed.get(op.name)

@@ -29,14 +29,14 @@ _POLL_SECONDS = 0.5  # how often a waiting parent looks for Ctrl-C
 def _device_facts(ordinal: int) -> dict:
     import torch
 
-    import pycutlass
     from ..compiler import toolchain
+    from .bundle import pycutlass_version
 
     props = torch.cuda.get_device_properties(ordinal)
     facts = {"name": props.name, "uuid": str(getattr(props, "uuid", "")), "compute_capability":
              props.major * 10 + props.minor, "sm_count": props.multi_processor_count,
              "l2_bytes": getattr(props, "L2_cache_size", None), "cuda_runtime": torch.version.cuda,
-             "pycutlass": pycutlass.__version__, "torch": torch.__version__, "host": platform.node()}
+             "pycutlass": pycutlass_version(), "torch": torch.__version__, "host": platform.node()}
     try:
         facts["cutlass"] = toolchain.cutlass_version()
     except Exception:
@@ -75,13 +75,13 @@ def _worker_main(conn, ordinal: int, session_options: dict, config_json: str, bu
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us cleanly
     import torch
 
-    import pycutlass
+    from ..session import Session
     from .bench import GemmBench, measure_gemm, measure_torch
     from .problems import problem_from_dict
 
     # The parent pinned this process to its GPU with CUDA_VISIBLE_DEVICES: it is device 0 here.
     torch.cuda.set_device(0)
-    session = pycutlass.Session(**{**session_options, "device": 0})
+    session = Session(**{**session_options, "device": 0})
     if bundle_path:
         from .bundle import Bundle
 

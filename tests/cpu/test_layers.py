@@ -21,7 +21,9 @@ LAYERS = [
     ("runtime", ["runtime", "runtime.*"]),
     ("kind runtime", ["kinds.*.arguments", "kinds.*.matrix"]),
     ("registration", ["kinds", "kinds.*"]),
-    ("api", ["", "gemm", "conv", "cli", "__main__", "utils", "utils.*",
+    ("tune", ["tune", "tune.space", "tune.problems", "tune.db", "tune.sweep", "tune.bench", "tune.runner",
+              "tune.autotune", "tune.select", "tune.plots", "tune.bundle", "tune.resources", "tune.distributed"]),
+    ("api", ["", "gemm", "conv", "cli", "__main__", "utils", "utils.*", "tune.cli",
              # PyCUTLASS 2.11's module paths (docs/porting.md)
              "_compat", "gemm_operation", "conv2d_operation", "reduction_operation", "memory_manager", "library",
              "parser", "test"]),
