@@ -154,3 +154,24 @@ def test_two_gpu_workers_split_the_work_and_isolate_a_fault(tmp_path):
     ratios = sorted(two[pair] / one[pair] for pair in one)
     assert 0.7 < ratios[len(ratios) // 2] < 1.3, ratios
     assert summary.restarts >= 1
+
+
+def test_graph_replay_and_argument_pool_agree_with_plain_timing(tmp_path):
+    """CUDA-graph replay and an argument pool beyond L2 time the same verified kernels; times stay close to the
+    plain harness's (graphs remove host cost, so they may only be faster)."""
+    ops = [gemm((128, 128, 32)), gemm((64, 64, 32))]
+    problems = [GemmProblem(2048, 2048, 2048)]
+    results = {}
+    for name, config in (("plain", QUICK), ("graph", BenchConfig(repetitions=10, warmup=2, cuda_graph=8)),
+                         ("pool", BenchConfig(repetitions=10, warmup=2, arg_pool=8))):
+        sweep = Sweep(ops, problems, db=tmp_path / "r.db", name=name)
+        sweep.compile()
+        summary = sweep.benchmark(config=config, baseline=False)
+        assert summary.statuses == {"ok": 2}, (name, summary)
+        rows = sweep.db.query("select kernel, seconds, message, rel_error from runs where sweep = ?", [name])
+        assert all(not r["message"] and r["rel_error"] < 5e-3 for r in rows), rows  # no capture fallback note
+        results[name] = {r["kernel"]: r["seconds"] for r in rows}
+    for op in ops:
+        plain = results["plain"][op.name]
+        assert 0.5 * plain < results["graph"][op.name] < 1.2 * plain, results
+        assert 0.5 * plain < results["pool"][op.name] < 1.5 * plain, results
