@@ -28,7 +28,8 @@ def _space(value: str):
     from .space import SearchSpace
 
     path = Path(value)
-    return SearchSpace.from_file(path) if path.suffix in (".toml", ".json") else SearchSpace.preset(value)
+    return SearchSpace.from_file(path) if path.suffix in (".toml", ".json", ".yaml", ".yml") else \
+        SearchSpace.preset(value)
 
 
 def _problems(specs: tuple[str, ...]):
@@ -63,7 +64,7 @@ def _with_harness(function):
 
 
 @main.command()
-@click.option("--space", help="A preset name (sm80-f16, sm90-f16, ...) or a .toml/.json space file.")
+@click.option("--space", help="A preset name (sm80-f16, sm90-f16, ...) or a .toml/.json/.yaml space file.")
 @click.option("--problems", "problem_specs", multiple=True,
               help="Problem set, e.g. square:256:4096:256, model:llama-3-8b:tp=1:batch=1,16,128 (repeatable).")
 @_db_option

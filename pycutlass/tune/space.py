@@ -528,6 +528,18 @@ class BuiltSpace:
         return f"<BuiltSpace {self.summary()}>"
 
 
+def _load_yaml(text: str, path: Path):
+    try:
+        import yaml
+    except ImportError:
+        raise ArgumentError(f"search space file {path}: reading YAML needs PyYAML (pip install pyyaml); "
+                            f"or write the same keys as .toml") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ValueError(str(error)) from None
+
+
 class SearchSpace:
     """An immutable grid: each dimension is a list of values (see ``DIMENSIONS``); ``filters`` are predicates
     ``filter(params) -> True | False | "reason"`` or names from ``BUILTIN_FILTERS`` (only names go to files)."""
@@ -586,12 +598,12 @@ class SearchSpace:
 
     @classmethod
     def from_file(cls, path) -> "SearchSpace":
-        """A ``.toml`` or ``.json`` file holding what ``to_dict()`` returns (top-level keys)."""
+        """A ``.toml``, ``.json`` or ``.yaml`` file holding what ``to_dict()`` returns (top-level keys). YAML needs
+        PyYAML (``pip install pyyaml``); TOML and JSON need nothing beyond Python."""
         path = Path(path)
         suffix = path.suffix.lower()
-        if suffix not in (".toml", ".json"):
-            more = " (YAML is not supported: write the same keys as TOML)" if suffix in (".yaml", ".yml") else ""
-            raise ArgumentError(f"search space file {path}: unsupported suffix {suffix!r}{more}; use .toml or .json")
+        if suffix not in (".toml", ".json", ".yaml", ".yml"):
+            raise ArgumentError(f"search space file {path}: unsupported suffix {suffix!r}; use .toml, .json or .yaml")
         try:
             text = path.read_text()
         except OSError as error:
@@ -601,10 +613,14 @@ class SearchSpace:
                 import tomllib
 
                 data = tomllib.loads(text)
-            else:
+            elif suffix == ".json":
                 data = json.loads(text)
+            else:
+                data = _load_yaml(text, path)
         except ValueError as error:  # tomllib.TOMLDecodeError and json.JSONDecodeError both are
             raise ArgumentError(f"search space file {path} cannot be parsed: {error}") from None
+        if not isinstance(data, dict):
+            raise ArgumentError(f"search space file {path} must hold a table of dimensions, got {type(data).__name__}")
         return cls.from_dict(data)
 
     @classmethod

@@ -2,6 +2,7 @@
 Pure Python: nothing compiles."""
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -55,10 +56,15 @@ def test_from_toml_and_json_files(tmp_path):
     assert from_toml.name == "mine" and from_toml == SearchSpace(**SMALL)
     (tmp_path / "space.json").write_text(json.dumps(from_toml.to_dict()))
     assert SearchSpace.from_file(tmp_path / "space.json") == from_toml
-    (tmp_path / "space.yaml").write_text("stages: [3]\n")
-    with pytest.raises(ArgumentError, match="YAML is not supported"):
-        SearchSpace.from_file(tmp_path / "space.yaml")
-    with pytest.raises(ArgumentError, match=r"use \.toml or \.json"):
+    if importlib.util.find_spec("yaml") is not None:
+        (tmp_path / "space.yaml").write_text(
+            "name: mine\ncompute_capability: 80\ndtypes: f16_f32acc\n"
+            "threadblock_shape: [[128, 128, 32], [64, 128, 32]]\nstages: [3, 4]\nwarp_count: [2, 2, 1]\n")
+        assert SearchSpace.from_file(tmp_path / "space.yaml") == from_toml
+        (tmp_path / "list.yml").write_text("- 1\n- 2\n")
+        with pytest.raises(ArgumentError, match="table of dimensions"):
+            SearchSpace.from_file(tmp_path / "list.yml")
+    with pytest.raises(ArgumentError, match=r"use \.toml, \.json or \.yaml"):
         SearchSpace.from_file(tmp_path / "space.ini")
     (tmp_path / "broken.toml").write_text("stages = [3,\n")
     with pytest.raises(ArgumentError, match="cannot be parsed"):
