@@ -94,7 +94,9 @@ def fake_worker_main(conn, ordinal, session_options, config_json, bundle_path):
             return
         if message[0] == "facts":
             uuid = os.environ.get("FAKE_WORKER_UUID", f"GPU-fake-{ordinal}")
-            conn.send({"name": f"fake GPU {uuid}", "uuid": uuid, "compute_capability": 90, "host": "fake"})
+            models = dict(item.split(":") for item in os.environ.get("FAKE_WORKER_MODELS", "").split(",") if item)
+            name = f"fake {models[str(ordinal)]}" if str(ordinal) in models else "fake GPU"
+            conn.send({"name": name, "uuid": uuid, "compute_capability": 90, "host": "fake"})
             continue
         if message[0] == "adopt":
             conn.send({"adopted": message[1].name})

@@ -234,11 +234,15 @@ class DaskExecutor:
 
     # --- benchmark ----------------------------------------------------------------------------------------------
     def benchmark(self, sweep, *, config=None, timeout: float = 120.0, problems_per_task: int = 1,
-                  baseline: bool = False, worker_main=None, progress: bool | None = None) -> DistributedSummary:
+                  kernels_per_task: int | None = None, baseline: bool = False, worker_main=None,
+                  progress: bool | None = None) -> DistributedSummary:
         """Time every ready operation on every problem on the cluster's GPU workers (``GPU`` resource).
 
-        Work is partitioned by problem (``problems_per_task`` per task, all kernels each) so no pair is measured
-        twice and idle GPUs steal the remaining tasks. Rows already in the DB are not submitted again."""
+        Work is partitioned into (problem block x kernel block) tasks, ``problems_per_task`` x ``kernels_per_task``
+        (default: all kernels), so no pair is measured twice and idle GPUs steal the remaining tasks; kernel blocks
+        bound the binaries each task carries (docs/distributed.md). Rows already in the DB are not submitted again.
+        Pairs are measured once per sweep on whichever GPU takes them: give GPUs of different models their own
+        sweeps (or resources) to rank them separately."""
         from ..cache.current import CacheState
         from ..compiler.manager import Compiler
         from .bench import BenchConfig
@@ -273,16 +277,19 @@ class DaskExecutor:
         futures = {}
         problems = [p for p in sweep.problems if p.kind == "gemm"]
         by_key = {p.key: p for p in problems}
+        block = kernels_per_task or max(1, len(kernels))
         for begin in range(0, len(problems), problems_per_task):
             part = problems[begin:begin + problems_per_task]
-            todo = [k for k in kernels if any((k["name"], p.key) not in done for p in part)]
-            summary.skipped += sum((k["name"], p.key) in done for k in kernels for p in part)
-            if not todo:
-                continue
-            future = self.client.submit(benchmark_task, todo, [p.to_dict() for p in part], harness, timeout,
-                                        worker_main, resources=resources, retries=self.retries, pure=False)
-            futures[future] = part
-            summary.submitted += len(todo) * len(part)
+            for first in range(0, len(kernels), block):
+                chunk = kernels[first:first + block]
+                todo = [k for k in chunk if any((k["name"], p.key) not in done for p in part)]
+                summary.skipped += sum((k["name"], p.key) in done for k in chunk for p in part)
+                if not todo:
+                    continue
+                future = self.client.submit(benchmark_task, todo, [p.to_dict() for p in part], harness, timeout,
+                                            worker_main, resources=resources, retries=self.retries, pure=False)
+                futures[future] = part
+                summary.submitted += len(todo) * len(part)
         bar = _progress(summary.submitted, "benchmark (dask)", progress)
         devices: dict[str, str] = {}
         with _collecting(self.client, futures, bar, summary, start) as finished:

@@ -286,26 +286,35 @@ def run_sweep(sweep, *, config: BenchConfig | None = None, devices=None, timeout
     device_ids = {}
     harness = config.fingerprint
     try:
+        models = {}
         for worker in workers:  # facts first: a device row is part of every run's key
             facts = worker.request(("facts",), timeout, stop)
             device_ids[worker.ordinal] = sweep.db.add_device(facts)
+            models.setdefault(facts.get("name", ""), []).append(worker.ordinal)
         tasks = _tasks(sweep, operations, baseline)
-        # Resume: a pair measured before on any of these devices (same sweep and harness) is not measured again;
-        # with several GPUs of one kind, which of them measured a pair does not matter.
-        done = {(r["kernel"], r["problem"]) for r in sweep.db.query(
-            f"select kernel, problem from runs where sweep = ? and harness = ? and device in "
-            f"({','.join('?' * len(device_ids))})", [sweep.name, harness, *device_ids.values()])}
-        pending = queue.Queue()
-        for task in tasks:
-            if (task[0], task[1].key) in done:
-                summary.skipped += 1
-            else:
-                pending.put(task)
-        bar = _progress(pending.qsize(), "benchmark", progress)
+        # One queue per GPU model: GPUs of one model share the pairs (each measured once, idle ones take the next);
+        # each model measures every pair, so rankings of different GPUs never mix. Resume: a pair measured before
+        # on any GPU of that model (same sweep and harness) is not measured again.
+        queues = {}
+        for ordinals in models.values():
+            ids = sorted({device_ids[o] for o in ordinals})
+            done = {(r["kernel"], r["problem"]) for r in sweep.db.query(
+                f"select kernel, problem from runs where sweep = ? and harness = ? and device in "
+                f"({','.join('?' * len(ids))})", [sweep.name, harness, *ids])}
+            pending = queue.Queue()
+            for task in tasks:
+                if (task[0], task[1].key) in done:
+                    summary.skipped += 1
+                else:
+                    pending.put(task)
+            for ordinal in ordinals:
+                queues[ordinal] = pending
+        bar = _progress(sum(q.qsize() for q in {id(q): q for q in queues.values()}.values()), "benchmark", progress)
         lock = threading.Lock()
 
         def serve(worker: Worker) -> None:
             device = device_ids[worker.ordinal]
+            pending = queues[worker.ordinal]
             while not stop.is_set():
                 try:
                     kernel, problem, message = pending.get_nowait()

@@ -94,7 +94,8 @@ def test_dask_benchmark_partitions_isolates_faults_and_resumes(tmp_path, monkeyp
     cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
                                        resources={"GPU": 1})
     with distributed.Client(cluster) as client, DaskExecutor(client) as executor:
-        summary = executor.benchmark(sweep, timeout=20, worker_main=fake_worker_main, progress=False)
+        summary = executor.benchmark(sweep, timeout=20, kernels_per_task=2, worker_main=fake_worker_main,
+                                     progress=False)
         assert summary.done == summary.submitted == len(ops) * len(problems), str(summary)
         rows = sweep.db.query("select kernel, problem, status, worker from runs")
         assert len({(r["kernel"], r["problem"]) for r in rows}) == len(rows) == 12

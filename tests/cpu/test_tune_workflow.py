@@ -277,3 +277,24 @@ def test_runner_survives_faults_and_hangs_and_resumes(tmp_path, monkeypatch):
     again = run_sweep(Sweep(ops, problems, db=tmp_path / "r.db", name="robust"), devices=[0, 1], timeout=3,
                       operations=ops, worker_main=fake_worker_main, progress=False)
     assert again.done == 0 and again.skipped == 10
+
+
+def test_runner_gives_each_gpu_model_every_pair(tmp_path, monkeypatch):
+    """Two GPUs of different models each measure every pair (rankings never mix); GPUs of one model share them."""
+    from pycutlass.tune.runner import run_sweep
+    from tests.tune_helpers import fake_worker_main
+
+    monkeypatch.setenv("FAKE_WORKER_MODELS", "0:H100,1:H200,2:H200")
+    ops = [gemm((128, 128, 32)), gemm((64, 64, 32))]
+    problems = [GemmProblem(256, 512, 128), GemmProblem(1024, 1024, 1024), GemmProblem(64, 64, 64)]
+    sweep = Sweep(ops, problems, db=tmp_path / "r.db", name="mixed")
+    summary = run_sweep(sweep, devices=[0, 1, 2], timeout=5, operations=ops, worker_main=fake_worker_main,
+                        progress=False, baseline=False)
+    rows = sweep.db.query("select r.kernel, r.problem, d.name from runs r join devices d on d.id = r.device")
+    by_model = {}
+    for row in rows:
+        by_model.setdefault(row["name"], []).append((row["kernel"], row["problem"]))
+    pairs = {(op.name, p.key) for op in ops for p in problems}
+    for model in ("fake H100", "fake H200"):
+        assert sorted(by_model[model]) == sorted(pairs), model  # every pair once per model
+    assert summary.done == 2 * len(pairs)
