@@ -198,3 +198,21 @@ def test_resource_correlation_ranks_a_planted_predictor(tmp_path):
     report = correlation_report(resource_points(db))
     top = [r for r in report if r["class"] == "all"][0]
     assert top["resource"] == "registers" and top["spearman"] > 0.9 and not math.isnan(top["spearman"])
+
+
+@pytest.mark.slow
+def test_cli_compile_only_sweep_from_a_space_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYCUTLASS_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "space.toml").write_text(
+        'compute_capability = 80\ndtypes = "f16_f32acc"\nlayouts = "rcr"\n'
+        'threadblock_shape = [[128, 128, 32], [64, 64, 32]]\nwarp_count = [2, 2, 1]\nstages = [3, 12]\n')
+    runner = CliRunner()
+    args = ["sweep", "--space", str(tmp_path / "space.toml"), "--problems", "square:256:512:256", "--db",
+            str(tmp_path / "r.db"), "--compile-only", "--target", "90", "--jobs", "2"]
+    first = runner.invoke(main, args)
+    assert first.exit_code == 0, first.output
+    assert "2 ready (2 compiled, 0 cached)" in first.output and "pruned" in first.output
+    again = runner.invoke(main, args)
+    assert "2 ready (0 compiled, 2 cached)" in again.output, again.output
+    with ResultsDB(tmp_path / "r.db", read_only=True) as db:
+        assert db.counts()["problems"] == 2 and db.counts()["compile_status"] == 2

@@ -298,3 +298,16 @@ def test_runner_gives_each_gpu_model_every_pair(tmp_path, monkeypatch):
     for model in ("fake H100", "fake H200"):
         assert sorted(by_model[model]) == sorted(pairs), model  # every pair once per model
     assert summary.done == 2 * len(pairs)
+
+
+def test_bench_config_and_statistics():
+    from pycutlass.tune.bench import BenchConfig, summarize
+
+    assert summarize([3.0, 1.0, 2.0, 4.0, 5.0]) == (3.0, 1.0, 2.5)
+    assert summarize([2.0]) == (2.0, 2.0, 0.0)
+    config = BenchConfig(repetitions=60, cuda_graph=4)
+    assert BenchConfig.from_json(config.fingerprint) == config
+    assert BenchConfig().fingerprint != config.fingerprint  # different harnesses never share run rows
+    for bad in ({"repetitions": 0}, {"arg_pool": 0}, {"warmup": -1}, {"cuda_graph": True}, {"max_seconds": 0}):
+        with pytest.raises(ArgumentError):
+            BenchConfig(**bad)
