@@ -303,7 +303,7 @@ def test_runner_gives_each_gpu_model_every_pair(tmp_path, monkeypatch):
 def test_bench_config_and_statistics():
     from pycutlass.tune.bench import BenchConfig, summarize
 
-    assert summarize([3.0, 1.0, 2.0, 4.0, 5.0]) == (3.0, 1.0, 2.5)
+    assert summarize([3.0, 1.0, 2.0, 4.0, 5.0]) == (3.0, 1.0, 3.0)  # quartiles 1.5 and 4.5 (exclusive method)
     assert summarize([2.0]) == (2.0, 2.0, 0.0)
     config = BenchConfig(repetitions=60, cuda_graph=4)
     assert BenchConfig.from_json(config.fingerprint) == config
