@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import ArgumentError
+from ..kinds import GemmArguments
+from ..kinds.gemm.modes import Mode
 from ..session import Session, current
 from .db import ResultsDB, canonical_json
 
@@ -161,7 +163,7 @@ class _Tuner:
         self._measure = measure
         self.device_facts = device_facts
         self.signature = operation_signature(self.operations[0])
-        self.compiled = False
+        self._ready = None  # candidates that compiled, found on the first tune
 
     def facts(self) -> dict:
         if self.device_facts is None:
@@ -202,18 +204,16 @@ class _Tuner:
         return TuneResult(self.by_name[best], good[best], key, False, len(ready), timings)
 
     def _compile(self) -> list:
-        if self._measure is not None and not self.compiled:
-            self.compiled = True
-            self.ready = list(self.operations)  # a custom measure compiles (or simulates) what it needs
-        if not self.compiled:
-            from .sweep import Sweep
+        if self._ready is None:
+            if self._measure is not None:  # a custom measure compiles (or simulates) what it needs
+                self._ready = list(self.operations)
+            else:
+                from .sweep import Sweep
 
-            sweep = Sweep(self.operations, db=self.db, name="autotune", session=self.session)
-            sweep._params.update(self.params)
-            sweep.compile(jobs=self.jobs)
-            self.ready = sweep.ready_operations()
-            self.compiled = True
-        return self.ready
+                sweep = Sweep(self.operations, db=self.db, name="autotune", session=self.session)
+                sweep.compile(jobs=self.jobs)
+                self._ready = sweep.ready_operations()
+        return self._ready
 
 
 class _Probe:
@@ -292,9 +292,6 @@ class Tuned:
         return best
 
     def __call__(self, A, B, D, C=None, alpha: float = 1.0, beta: float = 0.0, *, stream=None):
-        from ..kinds import GemmArguments
-        from ..kinds.gemm.modes import Mode
-
         batch = A.shape[0] if len(A.shape) == 3 else 1
         m, k = A.shape[-2], A.shape[-1]
         n = B.shape[-1]

@@ -11,6 +11,7 @@ Needs torch and a GPU. GEMM problems (``GemmProblem``) on GEMM operations (Sm80 
 """
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from dataclasses import asdict, dataclass
@@ -57,7 +58,7 @@ class BenchConfig:
 
     @classmethod
     def from_json(cls, text: str) -> BenchConfig:
-        return cls(**__import__("json").loads(text))
+        return cls(**json.loads(text))
 
 
 @dataclass
@@ -169,7 +170,7 @@ class GemmBench:
             except Exception as exc:  # some launches cannot be captured: time them plainly and say so
                 graph, note = None, f"CUDA graph capture failed ({type(exc).__name__}: {exc}); plain launches timed"
         torch.cuda.synchronize(self.device)
-        flush = self._flush is not None and pool * 1 <= 1
+        flush = self._flush is not None and pool <= 1
         events = []
         elapsed_estimate, i = 0.0, 0
         while len(events) < config.repetitions:

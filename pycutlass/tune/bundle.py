@@ -19,21 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ArgumentError, CacheError
+from .db import pycutlass_version
 
 FORMAT = "pycutlass-bundle/1"
 
 
 class BundleError(CacheError):
     """A bundle file is damaged, altered, or does not match this pycutlass."""
-
-
-def pycutlass_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("pycutlass")
-    except PackageNotFoundError:  # run from a source tree (a GPU host with the project on PYTHONPATH)
-        return "source"
 
 
 def _sha(data: bytes) -> str:
@@ -178,7 +170,5 @@ def run_bundle(path: str | Path, db, *, config=None, devices=None, timeout: floa
     if detected is not None and int(bundle.target.removeprefix("sm_").rstrip("a")) // 10 != detected // 10:
         raise BundleError(f"{path} holds {bundle.target} binaries; this GPU is sm_{detected} (SASS does not run "
                           f"across major architectures): export it again with --target {detected}")
-    for op in operations:  # the memo on this side: these came compiled
-        sweep.db.add_kernel(op, sweep.params_of(op))
     return run_sweep(sweep, config=config, devices=devices, timeout=timeout, progress=progress, baseline=baseline,
                      bundle_path=str(path), operations=operations)

@@ -61,6 +61,16 @@ RUN_STATUSES = ("ok", "wrong", "failed", "timeout")
 BASELINE_KIND = "baseline"
 
 
+def pycutlass_version() -> str:
+    """The installed pycutlass version, recorded with devices and bundles."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pycutlass")
+    except PackageNotFoundError:  # run from a source tree (a GPU host with the project on PYTHONPATH)
+        return "source"
+
+
 def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
@@ -242,9 +252,6 @@ class ResultsDB:
     def compile_status(self, cache_key: str) -> dict | None:
         rows = self.query("select * from compile_status where cache_key = ?", [cache_key])
         return rows[0] if rows else None
-
-    def has_run(self, rid: str) -> bool:
-        return bool(self.query("select 1 from runs where id = ?", [rid]))
 
     def tuning(self, key: str) -> dict | None:
         rows = self.query("select * from tuning where key = ?", [key])

@@ -30,7 +30,7 @@ def _device_facts(ordinal: int) -> dict:
     import torch
 
     from ..compiler import toolchain
-    from .bundle import pycutlass_version
+    from .db import pycutlass_version
 
     props = torch.cuda.get_device_properties(ordinal)
     facts = {"name": props.name, "uuid": str(getattr(props, "uuid", "")), "compute_capability":
@@ -295,7 +295,7 @@ def run_sweep(sweep, *, config: BenchConfig | None = None, devices=None, timeout
         # One queue per GPU model: GPUs of one model share the pairs (each measured once, idle ones take the next);
         # each model measures every pair, so rankings of different GPUs never mix. Resume: a pair measured before
         # on any GPU of that model (same sweep and harness) is not measured again.
-        queues = {}
+        queues, distinct = {}, []
         for ordinals in models.values():
             ids = sorted({device_ids[o] for o in ordinals})
             done = {(r["kernel"], r["problem"]) for r in sweep.db.query(
@@ -307,9 +307,10 @@ def run_sweep(sweep, *, config: BenchConfig | None = None, devices=None, timeout
                     summary.skipped += 1
                 else:
                     pending.put(task)
+            distinct.append(pending)
             for ordinal in ordinals:
                 queues[ordinal] = pending
-        bar = _progress(sum(q.qsize() for q in {id(q): q for q in queues.values()}.values()), "benchmark", progress)
+        bar = _progress(sum(q.qsize() for q in distinct), "benchmark", progress)
         lock = threading.Lock()
 
         def serve(worker: Worker) -> None:
