@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import os
 import struct
 import threading
@@ -310,3 +311,52 @@ def prepare(loaded_op: LoadedOperation, abi_struct, stream: int) -> PreparedLaun
     (grid, block, smem, semaphores, workspace), params = loaded_op.params_for(abi_struct, stream)
     loaded_op.ensure_shared_memory(smem)
     return PreparedLaunch(loaded_op.kernel, grid, block, smem, params, semaphores, loaded_op.name, workspace)
+
+
+@functools.cache  # libcuda is loaded once per process anyway
+def _libcuda_launch():
+    """cuLaunchKernel and cuCtxGetCurrent through ctypes: a third of cuda.bindings' cost per call."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    launch = lib.cuLaunchKernel
+    launch.restype = ctypes.c_int
+    launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    get_current = lib.cuCtxGetCurrent
+    get_current.restype = ctypes.c_int
+    get_current.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    return launch, get_current
+
+
+class PatchedLauncher:
+    """A seen problem ready to launch again on other addresses: the cached Params live in one buffer whose address
+    words are rewritten in place (under a lock: ``cuLaunchKernel`` copies the parameters before it returns), then one
+    ``cuLaunchKernel``. For callers that launch the same problem many times on new tensors (``pycutlass.torch``)."""
+
+    def __init__(self, loaded_op: LoadedOperation, template: _ParamsTemplate):
+        grid, block, smem, _, _ = template.info
+        self.name = loaded_op.name
+        self.device = loaded_op.device
+        self._launch_args = (int(loaded_op.kernel), *grid, *block, smem)
+        self.empty = 0 in grid
+        self.params = (ctypes.c_byte * len(template.params)).from_buffer_copy(template.params)
+        self._pointers = driver.pointer_array(ctypes.addressof(self.params))
+        self._pointers_address = ctypes.addressof(self._pointers)
+        self.patches = template.patches
+        self._context = ctypes.c_void_p()
+        self._lock = threading.Lock()
+        loaded_op.ensure_shared_memory(smem)
+
+    def launch(self, addresses, stream: int) -> None:
+        """``addresses`` in the ABI struct's ``_pointers_`` order."""
+        if self.empty:
+            return
+        cu_launch, get_current = _libcuda_launch()
+        with self._lock:
+            params = self.params
+            for offset, index, constant in self.patches:
+                struct.pack_into("<Q", params, offset, (addresses[index] + constant) & _MASK64)
+            get_current(ctypes.byref(self._context))
+            if self._context.value != self.device._context_id:
+                self.device.make_current()
+            err = cu_launch(*self._launch_args, stream, self._pointers_address, None)
+        if err:
+            driver.check((driver._driver().CUresult(err),), "cuLaunchKernel", self.name)

@@ -23,6 +23,7 @@ LAYERS = [
     ("registration", ["kinds", "kinds.*"]),
     ("tune", ["tune", "tune.space", "tune.problems", "tune.db", "tune.sweep", "tune.bench", "tune.runner",
               "tune.autotune", "tune.select", "tune.plots", "tune.bundle", "tune.resources", "tune.distributed"]),
+    ("torch", ["torch", "torch.*"]),  # the only part that imports torch (docs/torch.md)
     ("api", ["", "gemm", "conv", "cli", "__main__", "utils", "utils.*", "tune.cli",
              # PyCUTLASS 2.11's module paths (docs/porting.md)
              "_compat", "gemm_operation", "conv2d_operation", "reduction_operation", "memory_manager", "library",

@@ -1,0 +1,29 @@
+"""pycutlass inside PyTorch: ``torch.ops.pycutlass.*`` operators, kernel dispatch through the tuning cache, and a
+model pass that swaps a model's linear and convolution layers (with their bias, batch norm and activation) for
+fused CUTLASS kernels. The only part of pycutlass that imports torch (docs/torch.md).
+
+    import pycutlass.torch as pct
+    y = pct.linear(x, weight, bias, activation="gelu")        # one fused GEMM
+    fast = pct.optimize(model.eval(), (example,))             # find, tune and swap the layers
+    print(pct.report(fast))
+"""
+from __future__ import annotations
+
+from .dispatch import Choice, Dispatch, OpCall
+from .ops import ACTIVATIONS, bmm, conv2d, gemm, grouped_gemm, linear
+
+
+def current_dispatch() -> Dispatch:
+    """The current pycutlass session's dispatch (settings, tuned choices, bound launches)."""
+    return Dispatch.current()
+
+
+def configure(**settings) -> Dispatch:
+    """Settings of the current session's dispatch: tune, fallback, policy, db, prefer_faster, family."""
+    return Dispatch.current().configure(**settings)
+
+
+from .model_pass import load, optimize, report, save
+
+__all__ = ["ACTIVATIONS", "Choice", "Dispatch", "OpCall", "bmm", "configure", "conv2d", "current_dispatch", "gemm",
+           "grouped_gemm", "linear", "optimize", "report", "save", "load"]

@@ -1,0 +1,773 @@
+"""The model pass: TVM's CUTLASS BYOC flow (partition -> tune -> build) for a ``torch.nn.Module``.
+
+``optimize(model, example_inputs)`` traces the model with ``torch.fx``, replaces every Linear and Conv2d (module or
+functional call) together with a following eval-mode BatchNorm2d (folded into the weights) and activation by one
+fused :class:`CutlassLinear` / :class:`CutlassConv2d`, and, on a GPU, tunes each call the model makes on the example
+inputs. ``save`` / ``load`` keep the model together with the tuning decisions, so a new process does not re-tune.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..errors import ArgumentError, NoGpuError
+from . import ops
+
+__all__ = ["optimize", "report", "save", "load", "OptimizeReport", "CutlassLinear", "CutlassConv2d"]
+
+MODEL_FILE = "model.pt"
+STATE_FILE = "pycutlass-torch.json"
+_FORMAT_VERSION = 1
+
+
+# --- the replacement modules (module-level classes, so an optimized model pickles) ----------------------------------
+class CutlassLinear(nn.Module):
+    """``activation(F.linear(x, weight, bias))`` as one ``torch.ops.pycutlass.gemm``."""
+
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, activation: str = "identity",
+                 activation_arg: float = 0.0, layer: str = "", pattern: str = "linear", kernel: str = ""):
+        super().__init__()
+        self.weight = weight
+        self.bias = bias
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.activation, self.activation_arg = activation, float(activation_arg)
+        self.layer, self.pattern = layer, pattern
+        self.kernel = kernel  # an override: '' lets the dispatch pick (its tuned choice, if any)
+
+    def forward(self, x):
+        return ops.linear(x, self.weight, self.bias, self.activation, self.activation_arg, self.kernel)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"activation={self.activation!r}, layer={self.layer!r}")
+
+
+class CutlassConv2d(nn.Module):
+    """``activation(F.conv2d(x, weight, bias, ...))`` as one ``torch.ops.pycutlass.conv2d``; channels_last out."""
+
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, stride=(1, 1), padding=(0, 0),
+                 dilation=(1, 1), activation: str = "identity", activation_arg: float = 0.0, layer: str = "",
+                 pattern: str = "conv2d", kernel: str = ""):
+        super().__init__()
+        self.weight = weight
+        self.bias = bias
+        self.stride, self.padding, self.dilation = tuple(stride), tuple(padding), tuple(dilation)
+        self.activation, self.activation_arg = activation, float(activation_arg)
+        self.layer, self.pattern = layer, pattern
+        self.kernel = kernel
+
+    def forward(self, x):
+        return ops.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.activation,
+                          self.activation_arg, self.kernel)
+
+    def extra_repr(self) -> str:
+        k, c, r, s = self.weight.shape
+        return (f"{c}, {k}, kernel_size={(r, s)}, stride={self.stride}, padding={self.padding}, "
+                f"dilation={self.dilation}, bias={self.bias is not None}, activation={self.activation!r}, "
+                f"layer={self.layer!r}")
+
+
+# --- the report -----------------------------------------------------------------------------------------------------
+_COLUMNS = ("layer", "op", "pattern", "shape", "kernel", "cutlass_us", "torch_us", "speedup")
+
+
+@dataclass
+class OptimizeReport:
+    """What ``optimize`` did: one row per replaced call, the candidates it left alone and why, and notes.
+
+    ``speedup`` is ``torch_us / cutlass_us`` (above 1: the CUTLASS kernel beat torch); ``kernel`` is the chosen
+    operation's name, ``"torch"`` where torch was kept, or ``"-"`` where nothing was tuned.
+    """
+
+    rows: list[dict] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)  # {"layer", "op", "reason"}
+    notes: list[str] = field(default_factory=list)
+
+    def table(self) -> str:
+        cells = [[_cell(row.get(c)) for c in _COLUMNS] for row in self.rows]
+        try:
+            from tabulate import tabulate
+        except ImportError:
+            return _plain_table(list(_COLUMNS), cells)
+        return tabulate(cells, headers=list(_COLUMNS), tablefmt="simple", disable_numparse=True)
+
+    def __str__(self) -> str:
+        lines = [self.table()] if self.rows else ["no layer was replaced"]
+        lines += [f"not replaced: {s['layer']} ({s['op']}): {s['reason']}" for s in self.skipped]
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"rows": [dict(r) for r in self.rows], "skipped": [dict(s) for s in self.skipped],
+                "notes": list(self.notes)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "OptimizeReport":
+        return cls(list(data.get("rows", [])), list(data.get("skipped", [])), list(data.get("notes", [])))
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def _plain_table(headers: list[str], cells: list[list[str]]) -> str:
+    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+# --- matching -------------------------------------------------------------------------------------------------------
+# Signatures to bind a call_function node's args/kwargs by name (torch's builtins have no inspectable signature).
+def _linear_signature(input, weight, bias=None): ...
+def _conv2d_signature(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1): ...
+def _unary_signature(input, inplace=False): ...
+def _gelu_signature(input, approximate="none"): ...
+def _leaky_relu_signature(input, negative_slope=0.01, inplace=False): ...
+
+
+# target -> (activation, signature). F.sigmoid and F.tanh trace to the methods below.
+_FUNCTION_ACTIVATIONS: dict[Callable, tuple[str, Callable]] = {
+    F.relu: ("relu", _unary_signature), torch.relu: ("relu", _unary_signature),
+    torch.relu_: ("relu", _unary_signature),
+    F.gelu: ("gelu", _gelu_signature),
+    F.silu: ("silu", _unary_signature),
+    F.hardswish: ("hardswish", _unary_signature),
+    torch.sigmoid: ("sigmoid", _unary_signature), torch.sigmoid_: ("sigmoid", _unary_signature),
+    torch.tanh: ("tanh", _unary_signature), torch.tanh_: ("tanh", _unary_signature),
+    F.leaky_relu: ("leaky_relu", _leaky_relu_signature), F.leaky_relu_: ("leaky_relu", _leaky_relu_signature),
+}
+_METHOD_ACTIVATIONS = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid",
+                       "tanh": "tanh", "tanh_": "tanh"}
+_MODULE_ACTIVATIONS = {nn.ReLU: "relu", nn.GELU: "gelu", nn.SiLU: "silu", nn.Hardswish: "hardswish",
+                       nn.Sigmoid: "sigmoid", nn.Tanh: "tanh", nn.LeakyReLU: "leaky_relu"}
+
+
+@dataclass
+class _Match:
+    op: str                      # "linear" or "conv2d"
+    anchor: fx.Node              # the Linear / Conv2d node
+    input: fx.Node               # as traced (for its shape); rewiring reads the anchor's argument again
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    layer: str                   # the original qualified name (the report's and the tuner's name for it)
+    module_target: str | None    # the anchor's module path; None for a functional call
+    shape: str
+    geometry: tuple = ()         # conv: (stride, padding, dilation)
+    bn: nn.BatchNorm2d | None = None
+    bn_node: fx.Node | None = None
+    activation: str = "identity"
+    activation_arg: float = 0.0
+    act_node: fx.Node | None = None
+
+    @property
+    def tail(self) -> fx.Node:
+        return self.act_node or self.bn_node or self.anchor
+
+    @property
+    def pattern(self) -> str:
+        return "+".join([self.op] + (["bn"] if self.bn is not None else []) +
+                        ([self.activation] if self.act_node is not None else []))
+
+    def key(self) -> tuple:
+        """Calls of one module with the same fusion can share one replacement."""
+        return (self.module_target, id(self.bn), self.activation, self.activation_arg, self.act_node is not None)
+
+
+class _Skip(Exception):
+    """A Linear/Conv2d the pass leaves to torch; the message says why (it goes to the report)."""
+
+
+def _bind(node: fx.Node, signature: Callable) -> inspect.BoundArguments:
+    try:
+        bound = inspect.signature(signature).bind(*node.args, **node.kwargs)
+    except TypeError as exc:
+        raise _Skip(f"unexpected arguments ({exc})") from None
+    bound.apply_defaults()
+    return bound.arguments
+
+
+def _same_forward(module: nn.Module, cls: type) -> bool:
+    """``module`` computes what ``cls`` does (a subclass that overrides forward may compute something else)."""
+    return isinstance(module, cls) and type(module).forward is cls.forward
+
+
+def _attr(gm: fx.GraphModule, node: Any, what: str) -> torch.Tensor | None:
+    """The tensor a get_attr node reads; a weight computed in the graph cannot be baked into a module."""
+    if node is None:
+        return None
+    if not (isinstance(node, fx.Node) and node.op == "get_attr"):
+        raise _Skip(f"its {what} is computed in the graph, not a parameter or buffer")
+    value = gm
+    for part in node.target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _constant(value: Any, what: str) -> Any:
+    if isinstance(value, fx.Node) or (isinstance(value, (list, tuple)) and any(isinstance(v, fx.Node) for v in value)):
+        raise _Skip(f"its {what} is computed in the graph")
+    return value
+
+
+def _pair(value, what: str) -> tuple[int, int]:
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) == 1:
+        pair = pair * 2
+    if len(pair) != 2 or not all(isinstance(v, int) for v in pair):
+        raise _Skip(f"{what}={value!r} (an int or a pair of ints is supported)")
+    return pair
+
+
+def _resolve_padding(padding, weight: torch.Tensor, stride, dilation) -> tuple[int, int]:
+    if padding == "valid":
+        return (0, 0)
+    if padding == "same":
+        total = [d * (k - 1) for d, k in zip(dilation, weight.shape[2:])]
+        if any(t % 2 for t in total) or stride != (1, 1):
+            raise _Skip("padding='same' that pads asymmetrically (the kernels pad both sides equally)")
+        return (total[0] // 2, total[1] // 2)
+    if isinstance(padding, str):
+        raise _Skip(f"padding={padding!r}")
+    return _pair(padding, "padding")
+
+
+def _source_module(gm: fx.GraphModule, node: fx.Node) -> str:
+    """The layer a functional call belongs to: the owner of its weight (e.g. 'head' for 'head.weight')."""
+    weight = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
+    if isinstance(weight, fx.Node) and weight.op == "get_attr" and "." in weight.target:
+        return weight.target.rpartition(".")[0]
+    return node.name
+
+
+def _anchor(gm: fx.GraphModule, node: fx.Node) -> dict | None:
+    """The Linear/Conv2d a node computes (weights, geometry), None when it is neither; raises _Skip when unsupported."""
+    if node.op == "call_module":
+        module = gm.get_submodule(node.target)
+        if _same_forward(module, nn.Linear):
+            return dict(op="linear", input=_first_argument(node), weight=module.weight, bias=module.bias,
+                        layer=node.target, module_target=node.target)
+        if _same_forward(module, nn.Conv2d):
+            if module.groups != 1:
+                raise _Skip(f"groups={module.groups} (only groups=1 is supported)")
+            if module.padding_mode != "zeros":
+                raise _Skip(f"padding_mode={module.padding_mode!r} (only 'zeros' is supported)")
+            stride, dilation = _pair(module.stride, "stride"), _pair(module.dilation, "dilation")
+            padding = _resolve_padding(module.padding, module.weight, stride, dilation)
+            return dict(op="conv2d", input=_first_argument(node), weight=module.weight, bias=module.bias,
+                        layer=node.target, module_target=node.target, geometry=(stride, padding, dilation))
+        return None
+    if node.op != "call_function":
+        return None
+    if node.target is F.linear:
+        args = _bind(node, _linear_signature)
+        return dict(op="linear", input=args["input"], weight=_attr(gm, args["weight"], "weight"),
+                    bias=_attr(gm, args["bias"], "bias"), layer=_source_module(gm, node), module_target=None)
+    if node.target is F.conv2d:
+        args = _bind(node, _conv2d_signature)
+        weight = _attr(gm, args["weight"], "weight")
+        groups = _constant(args["groups"], "groups")
+        if groups != 1:
+            raise _Skip(f"groups={groups!r} (only groups=1 is supported)")
+        stride = _pair(_constant(args["stride"], "stride"), "stride")
+        dilation = _pair(_constant(args["dilation"], "dilation"), "dilation")
+        padding = _resolve_padding(_constant(args["padding"], "padding"), weight, stride, dilation)
+        return dict(op="conv2d", input=args["input"], weight=weight, bias=_attr(gm, args["bias"], "bias"),
+                    layer=_source_module(gm, node), module_target=None, geometry=(stride, padding, dilation))
+    return None
+
+
+def _shape(found: dict) -> str:
+    """The problem as the report shows it, from the shapes recorded on the example inputs."""
+    meta = found["input"].meta.get(_SHAPE) if isinstance(found["input"], fx.Node) else None
+    if meta is None:
+        raise _Skip("its input is not a tensor")
+    if not meta.dtype.is_floating_point or not found["weight"].dtype.is_floating_point:
+        raise _Skip(f"dtype {meta.dtype} (floating-point tensors only)")
+    dtype = str(meta.dtype).removeprefix("torch.")
+    weight = found["weight"]
+    if found["op"] == "linear":
+        if len(meta.shape) < 1:
+            raise _Skip("its input is a scalar")
+        k = meta.shape[-1]
+        return f"M={math.prod(meta.shape[:-1])} N={weight.shape[0]} K={k} {dtype}"
+    if len(meta.shape) != 4:
+        raise _Skip(f"its input is {len(meta.shape)}-D (NCHW batches only)")
+    stride, padding, dilation = found["geometry"]
+    extra = "".join(f" {name}{v[0] if v[0] == v[1] else v}" for name, v, default in
+                    (("s", stride, (1, 1)), ("p", padding, (0, 0)), ("d", dilation, (1, 1))) if v != default)
+    return f"{'x'.join(map(str, meta.shape))} * {'x'.join(map(str, weight.shape))}{extra} {dtype}"
+
+
+def _only_user(node: fx.Node) -> fx.Node | None:
+    return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+def _batchnorm(gm: fx.GraphModule, node: fx.Node | None, source: fx.Node) -> nn.BatchNorm2d | None:
+    if node is None or node.op != "call_module" or node.args[:1] != (source,) or len(node.args) != 1 or node.kwargs:
+        return None
+    module = gm.get_submodule(node.target)
+    return module if _same_forward(module, nn.BatchNorm2d) else None
+
+
+def _activation(gm: fx.GraphModule, node: fx.Node | None, source: fx.Node) -> tuple[str, float] | None:
+    """(activation, arg) when ``node`` applies a supported activation to ``source``; GELU only in its erf form."""
+    if node is None:
+        return None
+    if node.op == "call_module":
+        module = gm.get_submodule(node.target)
+        name = _MODULE_ACTIVATIONS.get(type(module))
+        if name is None or node.args != (source,) or node.kwargs:
+            return None
+        if name == "gelu" and module.approximate != "none":
+            return None
+        return name, float(module.negative_slope) if name == "leaky_relu" else 0.0
+    if node.op == "call_method":
+        name = _METHOD_ACTIVATIONS.get(node.target)
+        return (name, 0.0) if name is not None and node.args == (source,) and not node.kwargs else None
+    if node.op != "call_function" or node.target not in _FUNCTION_ACTIVATIONS:
+        return None
+    name, signature = _FUNCTION_ACTIVATIONS[node.target]
+    try:
+        args = _bind(node, signature)
+    except _Skip:
+        return None
+    if args.pop("input") is not source or any(isinstance(v, fx.Node) for v in args.values()):
+        return None
+    if name == "gelu" and args["approximate"] != "none":
+        return None
+    return name, float(args["negative_slope"]) if name == "leaky_relu" else 0.0
+
+
+def _find(gm: fx.GraphModule, fold_batchnorm: bool, training: bool, report: OptimizeReport) -> list[_Match]:
+    matches = []
+    for node in list(gm.graph.nodes):
+        try:
+            found = _anchor(gm, node)
+            if found is None:
+                continue
+            shape = _shape(found)
+        except _Skip as why:
+            report.skipped.append({"layer": _layer_name(gm, node), "op": _op_name(gm, node), "reason": str(why)})
+            continue
+        match = _Match(shape=shape, anchor=node, **found)
+        tail = node
+        if match.op == "conv2d":
+            bn = _batchnorm(gm, _only_user(node), node)
+            if bn is not None:
+                why_not = _why_not_fold(bn, fold_batchnorm, training)
+                if why_not:  # the BN stays, so nothing after it can join the conv
+                    report.notes.append(f"{match.layer}: the BatchNorm2d after it is not folded ({why_not})")
+                    matches.append(match)
+                    continue
+                match.bn, match.bn_node = bn, _only_user(node)
+                tail = match.bn_node
+        act_node = _only_user(tail)
+        activation = _activation(gm, act_node, tail)
+        if activation is not None:
+            match.activation, match.activation_arg = activation
+            match.act_node = act_node
+        matches.append(match)
+    return matches
+
+
+def _layer_name(gm: fx.GraphModule, node: fx.Node) -> str:
+    return node.target if node.op == "call_module" else _source_module(gm, node)
+
+
+def _op_name(gm: fx.GraphModule, node: fx.Node) -> str:
+    if node.op == "call_module":
+        return "linear" if isinstance(gm.get_submodule(node.target), nn.Linear) else "conv2d"
+    return "linear" if node.target is F.linear else "conv2d"
+
+
+def _why_not_fold(bn: nn.BatchNorm2d, fold_batchnorm: bool, training: bool) -> str:
+    if not fold_batchnorm:
+        return "fold_batchnorm=False"
+    if training or bn.training:
+        return "training mode: BatchNorm normalizes with the batch's statistics"
+    if bn.running_mean is None or bn.running_var is None:
+        return "track_running_stats=False"
+    return ""
+
+
+# --- rewriting ------------------------------------------------------------------------------------------------------
+def _as_parameter(tensor: torch.Tensor, requires_grad: bool) -> nn.Parameter:
+    return tensor if isinstance(tensor, nn.Parameter) else nn.Parameter(tensor.detach(), requires_grad=requires_grad)
+
+
+def _fold(weight: torch.Tensor, bias: torch.Tensor | None, bn: nn.BatchNorm2d):
+    """Conv weights and bias with an eval-mode BatchNorm2d folded in (computed in float64)."""
+    scale = torch.rsqrt(bn.running_var.detach().double() + bn.eps)
+    shift = -bn.running_mean.detach().double() * scale
+    if bn.weight is not None:
+        scale, shift = scale * bn.weight.detach().double(), shift * bn.weight.detach().double()
+    if bn.bias is not None:
+        shift = shift + bn.bias.detach().double()
+    folded_bias = shift if bias is None else bias.detach().double() * scale + shift
+    folded_weight = weight.detach().double() * scale[:, None, None, None]
+    return folded_weight.to(weight.dtype), folded_bias.to(weight.dtype if bias is None else bias.dtype)
+
+
+def _build(match: _Match) -> nn.Module:
+    common = dict(activation=match.activation, activation_arg=match.activation_arg, layer=match.layer,
+                  pattern=match.pattern)
+    requires_grad = match.weight.requires_grad
+    if match.op == "linear":  # the Linear's own Parameters: tied weights stay tied
+        bias = None if match.bias is None else _as_parameter(match.bias, requires_grad)
+        return CutlassLinear(_as_parameter(match.weight, requires_grad), bias, **common)
+    weight, bias = match.weight, match.bias
+    if match.bn is not None:
+        weight, bias = _fold(weight, bias, match.bn)
+    if not weight.is_contiguous(memory_format=torch.channels_last):  # what the NHWC kernels read
+        weight = weight.detach().contiguous(memory_format=torch.channels_last)
+    stride, padding, dilation = match.geometry
+    return CutlassConv2d(_as_parameter(weight, requires_grad),
+                         None if bias is None else _as_parameter(bias, requires_grad),
+                         stride, padding, dilation, **common)
+
+
+def _shared(gm: fx.GraphModule, original: nn.Module, path: str) -> bool:
+    """Whether ``path`` in ``gm`` is the original model's own module (so setting attributes on it would change the
+    user's model). Containers fx made while tracing are fresh; leaf modules it called are the model's."""
+    try:
+        return gm.get_submodule(path) is original.get_submodule(path)
+    except AttributeError:
+        return False
+
+
+def _place(gm: fx.GraphModule, original: nn.Module, path: str, module: nn.Module, in_place: bool) -> str:
+    """Installs ``module`` at ``path`` (replacing the original layer there) when ``in_place``, else next to it under
+    a fresh name; at the root where the parent is one of the model's own modules (setting it would change the
+    model)."""
+    parent, _, name = path.rpartition(".")
+    if parent and _shared(gm, original, parent):
+        parent, name, in_place = "", path.replace(".", "_"), False
+    if not in_place:
+        owner = gm.get_submodule(parent)
+        name = _fresh(owner, f"{name}_cutlass" if hasattr(owner, name) else name)
+    target = f"{parent}.{name}" if parent else name
+    gm.add_submodule(target, module)
+    return target
+
+
+def _fresh(owner: nn.Module, base: str) -> str:
+    name, i = base, 1
+    while hasattr(owner, name):
+        name, i = f"{base}_{i}", i + 1
+    return name
+
+
+def _first_argument(node: fx.Node):
+    return node.args[0] if node.args else node.kwargs["input"]
+
+
+def _rewrite(gm: fx.GraphModule, original: nn.Module, matches: list[_Match]) -> list[fx.Node]:
+    """Replaces each match by a call of its fused module; returns the new conv nodes."""
+    calls: dict[str, int] = {}  # call_module nodes per module path
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            calls[node.target] = calls.get(node.target, 0) + 1
+    keys: dict[str, list[tuple]] = {}
+    for match in matches:
+        if match.module_target is not None:
+            keys.setdefault(match.module_target, []).append(match.key())
+
+    def in_place(path: str) -> bool:
+        """Every call of the module becomes the same fused module: it can take the original's place."""
+        return len(keys[path]) == calls[path] and len(set(keys[path])) == 1
+
+    placed: dict[tuple, str] = {}
+    conv_nodes = []
+    for match in matches:
+        path = match.module_target
+        key = match.key() if path is not None else ("call", match.anchor.name)
+        if key not in placed:
+            if path is not None:
+                placed[key] = _place(gm, original, path, _build(match), in_place(path))
+            else:
+                placed[key] = _place(gm, original, f"cutlass_{match.anchor.name}", _build(match), False)
+        with gm.graph.inserting_before(match.tail):
+            # the anchor's input as it is now: an earlier replacement may have rewired it
+            new = gm.graph.call_module(placed[key], (_first_argument(match.anchor),))
+        new.meta.update(match.tail.meta)
+        match.tail.replace_all_uses_with(new)
+        for old in (match.act_node, match.bn_node, match.anchor):
+            if old is not None:
+                gm.graph.erase_node(old)
+        if match.op == "conv2d":
+            conv_nodes.append(new)
+    return conv_nodes
+
+
+def _keep_views_working(graph: fx.Graph, conv_nodes: list[fx.Node]) -> None:
+    """A fused conv returns channels_last, on which ``x.view(...)`` of NCHW code fails; ``.contiguous()`` first
+    (free where the tensor already is contiguous) on every view downstream of a fused conv."""
+    downstream = set(conv_nodes)
+    for node in graph.nodes:
+        if node in downstream:
+            continue
+        if any(inp in downstream for inp in node.all_input_nodes):
+            downstream.add(node)
+            if node.op == "call_method" and node.target == "view":
+                source = node.args[0]
+                with graph.inserting_before(node):
+                    contiguous = graph.call_method("contiguous", (source,))
+                node.replace_input_with(source, contiguous)
+
+
+def _remove_orphans(gm: fx.GraphModule, original: nn.Module, before: set[str]) -> None:
+    """Drops the parameters that only the replaced functional calls read (their get_attr nodes are gone), unless
+    they live in one of the model's own modules."""
+    still = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    for target in before - still:
+        owner_path, _, name = target.rpartition(".")
+        if owner_path and _shared(gm, original, owner_path):
+            continue
+        try:
+            owner = gm.get_submodule(owner_path)
+        except AttributeError:
+            continue
+        if hasattr(owner, name):
+            delattr(owner, name)
+
+
+# --- tracing, tuning ------------------------------------------------------------------------------------------------
+def _trace(model: nn.Module) -> fx.GraphModule:
+    if not isinstance(model, nn.Module):
+        raise ArgumentError(f"optimize takes a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(model, fx.GraphModule):  # rewrite a copy of its graph, not the caller's
+        gm = fx.GraphModule(model, copy.deepcopy(model.graph), class_name=type(model).__name__)
+    else:
+        try:
+            gm = fx.symbolic_trace(model)
+        except Exception as exc:  # fx raises TraceError, TypeError, ... for untraceable Python
+            raise ArgumentError(f"torch.fx could not trace {type(model).__name__} ({type(exc).__name__}: {exc}). "
+                                "optimize needs a model torch.fx.symbolic_trace can trace (no control flow on "
+                                "tensor values); trace it yourself (a custom Tracer with leaf modules) and pass the "
+                                "GraphModule") from exc
+    gm.training = model.training  # the root's mode only: submodules keep their own
+    return gm
+
+
+_SHAPE = "pycutlass_shape"
+
+
+class _Shapes(fx.Interpreter):
+    """Records each tensor value's shape and dtype in ``node.meta``. (torch's ShapeProp does too, but on an error both
+    it and the Interpreter's extra traceback import torch._dynamo, which takes seconds.)"""
+
+    def __init__(self, gm: fx.GraphModule):
+        super().__init__(gm)
+        self.extra_traceback = False
+        self.node: fx.Node | None = None  # the one running, for the error message
+
+    def run_node(self, n: fx.Node):
+        self.node = n
+        result = super().run_node(n)
+        if isinstance(result, torch.Tensor):
+            n.meta[_SHAPE] = _TensorShape(tuple(result.shape), result.dtype)
+        return result
+
+
+@dataclass(frozen=True)
+class _TensorShape:
+    shape: tuple
+    dtype: torch.dtype
+
+
+class _Evaluating:
+    """Eval mode for a forward the pass runs itself: a train-mode BatchNorm would update its statistics."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.modes: dict[nn.Module, bool] = {}
+
+    def __enter__(self):
+        self.modes = {m: m.training for m in self.model.modules()}
+        self.model.eval()
+        return self
+
+    def __exit__(self, *exc):
+        for module, mode in self.modes.items():
+            module.training = mode
+
+
+def _tuple(example_inputs) -> tuple:
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    if isinstance(example_inputs, (list, tuple)):
+        return tuple(example_inputs)
+    raise ArgumentError(f"example_inputs must be a tensor or a tuple of the model's positional arguments, "
+                        f"got {type(example_inputs).__name__}")
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def _on_cuda(gm: fx.GraphModule, example_inputs: tuple) -> bool:
+    return any(t.device.type == "cuda" for t in _tensors(example_inputs) + list(gm.parameters()))
+
+
+def _dispatch(dispatch):
+    if dispatch is not None:
+        return dispatch
+    from .dispatch import Dispatch
+
+    return Dispatch.current()
+
+
+def _tune(gm: fx.GraphModule, example_inputs: tuple, dispatch, jobs, progress: bool, prefer_faster: bool) -> list:
+    """Runs the model once, recording each op call with the layer it came from, and tunes the recorded calls."""
+    fused = [m for m in gm.modules() if isinstance(m, (CutlassLinear, CutlassConv2d))]
+    with dispatch.collecting() as collector:
+        def enter(module, args):
+            collector.layer = module.layer
+
+        def leave(module, args, output):  # ops the model calls itself belong to no layer
+            collector.layer = ""
+
+        hooks = [h for m in fused for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
+        try:
+            with _Evaluating(gm), torch.no_grad():
+                gm(*example_inputs)
+        finally:
+            for hook in hooks:
+                hook.remove()
+    return dispatch.tune_calls(collector.calls, jobs=jobs, progress=progress, prefer_faster=prefer_faster)
+
+
+def _fill_rows(report: OptimizeReport, choices: list) -> None:
+    """Puts each tuned call's choice on its row: calls come in execution order, which for fx is graph order."""
+    pending: dict[str, list[dict]] = {}
+    for row in report.rows:
+        pending.setdefault(row["layer"], []).append(row)
+    for choice in choices:
+        call = choice.call
+        rows = pending.get(call.layer or "")
+        if rows:
+            row = rows.pop(0)
+        else:  # a pycutlass op the model calls itself
+            row = {"layer": call.layer or "-", "op": call.op, "pattern": call.op, "shape": call.describe()}
+            report.rows.append(row)
+        cutlass_us, torch_us = getattr(choice, "cutlass_us", None), getattr(choice, "torch_us", None)
+        row.update(kernel=choice.kernel, cutlass_us=cutlass_us, torch_us=torch_us,
+                   speedup=torch_us / cutlass_us if cutlass_us and torch_us else None)
+
+
+# --- the public API -------------------------------------------------------------------------------------------------
+def optimize(model: nn.Module, example_inputs, *, tune: bool = True, fold_batchnorm: bool = True,
+             prefer_faster: bool = True, jobs: int | None = None, progress: bool = True,
+             dispatch=None) -> fx.GraphModule:
+    """Traces ``model``, fuses its Linear/Conv2d (+ BatchNorm2d) (+ activation) into pycutlass ops and tunes them.
+
+    Returns a ``torch.fx.GraphModule`` computing what ``model`` computes; ``report(result)`` (also
+    ``result.pycutlass_report``) says what was replaced and tuned. ``model`` itself is not changed; the result
+    shares the parameters of the layers it kept and of the Linear layers it fused. ``example_inputs``: the model's
+    positional arguments (a tensor or a tuple), run once to learn shapes and, with ``tune``, to record the calls to
+    tune. Tuning needs a GPU and happens only for a model on CUDA; a CPU model runs torch's math and is not tuned.
+    ``dispatch``: the :class:`~pycutlass.torch.dispatch.Dispatch` to tune with (default: the current session's).
+    """
+    example_inputs = _tuple(example_inputs)
+    gm = _trace(model)
+    shapes = _Shapes(gm)
+    try:
+        with _Evaluating(gm), torch.no_grad():
+            shapes.run(*example_inputs)
+    except Exception as exc:
+        where = f" at {shapes.node.format_node()}" if shapes.node is not None else ""
+        raise ArgumentError(f"the traced model failed on example_inputs{where} ({type(exc).__name__}: {exc}); pass "
+                            "the model's positional arguments, as a tensor or a tuple") from exc
+
+    report = OptimizeReport()
+    matches = _find(gm, fold_batchnorm, model.training, report)
+    attrs_before = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    conv_nodes = _rewrite(gm, model, matches)
+    _keep_views_working(gm.graph, conv_nodes)
+    gm.graph.eliminate_dead_code()
+    _remove_orphans(gm, model, attrs_before)
+    gm.delete_all_unused_submodules()
+    gm.graph.lint()
+    gm.recompile()
+    report.rows = [{"layer": m.layer, "op": m.op, "pattern": m.pattern, "shape": m.shape, "kernel": "-",
+                    "cutlass_us": None, "torch_us": None, "speedup": None} for m in matches]
+
+    if tune and not matches:
+        report.notes.append("nothing to tune: no layer was replaced")
+    elif tune and not _on_cuda(gm, example_inputs):
+        report.notes.append("not tuned: the model and its inputs are on the CPU, where the ops run torch's math "
+                            "(move both to CUDA to tune)")
+    elif tune:
+        if not torch.cuda.is_available():
+            raise NoGpuError("tuning needs a GPU: the model is on CUDA but torch sees no usable GPU")
+        _fill_rows(report, _tune(gm, example_inputs, _dispatch(dispatch), jobs, progress, prefer_faster))
+    gm.pycutlass_report = report
+    return gm
+
+
+def report(model: nn.Module) -> OptimizeReport:
+    """The :class:`OptimizeReport` of a model ``optimize`` (or ``load``) returned."""
+    found = getattr(model, "pycutlass_report", None)
+    if not isinstance(found, OptimizeReport):
+        raise ArgumentError(f"{type(model).__name__} has no pycutlass report: pass a model returned by "
+                            "pycutlass.torch.optimize or pycutlass.torch.load")
+    return found
+
+
+def save(model: nn.Module, directory, *, dispatch=None) -> Path:
+    """Writes ``model.pt`` (the whole optimized model) and ``pycutlass-torch.json`` (the dispatch's tuning decisions
+    and the report) into ``directory``; returns the directory."""
+    if not isinstance(model, nn.Module):
+        raise ArgumentError(f"save takes the torch.nn.Module optimize returned, got {type(model).__name__}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    found = getattr(model, "pycutlass_report", None)
+    state = {"format": "pycutlass-torch", "version": _FORMAT_VERSION,
+             "dispatch": _dispatch(dispatch).export_state(),
+             "report": found.to_dict() if isinstance(found, OptimizeReport) else None}
+    text = json.dumps(state, indent=1)  # before writing anything: a state that is not JSON fails here
+    torch.save(model, directory / MODEL_FILE)
+    (directory / STATE_FILE).write_text(text)
+    return directory
+
+
+def load(directory, map_location=None, *, dispatch=None) -> nn.Module:
+    """The model ``save`` wrote, with its tuning decisions given to the dispatch (default: the current session's),
+    so this process does not tune again."""
+    directory = Path(directory)
+    missing = [name for name in (MODEL_FILE, STATE_FILE) if not (directory / name).is_file()]
+    if missing:
+        raise ArgumentError(f"{directory} lacks {', '.join(missing)}: load reads a directory written by "
+                            f"pycutlass.torch.save ({MODEL_FILE} and {STATE_FILE})")
+    state = json.loads((directory / STATE_FILE).read_text())
+    if state.get("format") != "pycutlass-torch" or state.get("version") != _FORMAT_VERSION:
+        raise ArgumentError(f"{directory / STATE_FILE} is not a pycutlass-torch state of version {_FORMAT_VERSION} "
+                            f"(format {state.get('format')!r}, version {state.get('version')!r})")
+    # weights_only=False: the file holds a whole GraphModule (code and module classes), not only tensors.
+    model = torch.load(directory / MODEL_FILE, map_location=map_location, weights_only=False)
+    _dispatch(dispatch).import_state(state["dispatch"])
+    if not isinstance(getattr(model, "pycutlass_report", None), OptimizeReport) and state.get("report"):
+        model.pycutlass_report = OptimizeReport.from_dict(state["report"])
+    return model

@@ -1,0 +1,165 @@
+"""Tuning recorded torch calls: compile every candidate at once, check each against torch, time each beside torch.
+
+Inputs are random normal tensors with the recorded shapes and strides (so layouts and channels_last survive).
+A candidate counts only if its result is within the dtype's tolerance of torch's; timings are medians of CUDA-event
+samples with L2 flushed before each (the sweep harness's ``GemmBench.time``). torch is timed as eager code would
+run the same layer (``addmm`` / ``conv2d`` then the activation), so "faster than torch" means faster than the
+model it replaces.
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from ..compiler.manager import Compiler
+from . import reference
+from .dispatch import TORCH, _TOLERANCE, Choice
+
+
+def _inputs(call, generator):
+    tensors = []
+    for spec in call.specs:
+        if spec is None:
+            tensors.append(None)
+            continue
+        shape, stride, dtype = spec
+        t = torch.empty_strided(shape, stride, dtype=dtype, device=f"cuda:{call.device}")
+        values = torch.randn(t.shape, generator=generator, dtype=torch.float32).to(t.device)
+        t.copy_(values)
+        tensors.append(t)
+    return tensors
+
+
+def _run(dispatch, call, tensors, kernel: str):
+    if call.op == "gemm":
+        a, b, bias, c = tensors
+        alpha, beta, activation, arg = call.scalars
+        return dispatch.gemm(a, b, bias, c, alpha, beta, activation, arg, kernel)
+    first, second, bias = tensors
+    activation, arg, input_size, weight_size = call.scalars
+    stride, padding, dilation = call.problem[7:10]
+    if call.op == "conv2d":
+        return dispatch.conv2d(first, second, bias, stride, padding, dilation, activation, arg, kernel)
+    if call.op == "conv2d_dgrad":
+        return dispatch.conv2d_dgrad(first, second, input_size, stride, padding, dilation, kernel)
+    return dispatch.conv2d_wgrad(first, second, weight_size, stride, padding, dilation, kernel)
+
+
+def _eager(call, tensors):
+    """What an eager model runs for this call."""
+    if call.op == "gemm":
+        return reference.eager_gemm(*tensors, *call.scalars)
+    first, second, bias = tensors
+    activation, arg, input_size, weight_size = call.scalars
+    stride, padding, dilation = call.problem[7:10]
+    if call.op == "conv2d":
+        return reference.activate(F.conv2d(first, second, bias, stride, padding, dilation), activation, arg)
+    if call.op == "conv2d_dgrad":
+        return torch.nn.grad.conv2d_input(list(input_size), second, first, stride, padding, dilation)
+    return torch.nn.grad.conv2d_weight(second, list(weight_size), first, stride, padding, dilation)
+
+
+def _reference(call, tensors):
+    if call.op == "gemm":
+        a, b, bias, c = tensors
+        return reference.gemm(a, b, bias, c, *call.scalars)
+    if call.op == "conv2d":
+        first, second, bias = tensors
+        activation, arg = call.scalars[:2]
+        stride, padding, dilation = call.problem[7:10]
+        return reference.conv2d(first.float(), second.float(), None if bias is None else bias.float(), stride,
+                                padding, dilation, activation, arg)
+    wide = [None if t is None else t.float() for t in tensors]
+    return _eager(call, wide)
+
+
+def _close(out, expected, dtype) -> bool:
+    out, expected = out.float(), expected.float()
+    if not torch.isfinite(out).all():
+        return False
+    scale = expected.abs().max().item() or 1.0
+    return (out - expected).abs().max().item() <= _TOLERANCE.get(dtype, 2e-2) * scale
+
+
+def tune_calls(dispatch, calls, *, jobs, progress, prefer_faster, repetitions) -> list[Choice]:
+    from ..tune.bench import BenchConfig, GemmBench
+
+    by_key = {}
+    for call in calls:
+        by_key.setdefault(call.key, call)
+    todo = [call for key, call in by_key.items() if dispatch._lookup(key) is None]
+    operations = {}
+    for call in todo:
+        for _, operation in dispatch.candidates(call.cls):
+            operations.setdefault(operation.name, operation)
+    failed = _compile(Compiler.of(dispatch.session), list(operations.values()), jobs)
+    bar = _progress(todo, progress)
+    config = BenchConfig(warmup=3, repetitions=repetitions, max_seconds=0.5)
+    benches = {}
+    generator = torch.Generator().manual_seed(0)
+    for call in bar:
+        bench = benches.get(call.device)
+        if bench is None:
+            bench = benches[call.device] = GemmBench(config, call.device)
+        with torch.cuda.device(call.device):
+            choice = _tune_one(dispatch, call, bench, generator, failed, prefer_faster)
+        dispatch._set_choice(call.key, choice, len(dispatch.candidates(call.cls)))
+    results = []
+    for call in calls:
+        choice = dispatch._lookup(call.key) or {}
+        results.append(Choice(call, choice.get("kernel", "-"), choice.get("us"), choice.get("torch_us")))
+    return results
+
+
+def _compile(compiler, operations, jobs) -> set[str]:
+    """Compile in parallel units; a failed unit is retried one operation at a time to find the culprits."""
+    failed = set()
+    if not operations:
+        return failed
+    report = compiler.add_module(operations, jobs=jobs, errors="report")
+    for unit_ops, _ in report.failures:
+        for operation in unit_ops:
+            if compiler.add_module([operation], jobs=1, errors="report").failures:
+                failed.add(operation.name)
+    return failed
+
+
+def _median_us(bench, fn) -> float:
+    samples, _ = bench.time(lambda i: fn())
+    return statistics.median(samples) * 1e6
+
+
+def _tune_one(dispatch, call, bench, generator, failed, prefer_faster) -> dict:
+    tensors = _inputs(call, generator)
+    expected = _reference(call, tensors)
+    torch_us = _median_us(bench, lambda: _eager(call, tensors))
+    timings = {}
+    for params, operation in dispatch.candidates(call.cls):
+        if operation.name in failed:
+            continue
+        try:
+            out = _run(dispatch, call, tensors, operation.name)
+            if not _close(out, expected, call.specs[0][2]):
+                continue
+            timings[operation.name] = (_median_us(bench, lambda: _run(dispatch, call, tensors, operation.name)),
+                                       params)
+        except Exception:  # noqa: BLE001 - a candidate that cannot run this call is not a choice
+            continue
+    if not timings:
+        return {"kernel": TORCH, "params": None, "us": None, "torch_us": torch_us, "candidates": 0}
+    best = min(timings, key=lambda name: timings[name][0])
+    us, params = timings[best]
+    choice = {"kernel": best, "params": params, "us": us, "torch_us": torch_us, "candidates": len(timings)}
+    if prefer_faster and torch_us < us:
+        choice = {**choice, "kernel": TORCH, "best_kernel": best}
+    return choice
+
+
+def _progress(items, enabled: bool):
+    if not enabled:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc="pycutlass.torch tune", unit="shape")

@@ -1,0 +1,355 @@
+"""The model pass on the CPU: which layers it fuses, that the fused model computes what the original does (the ops
+run torch's math here), BatchNorm folding, save/load, and the tuning plumbing against a fake dispatch."""
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+import pycutlass.torch.ops as torch_ops  # noqa: E402
+from pycutlass.errors import ArgumentError  # noqa: E402
+from pycutlass.torch.model_pass import (CutlassConv2d, CutlassLinear, OptimizeReport, load, optimize,  # noqa: E402
+                                      report, save)
+
+
+# --- models 
+class MLP(nn.Module):
+    """Linear+GELU (module), Linear+ReLU (F.relu), Linear+relu (method), Linear+GELU(tanh) (not fusable)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act1 = nn.Linear(16, 32), nn.GELU()
+        self.fc2 = nn.Linear(32, 32)
+        self.fc3 = nn.Linear(32, 24, bias=False)
+        self.fc4, self.act4 = nn.Linear(24, 8), nn.GELU(approximate="tanh")
+
+    def forward(self, x):
+        x = self.act1(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        x = self.fc3(x).relu()
+        return self.act4(self.fc4(x))
+
+
+class ConvNet(nn.Module):
+    """Conv+BN+ReLU, Conv+SiLU, F.conv2d+leaky_relu, then a view of NCHW code and a Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
+                                      nn.Conv2d(8, 16, 3, stride=2, padding=1, bias=False), nn.SiLU(),
+                                      nn.MaxPool2d(2))
+        self.proj = nn.Module()
+        self.proj.weight = nn.Parameter(torch.randn(8, 16, 1, 1) * 0.2)
+        self.proj.bias = nn.Parameter(torch.randn(8))
+        self.fc = nn.Linear(8 * 4 * 4, 10)
+
+    def forward(self, x):
+        x = self.features(x)
+        x = F.leaky_relu(F.conv2d(x, self.proj.weight, self.proj.bias), 0.2)
+        x = x.view(x.size(0), -1)  # fails on channels_last unless the pass makes it contiguous
+        return self.fc(x)
+
+
+class SharedBN(nn.Module):
+    """The conv's output feeds the BN and a residual add: folding would change the add's input."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return torch.relu(self.bn(y)) + y
+
+
+class Unsupported(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.depthwise = nn.Conv2d(4, 4, 3, groups=4)
+        self.reflect = nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect")
+        self.same = nn.Conv2d(4, 4, 3, padding="same")
+
+    def forward(self, x):
+        return self.same(self.reflect(x)) + 0, self.depthwise(x)
+
+
+def randomize_batchnorm(model: nn.Module) -> nn.Module:
+    """Non-trivial running statistics and affine parameters, so folding is really tested."""
+    generator = torch.Generator().manual_seed(1)
+    for module in model.modules():
+        if isinstance(module, nn.BatchNorm2d):
+            n = module.num_features
+            module.running_mean.copy_(torch.rand(n, generator=generator) * 2 - 1)
+            module.running_var.copy_(torch.rand(n, generator=generator) * 2 + 0.5)
+            module.weight.data.copy_(torch.rand(n, generator=generator) + 0.5)
+            module.bias.data.copy_(torch.rand(n, generator=generator) - 0.5)
+    return model
+
+
+def fused(model) -> dict[str, str]:
+    """layer -> pattern of every fused module."""
+    return {m.layer: m.pattern for m in model.modules() if isinstance(m, (CutlassLinear, CutlassConv2d))}
+
+
+def assert_close(actual, expected):
+    for a, e in zip(actual if isinstance(actual, tuple) else (actual,),
+                    expected if isinstance(expected, tuple) else (expected,)):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+
+
+@pytest.fixture(autouse=True)
+def seeded():
+    torch.manual_seed(0)
+
+
+# --- matching and equivalence 
+def test_mlp_fuses_every_spelling_of_the_activation_but_tanh_gelu():
+    model = MLP().eval()
+    x = torch.randn(5, 3, 16)
+    optimized = optimize(model, (x,), tune=False)
+    assert fused(optimized) == {"fc1": "linear+gelu", "fc2": "linear+relu", "fc3": "linear+relu", "fc4": "linear"}
+    assert isinstance(optimized.act4, nn.GELU)  # GELU(approximate="tanh") stays: the epilogue's GELU is erf
+    assert not hasattr(optimized, "act1")  # fused into fc1 and dropped
+    assert_close(optimized(x), model(x))
+    assert isinstance(model.fc1, nn.Linear)  # the original model is unchanged
+
+
+def test_convnet_folds_batchnorm_and_keeps_views_working():
+    model = randomize_batchnorm(ConvNet()).eval()
+    x = torch.randn(2, 3, 16, 16)
+    optimized = optimize(model, x, tune=False)
+    assert fused(optimized) == {"features.0": "conv2d+bn+relu", "features.3": "conv2d+silu",
+                                "proj": "conv2d+leaky_relu", "fc": "linear"}
+    conv = optimized.get_submodule("features.0")
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in optimized.modules())
+    assert "proj.weight" not in dict(optimized.named_parameters())  # only the fused module holds it now
+    assert_close(optimized(x), model(x))
+    assert model.features[1].running_mean.abs().sum() > 0 and isinstance(model.features[0], nn.Conv2d)
+
+
+def test_functional_leaky_relu_slope_goes_to_the_epilogue():
+    model = ConvNet().eval()
+    optimized = optimize(model, torch.randn(1, 3, 16, 16), tune=False)
+    (proj,) = [m for m in optimized.modules() if getattr(m, "layer", None) == "proj"]
+    assert (proj.activation, proj.activation_arg) == ("leaky_relu", pytest.approx(0.2))
+
+
+def test_conv_output_with_two_users_keeps_its_batchnorm():
+    model = randomize_batchnorm(SharedBN()).eval()
+    x = torch.randn(2, 4, 8, 8)
+    optimized = optimize(model, x, tune=False)
+    assert fused(optimized) == {"conv": "conv2d"}
+    assert isinstance(optimized.bn, nn.BatchNorm2d)
+    assert_close(optimized(x), model(x))
+
+
+def test_training_mode_does_not_fold_batchnorm():
+    model = randomize_batchnorm(ConvNet()).train()
+    x = torch.randn(2, 3, 16, 16)
+    optimized = optimize(model, x, tune=False)
+    assert fused(optimized)["features.0"] == "conv2d"  # the BN (and so the ReLU behind it) stay
+    assert isinstance(optimized.get_submodule("features.1"), nn.BatchNorm2d) and optimized.training
+    assert any("not folded (training mode" in note for note in report(optimized).notes)
+    bn = optimized.get_submodule("features.1")
+    assert torch.equal(bn.running_mean, model.features[1].running_mean)  # the pass's forwards updated no stats
+    optimized.eval(), model.eval()
+    assert_close(optimized(x), model(x))
+
+
+def test_fold_batchnorm_false_keeps_batchnorm():
+    model = randomize_batchnorm(ConvNet()).eval()
+    optimized = optimize(model, torch.randn(1, 3, 16, 16), tune=False, fold_batchnorm=False)
+    assert fused(optimized)["features.0"] == "conv2d"
+
+
+def test_unsupported_convs_are_left_to_torch_and_reported():
+    model = Unsupported().eval()
+    x = torch.randn(1, 4, 8, 8)
+    optimized = optimize(model, x, tune=False)
+    assert fused(optimized) == {"same": "conv2d"}
+    reasons = {s["layer"]: s["reason"] for s in report(optimized).skipped}
+    assert "groups=4" in reasons["depthwise"] and "padding_mode='reflect'" in reasons["reflect"]
+    assert optimized.get_submodule("same").padding == (1, 1)  # 'same' with an odd kernel is symmetric
+    assert_close(optimized(x), model(x))
+
+
+def test_computed_weights_and_unbatched_inputs_are_left_to_torch():
+    class Odd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(8, 8))
+            self.conv = nn.Conv2d(3, 3, 1)
+
+        def forward(self, x, image):
+            return F.linear(x, self.w.t()), self.conv(image[0]), self.conv(image)
+
+    model = Odd()
+    inputs = (torch.randn(2, 8), torch.randn(1, 3, 4, 4))
+    optimized = optimize(model, inputs, tune=False)
+    reasons = [s["reason"] for s in report(optimized).skipped]
+    assert any("computed in the graph" in r for r in reasons) and any("3-D" in r for r in reasons)
+    # the conv is still called unfused once: the fused call gets a module of its own
+    assert isinstance(optimized.conv, nn.Conv2d) and isinstance(optimized.conv_cutlass, CutlassConv2d)
+    assert_close(optimized(*inputs), model(*inputs))
+
+
+def test_a_module_called_twice_with_different_fusions_gets_two_modules():
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return torch.sigmoid(self.fc(x)) + self.fc(x)
+
+    model = Twice()
+    x = torch.randn(3, 8)
+    optimized = optimize(model, x, tune=False)
+    patterns = sorted(m.pattern for m in optimized.modules() if isinstance(m, CutlassLinear))
+    assert patterns == ["linear", "linear+sigmoid"]
+    assert_close(optimized(x), model(x))
+
+
+def test_graph_module_input_is_not_modified():
+    traced = torch.fx.symbolic_trace(MLP().eval())
+    code = traced.code
+    optimized = optimize(traced, torch.randn(2, 16), tune=False)
+    assert traced.code == code and len(fused(optimized)) == 4
+
+
+def test_report_table_lists_every_fused_layer():
+    optimized = optimize(MLP().eval(), torch.randn(4, 16), tune=True)  # CPU model: tuning is skipped
+    rep = report(optimized)
+    assert [r["layer"] for r in rep.rows] == ["fc1", "fc2", "fc3", "fc4"]
+    assert rep.rows[0]["shape"] == "M=4 N=32 K=16 float32" and rep.rows[0]["kernel"] == "-"
+    assert any("not tuned" in n for n in rep.notes)
+    text = str(rep)
+    assert "linear+gelu" in text and "fc4" in text and "cutlass_us" in text
+    assert OptimizeReport.from_dict(json.loads(json.dumps(rep.to_dict()))) == rep
+
+
+def test_bad_arguments_are_typed_errors():
+    with pytest.raises(ArgumentError, match="torch.nn.Module"):
+        optimize(lambda x: x, torch.randn(2))
+    with pytest.raises(ArgumentError, match="example_inputs"):
+        optimize(MLP(), torch.randn(2, 3), tune=False)  # 3 features where fc1 wants 16
+    with pytest.raises(ArgumentError, match="no pycutlass report"):
+        report(MLP())
+
+
+# --- tuning plumbing (fake dispatch: no GPU here) 
+@dataclass
+class FakeCall:
+    op: str
+    layer: str | None
+    key: tuple = ()
+
+    def describe(self) -> str:
+        return f"{self.op} call"
+
+
+@dataclass
+class FakeChoice:
+    call: FakeCall
+    kernel: str
+    cutlass_us: float | None
+    torch_us: float | None
+
+
+@dataclass
+class FakeDispatch:
+    layer: str = ""
+    calls: list = field(default_factory=list)
+    collecting_now: bool = False
+    state: dict = field(default_factory=lambda: {"choices": {"k1": "cutlass_gemm_x"}})
+    imported: list = field(default_factory=list)
+
+    @contextmanager
+    def collecting(self):
+        self.collecting_now = True
+        try:
+            yield self
+        finally:
+            self.collecting_now = False
+
+    def tune_calls(self, calls, jobs=None, progress=True, prefer_faster=True):
+        self.tuned = (list(calls), jobs, progress, prefer_faster)
+        return [FakeChoice(call, "torch" if call.op == "conv2d" else "cutlass_gemm_x", 20.0, 10.0 if
+                           call.op == "conv2d" else 30.0) for call in calls]
+
+    def export_state(self):
+        return self.state
+
+    def import_state(self, state):
+        self.imported.append(state)
+
+
+def recording(dispatch: FakeDispatch, monkeypatch):
+    """The real ops record (op, current layer) while the fake dispatch collects, as Dispatch does on CUDA."""
+    for name, op in (("linear", "gemm"), ("conv2d", "conv2d")):
+        real = getattr(torch_ops, name)
+
+        def wrapper(*args, _real=real, _op=op, **kwargs):
+            if dispatch.collecting_now:
+                dispatch.calls.append(FakeCall(_op, dispatch.layer))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(torch_ops, name, wrapper)
+
+
+def test_tuning_records_each_call_with_its_layer(monkeypatch):
+    import importlib
+
+    module = importlib.import_module("pycutlass.torch.model_pass")
+    monkeypatch.setattr(module, "_on_cuda", lambda gm, inputs: True)  # as if model and inputs were on CUDA
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    dispatch = FakeDispatch()
+    recording(dispatch, monkeypatch)
+    model = randomize_batchnorm(ConvNet()).eval()
+    optimized = optimize(model, torch.randn(2, 3, 16, 16), dispatch=dispatch, jobs=3, progress=False)
+    calls, jobs, progress, prefer_faster = dispatch.tuned
+    assert [c.layer for c in calls] == ["features.0", "features.3", "proj", "fc"]
+    assert (jobs, progress, prefer_faster) == (3, False, True)
+    rows = {r["layer"]: r for r in report(optimized).rows}
+    assert rows["fc"]["kernel"] == "cutlass_gemm_x" and rows["fc"]["speedup"] == pytest.approx(1.5)
+    assert rows["proj"]["kernel"] == "torch" and rows["proj"]["speedup"] == pytest.approx(0.5)
+    assert dispatch.layer == ""  # the hooks reset it after each fused module
+
+
+# --- save / load 
+def test_save_load_round_trip(tmp_path):
+    model = randomize_batchnorm(ConvNet()).eval()
+    x = torch.randn(2, 3, 16, 16)
+    optimized = optimize(model, x, tune=False)
+    dispatch = FakeDispatch()
+    save(optimized, tmp_path / "saved", dispatch=dispatch)
+    saved = json.loads((tmp_path / "saved" / "pycutlass-torch.json").read_text())
+    assert saved["dispatch"] == dispatch.state and len(saved["report"]["rows"]) == 4
+
+    other = FakeDispatch(state={})
+    loaded = load(tmp_path / "saved", map_location="cpu", dispatch=other)
+    assert other.imported == [dispatch.state]
+    assert torch.equal(loaded(x), optimized(x))
+    assert fused(loaded) == fused(optimized) and report(loaded).rows == report(optimized).rows
+    assert loaded.get_submodule("features.0").weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_load_names_what_is_missing(tmp_path):
+    with pytest.raises(ArgumentError, match="pycutlass-torch.json"):
+        load(tmp_path, dispatch=FakeDispatch())
+
+
+def test_save_load_with_the_session_dispatch(tmp_path):
+    pytest.importorskip("pycutlass.torch.dispatch")
+    model = MLP().eval()
+    x = torch.randn(2, 16)
+    optimized = optimize(model, x, tune=False)
+    save(optimized, tmp_path)
+    assert torch.equal(load(tmp_path)(x), optimized(x))
