@@ -224,10 +224,10 @@ class Dispatch(SessionState):
 
     # --- GEMM --------------------------------------------------------------------------------------------------
     def gemm(self, a, b, bias, c, alpha, beta, activation, activation_arg, kernel):
-        signature = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device,
-                     None if bias is None else (bias.shape, bias.stride(), bias.dtype),
-                     None if c is None else (c.shape, c.stride(), c.dtype), alpha, beta, activation, activation_arg,
-                     kernel)
+        signature = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
+                     None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+                     None if c is None else (c.shape, c.stride(), c.dtype, c.device), alpha, beta, activation,
+                     activation_arg, kernel)
         bound = self._bound.get(signature)
         if bound is not None and self._collector is None:
             if bound is TORCH:
@@ -264,14 +264,16 @@ class Dispatch(SessionState):
             return None, "bias is not contiguous"
         if c is not None and beta != 0 and _major(c) is not True:
             return None, "c is not row-major"
-        extents = [k, n, n] + [_leading(t) for t in (a, b)] + ([c.stride(0)] if c is not None else [])
+        # the contiguous extent of each operand (CUTLASS's vector accesses run along it) and the leading dimensions
+        extents = [k if a_row else m, n if b_row else k, n] + [_leading(t) for t in (a, b)] + \
+            ([c.stride(0)] if c is not None else [])
         pointers = [t.data_ptr() for t in (a, b, bias, c) if t is not None]
         alignment = _alignment(a.dtype, extents, pointers)
         if alignment is None:
             return None, "extents or addresses not aligned to 4 bytes"
         cc = self._device_cc(a.device)
         cls = GemmClass(str(a.dtype).removeprefix("torch."), a_row, b_row, alignment, activation, bias is not None,
-                        c is not None and beta != 0, 80 if self.family == "sm80" else cc)
+                        c is not None and beta != 0, min(cc, 80) if self.family == "sm80" else cc)
         return cls, ""
 
     def _gemm_slow(self, signature, a, b, bias, c, alpha, beta, activation, activation_arg, kernel):
@@ -286,6 +288,8 @@ class Dispatch(SessionState):
         call = lambda: self._call("gemm", cls, (m, n, k), (a, b, bias, c), (alpha, beta, activation,  # noqa: E731
                                                                            activation_arg), a.device)
         operation = self._choose(cls, (m, n, k), kernel, why, call) if m and n and k else None
+        if kernel and operation is not None and operation != TORCH:
+            _check_override(operation, activation, None, bias is not None and c is not None and beta != 0)
         if operation is None or operation == TORCH:
             if m and n and k:
                 self._bound[signature] = TORCH
@@ -351,21 +355,21 @@ class Dispatch(SessionState):
 
     # --- convolutions --------------------------------------------------------------------------------------------
     def conv2d(self, x, weight, bias, stride, padding, dilation, activation, activation_arg, kernel):
-        signature = ("conv2d", x.shape, x.stride(), weight.shape, weight.stride(), x.dtype, x.device,
-                     None if bias is None else (bias.shape, bias.dtype), stride, padding, dilation, activation,
-                     activation_arg, kernel)
+        signature = ("conv2d", x.shape, x.stride(), weight.shape, weight.stride(), x.dtype, x.device, weight.dtype,
+                     weight.device, None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+                     stride, padding, dilation, activation, activation_arg, kernel)
         return self._conv("fprop", signature, x, weight, bias, stride, padding, dilation, activation,
                           activation_arg, kernel)
 
     def conv2d_dgrad(self, grad, weight, input_size, stride, padding, dilation, kernel):
         signature = ("dgrad", grad.shape, grad.stride(), weight.shape, weight.stride(), grad.dtype, grad.device,
-                     input_size, stride, padding, dilation, kernel)
+                     weight.dtype, weight.device, input_size, stride, padding, dilation, kernel)
         return self._conv("dgrad", signature, grad, weight, None, stride, padding, dilation, "identity", 0.0,
                           kernel, input_size=input_size)
 
     def conv2d_wgrad(self, grad, x, weight_size, stride, padding, dilation, kernel):
-        signature = ("wgrad", grad.shape, grad.stride(), x.shape, x.stride(), grad.dtype, grad.device, weight_size,
-                     stride, padding, dilation, kernel)
+        signature = ("wgrad", grad.shape, grad.stride(), x.shape, x.stride(), grad.dtype, grad.device, x.dtype,
+                     x.device, weight_size, stride, padding, dilation, kernel)
         return self._conv("wgrad", signature, grad, x, None, stride, padding, dilation, "identity", 0.0, kernel,
                           weight_size=weight_size)
 
@@ -434,6 +438,8 @@ class Dispatch(SessionState):
             alignment = _alignment(first.dtype, [x_shape[1], w_shape[0]], pointers)
             if alignment is None:
                 why = "channel counts not multiples of 2"
+            elif bias is not None and bias.shape[0] > 1 and bias.stride(0) != 1:
+                why = "bias is not contiguous"  # the kernel reads it as K contiguous values
             else:
                 cls = ConvClass(str(first.dtype).removeprefix("torch."), conv_kind, alignment, activation,
                                 bias is not None, tuple(stride) == (1, 1), self._device_cc(first.device))
@@ -445,6 +451,15 @@ class Dispatch(SessionState):
                 self._collector.calls.append(call())
             return self._conv_torch(*torch_args)
         operation = self._choose(cls, problem, kernel, why, call)
+        if operation is not None and operation != TORCH:
+            if kernel:
+                _check_override(operation, activation, conv_kind)
+            try:  # CUTLASS's can_implement (filters above 32x32, strided dgrad with dilation, 2 GiB tensors, ...)
+                operation.check_problem_size(_conv_problem(x_shape, w_shape, stride, padding, dilation))
+            except ArgumentError as error:
+                if kernel:
+                    raise
+                operation = self._no_kernel(str(error))
         if operation is None or operation == TORCH:
             self._bound[signature] = TORCH
             return self._conv_torch(*torch_args)
@@ -465,12 +480,9 @@ class Dispatch(SessionState):
     def _conv_arguments(self, operation, conv_kind, x_shape, w_shape, first, second, bias, out, stride, padding,
                         dilation, activation_arg):
         from ..kinds import Conv2dArguments
-        from ..kinds.conv2d.problem import Conv2dProblemSize
 
-        n, c, h, w = x_shape
-        k, _, r, s = w_shape
-        problem = Conv2dProblemSize((n, h, w, c), (k, r, s, c), (padding[0], padding[0], padding[1], padding[1]),
-                                    tuple(stride), tuple(dilation))
+        k = w_shape[0]
+        problem = _conv_problem(x_shape, w_shape, stride, padding, dilation)
         args = (activation_arg,) if operation.epilogue_functor.num_activation_args else ()
         c_operand = None
         if bias is not None:
@@ -576,11 +588,12 @@ class Dispatch(SessionState):
         """A shape never tuned (dynamic batch sizes): the tuned shape of the same class nearest in log distance."""
         if not isinstance(cls, GemmClass):
             return None
-        signature = cls.signature()
+        signature, facts = cls.signature(), self._facts_of(cls)
         best, best_distance = None, math.inf
         for key, choice in self._choices.items():
             parsed = json.loads(key)
-            if parsed.get("op") != signature:
+            # (imported choices may come from another GPU: its kernels may not build or run on this one)
+            if parsed.get("op") != signature or parsed.get("device") != json.loads(json.dumps(facts)):
                 continue
             bucket = parsed["bucket"][:3]
             distance = sum(abs(math.log2(max(a, 1)) - math.log2(max(b, 1))) for a, b in zip(bucket, problem))
@@ -679,6 +692,32 @@ def _alignment(dtype, extents, pointers) -> int | None:
         if all(e % alignment == 0 for e in extents) and all(p % (alignment * itemsize) == 0 for p in pointers):
             return alignment
     return None
+
+
+def _conv_problem(x_shape, w_shape, stride, padding, dilation):
+    from ..kinds.conv2d.problem import Conv2dProblemSize
+
+    n, c, h, w = x_shape
+    k, _, r, s = w_shape
+    return Conv2dProblemSize((n, h, w, c), (k, r, s, c), (padding[0], padding[0], padding[1], padding[1]),
+                             tuple(stride), tuple(dilation))
+
+
+def _check_override(operation, activation: str, conv_kind: str | None = None, bias_and_c: bool = False) -> None:
+    """A per-call override must compute what the call asks: its epilogue's activation, its convolution kind, and
+    (Sm80 family, which adds a bias as a broadcast C) not a bias together with C."""
+    functor = getattr(operation, "epilogue_functor", None)
+    found = getattr(getattr(functor, "activation", None), "name", None) or "identity"
+    if functor is not None and found != activation:
+        raise ArgumentError(f"kernel {operation.name} applies the activation {found!r}, the call asks for "
+                            f"{activation!r}")
+    kind = getattr(getattr(operation, "conv_kind", None), "name", None)
+    if kind != conv_kind:
+        raise ArgumentError(f"kernel {operation.name} is {'a ' + kind + ' convolution' if kind else 'a GEMM'}, the "
+                            f"call is {'a ' + conv_kind + ' convolution' if conv_kind else 'a GEMM'}")
+    if bias_and_c and not getattr(operation, "bias", None):
+        raise ArgumentError(f"kernel {operation.name} adds a bias through C (Sm80 family): it cannot also add C; "
+                            f"pass an SM90 operation built with bias='column', or leave kernel unset")
 
 
 def _conv_gemm_mn(cls: ConvClass, problem) -> tuple[int, int]:

@@ -95,8 +95,8 @@ def build(params: dict):
 
 def gemm_candidates(cls: GemmClass) -> list[tuple[dict, object]]:
     """(params, operation) for every configuration that builds for this class; may be empty."""
-    if cls.dtype not in DTYPES or (cls.bias and cls.c and not cls.sm90):
-        return []
+    if cls.dtype not in DTYPES or (cls.bias and cls.c and not cls.sm90) or cls.cc < 80:
+        return []  # (every candidate is Sm80 family or SM90: cp.async and these MMAs need compute capability 8.0)
     found = []
     if cls.sm90:
         for tile, cluster, schedule in SM90_CONFIGS:
@@ -112,7 +112,7 @@ def gemm_candidates(cls: GemmClass) -> list[tuple[dict, object]]:
 
 
 def conv_candidates(cls: ConvClass) -> list[tuple[dict, object]]:
-    if cls.dtype not in ("float16", "bfloat16"):
+    if cls.dtype not in ("float16", "bfloat16") or cls.cc < 80:
         return []
     epilogue = "linear_combination" if cls.activation == "identity" else cls.activation
     found = []

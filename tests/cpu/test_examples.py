@@ -24,4 +24,5 @@ def test_example_runs(example, tmp_path):
 
     if detected_compute_capability() is None:
         assert "no GPU here, stopping before launch" in out.stdout, out.stdout[-2000:]
-    assert list(tmp_path.iterdir()) == [tmp_path / "cache"]  # nothing written to the working directory
+    # nothing written to the working directory (the cache only where the example compiled something)
+    assert list(tmp_path.iterdir()) in ([tmp_path / "cache"], [])

@@ -201,3 +201,124 @@ def test_a_default_candidate_compiles_with_nvrtc(tmp_path):
     report = Compiler.of(session).add_module([operation], errors="report")
     assert not report.failures
     assert Compiler.of(session).lookup(operation) is not None
+
+
+# --- dispatch defects found in review (CPU tensors: signatures, classification, fallbacks) ------------------------------
+def _signatures(monkeypatch, dispatch):
+    """Record the call signatures the bound-launch table is looked up with (the slow paths stubbed out)."""
+    seen = []
+    monkeypatch.setattr(dispatch, "_gemm_slow", lambda signature, *args: seen.append(signature))
+    monkeypatch.setattr(dispatch, "_conv_slow", lambda kind, signature, *args: seen.append(signature))
+    return seen
+
+
+def test_signatures_tell_apart_what_the_bound_kernel_depends_on(monkeypatch):
+    dispatch = pct.Dispatch.of(pycutlass.Session())
+    seen = _signatures(monkeypatch, dispatch)
+    h = torch.float16
+    x, w = torch.empty(2, 8, 6, 6, dtype=h), torch.empty(16, 8, 3, 3, dtype=h)
+    geometry = ((1, 1), (1, 1), (1, 1))
+    # a weight of another dtype must not reuse an f16 launch
+    dispatch.conv2d(x, w, None, *geometry, "identity", 0.0, "")
+    dispatch.conv2d(x, w.to(torch.bfloat16), None, *geometry, "identity", 0.0, "")
+    # nor a strided bias a contiguous bias's launch (the kernel reads K contiguous values)
+    dispatch.conv2d(x, w, torch.empty(16, dtype=h), *geometry, "identity", 0.0, "")
+    dispatch.conv2d(x, w, torch.empty(32, dtype=h)[::2], *geometry, "identity", 0.0, "")
+    dispatch.conv2d_dgrad(x, w.permute(1, 0, 2, 3), (2, 16, 6, 6), *geometry, "")
+    dispatch.conv2d_dgrad(x, w.permute(1, 0, 2, 3).to(torch.bfloat16), (2, 16, 6, 6), *geometry, "")
+    dispatch.conv2d_wgrad(x, x, (8, 8, 1, 1), (1, 1), (0, 0), (1, 1), "")
+    dispatch.conv2d_wgrad(x, x.to(torch.bfloat16), (8, 8, 1, 1), (1, 1), (0, 0), (1, 1), "")
+    a, b = torch.empty(8, 16, dtype=h), torch.empty(16, 8, dtype=h)
+    dispatch.gemm(a, b, None, None, 1.0, 0.0, "identity", 0.0, "")
+    dispatch.gemm(a, b.to("meta"), None, None, 1.0, 0.0, "identity", 0.0, "")  # another device
+    assert len(seen) == 10 and len(set(seen)) == 10
+
+
+def _cpu_dispatch(monkeypatch, cc=80):
+    dispatch = pct.Dispatch.of(pycutlass.Session())
+    monkeypatch.setattr(dispatch, "_device_cc", lambda device: cc)
+    dispatch._facts[cc] = {"device": "test GPU", "cc": cc}  # (local_device_facts needs a GPU)
+    return dispatch
+
+
+def test_conv_calls_cutlass_cannot_implement_fall_back_to_torch(monkeypatch):
+    """Strided dgrad with dilation (and filters above 32x32) are CUTLASS can_implement failures: torch runs them."""
+    dispatch = _cpu_dispatch(monkeypatch)
+    g = torch.Generator().manual_seed(7)
+    dy = torch.randn(1, 8, 4, 4, generator=g).half()
+    w = torch.randn(8, 8, 3, 3, generator=g).half()
+    out = dispatch.conv2d_dgrad(dy, w, (1, 8, 9, 9), (2, 2), (1, 1), (2, 2), "")
+    expected = torch.nn.grad.conv2d_input([1, 8, 9, 9], w.float(), dy.float(), (2, 2), (1, 1), (2, 2))
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
+    assert any("dilation" in why for why in dispatch.fallbacks)
+    x = torch.randn(1, 8, 40, 40, generator=g).half()
+    dispatch.conv2d(x, torch.randn(8, 8, 33, 33, generator=g).half(), None, (1, 1), (0, 0), (1, 1), "identity",
+                    0.0, "")
+    assert any("32" in why for why in dispatch.fallbacks)
+    dispatch.configure(fallback=False)
+    with pytest.raises(pycutlass.ArgumentError, match="dilation"):
+        dispatch.conv2d_dgrad(dy, w, (1, 8, 9, 9), (2, 2), (1, 1), (2, 2), "")
+
+
+def test_a_strided_conv_bias_falls_back(monkeypatch):
+    dispatch = _cpu_dispatch(monkeypatch)
+    x, w = torch.randn(1, 8, 5, 5).half(), torch.randn(8, 8, 1, 1).half()
+    bias = torch.randn(16).half()[::2]
+    out = dispatch.conv2d(x, w, bias, (1, 1), (0, 0), (1, 1), "identity", 0.0, "")
+    torch.testing.assert_close(out.float(), torch.nn.functional.conv2d(x.float(), w.float(), bias.float()),
+                               rtol=2e-2, atol=2e-2)
+    assert dispatch.fallbacks == {"bias is not contiguous": 1}
+
+
+def test_overrides_must_compute_what_the_call_asks(monkeypatch):
+    dispatch = _cpu_dispatch(monkeypatch)
+    h = torch.float16
+    _, relu = kernels.gemm_candidates(GemmClass("float16", True, True, 8, "relu", False, False, 80))[0]
+    name = dispatch.register_kernel(relu)
+    a, b = torch.randn(8, 16).to(h), torch.randn(16, 8).to(h)
+    with pytest.raises(pycutlass.ArgumentError, match="activation 'relu'"):
+        dispatch.gemm(a, b, None, None, 1.0, 0.0, "identity", 0.0, name)
+    _, with_bias = kernels.gemm_candidates(GemmClass("float16", True, True, 8, "identity", True, False, 80))[0]
+    name = dispatch.register_kernel(with_bias)
+    with pytest.raises(pycutlass.ArgumentError, match="cannot also add C"):
+        dispatch.gemm(a, b, torch.randn(8).to(h), torch.randn(8, 8).to(h), 1.0, 1.0, "identity", 0.0, name)
+    _, fprop = kernels.conv_candidates(ConvClass("float16", "fprop", 8, "identity", False, True, 80))[0]
+    name = dispatch.register_kernel(fprop)
+    x, w = torch.randn(1, 8, 5, 5).to(h), torch.randn(8, 8, 3, 3).to(h)
+    with pytest.raises(pycutlass.ArgumentError, match="dgrad"):
+        dispatch.conv2d_dgrad(x, w, (1, 8, 5, 5), (1, 1), (1, 1), (1, 1), name)
+
+
+def test_no_candidates_before_sm80():
+    assert kernels.gemm_candidates(GemmClass("float16", True, True, 8, "identity", False, False, 75)) == []
+    assert kernels.conv_candidates(ConvClass("float16", "fprop", 8, "identity", False, True, 75)) == []
+
+
+def test_nearest_tuned_shape_comes_from_this_device():
+    from pycutlass.tune.autotune import tuning_key
+
+    dispatch = pct.Dispatch.of(pycutlass.Session())
+    dispatch._facts[90] = {"device": "this GPU", "cc": 90}
+    cls = GemmClass("float16", True, True, 8, "identity", False, False, 90)
+    elsewhere = tuning_key({"device": "another GPU", "cc": 90}, cls.signature(), (64, 64, 64), "exact")
+    dispatch._choices[elsewhere] = {"kernel": "elsewhere", "params": None}
+    assert dispatch._nearest(cls, (64, 64, 64)) is None
+    here = tuning_key(dispatch._facts_of(cls), cls.signature(), (128, 64, 64), "exact")
+    dispatch._choices[here] = {"kernel": "here", "params": None}
+    assert dispatch._nearest(cls, (64, 64, 64))["kernel"] == "here"
+
+
+def test_the_direct_path_steps_aside_for_functorch_transforms(monkeypatch):
+    """Under vmap a plain-looking tensor is a batched wrapper: the call must go through torch.ops (its CPU kernel
+    here), never straight to the CUDA dispatch."""
+    from pycutlass.torch import ops
+
+    monkeypatch.setattr(ops, "_engine", lambda: pytest.fail("the direct path ran under vmap"))
+    seen = []
+
+    def f(x):
+        seen.append(ops._direct(x))
+        return x
+
+    torch.func.vmap(f)(torch.randn(3, 2))
+    assert seen == [False]
