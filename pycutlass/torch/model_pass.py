@@ -11,6 +11,7 @@ import copy
 import inspect
 import json
 import math
+import operator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -169,6 +170,7 @@ class _Match:
     module_target: str | None    # the anchor's module path; None for a functional call
     shape: str
     geometry: tuple = ()         # conv: (stride, padding, dilation)
+    bias_node: fx.Node | None = None  # a following ``+ bias`` (when the layer itself has none)
     bn: nn.BatchNorm2d | None = None
     bn_node: fx.Node | None = None
     activation: str = "identity"
@@ -177,16 +179,18 @@ class _Match:
 
     @property
     def tail(self) -> fx.Node:
-        return self.act_node or self.bn_node or self.anchor
+        return self.act_node or self.bn_node or self.bias_node or self.anchor
 
     @property
     def pattern(self) -> str:
-        return "+".join([self.op] + (["bn"] if self.bn is not None else []) +
+        return "+".join([self.op] + (["bias"] if self.bias_node is not None else []) +
+                        (["bn"] if self.bn is not None else []) +
                         ([self.activation] if self.act_node is not None else []))
 
     def key(self) -> tuple:
         """Calls of one module with the same fusion can share one replacement."""
-        return (self.module_target, id(self.bn), self.activation, self.activation_arg, self.act_node is not None)
+        return (self.module_target, id(self.bn), self.activation, self.activation_arg, self.act_node is not None,
+                None if self.bias_node is None else self.bias_node.args)
 
 
 class _Skip(Exception):
@@ -354,6 +358,27 @@ def _activation(gm: fx.GraphModule, node: fx.Node | None, source: fx.Node) -> tu
     return name, float(args["negative_slope"]) if name == "leaky_relu" else 0.0
 
 
+def _bias_add(gm: fx.GraphModule, node: fx.Node | None, source: fx.Node, match: "_Match") -> torch.Tensor | None:
+    """The vector when ``node`` is ``source + bias`` with a parameter or buffer holding one value per output feature
+    (linear: shape (N,); conv: (K, 1, 1) or (1, K, 1, 1), since a (K,) vector would broadcast along W), in the
+    weight's dtype; else None."""
+    if node is None or node.op != "call_function" or node.target not in (operator.add, torch.add) or node.kwargs \
+            or len(node.args) != 2 or source not in node.args:
+        return None
+    other = node.args[1] if node.args[0] is source else node.args[0]
+    if not (isinstance(other, fx.Node) and other.op == "get_attr"):
+        return None
+    try:
+        vector = _attr(gm, other, "bias")
+    except _Skip:
+        return None
+    outputs = match.weight.shape[0]
+    shapes = ((outputs,),) if match.op == "linear" else ((outputs, 1, 1), (1, outputs, 1, 1))
+    if not isinstance(vector, torch.Tensor) or tuple(vector.shape) not in shapes or vector.dtype != match.weight.dtype:
+        return None
+    return vector if vector.dim() == 1 else vector.reshape(outputs)
+
+
 def _find(gm: fx.GraphModule, fold_batchnorm: bool, training: bool, report: OptimizeReport) -> list[_Match]:
     matches = []
     for node in list(gm.graph.nodes):
@@ -367,15 +392,20 @@ def _find(gm: fx.GraphModule, fold_batchnorm: bool, training: bool, report: Opti
             continue
         match = _Match(shape=shape, anchor=node, **found)
         tail = node
+        if match.bias is None:
+            bias = _bias_add(gm, _only_user(node), node, match)
+            if bias is not None:
+                match.bias, match.bias_node = bias, _only_user(node)
+                tail = match.bias_node
         if match.op == "conv2d":
-            bn = _batchnorm(gm, _only_user(node), node)
+            bn = _batchnorm(gm, _only_user(tail), tail)
             if bn is not None:
                 why_not = _why_not_fold(bn, fold_batchnorm, training)
                 if why_not:  # the BN stays, so nothing after it can join the conv
                     report.notes.append(f"{match.layer}: the BatchNorm2d after it is not folded ({why_not})")
                     matches.append(match)
                     continue
-                match.bn, match.bn_node = bn, _only_user(node)
+                match.bn, match.bn_node = bn, _only_user(tail)
                 tail = match.bn_node
         act_node = _only_user(tail)
         activation = _activation(gm, act_node, tail)
@@ -507,7 +537,7 @@ def _rewrite(gm: fx.GraphModule, original: nn.Module, matches: list[_Match]) -> 
             new = gm.graph.call_module(placed[key], (_first_argument(match.anchor),))
         new.meta.update(match.tail.meta)
         match.tail.replace_all_uses_with(new)
-        for old in (match.act_node, match.bn_node, match.anchor):
+        for old in (match.act_node, match.bn_node, match.bias_node, match.anchor):
             if old is not None:
                 gm.graph.erase_node(old)
         if match.op == "conv2d":

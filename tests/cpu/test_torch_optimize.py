@@ -353,3 +353,30 @@ def test_save_load_with_the_session_dispatch(tmp_path):
     optimized = optimize(model, x, tune=False)
     save(optimized, tmp_path)
     assert torch.equal(load(tmp_path)(x), optimized(x))
+
+
+class SeparateBias(nn.Module):
+    """A bias added after the layer (a parameter of its own): fused as the layer's bias; a (K,) vector added to a
+    conv's NCHW output broadcasts along W, not over channels, and must stay as it is."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1, self.b1 = nn.Parameter(torch.randn(12, 8)), nn.Parameter(torch.randn(12))
+        self.conv = nn.Conv2d(3, 6, 3, padding=1, bias=False)
+        self.conv_bias = nn.Parameter(torch.randn(1, 6, 1, 1))
+        self.bn = nn.BatchNorm2d(6)
+        self.conv2 = nn.Conv2d(6, 5, 1, bias=False)
+        self.along_w = nn.Parameter(torch.randn(5))
+
+    def forward(self, x, image):
+        y = torch.relu(F.linear(x, self.w1) + self.b1)
+        z = self.bn(self.conv(image) + self.conv_bias).relu()
+        return y, self.conv2(z) + self.along_w
+
+
+def test_a_following_bias_add_is_fused_with_the_layer():
+    model = randomize_batchnorm(SeparateBias()).eval()
+    x, image = torch.randn(4, 8), torch.randn(2, 3, 5, 5)
+    optimized = optimize(model, (x, image), tune=False)
+    assert fused(optimized) == {"linear": "linear+bias+relu", "conv": "conv2d+bias+bn+relu", "conv2": "conv2d"}
+    assert_close(optimized(x, image), model(x, image))
