@@ -33,6 +33,7 @@ from . import kernels, reference
 from .kernels import ConvClass, GemmClass
 
 TORCH = "torch"  # the choice "run torch's implementation"
+_UNALIGNED_ADDRESS = "an address not aligned to 4 bytes"
 _TOLERANCE = {torch.float16: 2e-2, torch.bfloat16: 5e-2, torch.float64: 1e-9}  # relative to the largest value
 _ALIGNMENTS = {torch.float16: (8, 4, 2), torch.bfloat16: (8, 4, 2), torch.float64: (1,)}
 
@@ -270,7 +271,9 @@ class Dispatch(SessionState):
         pointers = [t.data_ptr() for t in (a, b, bias, c) if t is not None]
         alignment = _alignment(a.dtype, extents, pointers)
         if alignment is None:
-            return None, "extents or addresses not aligned to 4 bytes"
+            if _alignment(a.dtype, extents, []) is not None:  # only this call's addresses: not its signature's
+                return None, _UNALIGNED_ADDRESS
+            return None, "extents or leading dimensions not multiples of 4 bytes"
         cc = self._device_cc(a.device)
         cls = GemmClass(str(a.dtype).removeprefix("torch."), a_row, b_row, alignment, activation, bias is not None,
                         c is not None and beta != 0, min(cc, 80) if self.family == "sm80" else cc)
@@ -291,7 +294,7 @@ class Dispatch(SessionState):
         if kernel and operation is not None and operation != TORCH:
             _check_override(operation, activation, None, bias is not None and c is not None and beta != 0)
         if operation is None or operation == TORCH:
-            if m and n and k:
+            if m and n and k and why != _UNALIGNED_ADDRESS:  # an aligned call of this signature may use a kernel
                 self._bound[signature] = TORCH
             return reference.eager_gemm(a, b, bias, c, alpha, beta, activation, activation_arg)
         d = torch.empty((m, n), dtype=a.dtype, device=a.device)
@@ -437,7 +440,8 @@ class Dispatch(SessionState):
             pointers = [t.data_ptr() for t in (first, second, bias) if t is not None]
             alignment = _alignment(first.dtype, [x_shape[1], w_shape[0]], pointers)
             if alignment is None:
-                why = "channel counts not multiples of 2"
+                why = _UNALIGNED_ADDRESS if _alignment(first.dtype, [x_shape[1], w_shape[0]], []) is not None \
+                    else "channel counts not multiples of 2"
             elif bias is not None and bias.shape[0] > 1 and bias.stride(0) != 1:
                 why = "bias is not contiguous"  # the kernel reads it as K contiguous values
             else:
@@ -461,7 +465,8 @@ class Dispatch(SessionState):
                     raise
                 operation = self._no_kernel(str(error))
         if operation is None or operation == TORCH:
-            self._bound[signature] = TORCH
+            if why != _UNALIGNED_ADDRESS:
+                self._bound[signature] = TORCH
             return self._conv_torch(*torch_args)
         out_shape = {"fprop": y_shape, "dgrad": x_shape, "wgrad": w_shape}[conv_kind]
         out = torch.empty(out_shape, dtype=first.dtype, device=first.device, memory_format=torch.channels_last)

@@ -35,7 +35,7 @@ class GemmClass:
     def signature(self) -> dict:
         return {"kind": "torch.gemm", "dtype": self.dtype, "layouts": ("r" if self.a_row else "c") +
                 ("r" if self.b_row else "c") + "r", "alignment": self.alignment, "activation": self.activation,
-                "bias": self.bias, "c": self.c}
+                "bias": self.bias, "c": self.c, "family": 90 if self.sm90 else 80}
 
 
 @dataclass(frozen=True)
