@@ -335,8 +335,8 @@ class Dispatch(SessionState):
 
     # --- batched and grouped GEMM ---------------------------------------------------------------------------------
     def bmm(self, a, b, bias, alpha, activation, activation_arg, kernel):
-        # Batched GEMM serves each batch through the GEMM path's kernels: one launch per batch would cost more
-        # than torch's single bmm, so batched calls run torch's bmm unless the batch is small.
+        # Each batch runs through the GEMM path (its kernels, bound launches and fallbacks): one launch per matrix.
+        # CUTLASS's batched mode (one launch) is not used yet (docs/torch.md).
         if a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
             raise ArgumentError(f"pycutlass.bmm: a must be L x M x K and b L x K x N, got {tuple(a.shape)} and "
                                 f"{tuple(b.shape)}")
