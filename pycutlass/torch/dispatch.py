@@ -95,10 +95,11 @@ class _Bound:
         self.checks = tuple(sorted({(role, vector_bytes[role]) for role in roles if role >= 0}))
 
     def launch(self, tensors, stream: int) -> bool:
+        pointers = [0 if t is None else t.data_ptr() for t in tensors]
         for role, vector_bytes in self.checks:
-            if tensors[role].data_ptr() % vector_bytes:
+            if pointers[role] % vector_bytes:
                 return False  # an unaligned view: the slow path picks a kernel with narrower accesses
-        self.launcher.launch([0 if role < 0 else tensors[role].data_ptr() for role in self.roles], stream)
+        self.launcher.launch([0 if role < 0 else pointers[role] for role in self.roles], stream)
         return True
 
 
@@ -178,9 +179,7 @@ class Dispatch(SessionState):
         if policy is not None:
             from ..tune.autotune import bucket_of
 
-            class _Probe:
-                m = n = k = batch = 1
-            bucket_of(_Probe(), policy)
+            bucket_of(_Shape(1, 1, 1), policy)  # raises for a policy that is not one
             self.policy = policy
         if family is not None:
             if family not in ("auto", "sm80"):
@@ -417,10 +416,8 @@ class Dispatch(SessionState):
         if conv_kind == "fprop":
             return reference.eager_conv2d(first, second, bias, stride, padding, dilation, activation, activation_arg)
         if conv_kind == "dgrad":
-            out = torch.nn.grad.conv2d_input(list(input_size), second, first, stride, padding, dilation)
-        else:
-            out = torch.nn.grad.conv2d_weight(second, list(weight_size), first, stride, padding, dilation)
-        return out.contiguous(memory_format=torch.channels_last)
+            return reference.conv2d_dgrad(first, second, input_size, stride, padding, dilation)
+        return reference.conv2d_wgrad(first, second, weight_size, stride, padding, dilation)
 
     def _conv_slow(self, conv_kind, signature, first, second, bias, stride, padding, dilation, activation,
                    activation_arg, kernel, input_size, weight_size):

@@ -138,20 +138,19 @@ def _buildable(params_list) -> list[tuple[dict, object]]:
     return built
 
 
-def default_gemm(candidates, m: int, n: int):
-    """The untuned choice: small-M tiles for decode-like shapes, the large cooperative tile otherwise."""
+def _first(candidates, small_problem: bool):
+    """The first 64-row tile for a small problem (more CTAs to fill the GPU), else the first (largest) candidate."""
     if not candidates:
         return None
     small = [c for c in candidates if c[0]["threadblock_shape"][0] == 64]
-    if m <= 128 and small:
-        return small[0]
-    return candidates[0]
+    return small[0] if small_problem and small else candidates[0]
+
+
+def default_gemm(candidates, m: int, n: int):
+    """The untuned choice: small-M tiles for decode-like shapes, the large cooperative tile otherwise."""
+    return _first(candidates, m <= 128)
 
 
 def default_conv(candidates, gemm_m: int, gemm_n: int):
-    if not candidates:
-        return None
-    small = [c for c in candidates if c[0]["threadblock_shape"][0] == 64]
-    if (gemm_m < 4096 or gemm_n <= 64) and small:
-        return small[0]
-    return candidates[0]
+    """The untuned choice for a convolution, by the sizes of its implicit GEMM."""
+    return _first(candidates, gemm_m < 4096 or gemm_n <= 64)

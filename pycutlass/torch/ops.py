@@ -63,13 +63,11 @@ def _conv2d_cpu(x, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1
 
 
 def _dgrad_cpu(grad, weight, input_size, stride, padding, dilation, kernel_name=""):
-    out = torch.nn.grad.conv2d_input(list(input_size), weight, grad, stride, padding, dilation)
-    return out.contiguous(memory_format=torch.channels_last)
+    return reference.conv2d_dgrad(grad, weight, input_size, stride, padding, dilation)
 
 
 def _wgrad_cpu(grad, x, weight_size, stride, padding, dilation, kernel_name=""):
-    out = torch.nn.grad.conv2d_weight(x, list(weight_size), grad, stride, padding, dilation)
-    return out.contiguous(memory_format=torch.channels_last)
+    return reference.conv2d_wgrad(grad, x, weight_size, stride, padding, dilation)
 
 
 # --- CUDA: the dispatcher picks a kernel ----------------------------------------------------------------------------

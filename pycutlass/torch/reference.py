@@ -8,25 +8,20 @@ import torch.nn.functional as F
 ACTIVATIONS = ("identity", "relu", "gelu", "silu", "hardswish", "sigmoid", "tanh", "leaky_relu")
 
 
+_ACTIVATION_FUNCTIONS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu, "hardswish": F.hardswish,
+                         "sigmoid": torch.sigmoid, "tanh": torch.tanh}
+
+
 def activate(x: torch.Tensor, activation: str, activation_arg: float = 0.0) -> torch.Tensor:
     """CUTLASS's epilogue activations (GELU is the exact erf form; leaky_relu's slope is ``activation_arg``)."""
     if activation == "identity":
         return x
-    if activation == "relu":
-        return F.relu(x)
-    if activation == "gelu":
-        return F.gelu(x)
-    if activation == "silu":
-        return F.silu(x)
-    if activation == "hardswish":
-        return F.hardswish(x)
-    if activation == "sigmoid":
-        return torch.sigmoid(x)
-    if activation == "tanh":
-        return torch.tanh(x)
     if activation == "leaky_relu":
         return F.leaky_relu(x, activation_arg)
-    raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+    function = _ACTIVATION_FUNCTIONS.get(activation)
+    if function is None:
+        raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+    return function(x)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -90,4 +85,16 @@ def eager_gemm(a, b, bias=None, c=None, alpha=1.0, beta=0.0, activation="identit
 def eager_conv2d(x, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), activation="identity",
                  activation_arg=0.0):
     out = activate(F.conv2d(x, weight, bias, stride, padding, dilation), activation, activation_arg)
+    return out.contiguous(memory_format=torch.channels_last)
+
+
+def conv2d_dgrad(grad, weight, input_size, stride, padding, dilation):
+    """The input gradient, channels_last like the kernels' (torch's own implementation)."""
+    out = torch.nn.grad.conv2d_input(list(input_size), weight, grad, stride, padding, dilation)
+    return out.contiguous(memory_format=torch.channels_last)
+
+
+def conv2d_wgrad(grad, x, weight_size, stride, padding, dilation):
+    """The weight gradient, channels_last like the kernels' (torch's own implementation)."""
+    out = torch.nn.grad.conv2d_weight(x, list(weight_size), grad, stride, padding, dilation)
     return out.contiguous(memory_format=torch.channels_last)
