@@ -229,13 +229,16 @@ _GEMM, _CONV2D = torch.ops.pycutlass.gemm.default, torch.ops.pycutlass.conv2d.de
 _ACTIVATIONS = frozenset(ACTIVATIONS)
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # subclasses (fake, functional, ...) need the dispatcher
+
+
 def _direct(*tensors) -> bool:
     if torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled() or \
             torch._C._len_torch_dispatch_stack() or torch._C._are_functorch_transforms_active():
         return False  # (is_compiling first: dynamo folds it and stops there; vmap/grad wrap plain-looking tensors)
     grad = torch.is_grad_enabled()
     for t in tensors:
-        if t is not None and (type(t) is not torch.Tensor or not t.is_cuda or (grad and t.requires_grad)):
+        if t is not None and (type(t) not in _PLAIN or not t.is_cuda or (grad and t.requires_grad)):
             return False
     return True
 

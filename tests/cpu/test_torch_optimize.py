@@ -323,6 +323,33 @@ def test_tuning_records_each_call_with_its_layer(monkeypatch):
     assert dispatch.layer == ""  # the hooks reset it after each fused module
 
 
+def test_layers_tuned_to_torch_call_torch_directly_for_that_shape(monkeypatch):
+    import importlib
+
+    module = importlib.import_module("pycutlass.torch.model_pass")
+    monkeypatch.setattr(module, "_on_cuda", lambda gm, inputs: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    dispatch = FakeDispatch()  # chooses torch for every conv, a kernel for every linear
+    recording(dispatch, monkeypatch)
+    model = randomize_batchnorm(ConvNet()).eval()
+    x = torch.randn(2, 3, 16, 16)
+    optimized = optimize(model, x, dispatch=dispatch, progress=False)
+    convs = [m for m in optimized.modules() if isinstance(m, CutlassConv2d)]
+    linears = [m for m in optimized.modules() if isinstance(m, CutlassLinear)]
+    assert convs and all(len(m.eager_shapes) == 1 for m in convs)
+    assert linears and all(not m.eager_shapes for m in linears)
+    assert (2, 3, 16, 16) in convs[0].eager_shapes
+
+    def no_dispatch(*args, **kwargs):
+        raise AssertionError("a layer tuned to torch went through the dispatch")
+
+    monkeypatch.setattr(torch_ops, "conv2d", no_dispatch)
+    with torch.no_grad():
+        assert_close(optimized(x), model(x))
+        with pytest.raises(AssertionError, match="went through the dispatch"):  # another shape: the dispatch
+            optimized(torch.randn(1, 3, 16, 16))
+
+
 # --- save / load 
 def test_save_load_round_trip(tmp_path):
     model = randomize_batchnorm(ConvNet()).eval()
