@@ -103,7 +103,7 @@ def example_op(inst, element, math, tile, layout_a, layout_b, align_ab, swizzle,
 
 MO, RM, CM = cutlass.MathOperation, cutlass.RowMajor, cutlass.ColumnMajor
 # (id, operation, mode, batch): run_all_example.sh's -epv RowReduction / ColumnReduction / RowReduction batched /
-# (ColumnBroadcast in Array mode: not yet), all with -p 512 256 128 -alpha 1.0 -beta 0.5.
+# ColumnBroadcast in Array mode, all with -p 512 256 128 -alpha 1.0 -beta 0.5.
 EXAMPLES = [
     ("row-reduction", example_op([16, 8, 16], cutlass.float16, MO.multiply_add, [128, 128, 32], CM, RM, 8,
                                  cutlass.IdentitySwizzle4, RowReduction_), Mode.Gemm, 1),
@@ -111,4 +111,7 @@ EXAMPLES = [
                                          cutlass.IdentitySwizzle2, ColumnReduction64_), Mode.Gemm, 1),
     ("row-reduction-batched", example_op([16, 8, 8], cutlass.float32, MO.multiply_add_fast_bf16, [128, 128, 32], RM,
                                          CM, 4, cutlass.BatchedIdentitySwizzle, RowReduction_), Mode.Batched, 3),
+    ("column-broadcast-array", example_op([16, 8, 8], cutlass.float32, MO.multiply_add_fast_bf16, [128, 128, 32],
+                                          RM, CM, 4, cutlass.BatchedIdentitySwizzle, ColumnBroadcast_),
+     Mode.Array, 3),
 ]

@@ -227,6 +227,23 @@ def test_reduction_buffers_choose_complete_or_per_tile_sums(monkeypatch):
         _bound_arguments(monkeypatch, trees.RowReduction_, m, n, k, dict(D=D, reduction=np.zeros(m, np.float16)))
 
 
+def test_array_mode_runs_single_tensors_batched(monkeypatch):
+    """PyCUTLASS 2.11's Mode.Array with one tensor per operand reads the addresses a batched GEMM reads."""
+    from pycutlass.gemm import Mode
+
+    m, n, k, batch = 136, 128, 64, 3
+    outputs = dict(D=np.zeros((batch, m, n), np.float16), reduction=np.zeros(batch * m, np.float32))
+    _, args, abi = _bound_arguments(monkeypatch, trees.RowReduction_, m, n, k, outputs, Mode.Array, batch)
+    assert args.gemm_mode is Mode.Array and abi.mode == int(Mode.Batched) and abi.batch_count == batch
+    assert abi.batch_stride_A == m * k and abi.batch_stride_B == n * k
+    A = [np.zeros((m, k), np.float16)] * batch
+    B = [np.zeros((n, k), np.float16).T] * batch
+    with pytest.raises(cutlass.ArgumentError, match="lists of separate matrices need a pointer-array kernel"):
+        _bound_arguments(monkeypatch, trees.RowReduction_, m, n, k, outputs, Mode.Array, batch, A, B)
+    with pytest.raises(cutlass.ArgumentError, match="cannot split K"):
+        _bound_arguments(monkeypatch, trees.RowReduction_, m, n, k, outputs, Mode.GemmSplitKParallel, batch)
+
+
 @pytest.mark.slow
 def test_pycutlass_2_11_example_operations_compile_with_nvrtc():
     """The four EVT invocations of PyCUTLASS 2.11's run_all_example.sh (f16, bf16 with a 64x128 tile, float32 with

@@ -1,7 +1,8 @@
 """GemmEvtArguments: a visitor GEMM's launch. ``GemmArguments(operation, problem_size, A, B, C, D, output_op)``
 comes here when ``operation`` is a visitor GEMM (PyCUTLASS 2.11's surface): A and B are the GEMM's operands, the
 tree's tensors and scalars come from ``output_op`` (``operation.epilogue_type(**named values, problem_size=[M,
-N])``), and C and D are accepted and ignored (the tree names its own inputs and outputs).
+N])``), and C and D are accepted and ignored (the tree names its own inputs and outputs). ``Mode.Array`` takes A
+and B as single tensors holding the batch, as PyCUTLASS 2.11 did, and runs them as ``Mode.Batched``.
 
 Tensor forms: M x N tensors as 2-D (M, N) with unit column stride, 3-D (batch, M, N), or packed 1-D
 (batch * M * N); input vectors (row: N, column: M) contiguous, of the vector's length (broadcast over batches) or
@@ -38,10 +39,17 @@ class GemmEvtArguments(GemmArguments):
         try:
             mode = Mode(gemm_mode)
         except ValueError:
-            raise ArgumentError(f"gemm_mode must be Mode.Gemm or Mode.Batched, got {gemm_mode!r}") from None
-        if mode not in (Mode.Gemm, Mode.Batched):
-            raise ArgumentError(f"a visitor GEMM runs in Mode.Gemm or Mode.Batched (CUTLASS's Sm80 EVT has no "
-                                f"split-K or array mode), got {mode.name}")
+            raise ArgumentError(f"gemm_mode must be Mode.Gemm, Mode.Batched or Mode.Array, got {gemm_mode!r}") from None
+        if mode not in (Mode.Gemm, Mode.Batched, Mode.Array):
+            raise ArgumentError(f"a visitor GEMM runs in Mode.Gemm, Mode.Batched or Mode.Array (CUTLASS's Sm80 EVT "
+                                f"cannot split K), got {mode.name}")
+        if mode is Mode.Array and any(isinstance(t, (list, tuple)) for t in (A, B)):
+            # PyCUTLASS 2.11 built its pointer arrays from single tensors (base + i * batch stride): the same
+            # addresses a batched GEMM reads, so that form runs batched. Independent matrices cannot.
+            raise ArgumentError("a visitor GEMM in Mode.Array takes A and B as single tensors holding the batch "
+                                "(packed 1-D or 3-D, as PyCUTLASS 2.11's examples pass them) and runs them as a "
+                                "batched GEMM; lists of separate matrices need a pointer-array kernel, which "
+                                "CUTLASS 4.2's Sm80 visitor GEMM (GemmWithEpilogueVisitor) does not have")
         if split_k_slices != 1:
             raise ArgumentError(f"a visitor GEMM does not split K (CUTLASS's Sm80 EVT), got split_k_slices="
                                 f"{split_k_slices!r}")
@@ -162,7 +170,7 @@ class GemmEvtArguments(GemmArguments):
         m, n, k = self.problem_size
         description = self.output_op.description
         a = GemmEvtArgs()
-        a.mode = int(self.gemm_mode)
+        a.mode = int(Mode.Batched if self.gemm_mode is Mode.Array else self.gemm_mode)
         a.m, a.n, a.k = m, n, k
         a.batch_count = self.batch
         a.ptr_A, a.ptr_B = self.addresses["A"], self.addresses["B"]
