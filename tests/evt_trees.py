@@ -1,8 +1,10 @@
-"""Epilogue visitor trees shared by the CPU and GPU EVT tests (PyCUTLASS 2.11's examples and one per node type)."""
+"""Epilogue visitor trees shared by the CPU and GPU EVT tests (PyCUTLASS 2.11's examples and one per node type), and
+the operations of PyCUTLASS 2.11's four EVT invocations of run_all_example.sh."""
 from __future__ import annotations
 
 import pycutlass as cutlass
 from pycutlass import EpilogueVisitTree, reduction_op
+from pycutlass.gemm import Mode
 from pycutlass.epilogue import gelu, hardswish, leaky_relu, relu, sigmoid, silu, tanh
 
 MATH = cutlass.MathInstruction([16, 8, 16], cutlass.float16, cutlass.float16, cutlass.float32,
@@ -77,3 +79,39 @@ def make(tree, C=C):
 
 def operation(tree, C=C):
     return cutlass.GemmOperationUniversal(80, TILE, A, B, C, make(tree, C), cutlass.IdentitySwizzle1, visitor=True)
+
+
+class ColumnReduction64_(EpilogueVisitTree):  # PyCUTLASS's ColumnReduction_ with its 64-row tile
+    def __call__(self, accum: 'tensor', c: 'tensor', alpha: 'scalar', beta: 'scalar'):
+        D = alpha * accum + beta * c
+        reduction = reduction_op(D, "column", "Add", 64)
+        return D, reduction
+
+
+def example_op(inst, element, math, tile, layout_a, layout_b, align_ab, swizzle, tree):
+    """gemm.py's operation: C float32 RowMajor alignment 4, 3 stages, warps 2x2x1, float32 epilogue."""
+    F32 = cutlass.float32
+    mi = cutlass.MathInstruction(inst, element, element, F32, cutlass.OpClass.TensorOp, math)
+    td = cutlass.TileDescription(tile, 3, [2, 2, 1], mi)
+    A = cutlass.TensorDescription(element, layout_a, align_ab)
+    B = cutlass.TensorDescription(element, layout_b, align_ab)
+    C = cutlass.TensorDescription(F32, cutlass.RowMajor, 4)
+    functor = tree(cutlass.LinearCombination(F32, 4, F32, F32), td, F32, 4, F32, F32)
+    functor.initialize()
+    return cutlass.GemmOperationUniversal(80, td, A, B, C, functor, swizzle, visitor=True)
+
+
+MO, RM, CM = cutlass.MathOperation, cutlass.RowMajor, cutlass.ColumnMajor
+# (id, operation, mode, batch): run_all_example.sh's -epv RowReduction / ColumnReduction / RowReduction batched /
+# ColumnBroadcast in Array mode, all with -p 512 256 128 -alpha 1.0 -beta 0.5.
+EXAMPLES = [
+    ("row-reduction", example_op([16, 8, 16], cutlass.float16, MO.multiply_add, [128, 128, 32], CM, RM, 8,
+                                 cutlass.IdentitySwizzle4, RowReduction_), Mode.Gemm, 1),
+    ("column-reduction-bf16", example_op([16, 8, 16], cutlass.bfloat16, MO.multiply_add, [64, 128, 64], CM, CM, 8,
+                                         cutlass.IdentitySwizzle2, ColumnReduction64_), Mode.Gemm, 1),
+    ("row-reduction-batched", example_op([16, 8, 8], cutlass.float32, MO.multiply_add_fast_bf16, [128, 128, 32], RM,
+                                         CM, 4, cutlass.BatchedIdentitySwizzle, RowReduction_), Mode.Batched, 3),
+    ("column-broadcast-array", example_op([16, 8, 8], cutlass.float32, MO.multiply_add_fast_bf16, [128, 128, 32],
+                                          RM, CM, 4, cutlass.BatchedIdentitySwizzle, ColumnBroadcast_),
+     Mode.Array, 3),
+]

@@ -12,7 +12,8 @@ tensors, with annotations saying what each parameter is::
 ``accum`` is the accumulator; ``'tensor'`` an M x N auxiliary input, ``'row'`` a vector of N broadcast over the
 rows, ``'column'`` a vector of M broadcast over the columns, ``'scalar'`` a runtime scalar. The returned names
 are the outputs: M x N tensors, or ``reduction_op(X, "row"|"column", "Add", length)`` reductions. The same
-``__call__`` runs on numpy arrays as the float64 reference (PyCUTLASS's use of it in its tests).
+``__call__`` runs on numpy arrays as the float64 reference (PyCUTLASS's use of it in its tests); there a reduction
+with a ``length`` gives PyCUTLASS's per-tile partial sums (see ``reduction_op``).
 
 Tracing runs ``__call__`` once on symbolic values; the result is ``EvtDescription``, a hashable tuple of nodes
 that the GEMM-with-visitor operation (``kinds/gemm_evt``) emits as CUTLASS's own Sm80 EVT types. What cannot be
@@ -148,24 +149,40 @@ def _as_node(value, what: str) -> Node:
 
 
 def reduction_op(x, direction: str, op: str = "Add", length=None):
-    """PyCUTLASS 2.11's ``reduction_op(X, "row"|"column", "Add", tile length)``.
+    """PyCUTLASS 2.11's ``reduction_op(X, "row"|"column", "Add", length)``.
 
-    ``"row"`` sums each row of X (over N): a vector of M per batch; ``"column"`` sums each column (over M): a vector
-    of N per batch. On numpy arrays it returns those sums (float64); on traced values it makes a reduction node.
-    Unlike PyCUTLASS 2.11, which wrote one partial sum per threadblock tile, the kernel writes complete sums
-    (CUTLASS 4.2's Sm80 reductions accumulate tiles atomically); ``length`` is accepted and ignored.
+    ``"row"`` sums each row of X (over N), ``"column"`` each column (over M). With ``length`` (PyCUTLASS's
+    scripts pass the threadblock tile's N for "row", its M for "column"), the sums are PyCUTLASS's per-tile partial
+    sums: on numpy arrays, shape (..., ceil(N / length), M) for "row" and (..., ceil(M / length), N) for "column"
+    (flattened, PyCUTLASS's buffer order), a ragged last tile summing only the elements it holds. Without
+    ``length``, the complete sums: (..., M) and (..., N). On traced values it makes a reduction node; the kernel
+    writes either form, as the output buffer's size says (see ``kinds/gemm_evt``).
     """
     if direction not in REDUCTION_DIRECTIONS:
         raise DescriptionError(f"reduction_op: direction must be 'row' or 'column', got {direction!r}")
     if str(op).lower() not in ("add", "sum", "plus"):
         raise DescriptionError(f"reduction_op: only the 'Add' reduction is supported, got {op!r}")
+    if length is not None and (isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1):
+        raise DescriptionError(f"reduction_op: length must be a positive integer (the threadblock tile's extent "
+                               f"along the reduced dimension) or None, got {length!r}")
+    length = None if length is None else int(length)
     if isinstance(x, Traced):
         node = x.__evt_node__
         if node.op == "reduction":
             raise DescriptionError("reduction_op of a reduction; a reduction's result can only be returned")
-        return Traced(Node("reduction", (node,), value=(direction,)))
+        return Traced(Node("reduction", (node,), value=(direction, length)))
     x = np.asarray(x, dtype=np.float64)
-    return x.sum(axis=-1) if direction == "row" else x.sum(axis=-2)
+    axis = -1 if direction == "row" else -2
+    if length is None:
+        return x.sum(axis=axis)
+    extent = x.shape[axis]
+    tiles = -(-extent // length)
+    padding = [(0, 0)] * x.ndim
+    padding[axis] = (0, tiles * length - extent)  # the ragged last tile's missing elements add nothing
+    x = np.pad(x, padding)
+    if direction == "row":  # (..., M, tiles, length) -> (..., tiles, M)
+        return np.swapaxes(x.reshape(*x.shape[:-1], tiles, length).sum(axis=-1), -1, -2)
+    return x.reshape(*x.shape[:-2], tiles, length, x.shape[-1]).sum(axis=-2)  # (..., tiles, N)
 
 
 def _kind_of(annotation, parameter: str) -> str:

@@ -1,7 +1,9 @@
 """The visitor GEMM's argument struct: the GEMM's own fields plus a fixed number of tensor slots and scalars.
 
 Slot ``i`` holds the i-th tensor of the tree (inputs in parameter order, then outputs in return order:
-``EvtDescription.tensors``); ``scalar_j`` the j-th scalar. Unused slots stay zero.
+``EvtDescription.tensors``); ``scalar_j`` the j-th scalar. Unused slots stay zero. A reduction's slot uses
+``ld_i`` as the distance between threadblock tiles' partial sums (0 for complete sums) and ``reduction_mode[i]``
+(``pycutlass_evt::ReductionMode``: complete sums, or per-tile partials in the compute or the output type).
 """
 from __future__ import annotations
 
@@ -23,4 +25,5 @@ class GemmEvtArgs(AbiStruct):
                 ("lda", ctypes.c_int64), ("ldb", ctypes.c_int64),
                 ("batch_stride_A", ctypes.c_int64), ("batch_stride_B", ctypes.c_int64),
                 *_TENSOR_FIELDS,
+                ("reduction_mode", ctypes.c_int32 * MAX_TENSORS),
                 *((f"scalar_{j}", ctypes.c_double) for j in range(MAX_SCALARS))]

@@ -97,18 +97,14 @@ class TreeEmitter:
         raise DescriptionError(f"EpilogueVisitTree: node {node.label()} cannot be emitted")  # pragma: no cover
 
     def reduction(self, name: str, node: Node) -> tuple[str, str]:
+        """pycutlass's own row / column sum node (evt_reductions.cu.j2): complete sums or PyCUTLASS 2.11's per-tile
+        partial sums, as the arguments' ``reduction_mode`` says."""
         ta, aa = self.node(node.inputs[0])
         i = self._slot(name)
-        if node.value[0] == "row":  # sum over N: one value per row, CUTLASS's column-vector reduction
-            visitor = (f"VisitorColReduction<cutlass::plus, cutlass::atomic_add, ThreadMap, {self.compute}, "
-                       f"{self.compute}, {_ROUND}, cute::Stride<cute::_1, cute::_0, int64_t>>")
-            stride = "cute::_1{}, cute::_0{}"
-        else:
-            visitor = (f"VisitorRowReduction<cutlass::plus, cutlass::atomic_add, ThreadMap, {self.compute}, "
-                       f"{self.compute}, {_ROUND}, cute::Stride<cute::_0, cute::_1, int64_t>>")
-            stride = "cute::_0{}, cute::_1{}"
-        args = f"{{reinterpret_cast<{self.compute} *>(a.ptr_{i}), {self.compute}(0), {{{stride}, a.batch_stride_{i}}}}}"
-        return self._new(f"Sm80EVT<{visitor}, {ta}>"), f"{{{aa}, {args}}}"
+        visitor = "RowSums" if node.value[0] == "row" else "ColumnSums"
+        args = f"{{reinterpret_cast<void *>(a.ptr_{i}), a.batch_stride_{i}, a.ld_{i}, a.reduction_mode[{i}]}}"
+        return (self._new(f"Sm80EVT<pycutlass_evt::{visitor}<ThreadMap, {self.compute}, {self.out}>, {ta}>"),
+                f"{{{aa}, {args}}}")
 
     def emit(self) -> tuple[str, str]:
         """(declarations ending in ``using Callbacks``, the Params initializer)."""
@@ -185,6 +181,24 @@ class GemmOperationEvt(TiledOperation):
         problem = epilogue_thread_map_problem(tile_description, C)
         if problem:
             raise DescriptionError(f"{what}: {problem}")
+        _, warps_n, warps_k = tile_description.warp_count
+        for name, node in epilogue_functor.description.outputs:
+            if node.op != "reduction":
+                continue
+            if warps_n * warps_k >= 8:
+                # 8+ warps per 8-row output slice: OutputTileOptimalThreadMap then spreads a row over several
+                # warps, and the reduction nodes sum a tile's row within one warp (evt_reductions.cu.j2).
+                raise DescriptionError(f"{what}: reduction {name!r}: warp_count {list(tile_description.warp_count)} "
+                                       f"puts 8 or more warps on each 8-row slice of the output, spreading a row over "
+                                       f"several warps; use warp_count[1] * warp_count[2] < 8")
+            if node.value[1] is not None:
+                axis, extent = (("N", tile_description.threadblock_shape[1]) if node.value[0] == "row"
+                                else ("M", tile_description.threadblock_shape[0]))
+                if node.value[1] != extent:
+                    raise DescriptionError(
+                        f"{what}: reduction {name!r} has length {node.value[1]}, but the kernel's per-tile partial "
+                        f"sums span the threadblock tile's {axis} = {extent} (PyCUTLASS 2.11 wrote one per tile); "
+                        f"pass length={extent}, or None for complete sums only")
         if tile_description.stages > 2:
             for label, desc in (("A", A), ("B", B)):
                 if desc.access_bits < 32:
@@ -208,6 +222,11 @@ class GemmOperationEvt(TiledOperation):
     def headers(self) -> list[str]:
         return ["cutlass/gemm/kernel/default_gemm_universal_with_visitor.h",
                 "cutlass/gemm/threadblock/threadblock_swizzle.h", "cutlass/epilogue/thread/activation.h"]
+
+    def shared_code(self) -> str:
+        """CUTLASS's Sm80 visitors (after the GEMM headers they need) and pycutlass's reduction nodes, once per
+        translation unit."""
+        return self.render("evt_reductions.cu.j2")
 
     def emit_body(self) -> str:
         tile = self.tile_description
