@@ -83,8 +83,8 @@ def test_names_are_unique_per_code_changing_field():
     names = [op.name for op in variants]
     assert len(set(names)) == len(names)
     assert grouped90() == grouped90() and grouped90().name == grouped90().name
-    assert grouped90().name != grouped90(swizzle=cutlass.IdentitySwizzle4).name or \
-        grouped90(swizzle=cutlass.IdentitySwizzle4).default_swizzle == 4  # a runtime default, not code
+    swizzled = grouped90(swizzle=cutlass.IdentitySwizzle4)
+    assert swizzled.name == grouped90().name and swizzled.default_swizzle == 4  # a runtime default, not code
 
 
 def test_emission_uses_cutlass_pointer_array_builders_and_reports_prototypes():
@@ -135,7 +135,7 @@ def test_arguments_rules_that_need_no_gpu():
         with pytest.raises(cutlass.ArgumentError, match=message):
             cutlass.GemmGroupedArguments(op, problems, [a], [a.T], [a], [a], **kwargs)
     with pytest.raises(cutlass.ArgumentError, match="cluster"):
-        cutlass.GemmGroupedArguments(grouped90(cluster=(2, 1, 1)), problems, [a], [a.T], [a], [a], sm_count=1)
+        cutlass.GemmGroupedArguments(grouped90(cluster=(2, 1, 1)), problems, [a], [a.T], [a], [a], sm_count=7)
     with pytest.raises(cutlass.ArgumentError, match="C broadcast"):
         cutlass.GemmGroupedArguments(op, problems, [a], [a.T], [np.zeros(64, np.float16)], [a],
                                      op.epilogue_type(1.0, 1.0))
@@ -165,3 +165,71 @@ def test_nvrtc_compiles_an_sm90_grouped_operation_with_its_builder(tmp_path):
     assert kernel.backend == "nvrtc" and kernel.target == "sm_90a" and "nvrtc" in report.substituted
     assert op.kernel_symbol.encode() in kernel.binary and op.builder_symbol.encode() in kernel.binary
     assert len(kernel.binary) > 100_000  # a real kernel, not an empty stub
+
+
+class _FakeTensors:
+    """Stands in for DeviceTensors: hands out distinct fake addresses and keeps what is uploaded."""
+
+    def __init__(self):
+        self.next, self.uploads = 1 << 20, {}
+
+    def _new(self, nbytes):
+        address, self.next = self.next, self.next + (nbytes + 511) // 256 * 256
+        return address
+
+    def address(self, info, is_output=False):
+        return self._new(max(info.numel * info.itemsize, 1))
+
+    def upload(self, data):
+        address = self._new(len(data))
+        self.uploads[address] = bytes(data)
+        return address
+
+    def zeros(self, nbytes):
+        return self._new(nbytes)
+
+    allocate = zeros
+
+
+def test_arguments_lay_out_the_group_arrays(monkeypatch):
+    """What the kernel reads, built without a GPU: sizes (K = 0 runs as K = 8 on the stand-in), pointers, leading
+    dimensions (C aliases D without C), the workspace, and the ABI struct."""
+    import types
+
+    import numpy as np
+
+    def materialize(self):
+        self.device = types.SimpleNamespace(sm_count=133)
+        self.tensors = _FakeTensors()
+        self._allocate()
+
+    monkeypatch.setattr(GemmGroupedArgumentsSm90, "_materialize", materialize)
+    op = grouped90(layouts=(CM, R, R), cluster=(2, 1, 1))
+    problems = [(64, 32, 16), (0, 32, 16), (40, 24, 0)]
+    As = [np.zeros((k, m), np.float16).T for m, n, k in problems]
+    Bs = [np.zeros((k, n), np.float16) for m, n, k in problems]
+    Ds = [np.zeros((m, n), np.float16) for m, n, k in problems]
+    args = cutlass.GemmGroupedArguments(op, problems, As, Bs, None, Ds, op.epilogue_type(2.0, 0.0), swizzle=4)
+    assert type(args) is GemmGroupedArgumentsSm90
+    assert args.sm_count == 132  # rounded down to whole clusters of 2
+    assert args.workspace_bytes == op.workspace_bytes(132) and args.workspace
+    blob = args.tensors.uploads[args.device_arrays["problem_sizes"]]
+    offsets = {f: a - args.device_arrays["problem_sizes"] for f, a in args.device_arrays.items()}
+
+    def array(field, dtype, count):
+        return np.frombuffer(blob, dtype, count, offsets[field])
+
+    np.testing.assert_array_equal(array("problem_sizes", np.int32, 9).reshape(3, 3),
+                                  [[64, 32, 16], [0, 32, 16], [40, 24, 8]])
+    # Column-major A: ld = M, row-major B: ld = N, for the K = 0 stand-in too (M or N rounded to the alignment).
+    np.testing.assert_array_equal(array("lda", np.int64, 3)[[0, 2]], [64, 40])
+    np.testing.assert_array_equal(array("ldb", np.int64, 3)[[0, 2]], [32, 24])
+    np.testing.assert_array_equal(array("ldd", np.int64, 3), [32, 32, 24])
+    np.testing.assert_array_equal(array("ldc", np.int64, 3), array("ldd", np.int64, 3))
+    np.testing.assert_array_equal(array("ptr_C", np.uint64, 3), array("ptr_D", np.uint64, 3))  # C aliases D
+    a_ptr, b_ptr = array("ptr_A", np.uint64, 3), array("ptr_B", np.uint64, 3)
+    assert a_ptr[2] == b_ptr[2] != 0 and a_ptr[0] != a_ptr[2]  # the K = 0 group reads the zeroed stand-in
+    abi = args.bind()
+    assert (abi.problem_count, abi.sm_count, abi.swizzle, abi.raster_order) == (3, 132, 4, 1)
+    assert abi.workspace == args.workspace and abi.workspace_bytes == args.workspace_bytes
+    assert abi.alpha == 2.0 and abi.beta == 0.0 and abi.lda == args.device_arrays["lda"]

@@ -31,7 +31,8 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
 
     As for the Sm80-family kernel, except: C may not be a broadcast vector (TMA reads whole matrices), and the knobs
     ``raster_order`` ("along_m" (default), "along_n", "heuristic"), ``swizzle`` (1, 2, 4, 8; default from the
-    operation's IdentitySwizzleN) and ``sm_count`` (SMs the persistent grid may use; default all) need no recompile.
+    operation's IdentitySwizzleN) and ``sm_count`` (SMs the persistent grid may use, a multiple of the cluster size;
+    default all, rounded down to whole clusters) need no recompile.
     After building, ``threadblock_count`` is the persistent grid (CTAs) and ``tile_count`` the group's output tiles.
     """
 
@@ -63,7 +64,9 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         count = len(self.problem_sizes)
         self.threadblock_count = 0
         self.workspace, self.workspace_bytes = 0, 0
-        self.sm_count = self._knobs[2] or self.device.sm_count
+        cluster = op.cluster_shape[0] * op.cluster_shape[1]
+        # CUTLASS sizes a clustered grid from the SM count without rounding it to whole clusters.
+        self.sm_count = self._knobs[2] or self.device.sm_count // cluster * cluster
         if self.tile_count == 0:  # nothing launches (GemmGroupedArguments._prepare)
             self.device_arrays = {}
             return
@@ -153,7 +156,7 @@ def _check_knobs(operation, raster_order, swizzle, sm_count) -> tuple:
         if isinstance(sm_count, bool) or not isinstance(sm_count, int) or sm_count < 1:
             raise ArgumentError(f"sm_count must be a positive integer, got {sm_count!r}")
         cluster = operation.cluster_shape[0] * operation.cluster_shape[1]
-        if sm_count < cluster:
-            raise ArgumentError(f"sm_count={sm_count} is smaller than the operation's cluster of {cluster} CTAs; the "
-                                f"persistent grid needs at least one whole cluster")
+        if sm_count % cluster:
+            raise ArgumentError(f"sm_count={sm_count} is not a multiple of the operation's cluster of {cluster} CTAs; "
+                                f"the persistent grid is made of whole clusters")
     return (RASTER_ORDERS[raster_order], swizzle or 0, sm_count or 0)

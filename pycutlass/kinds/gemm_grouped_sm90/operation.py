@@ -19,8 +19,8 @@ from pathlib import Path
 
 from ...description.tensor_description import TensorDescription
 from ...description.tile_description import TileDescription
-from ...description.types import (DataType, EpilogueScheduleType, IdentitySwizzle1, KernelScheduleType, LayoutType,
-                                  OpClass, SwizzlingFunctor, TileSchedulerType)
+from ...description.types import (DataType, EpilogueScheduleType, IdentitySwizzle1, KernelScheduleType, OpClass,
+                                  SwizzlingFunctor, TileSchedulerType)
 from ...emit import names
 from ...emit.abi import TmaRecord
 from ...emit.emitter import render
