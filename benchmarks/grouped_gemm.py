@@ -1,12 +1,16 @@
-"""Grouped GEMM throughput: pycutlass GemmOperationGrouped (Host and Device scheduling, a small grid of tiles) against
-a Python loop of torch.matmul over the problems and torch._grouped_mm where it applies.
+"""Grouped GEMM throughput: pycutlass GemmOperationGrouped (the CUTLASS 2.x kernel with Host and Device scheduling,
+and the SM90 pointer-array kernel, each over a small grid of tiles) against a Python loop of torch.matmul over the
+problems and torch._grouped_mm where it applies.
 
-    python benchmarks/grouped_gemm.py [--quick] [--dtypes bf16 f16] [--out benchmarks/results/grouped_gemm.json]
+    python benchmarks/grouped_gemm.py [--quick | --moe] [--dtypes bf16 f16] [--families sm80 sm90]
+                                      [--out benchmarks/results/grouped_gemm.json]
 
 Cases (the MoE shape: M varies per problem, N and K are shared; A row-major, B column-major, C/D row-major):
   (a) 16 problems, M = 64, 128, ..., 1024, N = K = 4096;
   (b) 64 problems, M spread evenly over 16..1024 (multiples of 8), N = 2048, K = 1024.
       Target: >= 2x faster than the torch.matmul loop (the loop took 932 us on an H100).
+  (moe) bf16 only: 128 experts, hidden 4096 -> 14336 (K = 4096, N = 14336), 8192 tokens routed top-2 with a skewed
+      (log-normal) router, 8 experts receiving no token; M per expert is any count (not rounded).
 
 Every pycutlass kernel's output (NaN-poisoned first) is checked once against the loop's result before it is timed.
 Times are medians (triton's do_bench, or CUDA events) of op.run(arguments) with the arguments built once, like the
@@ -33,10 +37,24 @@ from pycutlass import GemmGroupedArguments  # noqa: E402
 
 D = cutlass.DataType
 MODES = (SchedulerMode.Host, SchedulerMode.Device)
+LABELS = ("Host", "Device", "SM90")  # the CUTLASS 2.x kernel's two scheduler modes, then the SM90 kernel
+
+MOE_CASE = "MoE: 128 experts (skewed top-2 of 8192 tokens), 4096 -> 14336"
+CASE_DTYPES = {MOE_CASE: ("bf16",)}  # cases run for these dtypes only (default: all)
+
+
+def moe_tokens(experts: int = 128, tokens: int = 8192, top_k: int = 2, empty: int = 8, seed: int = 0) -> list[int]:
+    """Tokens per expert from a skewed router: log-normal expert popularity, ``empty`` experts get nothing."""
+    rng = np.random.default_rng(seed)
+    weights = rng.lognormal(0.0, 1.0, experts)
+    weights[rng.choice(experts, empty, replace=False)] = 0.0
+    return [int(c) for c in rng.multinomial(tokens * top_k, weights / weights.sum())]
+
 
 CASES = {
     "16 x (M 64..1024), N=K=4096": ([int(m) for m in np.linspace(64, 1024, 16)], 4096, 4096),
     "64 x (M 16..1024), N=2048, K=1024": ([int(m) // 8 * 8 for m in np.linspace(16, 1024, 64)], 2048, 1024),
+    MOE_CASE: (moe_tokens(), 14336, 4096),
 }
 TARGET_CASE = "64 x (M 16..1024), N=2048, K=1024"
 TARGET_SPEEDUP = 2.0
@@ -48,6 +66,12 @@ DTYPES = {"bf16": (D.bfloat16, 2e-2), "f16": (D.float16, 1e-2)}
 TILES = [([128, 128, 32], 3, [2, 2, 1]), ([128, 128, 32], 4, [2, 2, 1]), ([128, 256, 32], 3, [2, 4, 1]),
          ([64, 128, 32], 4, [2, 2, 1])]
 ALIGN = 8
+# SM90 pointer-array kernel: (tile, cluster, kernel schedule)
+SM90_TILES = [((128, 128, 64), (1, 1, 1), "TmaWarpSpecializedCooperative"),
+              ((128, 256, 64), (2, 1, 1), "TmaWarpSpecializedCooperative"),
+              ((256, 128, 64), (1, 1, 1), "TmaWarpSpecializedCooperative"),
+              ((64, 128, 64), (1, 1, 1), "TmaWarpSpecializedPingpong"),
+              ((128, 128, 64), (2, 1, 1), "TmaWarpSpecializedPingpong")]
 
 
 def grid(dtypes=None) -> dict[tuple[str, SchedulerMode], list]:
@@ -74,9 +98,41 @@ def grid(dtypes=None) -> dict[tuple[str, SchedulerMode], list]:
     return ops
 
 
+def sm90_grid(dtypes=None) -> dict[tuple[str, str], list]:
+    """(dtype, "SM90") -> the SM90 grouped operations of the tile grid (GemmOperationGrouped(90) with SM90 tiles)."""
+    ops = {}
+    for name, (element, _) in DTYPES.items():
+        if dtypes and name not in dtypes:
+            continue
+        A = cutlass.TensorDescription(element, cutlass.RowMajor, ALIGN)
+        B = cutlass.TensorDescription(element, cutlass.ColumnMajor, ALIGN)
+        C = cutlass.TensorDescription(element, cutlass.RowMajor, ALIGN)
+        epilogue = cutlass.LinearCombination(element, ALIGN, D.float32, D.float32)
+        ops[name, "SM90"] = []
+        for shape, cluster, schedule in SM90_TILES:
+            math = cutlass.MathInstruction([64, shape[1], 16], element, element, D.float32, cutlass.OpClass.TensorOp)
+            tile = cutlass.TileDescription(list(shape), 0, None, math, cluster_shape=list(cluster),
+                                           kernel_schedule=cutlass.KernelScheduleType[schedule])
+            ops[name, "SM90"].append(GemmOperationGrouped(90, tile, A, B, C, epilogue))
+    return ops
+
+
 def operations() -> list:
-    """Every benchmarked operation (tests/gpu/precompile.py compiles them ahead of time)."""
+    """Every benchmarked CUTLASS 2.x operation (tests/gpu/precompile.py compiles them ahead of time)."""
     return [op for ops in grid().values() for op in ops]
+
+
+def sm90_operations() -> list:
+    """Every benchmarked SM90 operation (NVRTC; tests/gpu/precompile.py compiles them ahead of time)."""
+    return [op for ops in sm90_grid().values() for op in ops]
+
+
+def _tile_name(op) -> str:
+    if op.family != "sm90":
+        return op.tile_description.procedural_name()
+    tile = op.tile_description
+    schedule = "coop" if op.kernel_schedule.name.endswith("Cooperative") else "pp"
+    return f"{'x'.join(map(str, tile.threadblock_shape))}_c{tile.cluster_shape[0]}x{tile.cluster_shape[1]}_{schedule}"
 
 
 def _torch_dtype(element):
@@ -139,9 +195,10 @@ def run_case(case: str, dtype: str, ops_by_mode: dict, args) -> tuple[list[dict]
     problems = [cutlass.GemmCoord(m, n, k) for m in ms_list]
     flops = float(sum(2 * m * n * k for m in ms_list))
     gen = torch.Generator(device="cuda").manual_seed(0)
-    # One concatenated row-major A (as _grouped_mm takes it) and a (G, K, N) B of column-major matrices.
-    A = torch.randn(total_m, k, device="cuda", generator=gen).to(tdtype)
-    B3 = torch.randn(groups, n, k, device="cuda", generator=gen).to(tdtype).transpose(1, 2)
+    # One concatenated row-major A (as _grouped_mm takes it) and a (G, K, N) B of column-major matrices, drawn in
+    # the dtype itself (the MoE case's B is 15 GB in bf16).
+    A = torch.randn(total_m, k, device="cuda", generator=gen, dtype=tdtype)
+    B3 = torch.randn(groups, n, k, device="cuda", generator=gen, dtype=tdtype).transpose(1, 2)
     As = list(A.split(ms_list))
     Bs = list(B3.unbind(0))
 
@@ -180,7 +237,7 @@ def run_case(case: str, dtype: str, ops_by_mode: dict, args) -> tuple[list[dict]
     rows, best = [], {}
     out = torch.empty((total_m, n), device="cuda", dtype=tdtype)
     Ds = list(out.split(ms_list))
-    for mode, ops in ops_by_mode.items():
+    for label, ops in ops_by_mode.items():
         for op in ops:
             out.fill_(float("nan"))
             arguments = GemmGroupedArguments(op, problems, As, Bs, None, Ds)
@@ -189,31 +246,32 @@ def run_case(case: str, dtype: str, ops_by_mode: dict, args) -> tuple[list[dict]
             error = _relative_error(out, reference)
             ok = error < tol
             ms = bench_ms(lambda: op.run(arguments)) if ok else float("nan")
-            row = {"case": case, "dtype": dtype, "scheduler": mode.value,
-                   "tile": op.tile_description.procedural_name(), "blocks": arguments.threadblock_count,
+            row = {"case": case, "dtype": dtype, "scheduler": label,
+                   "tile": _tile_name(op), "blocks": arguments.threadblock_count,
                    "us": ms * 1e3, "TFLOP/s": flops / ms / 1e9 if ok else 0.0,
                    "vs loop": loop_ms / ms if ok else 0.0, "rel_err": error, "correct": ok}
             rows.append(row)
             if args.verbose:
                 print(row, flush=True)
-            if ok and (mode not in best or ms < best[mode][1]):
-                best[mode] = (op, ms, row)
+            if ok and (label not in best or ms < best[label][1]):
+                best[label] = (op, ms, row)
             del arguments
 
     summary = {"case": case, "dtype": dtype, "problems": groups, "GFLOP": flops / 1e9,
                "loop us": loop_ms * 1e3, "loop TFLOP/s": flops / loop_ms / 1e9,
                "_grouped_mm us": grouped_mm["ms"] * 1e3 if grouped_mm["ms"] else "n/a",
                "_grouped_mm TFLOP/s": flops / grouped_mm["ms"] / 1e9 if grouped_mm["ms"] else "n/a"}
-    for mode in MODES:
-        label = mode.value
-        if mode in best:
-            op, ms, row = best[mode]
+    for label in LABELS:
+        if label in best:
+            op, ms, row = best[label]
             summary[f"{label} tile"] = row["tile"]
             summary[f"{label} us"] = ms * 1e3
             summary[f"{label} TFLOP/s"] = flops / ms / 1e9
             summary[f"{label} vs loop"] = loop_ms / ms
             summary[f"{label} new args us"] = _us_with_new_arguments(op, problems, As, Bs, Ds, args.repeats)
-        elif mode in ops_by_mode:
+            if grouped_mm["ms"]:
+                summary[f"{label} vs _grouped_mm"] = grouped_mm["ms"] / ms
+        elif label in ops_by_mode:
             summary[f"{label} tile"] = "none correct"
     speedups = [loop_ms / ms for _, ms, _ in best.values()]
     summary["best vs loop"] = max(speedups) if speedups else 0.0
@@ -232,7 +290,10 @@ def run_case(case: str, dtype: str, ops_by_mode: dict, args) -> tuple[list[dict]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help=f"only the case '{TARGET_CASE}'")
+    parser.add_argument("--moe", action="store_true", help=f"only the case '{MOE_CASE}'")
     parser.add_argument("--dtypes", nargs="*", default=None, choices=list(DTYPES))
+    parser.add_argument("--families", nargs="*", default=["sm80", "sm90"], choices=["sm80", "sm90"],
+                        help="sm80: the CUTLASS 2.x grouped kernel (Host and Device); sm90: the pointer-array kernel")
     parser.add_argument("--jobs", type=int, default=min(6, os.cpu_count() or 1))
     parser.add_argument("--repeats", type=int, default=20, help="samples of the 'new args' timing")
     parser.add_argument("--out", help="JSON output (default: benchmarks/results/grouped_gemm.json, from any directory)",
@@ -246,7 +307,11 @@ def main() -> None:
     import torch
 
     cutlass.get_memory_pool(2**28, 2**34)
-    by_key = grid(args.dtypes)
+    by_key = {}
+    if "sm80" in args.families:
+        by_key.update({(name, mode.value): ops for (name, mode), ops in grid(args.dtypes).items()})
+    if "sm90" in args.families and cutlass.compiler.target.detected_compute_capability() == 90:
+        by_key.update(sm90_grid(args.dtypes))
     start = time.perf_counter()
     cutlass.compiler.add_module([op for ops in by_key.values() for op in ops], jobs=args.jobs)
     print(f"grid compile/load: {time.perf_counter() - start:.1f} s ({cutlass.compiler.last_report()})", flush=True)
@@ -254,12 +319,12 @@ def main() -> None:
     print(f"torch {torch.__version__}, torch._grouped_mm: {signature}", flush=True)
 
     rows, summaries = [], []
-    cases = [TARGET_CASE] if args.quick else list(CASES)
+    cases = [TARGET_CASE] if args.quick else [MOE_CASE] if args.moe else list(CASES)
     for case in cases:
-        for dtype in DTYPES:
+        for dtype in CASE_DTYPES.get(case, DTYPES):
             if args.dtypes and dtype not in args.dtypes:
                 continue
-            ops_by_mode = {mode: ops for (name, mode), ops in by_key.items() if name == dtype}
+            ops_by_mode = {label: ops for (name, label), ops in by_key.items() if name == dtype}
             case_rows, summary = run_case(case, dtype, ops_by_mode, args)
             rows += case_rows
             summaries.append(summary)
@@ -272,6 +337,7 @@ def main() -> None:
     write_json(args.out, {"torch": torch.__version__, "grouped_mm_signature": signature,
                           "cases": {name: {"M": ms, "N": n, "K": k} for name, (ms, n, k) in CASES.items()
                                     if name in cases},
+                          "sm90_tiles": [list(map(list, t[:2])) + [t[2]] for t in SM90_TILES],
                           "target": {"case": TARGET_CASE, "speedup_vs_loop": TARGET_SPEEDUP,
                                      "h100_loop_us": H100_LOOP_US},
                           "summary": summaries, "kernels": rows})

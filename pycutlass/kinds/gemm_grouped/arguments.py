@@ -79,6 +79,16 @@ class GemmGroupedArguments(OperationArguments):
     None entries) when beta is 0. One alpha/beta (``output_op``) applies to the whole group.
     """
 
+    operation_type = GemmOperationGrouped  # subclasses for other grouped kinds name theirs
+
+    def __new__(cls, operation=None, *args, **kwargs):
+        if cls is GemmGroupedArguments:
+            # Another grouped kind (kinds/gemm_grouped_sm90) subclasses these arguments for its operations.
+            for subclass in cls.__subclasses__():
+                if isinstance(operation, subclass.operation_type):
+                    return object.__new__(subclass)  # Python then runs the subclass's __init__
+        return super().__new__(cls)
+
     def __init__(self, operation, problem_sizes, As=None, Bs=None, Cs=None, Ds=None, output_op=None, stream=None,
                  device=None, session=None, *, A=None, B=None, C=None, D=None):
         if A is not None or B is not None or C is not None or D is not None:

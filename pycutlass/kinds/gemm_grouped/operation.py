@@ -91,6 +91,18 @@ class GemmOperationGrouped(TiledOperation):
     kind = "gemm_grouped"
     abi_struct_type = GemmGroupedArgs
 
+    def __new__(cls, *args, **kwargs):
+        arch = kwargs.get("arch", args[0] if args else None)
+        if cls is GemmOperationGrouped and arch == 90 and not isinstance(arch, bool):
+            # Compute capability 90 picks a CUTLASS 3.x kind that subclasses this one (kinds/gemm_grouped_sm90) when
+            # the tile means it; a tile with an Sm80 warp arrangement keeps this CUTLASS 2.x kernel (it runs on Hopper).
+            tile = kwargs.get("tile_description", args[1] if len(args) > 1 else None)
+            for subclass in cls.__subclasses__():
+                takes = getattr(subclass, "takes", None)
+                if takes is not None and takes(tile):
+                    return object.__new__(subclass)  # Python then runs the subclass's __init__
+        return super().__new__(cls)
+
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueFunctor,
                  swizzling_functor: SwizzlingFunctor = IdentitySwizzle1,

@@ -1,0 +1,285 @@
+"""The SM90 (CUTLASS 3.x) grouped GEMM: CUTLASS's pointer-array kernel over ``GroupProblemShape<Shape<int, int, int>>``
+(``KernelPtrArrayTmaWarpSpecializedCooperative`` / ``...Pingpong``), TMA loads and stores, warpgroup MMA, clusters.
+
+``GemmOperationGrouped(90, tile, ...)`` builds one when the tile means the SM90 family (as for
+``GemmOperationUniversal(90, ...)``: ``warp_count=None``, ``stages=0``, a warpgroup instruction, a cluster or a
+schedule); a tile with an Sm80 warp arrangement keeps the CUTLASS 2.x grouped kernel.
+
+How it runs without host C++ (see docs/grouped-gemm.md): the kernel keeps one *prototype* TMA descriptor per operand
+in its Params and, per group, rewrites a copy of it in a per-SM slot of the workspace (``tensormap.replace``) with
+that group's address, extents and strides. A one-thread builder runs CUTLASS's collective ``to_underlying_arguments``
+(the kernel-level glue, which asks the host for the SM count, is written in the template with the count passed in)
+and reports the prototypes as TMA records that the runtime encodes. The per-group sizes are read on the device only
+(no host copy is given to CUTLASS), so the persistent grid is one wave of ``sm_count`` CTAs and the Params depend on
+the group count, not on the sizes: new arguments for another group of the same count reuse them.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...description.tensor_description import TensorDescription
+from ...description.tile_description import TileDescription
+from ...description.types import (DataType, EpilogueScheduleType, IdentitySwizzle1, KernelScheduleType, OpClass,
+                                  SwizzlingFunctor, TileSchedulerType)
+from ...emit import names
+from ...emit.abi import TmaRecord
+from ...emit.emitter import render
+from ...epilogue.functors import EpilogueFunctor
+from ...errors import DescriptionError
+from ..gemm.operation import check_description_types
+from ..gemm_grouped.operation import GROUPED_SWIZZLES, GemmOperationGrouped, SchedulerMode
+from ..gemm_sm90 import operation as sm90
+from .abi import Sm90GroupedGemmArgs
+
+_KS, _ES, _TS = KernelScheduleType, EpilogueScheduleType, TileSchedulerType
+_OPERANDS = (DataType.float16, DataType.bfloat16)
+_OUTPUTS = (DataType.float16, DataType.bfloat16, DataType.float32)
+_KERNEL_SCHEDULES = {
+    _KS.TmaWarpSpecializedCooperative: "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative",
+    _KS.TmaWarpSpecializedPingpong: "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong",
+}
+_EPILOGUE_SCHEDULES = {
+    _KS.TmaWarpSpecializedCooperative: "cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative",
+    _KS.TmaWarpSpecializedPingpong: "cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong",
+}
+# Both pointer-array epilogues keep one D tensormap per consumer warpgroup (CollectiveEpilogue::NumEpilogueWarpGroups,
+# static_assert-ed in the template).
+EPILOGUE_WARP_GROUPS = 2
+TMA_DESCRIPTOR_BYTES = 128  # sizeof(cute::TmaDescriptor), static_assert-ed
+_TENSORMAP_ALIGNMENT = 64  # the kernel's MinTensorMapWorkspaceAlignment
+_WHAT = "GemmOperationGrouped(90)"
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+class GemmOperationGroupedSm90(GemmOperationGrouped):
+    """``GemmOperationGrouped(90, tile_description, A, B, C, epilogue_functor, swizzling_functor=IdentitySwizzle1,
+    precompute_mode=SchedulerMode.Device)`` with an SM90 tile.
+
+    f16 or bf16 operands (any layouts), f32 accumulation, f16/bf16/f32 output (C RowMajor or ColumnMajor);
+    ``LinearCombination`` or ``LinearCombinationGeneric`` with any activation. ``precompute_mode`` must be Device:
+    CUTLASS's SM90 group scheduler always walks the groups on the device. An ``IdentitySwizzleN`` sets the default
+    swizzle of that scheduler (a runtime argument here).
+    """
+
+    kind = "gemm_grouped_sm90"
+    abi_struct_type = Sm90GroupedGemmArgs
+    required_backend = "nvrtc"  # the builder needs -default-device (see gemm_sm90)
+
+    def __new__(cls, *args, **kwargs):
+        return object.__new__(cls)
+
+    @staticmethod
+    def takes(tile) -> bool:
+        """Whether ``GemmOperationGrouped(90, tile, ...)`` means this kind: the rule of ``GemmOperationUniversal(90)``."""
+        return sm90.GemmOperationSm90.takes(tile)
+
+    def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
+                 C: TensorDescription, epilogue_functor: EpilogueFunctor,
+                 swizzling_functor: SwizzlingFunctor = IdentitySwizzle1,
+                 precompute_mode: SchedulerMode = SchedulerMode.Device):
+        if arch != 90 or isinstance(arch, bool):
+            raise DescriptionError(f"GemmOperationGroupedSm90 is compute capability 90, got {arch!r}")
+        self.compute_capability = 90
+        if precompute_mode is not SchedulerMode.Device:
+            raise DescriptionError(f"{_WHAT}: CUTLASS's SM90 group scheduler walks the groups on the device; "
+                                   f"precompute_mode must be SchedulerMode.Device, got {precompute_mode!r}")
+        if swizzling_functor not in GROUPED_SWIZZLES:
+            raise DescriptionError(f"{_WHAT}: swizzling_functor must be one of {[s.name for s in GROUPED_SWIZZLES]}, "
+                                   f"got {swizzling_functor!r}")
+        self._describe(90, tile_description, A, B, C, epilogue_functor, swizzling_functor)
+        self.precompute_mode = precompute_mode
+        self.kernel_schedule = _check(tile_description, A, B, C, epilogue_functor)
+
+    # --- identity -------------------------------------------------------------------------------------------
+    @property
+    def family(self) -> str:
+        return "sm90"
+
+    def abi_structs(self) -> tuple:
+        return (*super().abi_structs(), TmaRecord)
+
+    def _signature(self) -> tuple:
+        tile = self.tile_description
+        return ("gemm_grouped_sm90", tile.threadblock_shape, tile.stages, tile.math_instruction, tile.cluster_shape,
+                self.kernel_schedule, self.A, self.B, self.C, self.epilogue_functor)
+
+    def _readable_name(self) -> str:
+        tile = self.tile_description
+        s = names.SHORT
+        layouts = "".join(names.LAYOUT_SHORT[d.layout] for d in (self.A, self.B, self.C))
+        m, n, k = tile.threadblock_shape
+        cm, cn, _ = tile.cluster_shape
+        schedule = "coop" if self.kernel_schedule is _KS.TmaWarpSpecializedCooperative else "pp"
+        activation = self.epilogue_functor.activation
+        return (f"gemm_grouped_sm90_{s[self.A.element]}{s[self.C.element]}{s[self.element_accumulator]}_{layouts}_"
+                f"{m}x{n}x{k}_c{cm}x{cn}_s{tile.stages}_{schedule}{'_' + activation.name if activation else ''}")
+
+    @property
+    def transposed(self) -> bool:
+        return False  # CUTLASS 3.x writes either layout of D directly
+
+    @property
+    def precompute_symbol(self) -> None:
+        return None
+
+    @property
+    def thread_count(self) -> int:
+        """Threads per CTA: one producer warpgroup plus two consumer warpgroups (both schedules)."""
+        return 384
+
+    @property
+    def warp_count(self) -> tuple[int, int, int]:
+        return sm90.derived_warp_count(self.tile_description.threadblock_shape, self.kernel_schedule)
+
+    @property
+    def cluster_shape(self) -> tuple[int, int, int]:
+        return self.tile_description.cluster_shape
+
+    @property
+    def default_swizzle(self) -> int:
+        """The group scheduler's swizzle when the arguments give none (from an IdentitySwizzleN)."""
+        return self.swizzling_functor.log_tile if self.swizzling_functor.kind == "gemm" else 1
+
+    @property
+    def empty_k_stand_in(self) -> int:
+        """The K a group of K = 0 runs with (one 16-byte vector of zeros): CUTLASS's main loop leaves the
+        accumulators unset when a tile has no K iteration, so such groups multiply zeros instead."""
+        return 128 // self.A.element.bits
+
+    # --- scheduling (what the runtime needs) ----------------------------------------------------------------
+    def grid_for(self, sm_count: int, occupancy: int = 1, problem_sizes=None) -> int:
+        raise DescriptionError(f"{self.name}: the SM90 grouped kernel sizes its persistent grid itself (one wave of "
+                               f"sm_count CTAs); see GemmGroupedArguments.threadblock_count after a run")
+
+    def workspace_bytes(self, sm_count: int, threadblock_count: int | None = None) -> int:
+        """Per-SM tensormap slots: C and one D per epilogue warpgroup, then A and B (CUTLASS's get_workspace_size,
+        which the builder reports too; the runtime checks that both agree)."""
+        if isinstance(sm_count, bool) or not isinstance(sm_count, int) or sm_count <= 0:
+            raise DescriptionError(f"{self.name}: sm_count must be a positive integer, got {sm_count!r}")
+        epilogue = _round_up(TMA_DESCRIPTOR_BYTES * sm_count * (EPILOGUE_WARP_GROUPS + 1), _TENSORMAP_ALIGNMENT)
+        mainloop = _round_up(TMA_DESCRIPTOR_BYTES * sm_count * 2, _TENSORMAP_ALIGNMENT)
+        return epilogue + mainloop
+
+    def launch_plan(self) -> dict:
+        return {"kernel": self.kernel_symbol, "builder": self.builder_symbol, "precompute": None,
+                "thread_count": self.thread_count}
+
+    # --- emission -------------------------------------------------------------------------------------------
+    def preamble(self) -> str:
+        return sm90.GemmOperationSm90.preamble(self)  # the same NVRTC shim (emitted once per unit)
+
+    def shared_code(self) -> str:
+        """The SM90 helpers (TMA records), shared with gemm_sm90 operations of the unit (identical text: once)."""
+        return render(Path(sm90.__file__).parent / "sm90_helpers.cu.j2")
+
+    def headers(self) -> list[str]:
+        return ["cute/tensor.hpp", "cutlass/gemm/collective/collective_builder.hpp",
+                "cutlass/epilogue/collective/collective_builder.hpp", "cutlass/epilogue/thread/activation.h",
+                "cutlass/gemm/group_array_problem_shape.hpp", "cutlass/gemm/kernel/gemm_universal.hpp",
+                "cutlass/gemm/dispatch_policy.hpp"]
+
+    def emit_body(self) -> str:
+        tile = self.tile_description
+        functor = self.epilogue_functor
+        return self.render(
+            "gemm_grouped_sm90.cu.j2", name=self.name, summary=self.describe(),
+            element_a=names.ELEMENT[self.A.element], layout_a=names.LAYOUT[self.A.layout], alignment_a=self.A.alignment,
+            element_b=names.ELEMENT[self.B.element], layout_b=names.LAYOUT[self.B.layout], alignment_b=self.B.alignment,
+            element_c=names.ELEMENT[self.C.element], layout_c=names.LAYOUT[self.C.layout], alignment_c=self.C.alignment,
+            element_accumulator=names.ELEMENT[self.element_accumulator],
+            element_compute=names.ELEMENT[functor.element_epilogue],
+            tile_shape=tile.threadblock_shape, cluster_shape=tile.cluster_shape, stages=tile.stages,
+            kernel_schedule=_KERNEL_SCHEDULES[self.kernel_schedule],
+            epilogue_schedule=_EPILOGUE_SCHEDULES[self.kernel_schedule],
+            activation=functor.activation.cpp_template if functor.activation else None,
+            activation_args=functor.activation.argument_names if functor.activation else (),
+            epilogue_warp_groups=EPILOGUE_WARP_GROUPS, tma_descriptor_bytes=TMA_DESCRIPTOR_BYTES,
+            thread_count=self.thread_count)
+
+    def describe(self) -> str:
+        tile = self.tile_description
+        return (f"GEMM grouped sm90 A={self.A.element.label}/{self.A.layout.value}/{self.A.alignment} "
+                f"B={self.B.element.label}/{self.B.layout.value}/{self.B.alignment} "
+                f"C={self.C.element.label}/{self.C.layout.value}/{self.C.alignment} "
+                f"acc={self.element_accumulator.label} tile={list(tile.threadblock_shape)} "
+                f"cluster={list(tile.cluster_shape)} stages={tile.stages or 'auto'} "
+                f"kernel=PtrArray{self.kernel_schedule.value} epilogue_op={self.epilogue_functor.describe()}")
+
+
+def _check(tile: TileDescription, A, B, C, functor) -> KernelScheduleType:
+    """CUTLASS 3.x's rules for the SM90 pointer-array grouped kernel (as far as the GPU suite covers them); returns the
+    resolved kernel schedule. Everything is rejected here, before a compile of about a minute."""
+    check_description_types(tile, A, B, C, functor, _WHAT)
+    math = tile.math_instruction
+    if math.opcode_class is not OpClass.TensorOp:
+        raise DescriptionError(f"{_WHAT}: the SM90 grouped kernel computes on tensor cores (OpClass.TensorOp)")
+    operand = math.element_a
+    if operand not in _OPERANDS or math.element_b is not operand:
+        raise DescriptionError(f"{_WHAT}: the SM90 grouped kernel is built for float16 or bfloat16 operands (both the "
+                               f"same), got {operand.label} x {math.element_b.label}; use compute capability 80's "
+                               f"grouped kernel (an Sm80 tile) for other types")
+    if math.element_accumulator is not DataType.float32:
+        raise DescriptionError(f"{_WHAT}: accumulate in float32, got {math.element_accumulator.label}")
+    for label, desc in (("A", A), ("B", B)):
+        if desc.element is not operand:
+            raise DescriptionError(f"{_WHAT}: {label}.element is {desc.element.label} but the math instruction "
+                                   f"multiplies {operand.label}")
+        sm90._check_tma_operand(_WHAT, label, desc)
+    if C.element not in _OUTPUTS:
+        raise DescriptionError(f"{_WHAT}: C must be one of {[e.label for e in _OUTPUTS]}, got {C.element.label}")
+    sm90._check_tma_operand(_WHAT, "C", C)
+    if functor.kind not in ("LinearCombination", "LinearCombinationGeneric"):
+        raise DescriptionError(f"{_WHAT}: the {functor.kind} epilogue is not built for the SM90 grouped kernel; use "
+                               f"LinearCombination or LinearCombinationGeneric (any activation). CUTLASS 4.2 has no "
+                               f"pointer-array bias fusion for SM90")
+    if functor.element_output is not C.element or functor.alignment != C.alignment:
+        raise DescriptionError(f"{_WHAT}: the epilogue writes {functor.element_output.label} x {functor.alignment} but "
+                               f"C is {C.element.label} x {C.alignment}; they must match")
+    if functor.element_accumulator is not DataType.float32 or functor.element_epilogue is not DataType.float32:
+        raise DescriptionError(f"{_WHAT}: the epilogue reads float32 accumulators and computes in float32, got "
+                               f"{functor.element_accumulator.label} / {functor.element_epilogue.label}")
+
+    m, n, k = tile.threadblock_shape
+    if n not in (64, 128, 256):
+        raise DescriptionError(f"{_WHAT}: tile N must be 64, 128 or 256, got {n}")
+    if k * operand.bits // 8 != 128:
+        raise DescriptionError(f"{_WHAT}: tile K must be {128 * 8 // operand.bits} {operand.label} elements (the "
+                               f"128-byte TMA swizzle atom), got {k}")
+    if tuple(tile.cluster_shape) not in ((1, 1, 1), (2, 1, 1), (1, 2, 1)):
+        raise DescriptionError(f"{_WHAT}: cluster_shape must be [1, 1, 1], [2, 1, 1] or [1, 2, 1], got "
+                               f"{list(tile.cluster_shape)}")
+    if tile.tile_scheduler is not _TS.Default:
+        raise DescriptionError(f"{_WHAT}: the grouped kernel uses CUTLASS's group scheduler; tile_scheduler must be "
+                               f"Default, got {tile.tile_scheduler.name}")
+    schedule = tile.kernel_schedule
+    if schedule is _KS.Auto:
+        schedule = _KS.TmaWarpSpecializedCooperative if m % 128 == 0 else _KS.TmaWarpSpecializedPingpong
+    if schedule not in _KERNEL_SCHEDULES:
+        raise DescriptionError(f"{_WHAT}: kernel_schedule must be Auto, TmaWarpSpecializedCooperative or "
+                               f"TmaWarpSpecializedPingpong (CUTLASS's pointer-array kernels), got {schedule.value}")
+    if schedule is _KS.TmaWarpSpecializedCooperative and m not in (128, 256):
+        raise DescriptionError(f"{_WHAT}: the cooperative schedule splits tile M over two warpgroups of 64 rows: tile "
+                               f"M must be 128 or 256, got {m}")
+    if schedule is _KS.TmaWarpSpecializedPingpong and m not in (64, 128):
+        raise DescriptionError(f"{_WHAT}: the ping-pong schedule computes a tile with one warpgroup: tile M must be 64 "
+                               f"or 128, got {m}")
+    expected_epilogue = _ES.TmaWarpSpecializedCooperative if schedule is _KS.TmaWarpSpecializedCooperative \
+        else _ES.TmaWarpSpecialized
+    if tile.epilogue_schedule not in (_ES.Auto, expected_epilogue):
+        raise DescriptionError(f"{_WHAT}: with {schedule.value} the epilogue schedule must be Auto or "
+                               f"{expected_epilogue.value} (CUTLASS's pointer-array TMA epilogue), got "
+                               f"{tile.epilogue_schedule.value}")
+    if tile.warp_count is not None and tile.warp_count != sm90.derived_warp_count(tile.threadblock_shape, schedule):
+        raise DescriptionError(f"{_WHAT}: warp_count is derived on SM90 "
+                               f"({list(sm90.derived_warp_count(tile.threadblock_shape, schedule))} for "
+                               f"{schedule.value}); pass None or that value, got {list(tile.warp_count)}")
+    if tile.stages:
+        mainloop = tile.stages * (m * k + n * k) * operand.bits // 8
+        if tile.stages < 2 or mainloop + sm90._EPILOGUE_SMEM_RESERVE > sm90._SMEM_BYTES:
+            raise DescriptionError(f"{_WHAT}: {tile.stages} stages of a {m}x{n}x{k} tile take {mainloop // 1024} KiB "
+                                   f"of shared memory; with the epilogue's buffers that exceeds "
+                                   f"{sm90._SMEM_BYTES // 1024} KiB (or is below 2 stages). Use stages=0")
+    return schedule
