@@ -371,10 +371,14 @@ def bench_model(args, timer: Timer, section: str, label: str, model, inputs, mod
             found = errors(result)
             del result
             ms = timer.ms(lambda: optimized(*inputs))
+        from pycutlass.torch.dispatch import Dispatch
+
+        unbound = dict(Dispatch.current().unbound_calls)  # calls that took the full-Arguments path (no binding)
         ok, why = within_tolerance(found, variants["eager"].get("rel_err_vs_fp32"), tolerance)
         variants["pycutlass"] = {"ms": ms, "optimize_s": build_s, "first_call_s": first, **found,
-                                 "within_tolerance": ok, "tolerance_rule": why}
-        log(f"{section} {label}: pycutlass {ms:.3f} ms (optimize {build_s:.1f} s, rel err {found}; {why})")
+                                 "within_tolerance": ok, "tolerance_rule": why, "unbound_calls": unbound}
+        log(f"{section} {label}: pycutlass {ms:.3f} ms (optimize {build_s:.1f} s, rel err {found}; {why}; "
+            f"unbound calls {unbound or 'none'})")
         try:
             rep = report(optimized)
             text = str(rep)

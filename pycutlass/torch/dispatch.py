@@ -169,6 +169,9 @@ class Dispatch(SessionState):
         self._facts: dict[int, dict] = {}
         self._collector: Collector | None = None
         self.fallbacks: dict[str, int] = {}  # reason -> count: what ran on torch and why
+        # operation name -> calls that built full Arguments because the signature could not be bound (Params that
+        # cannot be patched): each costs a Params build and a sync, so a model's hot path should show none
+        self.unbound_calls: dict[str, int] = {}
 
     @classmethod
     def current(cls) -> "Dispatch":
@@ -312,6 +315,8 @@ class Dispatch(SessionState):
         if bound is not None:
             self._bound[signature] = bound
             self._by_operation[(operation.name, signature)] = bound
+        else:
+            self.unbound_calls[operation.name] = self.unbound_calls.get(operation.name, 0) + 1
 
     def _gemm_arguments(self, operation, a, b, bias, c, d, alpha, beta, activation_arg):
         from ..kinds import GemmArguments

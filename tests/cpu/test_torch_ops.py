@@ -322,3 +322,13 @@ def test_the_direct_path_steps_aside_for_functorch_transforms(monkeypatch):
 
     torch.func.vmap(f)(torch.randn(3, 2))
     assert seen == [False]
+
+
+def test_calls_that_cannot_be_bound_are_counted_per_operation():
+    session = pycutlass.Session()
+    dispatch = pct.Dispatch.of(session)
+    operation = type("Op", (), {"name": "pycutlass_gemm_x"})()
+    assert dispatch.unbound_calls == {}
+    dispatch._remember(("sig",), operation, None)  # Params that cannot be patched: the next call builds again
+    dispatch._remember(("sig",), operation, None)
+    assert dispatch.unbound_calls == {"pycutlass_gemm_x": 2} and ("sig",) not in dispatch._bound
