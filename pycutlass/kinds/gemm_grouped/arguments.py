@@ -32,6 +32,18 @@ from .operation import PRECOMPUTE_THREADS, GemmOperationGrouped, SchedulerMode
 _ARRAY_ALIGNMENT = 16  # bytes; each per-problem array starts aligned in the shared buffer
 
 
+def pack_problem_arrays(sizes, pointers: dict, lds: dict) -> tuple[bytes, dict]:
+    """One buffer for all per-problem arrays, [sizes][ptr A..D][ld A..D], each aligned; and each one's offset."""
+    arrays = [("problem_sizes", sizes)] + [(f"ptr_{x}", pointers[x]) for x in "ABCD"] + \
+             [(f"ld{x.lower()}", lds[x]) for x in "ABCD"]
+    blob, offsets = bytearray(), {}
+    for field, array in arrays:
+        blob.extend(b"\0" * (-len(blob) % _ARRAY_ALIGNMENT))
+        offsets[field] = len(blob)
+        blob.extend(array.tobytes())
+    return bytes(blob), offsets
+
+
 def _list_of(name: str, values, count: int, allow_none: bool = False) -> list:
     if values is None and allow_none:
         return [None] * count
@@ -233,18 +245,9 @@ class GemmGroupedArguments(OperationArguments):
                 info, geometry = operands[label]
                 pointers[label][index] = self.tensors.address(info, is_output=label == "D")
                 lds[label][index] = geometry.ld
-        # One buffer for all per-problem arrays: [sizes][ptr A][ptr B][ptr C][ptr D][ld A][ld B][ld C][ld D].
-        arrays = [("problem_sizes", sizes)] + [(f"ptr_{x}", pointers[x]) for x in "ABCD"] + \
-                 [(f"ld{x.lower()}", lds[x]) for x in "ABCD"]
-        blob, offsets = bytearray(), {}
-        for field, array in arrays:
-            blob.extend(b"\0" * (-len(blob) % _ARRAY_ALIGNMENT))
-            offsets[field] = len(blob)
-            blob.extend(array.tobytes())
-        self._blob, self._blob_offsets = bytes(blob), offsets
+        self._blob, self._blob_offsets = pack_problem_arrays(sizes, pointers, lds)
         base = self.tensors.upload(self._blob) if count else 0
-        self.device_arrays = {field: base + offset for field, offset in offsets.items()} if count else \
-            {field: 0 for field, _ in arrays}
+        self.device_arrays = {field: (base + offset if count else 0) for field, offset in self._blob_offsets.items()}
         self.workspace = 0
         self.workspace_bytes = 0
         self.threadblock_count = 0

@@ -17,7 +17,7 @@ import numpy as np
 from ...description.types import LayoutType
 from ...emit.abi import fill_epilogue
 from ...errors import ArgumentError, CudaError
-from ..gemm_grouped.arguments import _ARRAY_ALIGNMENT, GemmGroupedArguments, _alias
+from ..gemm_grouped.arguments import GemmGroupedArguments, _alias, pack_problem_arrays
 from .abi import Sm90GroupedGemmArgs
 from .operation import GemmOperationGroupedSm90
 
@@ -90,14 +90,8 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
                 info, geometry = operands[label]
                 pointers[label][index] = self.tensors.address(info, is_output=label == "D")
                 lds[label][index] = geometry.ld
-        arrays = [("problem_sizes", sizes)] + [(f"ptr_{x}", pointers[x]) for x in "ABCD"] + \
-                 [(f"ld{x.lower()}", lds[x]) for x in "ABCD"]
-        blob, offsets = bytearray(), {}
-        for field, array in arrays:
-            blob.extend(b"\0" * (-len(blob) % _ARRAY_ALIGNMENT))
-            offsets[field] = len(blob)
-            blob.extend(array.tobytes())
-        base = self.tensors.upload(bytes(blob))
+        blob, offsets = pack_problem_arrays(sizes, pointers, lds)
+        base = self.tensors.upload(blob)
         self.device_arrays = {field: base + offset for field, offset in offsets.items()}
         # The per-SM tensormap slots; the kernel writes them before reading, so they need no clearing.
         self.workspace_bytes = op.workspace_bytes(self.sm_count)
