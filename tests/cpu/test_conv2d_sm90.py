@@ -1,0 +1,52 @@
+"""SM90 implicit-GEMM convolution under NVRTC: the compile probe (pycutlass/kinds/conv2d_sm90, not yet a kind).
+
+CUTLASS 4.2's SM90 conv headers do not compile under NVRTC as shipped; ``nvrtc_overlay.cuh`` makes them compile
+without editing them (docs/sm90.md, "SM90 convolution"). The slow test compiles one fprop kernel and its device-side
+Params builder for real.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from pycutlass.compiler import toolchain
+from pycutlass.compiler.backends import NvrtcBackend
+from pycutlass.kinds.conv2d_sm90 import probe
+
+
+def test_overlay_comes_first_and_avoids_the_sm100_headers():
+    source = probe.probe_source()
+    includes = re.findall(r'#include [<"]([^>"]+)[>"]', source)
+    assert includes[0] == "cuda/std/type_traits"
+    # conv_universal.hpp drags in the SM100 kernel (explicit __host__ members NVRTC rejects); the overlay declares
+    # the primary template and includes the SM90 specialization alone.
+    assert "cutlass/conv/kernel/conv_universal.hpp" not in includes
+    assert "cutlass/conv/kernel/sm90_implicit_gemm_tma_warpspecialized.hpp" in includes
+    # The im2col traits are compiled with CUTE_HOST as host-device, and the macro is restored right after.
+    at = source.index('#include "cute/atom/copy_traits_sm90_im2col.hpp"')
+    assert "#define CUTE_HOST CUTE_HOST_DEVICE" in source[:at]
+    assert "#define CUTE_HOST __forceinline__ __host__" in source[at:at + 200]
+
+
+def test_probe_source_is_parameterized():
+    source = probe.probe_source("probe_x", element="bf16", tile=(64, 128, 64), cluster=(2, 1, 1))
+    assert "cutlass::bfloat16_t" in source and "Shape<_64, _128, Shape<_64>>" in source
+    assert "__cluster_dims__(2, 1, 1)" in source and "probe_x_build" in source
+    with pytest.raises(KeyError):
+        probe.probe_source(element="f32")
+
+
+def test_cutlass_util_include_dir_holds_packed_stride():
+    assert (toolchain.cutlass_util_include_dir() / "cutlass" / "util" / "packed_stride.hpp").is_file()
+
+
+@pytest.mark.slow
+def test_nvrtc_compiles_an_sm90_fprop_kernel_and_its_builder():
+    """A real NVRTC compile (about 80-110 s on two cores): the kernel and the builder that runs CUTLASS's
+    ``ConvUniversal::to_underlying_arguments`` (im2col TMA descriptor included) on the device."""
+    name = "pycutlass_conv2d_sm90_probe"
+    backend = NvrtcBackend((f"-I{toolchain.cutlass_util_include_dir()}",))
+    cubin = backend.compile(probe.probe_source(name), "90a", name)
+    assert name.encode() in cubin and f"{name}_build".encode() in cubin
+    assert len(cubin) > 100_000  # a real kernel, not an empty stub
