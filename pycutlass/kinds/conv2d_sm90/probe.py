@@ -10,6 +10,8 @@ import ctypes
 import struct
 from importlib import resources
 
+from ...emit import abi, emitter
+
 ELEMENTS = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
 
 
@@ -23,7 +25,11 @@ def probe_source(name: str = "pycutlass_conv2d_sm90_probe", element: str = "f16"
     CUTLASS 4.2 refuses the cooperative and ping-pong schedules for conv (dispatch_policy.hpp)."""
     e = ELEMENTS[element]
     m, n, k = tile
-    return f"""{overlay()}
+    # The project's prelude (LaunchInfo, TmaRecord, construct_params) with the overlay as its preamble, and the SM90
+    # GEMM kind's helpers (record_tma) for the one tiled descriptor, the filter's.
+    unit = emitter.prelude([], [abi.LaunchInfo, abi.TmaRecord], [overlay()])
+    unit += emitter.render("kinds/gemm_sm90/sm90_helpers.cu.j2")
+    return unit + f"""
 namespace {name}_ns {{
 using namespace cute;
 using Element = {e};
@@ -54,9 +60,11 @@ __launch_bounds__({name}_ns::Kernel::MaxThreadsPerBlock, {name}_ns::Kernel::MinB
 }}
 
 // d: n, h, w, c, k, r, s, pad_h, pad_w, stride_h, stride_w, dilation_h, dilation_w. out: can_implement, the offsets
-// of the A (im2col), B, C, D descriptors in Params, sizeof(Params), shared memory bytes, grid x/y/z.
+// of the A, B, C, D descriptors in Params (A, C, D: im2col, holding captures; B: tiled, described by *record_b),
+// sizeof(Params), shared memory bytes, grid x/y/z, threads per block.
 extern "C" __global__ void {name}_build(int const *d, void const *A, void const *B, void const *C, void *D,
-                                        float alpha, float beta, void *params_out, int *out) {{
+                                        float alpha, float beta, void *params_out, int *out,
+                                        pycutlass_abi::TmaRecord *record_b) {{
   using namespace cute;
   using K = {name}_ns::Kernel;
   using E = {name}_ns::Element;
@@ -79,7 +87,7 @@ extern "C" __global__ void {name}_build(int const *d, void const *A, void const 
   args.epilogue.ptr_D = static_cast<E *>(D);
   args.epilogue.dD = dC;
   out[0] = K::can_implement(args);
-  auto *p = new (params_out) typename K::Params(K::to_underlying_arguments(args, nullptr));
+  typename K::Params *p = &pycutlass_detail::construct_params<K>(params_out, K::to_underlying_arguments(args, nullptr));
   char const *base = static_cast<char const *>(params_out);
   out[1] = int(reinterpret_cast<char const *>(p->mainloop.tma_load_a.get_tma_descriptor()) - base);
   out[2] = int(reinterpret_cast<char const *>(p->mainloop.tma_load_b.get_tma_descriptor()) - base);
@@ -91,6 +99,13 @@ extern "C" __global__ void {name}_build(int const *d, void const *A, void const 
   out[7] = int(grid.x);
   out[8] = int(grid.y);
   out[9] = int(grid.z);
+  out[10] = int(K::MaxThreadsPerBlock);
+  // The filter's tiled descriptor, over the tensor CUTLASS built it from (KRSC, in the TMA's own element type).
+  using TB = typename decltype(p->mainloop.tma_load_b)::ValType;
+  auto dB = cutlass::make_cute_packed_stride(typename K::CollectiveMainloop::StrideB{{}}, problem.stride_B,
+                                             cutlass::conv::Operator::kFprop);
+  auto tensor_b = make_tensor(reinterpret_cast<TB const *>(B), make_layout(problem.get_shape_B(), dB));
+  pycutlass_sm90::record_tma(*record_b, p, p->mainloop.tma_load_b, tensor_b, size<0>({name}_ns::ClusterShape{{}}));
 }}
 """
 
