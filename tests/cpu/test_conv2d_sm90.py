@@ -50,3 +50,12 @@ def test_nvrtc_compiles_an_sm90_fprop_kernel_and_its_builder():
     cubin = backend.compile(probe.probe_source(name), "90a", name)
     assert name.encode() in cubin and f"{name}_build".encode() in cubin
     assert len(cubin) > 100_000  # a real kernel, not an empty stub
+
+
+@pytest.mark.slow
+def test_nvrtc_compiles_sm90_dgrad_and_wgrad_kernels():
+    """The same overlay carries the backward kernels (about 100 s on two cores for both; no builders yet)."""
+    name = "pycutlass_conv2d_sm90_probe"
+    backend = NvrtcBackend((f"-I{toolchain.cutlass_util_include_dir()}",))
+    cubin = backend.compile(probe.backward_probe_source(name), "90a", name)
+    assert f"{name}_dgrad".encode() in cubin and f"{name}_wgrad".encode() in cubin

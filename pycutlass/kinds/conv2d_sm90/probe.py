@@ -1,8 +1,9 @@
-"""One SM90 fprop kernel and its device-side Params builder, for the compile probe (tests/cpu/test_conv2d_sm90.py).
+"""SM90 conv probe units: one fprop kernel with its device-side Params builder (tests/cpu/test_conv2d_sm90.py,
+tests/gpu/test_conv2d_sm90_probe.py), and dgrad/wgrad kernels alone.
 
-The builder writes Params and, per TMA descriptor, its offset in Params: the im2col one (activations) holds the
-captured encode arguments (``pycutlass_rtc::Im2colCapture``), the tiled ones (filter, C, D) are described from their
-TMA copy types as the SM90 GEMM kind does.
+The builder writes Params and each TMA descriptor's offset in them. The im2col descriptors (activations, C, D) hold
+the captured encode arguments (``pycutlass_rtc::Im2colCapture``, decoded by :class:`Im2colCapture`); the one tiled
+descriptor (the filter) is described by a TmaRecord from its TMA copy type, as the SM90 GEMM kind does.
 """
 from __future__ import annotations
 
@@ -19,35 +20,39 @@ def overlay() -> str:
     return resources.files(__package__).joinpath("nvrtc_overlay.cuh").read_text()
 
 
-def probe_source(name: str = "pycutlass_conv2d_sm90_probe", element: str = "f16", tile=(128, 128, 64),
-                 cluster=(1, 1, 1)) -> str:
-    """A unit with ``{name}`` (the kernel) and ``{name}_build``. Only the non-persistent warp-specialized schedule:
-    CUTLASS 4.2 refuses the cooperative and ping-pong schedules for conv (dispatch_policy.hpp)."""
+CONV_KINDS = {"fprop": "kFprop", "dgrad": "kDgrad", "wgrad": "kWgrad"}
+
+
+def kernel_source(name: str, conv_kind: str = "fprop", element: str = "f16", tile=(128, 128, 64),
+                  cluster=(1, 1, 1)) -> str:
+    """The kernel ``{name}`` alone, as CUTLASS 4.2's SM90 conv tests build it: fprop and dgrad write an NHWC tensor
+    through the TMA epilogue; wgrad's tile has N and K as modes of their own and writes the KRSC filter (TensorKCSR)
+    through the no-smem epilogue."""
     e = ELEMENTS[element]
     m, n, k = tile
-    # The project's prelude (LaunchInfo, TmaRecord, construct_params) with the overlay as its preamble, and the SM90
-    # GEMM kind's helpers (record_tma) for the one tiled descriptor, the filter's.
-    unit = emitter.prelude([], [abi.LaunchInfo, abi.TmaRecord], [overlay()])
-    unit += emitter.render("kinds/gemm_sm90/sm90_helpers.cu.j2")
-    return unit + f"""
+    op = CONV_KINDS[conv_kind]
+    wgrad = conv_kind == "wgrad"
+    tile_shape = f"Shape<_{m}, Shape<_{n}>, Shape<_{k}>>" if wgrad else f"Shape<_{m}, _{n}, Shape<_{k}>>"
+    out_layout = "cutlass::layout::TensorKCSR" if wgrad else "cutlass::layout::TensorNHWC"
+    epilogue = "cutlass::epilogue::NoSmemWarpSpecialized" if wgrad else "cutlass::epilogue::TmaWarpSpecialized"
+    return f"""
 namespace {name}_ns {{
 using namespace cute;
 using Element = {e};
-using TileShape = Shape<_{m}, _{n}, Shape<_{k}>>;
+using TileShape = {tile_shape};
 using ClusterShape = Shape<_{cluster[0]}, _{cluster[1]}, _{cluster[2]}>;
 using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
     cutlass::epilogue::collective::EpilogueTileAuto, float, float,
-    Element, cutlass::layout::TensorNHWC, 8, Element, cutlass::layout::TensorNHWC, 8,
-    cutlass::epilogue::TmaWarpSpecialized>::CollectiveOp;
+    Element, {out_layout}, 8, Element, {out_layout}, 8, {epilogue}>::CollectiveOp;
 using CollectiveMainloop = typename cutlass::conv::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kFprop,
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::{op},
     Element, cutlass::layout::TensorNHWC, 8, Element, cutlass::layout::TensorNHWC, 8, float,
     TileShape, ClusterShape,
     cutlass::conv::collective::StageCountAutoCarveout<
         static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
     cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>::CollectiveOp;
-using ProblemShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kFprop, 2>;
+using ProblemShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::{op}, 2>;
 using Kernel = cutlass::conv::kernel::ConvUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
 }}  // namespace {name}_ns
 
@@ -58,7 +63,24 @@ __launch_bounds__({name}_ns::Kernel::MaxThreadsPerBlock, {name}_ns::Kernel::MinB
   {name}_ns::Kernel op;
   op(params, pycutlass_dynamic_smem);
 }}
+"""
 
+
+def backward_probe_source(name: str = "pycutlass_conv2d_sm90_probe", element: str = "f16") -> str:
+    """dgrad and wgrad kernels (no builders) in one unit: does the overlay carry them too?"""
+    return (emitter.prelude([], [abi.LaunchInfo], [overlay()]) + kernel_source(f"{name}_dgrad", "dgrad", element)
+            + kernel_source(f"{name}_wgrad", "wgrad", element, tile=(128, 128, 64)))
+
+
+def probe_source(name: str = "pycutlass_conv2d_sm90_probe", element: str = "f16", tile=(128, 128, 64),
+                 cluster=(1, 1, 1)) -> str:
+    """A unit with ``{name}`` (the kernel) and ``{name}_build``. Only the non-persistent warp-specialized schedule:
+    CUTLASS 4.2 refuses the cooperative and ping-pong schedules for conv (dispatch_policy.hpp)."""
+    # The project's prelude (LaunchInfo, TmaRecord, construct_params) with the overlay as its preamble, and the SM90
+    # GEMM kind's helpers (record_tma) for the one tiled descriptor, the filter's.
+    unit = emitter.prelude([], [abi.LaunchInfo, abi.TmaRecord], [overlay()])
+    unit += emitter.render("kinds/gemm_sm90/sm90_helpers.cu.j2")
+    return unit + kernel_source(name, "fprop", element, tile, cluster) + f"""
 // d: n, h, w, c, k, r, s, pad_h, pad_w, stride_h, stride_w, dilation_h, dilation_w. out: can_implement, the offsets
 // of the A, B, C, D descriptors in Params (A, C, D: im2col, holding captures; B: tiled, described by *record_b),
 // sizeof(Params), shared memory bytes, grid x/y/z, threads per block.
