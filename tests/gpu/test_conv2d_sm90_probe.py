@@ -22,18 +22,23 @@ except ImportError:
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch is None, reason="needs torch")]
 
 NAME = "pycutlass_conv2d_sm90_probe"
-TILE = (128, 128, 64)
-UINT16, FLOAT16 = 1, 6  # CUtensorMapDataType: CUTLASS moves the activations as 16-bit words, C and D as half
+# CUtensorMapDataType: CUTLASS moves the activations as 16-bit words, C and D in their own type.
+UINT16 = 1
+OUTPUT_TYPE = {"f16": 6, "bf16": 9}
+TORCH_TYPE = {"f16": "float16", "bf16": "bfloat16"}
+TOLERANCE = {"f16": 2e-3, "bf16": 1.5e-2}
+CONFIGS = [("f16", (128, 128, 64), (1, 1, 1)), ("bf16", (64, 128, 64), (2, 1, 1))]
 
 
-@pytest.fixture(scope="module")
-def functions():
+@pytest.fixture(scope="module", params=CONFIGS, ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[1]))}-c{c[2][0]}{c[2][1]}")
+def functions(request):
+    element, tile, cluster = request.param
     cubin = NvrtcBackend((f"-I{toolchain.cutlass_util_include_dir()}",)).compile(
-        probe.probe_source(NAME, tile=TILE), "90a", NAME)
+        probe.probe_source(NAME, element=element, tile=tile, cluster=cluster), "90a", NAME)
     torch.cuda.init()
     torch.empty(1, device="cuda")  # torch's primary context, current
     module = driver.load_module(cubin, NAME)
-    return module, driver.get_function(module, NAME), driver.get_function(module, f"{NAME}_build")
+    return request.param, module, driver.get_function(module, NAME), driver.get_function(module, f"{NAME}_build")
 
 
 def _launch(function, grid, block, smem, args):
@@ -50,15 +55,16 @@ def _launch(function, grid, block, smem, args):
     (2, 31, 30, 72, 136, 3, 3, (1, 1), (2, 2), (1, 1)),
 ])
 def test_probe_runs_a_convolution(functions, n, h, w, c, k, r, s, pad, stride, dilation):
-    _, kernel, build = functions
+    (element, tile, _), _, kernel, build = functions
+    dtype = getattr(torch, TORCH_TYPE[element])
     torch.manual_seed(n * h + w)
     p = (h + 2 * pad[0] - dilation[0] * (r - 1) - 1) // stride[0] + 1
     q = (w + 2 * pad[1] - dilation[1] * (s - 1) - 1) // stride[1] + 1
     dims = torch.tensor([n, h, w, c, k, r, s, *pad, *stride, *dilation], dtype=torch.int32, device="cuda")
-    act = torch.randn(n, h, w, c, device="cuda").half()
-    flt = torch.randn(k, r, s, c, device="cuda").half()
-    src = torch.randn(n, p, q, k, device="cuda").half()
-    out = torch.full((n, p, q, k), float("nan"), device="cuda").half()
+    act = torch.randn(n, h, w, c, device="cuda").to(dtype)
+    flt = torch.randn(k, r, s, c, device="cuda").to(dtype)
+    src = torch.randn(n, p, q, k, device="cuda").to(dtype)
+    out = torch.full((n, p, q, k), float("nan"), device="cuda").to(dtype)
     alpha, beta = 0.5, 0.25
     params = torch.zeros(4096, dtype=torch.uint8, device="cuda")
     report = torch.full((11,), -1, dtype=torch.int32, device="cuda")
@@ -81,11 +87,11 @@ def test_probe_runs_a_convolution(functions, n, h, w, c, k, r, s, pad, stride, d
     assert capture.lower[:2] == (-pad[1], -pad[0])
     assert capture.upper[:2] == (pad[1] - (s - 1) * dilation[1], pad[0] - (r - 1) * dilation[0])
     assert capture.elem_strides[:4] == (1, stride[1], stride[0], 1)
-    assert capture.range_c == TILE[2] and capture.range_whdn == TILE[0]
+    assert capture.range_c == tile[2] and capture.range_whdn == tile[0]  # A is multicast along N: clusters are Mx1
     captures = {off_a: capture}
     for offset, tensor in ((off_c, src), (off_d, out)):
         captures[offset] = probe.Im2colCapture(bytes(raw[offset:offset + 128]))
-        assert captures[offset].address == tensor.data_ptr() and captures[offset].data_type == FLOAT16
+        assert captures[offset].address == tensor.data_ptr() and captures[offset].data_type == OUTPUT_TYPE[element]
     # The filter's tiled descriptor: NVRTC compiled CUTLASS's encode out (zeros); the record describes it.
     assert raw[off_b:off_b + 128] == bytes(128)
     filter_record = TmaRecord.from_buffer_copy(bytes(record.cpu().numpy()))
@@ -110,4 +116,4 @@ def test_probe_runs_a_convolution(functions, n, h, w, c, k, r, s, pad, stride, d
     got = out.double()
     assert torch.isfinite(got).all(), "the kernel left NaN-poisoned outputs"
     error = ((got - reference).norm() / reference.norm()).item()
-    assert error < 2e-3, f"relative error {error}"
+    assert error < TOLERANCE[element], f"relative error {error}"
