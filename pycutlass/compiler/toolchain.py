@@ -87,7 +87,8 @@ def cutlass_util_include_dir() -> Path:
     for candidate in (include.parent / "tools" / "util" / "include", include / "tools" / "util" / "include"):
         if (candidate / "cutlass" / "util" / "packed_stride.hpp").is_file():
             return candidate
-    raise ToolchainError(f"no tools/util/include/cutlass/util/packed_stride.hpp beside the CUTLASS headers at {include}")
+    raise ToolchainError(f"no tools/util/include/cutlass/util/packed_stride.hpp beside the CUTLASS headers at "
+                         f"{include}")
 
 
 @_memoized

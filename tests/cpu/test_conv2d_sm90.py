@@ -59,3 +59,17 @@ def test_nvrtc_compiles_sm90_dgrad_and_wgrad_kernels():
     backend = NvrtcBackend((f"-I{toolchain.cutlass_util_include_dir()}",))
     cubin = backend.compile(probe.backward_probe_source(name), "90a", name)
     assert f"{name}_dgrad".encode() in cubin and f"{name}_wgrad".encode() in cubin
+
+
+def test_im2col_capture_decodes_the_overlays_layout():
+    """The Python twin of pycutlass_rtc::Im2colCapture (natural C alignment: no padding before the last byte)."""
+    assert probe.Im2colCapture.LAYOUT.size == 111  # 112 in C (8-byte alignment), within the 128-byte descriptor
+    raw = probe.Im2colCapture.LAYOUT.pack(0x7F0000001000, 64, 9, 9, 2, 1, 128, 1152, 10368, 0, -1, -1, 0, -1, -1, 0,
+                                          64, 128, 1, 2, 1, 1, 1, 4, 1, 3, 2, 0, 0xC7) + bytes(17)
+    capture = probe.Im2colCapture(raw)
+    assert capture.address == 0x7F0000001000 and capture.dims[:4] == (64, 9, 9, 2) and capture.rank == 4
+    assert capture.strides[:3] == (128, 1152, 10368) and capture.lower[:2] == (-1, -1) and capture.upper[:2] == (-1, -1)
+    assert (capture.range_c, capture.range_whdn, capture.elem_strides[:4]) == (64, 128, (1, 2, 1, 1))
+    assert (capture.data_type, capture.swizzle, capture.l2_promotion) == (1, 3, 2)
+    with pytest.raises(ValueError, match="not an im2col capture"):
+        probe.Im2colCapture(bytes(128))  # a tiled descriptor NVRTC left empty

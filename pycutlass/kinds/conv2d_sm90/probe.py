@@ -151,15 +151,9 @@ class Im2colCapture:
 
     def encode(self) -> bytes:
         """The real descriptor, through the driver's cuTensorMapEncodeIm2col (needs a GPU)."""
-        from cuda.bindings import driver
+        from ...runtime import driver
 
-        rank, spatial = self.rank, self.rank - 2
-        err, tensor_map = driver.cuTensorMapEncodeIm2col(
-            driver.CUtensorMapDataType(self.data_type), rank, self.address, list(self.dims[:rank]),
-            list(self.strides[:rank - 1]), list(self.lower[:spatial]), list(self.upper[:spatial]), self.range_c,
-            self.range_whdn, list(self.elem_strides[:rank]), driver.CUtensorMapInterleave(0),
-            driver.CUtensorMapSwizzle(self.swizzle), driver.CUtensorMapL2promotion(self.l2_promotion),
-            driver.CUtensorMapFloatOOBfill(self.oob_fill))
-        if err != driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuTensorMapEncodeIm2col failed: {err!r} ({vars(self)})")
-        return ctypes.string_at(tensor_map.getPtr(), 128)
+        staging = (ctypes.c_byte * 256)()
+        aligned = (ctypes.addressof(staging) + 63) & ~63  # the encoder writes to 64-byte aligned memory
+        driver.encode_im2col_descriptor(self, aligned, "SM90 conv probe")
+        return ctypes.string_at(aligned, 128)
