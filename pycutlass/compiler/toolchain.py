@@ -79,6 +79,19 @@ def cutlass_include_dirs() -> tuple[Path, ...]:
 
 
 @_memoized
+def cutlass_util_include_dir() -> Path:
+    """CUTLASS's ``tools/util/include`` beside the headers: SM90 convolution needs ``cutlass/util/packed_stride.hpp``
+    from it. Kept out of :func:`cutlass_include_dirs` (and so out of the headers checksum) until a registered kind
+    compiles with it."""
+    include = cutlass_include_dirs()[0]
+    for candidate in (include.parent / "tools" / "util" / "include", include / "tools" / "util" / "include"):
+        if (candidate / "cutlass" / "util" / "packed_stride.hpp").is_file():
+            return candidate
+    raise ToolchainError(f"no tools/util/include/cutlass/util/packed_stride.hpp beside the CUTLASS headers at "
+                         f"{include}")
+
+
+@_memoized
 def cutlass_version() -> str:
     text = (cutlass_include_dirs()[0] / "cutlass" / "version.h").read_text()
     parts = [re.search(rf"#define CUTLASS_{p}\s+(\d+)", text) for p in ("MAJOR", "MINOR", "PATCH")]

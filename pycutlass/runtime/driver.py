@@ -191,3 +191,35 @@ def encode_tma_descriptor(record, out_address: int, what: str) -> None:
         check((_driver().CUresult(err),), f"cuTensorMapEncodeTiled(rank {rank}, dims {list(record.dims[:rank])}, byte "
                                           f"strides {list(record.strides[1:rank])}, box {list(record.box[:rank])}, "
                                           f"address {record.address:#x})", what)
+
+
+@functools.cache
+def _im2col_encoder():
+    """libcuda's cuTensorMapEncodeIm2col through ctypes, like the tiled encoder."""
+    encoder = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeIm2col
+    encoder.restype = ctypes.c_int
+    encoder.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p,
+                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32,
+                        ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    return encoder
+
+
+def encode_im2col_descriptor(capture, out_address: int, what: str) -> None:
+    """Encode the im2col descriptor an SM90 conv builder captured (``kinds.conv2d_sm90.probe.Im2colCapture``: the
+    arguments CUTLASS's make_im2col_tma_copy_desc computed) into the 128 bytes at ``out_address`` (64-byte aligned)."""
+    rank = int(capture.rank)
+    spatial = rank - 2
+    dims = (ctypes.c_uint64 * rank)(*capture.dims[:rank])
+    strides = (ctypes.c_uint64 * (rank - 1))(*capture.strides[:rank - 1])
+    lower = (ctypes.c_int * spatial)(*capture.lower[:spatial])
+    upper = (ctypes.c_int * spatial)(*capture.upper[:spatial])
+    element_strides = (ctypes.c_uint32 * rank)(*capture.elem_strides[:rank])
+    err = _im2col_encoder()(out_address, capture.data_type, rank, capture.address, dims, strides, lower, upper,
+                            capture.range_c, capture.range_whdn, element_strides, 0, capture.swizzle,
+                            capture.l2_promotion, capture.oob_fill)
+    if err:
+        check((_driver().CUresult(err),), f"cuTensorMapEncodeIm2col(rank {rank}, dims {list(capture.dims[:rank])}, "
+                                          f"byte strides {list(capture.strides[:rank - 1])}, corners "
+                                          f"{list(capture.lower[:spatial])}/{list(capture.upper[:spatial])}, "
+                                          f"{capture.range_c} channels x {capture.range_whdn} pixels, address "
+                                          f"{capture.address:#x})", what)
