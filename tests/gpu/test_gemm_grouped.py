@@ -285,15 +285,18 @@ def test_padded_leading_dimensions(key):
 def test_reused_arguments(key):
     """The same arguments run twice give the same (correct) result; a later run reads the inputs' new contents."""
     op = GROUPED_OPS[key]
-    problems = mixed_problems(op.A.alignment, count=10, seed=8)
-    group = Group(op, problems, seed=8)
+    check_reused_arguments(op, mixed_problems(op.A.alignment, count=10, seed=8), _tol(key), seed=8)
+
+
+def check_reused_arguments(op, problems, tolerance, seed):
+    group = Group(op, problems, seed=seed)
     args = group.arguments()
     for _ in range(2):
         group.poison()
         op.run(args)
         args.sync()
-        group.check(_tol(key))
-    rng = np.random.default_rng(9)
+        group.check(tolerance)
+    rng = np.random.default_rng(seed + 1)
     for index, (m, n, k) in enumerate(problems):
         if k and n:
             group.b[index] = random_values(rng, (k, n), op.B.element)
@@ -301,7 +304,7 @@ def test_reused_arguments(key):
     group.poison()
     op.run(args)
     args.sync()
-    group.check(_tol(key))
+    group.check(tolerance)
 
 
 def test_arguments_errors_name_the_problem():

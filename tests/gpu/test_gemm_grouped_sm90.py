@@ -16,7 +16,7 @@ from pycutlass.gemm import GemmCoord
 
 from .conftest import precompile_module
 from .gemm_cases import CM, D, R, random_values, to_tensor
-from .test_gemm_grouped import Group, mixed_problems, run_group
+from .test_gemm_grouped import Group, check_reused_arguments, mixed_problems, run_group
 
 pytestmark = pytest.mark.gpu
 
@@ -177,23 +177,7 @@ def test_new_groups_of_the_same_count_reuse_params():
 
 def test_reused_arguments_read_new_inputs():
     op = OPS["f16_ntn_pp_c2x1"]
-    problems = mixed_problems(8, count=8, seed=11)
-    group = Group(op, problems, seed=11)
-    args = group.arguments()
-    for _ in range(2):
-        group.poison()
-        op.run(args)
-        args.sync()
-        group.check(_tol(op))
-    rng = np.random.default_rng(12)
-    for index, (m, n, k) in enumerate(problems):
-        if k and n:
-            group.b[index] = random_values(rng, (k, n), op.B.element)
-            group.Bs[index].copy_(to_tensor(group.b[index], op.B.element, op.B.layout, "torch"))
-    group.poison()
-    op.run(args)
-    args.sync()
-    group.check(_tol(op))
+    check_reused_arguments(op, mixed_problems(8, count=8, seed=11), _tol(op), seed=11)
 
 
 @pytest.mark.parametrize("lib", ["numpy", "torch_cpu"])
