@@ -15,7 +15,7 @@ from pycutlass import KernelScheduleType as KS
 from pycutlass.gemm import GemmCoord
 
 from .conftest import precompile_module
-from .gemm_cases import CM, D, R, random_values, to_tensor
+from .gemm_cases import CM, D, R
 from .test_gemm_grouped import Group, check_reused_arguments, mixed_problems, run_group
 
 pytestmark = pytest.mark.gpu
