@@ -253,13 +253,17 @@ def test_beta_zero_with_some_c_missing(key):
 @pytest.mark.parametrize("key", ["f16_tnt-Host", "f16_tnt-Device", "bf16_tnn_relu-Host", "f64_ttn-Device"])
 def test_padded_leading_dimensions(key):
     """Every operand its own leading dimension (views into wider buffers, padded by multiples of the alignment)."""
-    import torch
-
     op = GROUPED_OPS[key]
     align = op.A.alignment
-    problems = mixed_problems(align, count=8, seed=7)
-    rng = np.random.default_rng(7)
-    group = Group(op, problems, seed=7)
+    check_padded_leading_dimensions(op, mixed_problems(align, count=8, seed=7), _tol(key), seed=7, unit=align)
+
+
+def check_padded_leading_dimensions(op, problems, tolerance, seed, unit):
+    """Runs ``problems`` with every operand a view into a wider NaN-filled buffer, padded by 1-3 ``unit``s."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    group = Group(op, problems, seed=seed)
 
     def padded(tensor, layout, pad):
         rows, cols = tensor.shape
@@ -274,11 +278,11 @@ def test_padded_leading_dimensions(key):
 
     for tensors, layout in ((group.As, op.A.layout), (group.Bs, op.B.layout), (group.Cs, op.C.layout),
                             (group.Ds, op.C.layout)):
-        tensors[:] = [padded(t, layout, int(rng.integers(1, 4)) * align) if t.numel() else t for t in tensors]
+        tensors[:] = [padded(t, layout, int(rng.integers(1, 4)) * unit) if t.numel() else t for t in tensors]
     args = group.arguments()
     op.run(args)
     args.sync()
-    group.check(_tol(key))
+    group.check(tolerance)
 
 
 @pytest.mark.parametrize("key", ["f16_tnt-Host", "f16_tnt-Device", "bf16_tnn_relu-Host", "f16_ntn_leaky-Device"])

@@ -16,7 +16,8 @@ from pycutlass.gemm import GemmCoord
 
 from .conftest import precompile_module
 from .gemm_cases import CM, D, R
-from .test_gemm_grouped import Group, check_reused_arguments, mixed_problems, run_group
+from .test_gemm_grouped import (Group, check_padded_leading_dimensions, check_reused_arguments, mixed_problems,
+                                run_group)
 
 pytestmark = pytest.mark.gpu
 
@@ -189,30 +190,8 @@ def test_host_inputs(lib):
 
 
 def test_padded_leading_dimensions():
-    import torch
-
     op = OPS["bf16_tnn_coop_128x256_c1x2_relu"]
-    rng = np.random.default_rng(13)
-    group = Group(op, mixed_problems(8, count=8, seed=13), seed=13)
-
-    def padded(tensor, layout, pad):
-        rows, cols = tensor.shape
-        if layout is R:
-            wide = torch.full((rows, cols + pad), float("nan"), dtype=tensor.dtype, device="cuda")
-            view = wide[:, :cols]
-        else:
-            wide = torch.full((cols, rows + pad), float("nan"), dtype=tensor.dtype, device="cuda")
-            view = wide[:, :rows].t()
-        view.copy_(tensor)
-        return view
-
-    for tensors, layout in ((group.As, op.A.layout), (group.Bs, op.B.layout), (group.Cs, op.C.layout),
-                            (group.Ds, op.C.layout)):
-        tensors[:] = [padded(t, layout, int(rng.integers(1, 4)) * 8) if t.numel() else t for t in tensors]
-    args = group.arguments()
-    op.run(args)
-    args.sync()
-    group.check(_tol(op))
+    check_padded_leading_dimensions(op, mixed_problems(8, count=8, seed=13), _tol(op), seed=13, unit=8)
 
 
 def test_bad_inputs_are_rejected_before_launch():
