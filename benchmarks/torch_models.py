@@ -311,16 +311,20 @@ def within_tolerance(found: dict, eager_vs_fp32, tolerance: float) -> tuple[bool
 
 def bench_model(args, timer: Timer, section: str, label: str, model, inputs, model32, inputs32, tolerance: float,
                 compile_modes, out_rows: list, reports: list) -> dict:
-    """Eager, torch.compile per mode and pycutlass.torch.optimize on one model and input; one summary row."""
+    """Eager, torch.compile per mode and pycutlass.torch.optimize on one model and input; one summary row.
+
+    Every variant is built (and checked) first, then all are timed in ``--model-rounds`` interleaved rounds and each
+    reports the median of its rounds: this host's speed drifts by tens of percent within a minute, which would
+    otherwise favour whichever variant happened to be timed in a fast moment."""
     import torch
 
     row = {"model": label, "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
            "input": "x".join(map(str, inputs[0].shape)), "variants": {}}
     variants = row["variants"]
+    timed = {"eager": lambda: model(*inputs)}
     with torch.no_grad():
         eager_out, first = timer.first_call(lambda: first_tensor(model(*inputs)).clone())
-        eager_ms = timer.ms(lambda: model(*inputs))
-    variants["eager"] = {"ms": eager_ms, "first_call_s": first, "rel_err": 0.0}
+    variants["eager"] = {"first_call_s": first, "rel_err": 0.0}
     reference32 = None
     try:
         reference32 = fp32_reference(model32, inputs32)
@@ -333,29 +337,23 @@ def bench_model(args, timer: Timer, section: str, label: str, model, inputs, mod
         if reference32 is not None:
             found["rel_err_vs_fp32"] = relative_error(result, reference32)
         return found
-    log(f"{section} {label}: eager {eager_ms:.3f} ms (vs fp32 {variants['eager'].get('rel_err_vs_fp32', '?')})")
 
     for mode in compile_modes:
         name = f"compile:{mode}"
-        compiled = None
         try:
-            torch._dynamo.reset()
             compiled = torch.compile(model, mode=None if mode == "default" else mode, dynamic=False)
             with torch.no_grad():
                 result, first = timer.first_call(lambda: first_tensor(compiled(*inputs)).clone())
-                found = errors(result)
-                del result
-                ms = timer.ms(lambda: compiled(*inputs))
-            variants[name] = {"ms": ms, "first_call_s": first, **found}
+            found = errors(result)
+            del result
+            variants[name] = {"first_call_s": first, **found}
             variants[name]["within_tolerance"], variants[name]["tolerance_rule"] = within_tolerance(
                 found, variants["eager"].get("rel_err_vs_fp32"), tolerance)  # torch.compile's, for comparison
-            log(f"{section} {label}: {name} {ms:.3f} ms (first call {first:.1f} s, rel err {found})")
+            timed[name] = lambda compiled=compiled: compiled(*inputs)
+            log(f"{section} {label}: {name} first call {first:.1f} s, rel err {found}")
         except Exception as error:  # noqa: BLE001
             variants[name] = {"error": error_text(error)}
             log(f"{section} {label}: {name} FAILED: {type(error).__name__}: {str(error)[:300]}")
-        finally:
-            compiled = None  # noqa: F841  (frees the compiled graph before the next variant)
-            torch._dynamo.reset()
 
     optimized = None
     try:
@@ -368,17 +366,12 @@ def bench_model(args, timer: Timer, section: str, label: str, model, inputs, mod
         build_s = time.perf_counter() - start
         with torch.no_grad():
             result, first = timer.first_call(lambda: first_tensor(optimized(*inputs)).clone())
-            found = errors(result)
-            del result
-            ms = timer.ms(lambda: optimized(*inputs))
-        from pycutlass.torch.dispatch import Dispatch
-
-        unbound = dict(Dispatch.current().unbound_calls)  # calls that took the full-Arguments path (no binding)
+        found = errors(result)
+        del result
         ok, why = within_tolerance(found, variants["eager"].get("rel_err_vs_fp32"), tolerance)
-        variants["pycutlass"] = {"ms": ms, "optimize_s": build_s, "first_call_s": first, **found,
-                                 "within_tolerance": ok, "tolerance_rule": why, "unbound_calls": unbound}
-        log(f"{section} {label}: pycutlass {ms:.3f} ms (optimize {build_s:.1f} s, rel err {found}; {why}; "
-            f"unbound calls {unbound or 'none'})")
+        variants["pycutlass"] = {"optimize_s": build_s, "first_call_s": first, **found, "within_tolerance": ok,
+                                 "tolerance_rule": why}
+        timed["pycutlass"] = lambda: optimized(*inputs)
         try:
             rep = report(optimized)
             text = str(rep)
@@ -390,17 +383,42 @@ def bench_model(args, timer: Timer, section: str, label: str, model, inputs, mod
     except Exception as error:  # noqa: BLE001
         variants["pycutlass"] = {"error": error_text(error)}
         log(f"{section} {label}: pycutlass FAILED: {type(error).__name__}: {str(error)[:300]}")
-    finally:
-        optimized = None  # noqa: F841
+
+    from pycutlass.torch.dispatch import Dispatch
+
+    unbound_before = dict(Dispatch.current().unbound_calls)
+    rounds = {name: [] for name in timed}
+    with torch.no_grad():
+        for _ in range(args.model_rounds):  # interleaved: a drifting host hits every variant alike
+            for name, fn in timed.items():
+                try:
+                    rounds[name].append(timer.ms(fn))
+                except Exception as error:  # noqa: BLE001
+                    variants[name]["error"] = error_text(error)
+                    log(f"{section} {label}: timing {name} FAILED: {type(error).__name__}: {str(error)[:300]}")
+    for name, samples in rounds.items():
+        if samples and "error" not in variants[name]:
+            variants[name]["ms"] = statistics.median(samples)
+            variants[name]["ms_rounds"] = samples
+    if "pycutlass" in timed:  # calls in the timed loop that took the full-Arguments path (no binding)
+        variants["pycutlass"]["unbound_calls"] = {k: v - unbound_before.get(k, 0)
+                                                  for k, v in Dispatch.current().unbound_calls.items()
+                                                  if v != unbound_before.get(k, 0)}
+    eager_ms = variants["eager"].get("ms")
+    log(f"{section} {label}: " + ", ".join(f"{name} {variants[name].get('ms', float('nan')):.3f} ms"
+                                            for name in timed) + f" (median of {args.model_rounds} rounds)")
+    timed.clear()
+    optimized = None  # noqa: F841  (frees the optimized and compiled models before the next input)
+    torch._dynamo.reset()
 
     mine = variants["pycutlass"].get("ms")
     row["tolerance"] = tolerance
     row["ok"] = bool(mine) and variants["pycutlass"].get("within_tolerance", False)
-    row["speedup_vs_eager"] = eager_ms / mine if mine else None
+    row["speedup_vs_eager"] = eager_ms / mine if mine and eager_ms else None
     for mode in compile_modes:
         theirs = variants.get(f"compile:{mode}", {}).get("ms")
         row[f"speedup_vs_compile:{mode}"] = theirs / mine if mine and theirs else None
-        row[f"compile:{mode}_vs_eager"] = eager_ms / theirs if theirs else None
+        row[f"compile:{mode}_vs_eager"] = eager_ms / theirs if theirs and eager_ms else None
     out_rows.append(row)
     if timer.device == "cuda":
         torch.cuda.empty_cache()
@@ -410,7 +428,7 @@ def bench_model(args, timer: Timer, section: str, label: str, model, inputs, mod
 def table_row(row: dict, compile_modes) -> dict:
     v = row["variants"]
     fmt = lambda x: "-" if x is None else x  # noqa: E731
-    t = {"model": row["model"], "input": row["input"], "eager ms": v["eager"]["ms"]}
+    t = {"model": row["model"], "input": row["input"], "eager ms": v["eager"].get("ms", "-")}
     for mode in compile_modes:
         t[f"compile:{mode} ms"] = fmt(v.get(f"compile:{mode}", {}).get("ms"))
     t["pycutlass ms"] = fmt(v["pycutlass"].get("ms"))
@@ -553,6 +571,8 @@ def parse_args(argv=None):
     parser.add_argument("--warmup-ms", type=float, default=None, help="bench_ms warmup (default 50; 10 quick)")
     parser.add_argument("--rep-ms", type=float, default=None, help="bench_ms repetitions (default 300; 50 quick)")
     parser.add_argument("--host-repeats", type=int, default=None, help="host_us calls (default 2000; 200 quick)")
+    parser.add_argument("--model-rounds", type=int, default=None,
+                        help="interleaved timing rounds per model and input (default 3; 1 quick)")
     parser.add_argument("--overhead-rounds", type=int, default=None, help="interleaved rounds (default 5; 2 quick)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
@@ -590,6 +610,7 @@ def parse_args(argv=None):
     args.rep_ms = args.rep_ms if args.rep_ms is not None else (50 if quick else 300)
     args.host_repeats = args.host_repeats or (200 if quick else 2000)
     args.overhead_rounds = args.overhead_rounds or (2 if quick else 5)
+    args.model_rounds = args.model_rounds or (1 if quick else 3)
     return args
 
 

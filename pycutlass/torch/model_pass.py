@@ -33,7 +33,9 @@ _FORMAT_VERSION = 1
 
 # --- the replacement modules (module-level classes, so an optimized model pickles) ----------------------------------
 class CutlassLinear(nn.Module):
-    """``activation(F.linear(x, weight, bias))`` as one ``torch.ops.pycutlass.gemm``."""
+    """``activation(F.linear(x, weight, bias) + residual)`` as one ``torch.ops.pycutlass.gemm``; ``residual``
+    (optional, the output's shape) is the GEMM's C operand. The pass fuses a following ``+`` only where there is no
+    activation (the epilogue adds C before the activation)."""
 
     def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, activation: str = "identity",
                  activation_arg: float = 0.0, layer: str = "", pattern: str = "linear", kernel: str = ""):
@@ -46,10 +48,13 @@ class CutlassLinear(nn.Module):
         self.kernel = kernel  # an override: '' lets the dispatch pick (its tuned choice, if any)
         self.eager_shapes: set[tuple] = set()  # input shapes tuned to torch: its own call, without the dispatch
 
-    def forward(self, x):
+    def forward(self, x, residual=None):
         if x.shape in self.eager_shapes:
-            return reference.activate(F.linear(x, self.weight, self.bias), self.activation, self.activation_arg)
-        return ops.linear(x, self.weight, self.bias, self.activation, self.activation_arg, self.kernel)
+            out = F.linear(x, self.weight, self.bias)
+            return reference.activate(out if residual is None else out + residual, self.activation,
+                                      self.activation_arg)
+        return ops.linear(x, self.weight, self.bias, self.activation, self.activation_arg, self.kernel,
+                          residual=residual)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
@@ -183,21 +188,24 @@ class _Match:
     activation: str = "identity"
     activation_arg: float = 0.0
     act_node: fx.Node | None = None
+    residual: fx.Node | None = None       # linear: the other operand of a following ``+`` (added in the epilogue)
+    residual_node: fx.Node | None = None  # that ``+``
 
     @property
     def tail(self) -> fx.Node:
-        return self.act_node or self.bn_node or self.bias_node or self.anchor
+        return self.residual_node or self.act_node or self.bn_node or self.bias_node or self.anchor
 
     @property
     def pattern(self) -> str:
         return "+".join([self.op] + (["bias"] if self.bias_node is not None else []) +
                         (["bn"] if self.bn is not None else []) +
-                        ([self.activation] if self.act_node is not None else []))
+                        ([self.activation] if self.act_node is not None else []) +
+                        (["residual"] if self.residual_node is not None else []))
 
     def key(self) -> tuple:
         """Calls of one module with the same fusion can share one replacement."""
         return (self.module_target, id(self.bn), self.activation, self.activation_arg, self.act_node is not None,
-                None if self.bias_node is None else self.bias_node.args)
+                None if self.bias_node is None else self.bias_node.args, self.residual_node is not None)
 
 
 class _Skip(Exception):
@@ -386,6 +394,22 @@ def _bias_add(gm: fx.GraphModule, node: fx.Node | None, source: fx.Node, match: 
     return vector if vector.dim() == 1 else vector.reshape(outputs)
 
 
+def _residual_add(node: fx.Node | None, source: fx.Node) -> fx.Node | None:
+    """The other operand when ``node`` is ``source + other`` with ``other`` a tensor of exactly the output's shape and
+    dtype (no broadcast: the epilogue reads it as the GEMM's C, one value per output element); else None."""
+    if node is None or node.op != "call_function" or node.target not in (operator.add, torch.add) or node.kwargs \
+            or len(node.args) != 2 or source not in node.args or node.args[0] is node.args[1]:
+        return None
+    other = node.args[1] if node.args[0] is source else node.args[0]
+    if not isinstance(other, fx.Node) or other.op == "get_attr":
+        return None
+    mine, theirs, out = source.meta.get(_SHAPE), other.meta.get(_SHAPE), node.meta.get(_SHAPE)
+    if mine is None or theirs is None or out is None or not (mine.shape == theirs.shape == out.shape) or \
+            not (mine.dtype == theirs.dtype == out.dtype) or len(mine.shape) < 1:
+        return None
+    return other
+
+
 def _find(gm: fx.GraphModule, fold_batchnorm: bool, training: bool, report: OptimizeReport) -> list[_Match]:
     matches = []
     for node in list(gm.graph.nodes):
@@ -419,6 +443,10 @@ def _find(gm: fx.GraphModule, fold_batchnorm: bool, training: bool, report: Opti
         if activation is not None:
             match.activation, match.activation_arg = activation
             match.act_node = act_node
+        elif match.op == "linear":
+            residual = _residual_add(_only_user(tail), tail)
+            if residual is not None:
+                match.residual, match.residual_node = residual, _only_user(tail)
         matches.append(match)
     return matches
 
@@ -540,11 +568,17 @@ def _rewrite(gm: fx.GraphModule, original: nn.Module, matches: list[_Match]) -> 
             else:
                 placed[key] = _place(gm, original, f"cutlass_{match.anchor.name}", _build(match), False)
         with gm.graph.inserting_before(match.tail):
-            # the anchor's input as it is now: an earlier replacement may have rewired it
-            new = gm.graph.call_module(placed[key], (_first_argument(match.anchor),))
+            # the anchor's input as it is now: an earlier replacement may have rewired it (and the residual's: the
+            # ``+`` reads it, so it is defined before the tail)
+            inputs = (_first_argument(match.anchor),)
+            if match.residual_node is not None:
+                fused = match.act_node or match.bn_node or match.bias_node or match.anchor
+                first, second = match.residual_node.args
+                inputs += (second if first is fused else first,)
+            new = gm.graph.call_module(placed[key], inputs)
         new.meta.update(match.tail.meta)
         match.tail.replace_all_uses_with(new)
-        for old in (match.act_node, match.bn_node, match.bias_node, match.anchor):
+        for old in (match.residual_node, match.act_node, match.bn_node, match.bias_node, match.anchor):
             if old is not None:
                 gm.graph.erase_node(old)
         if match.op == "conv2d":

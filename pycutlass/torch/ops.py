@@ -257,15 +257,22 @@ def gemm(a, b, bias=None, c=None, alpha=1.0, beta=0.0, activation="identity", ac
     return _GEMM(a, b, bias, c, float(alpha), float(beta), activation, float(activation_arg), kernel)
 
 
-def linear(x, weight, bias=None, activation="identity", activation_arg=0.0, kernel=""):
-    """``activation(F.linear(x, weight, bias))`` for x (..., K) and weight (N x K), as one fused GEMM."""
+def linear(x, weight, bias=None, activation="identity", activation_arg=0.0, kernel="", residual=None):
+    """``activation(F.linear(x, weight, bias) + residual)`` for x (..., K) and weight (N x K), as one fused GEMM;
+    ``residual`` (optional, the output's shape) is the GEMM's C operand, added in the epilogue."""
     _check_activation(activation)
     kernel = _kernel_name(kernel) if kernel else ""
     rows = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
-    if _direct(rows, weight, bias):
-        out = _engine().gemm(rows, weight.t(), bias, None, 1.0, 0.0, activation, float(activation_arg), kernel)
+    c, beta = None, 0.0
+    if residual is not None:
+        shape = (*x.shape[:-1], weight.shape[0])
+        if tuple(residual.shape) != shape:
+            raise ValueError(f"residual must have the output's shape {shape}, got {tuple(residual.shape)}")
+        c, beta = residual.reshape(-1, weight.shape[0]), 1.0
+    if _direct(rows, weight, bias, c):
+        out = _engine().gemm(rows, weight.t(), bias, c, 1.0, beta, activation, float(activation_arg), kernel)
     else:
-        out = _GEMM(rows, weight.t(), bias, None, 1.0, 0.0, activation, float(activation_arg), kernel)
+        out = _GEMM(rows, weight.t(), bias, c, 1.0, beta, activation, float(activation_arg), kernel)
     return out if x.dim() == 2 else out.reshape(*x.shape[:-1], weight.shape[0])
 
 

@@ -2,7 +2,8 @@
 
 Inputs are random normal tensors with the recorded shapes and strides (so layouts and channels_last survive).
 A candidate counts only if its result is within the dtype's tolerance of torch's; timings are medians of CUDA-event
-samples with L2 flushed before each (the sweep harness's ``GemmBench.time``). torch is timed as eager code would
+samples with L2 flushed and a device sleep before each (the sweep harness's ``GemmBench.time``), so each is the
+kernel's GPU time and not its launch's host latency. torch is timed as eager code would
 run the same layer (``addmm`` / ``conv2d`` then the activation), so "faster than torch" means faster than the
 model it replaces.
 """
@@ -82,6 +83,9 @@ def _close(out, expected, dtype) -> bool:
     return (out - expected).abs().max().item() <= _TOLERANCE.get(dtype, 2e-2) * scale
 
 
+_LEAD_US = 200.0  # longer than the host needs to enqueue one call on a slow host (F.linear: ~40 us)
+
+
 def tune_calls(dispatch, calls, *, jobs, progress, prefer_faster, repetitions) -> list[Choice]:
     from ..tune.bench import BenchConfig, GemmBench
 
@@ -95,7 +99,9 @@ def tune_calls(dispatch, calls, *, jobs, progress, prefer_faster, repetitions) -
             operations.setdefault(operation.name, operation)
     failed = _compile(Compiler.of(dispatch.session), list(operations.values()), jobs)
     bar = _progress(todo, progress)
-    config = BenchConfig(warmup=3, repetitions=repetitions, max_seconds=0.5)
+    # Kernel time on the GPU, not launch latency: a device sleep before each timed launch lets the host enqueue it
+    # first (without it a small GEMM's time is mostly the host's, and the choice between kernels is noise).
+    config = BenchConfig(warmup=3, repetitions=repetitions, max_seconds=0.5, lead_us=_LEAD_US)
     benches = {}
     generator = torch.Generator().manual_seed(0)
     for call in bar:

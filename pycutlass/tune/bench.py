@@ -41,6 +41,9 @@ class BenchConfig:
     arg_pool: int = 1  # distinct argument sets cycled through (vLLM's --with-arg-pool)
     verify: bool = True
     seed: int = 0
+    # GPU-side lead before each timed launch (a device sleep, microseconds): the host enqueues the launch while the
+    # GPU still sleeps, so a small kernel's time is its own, not its launch's host latency. 0 = no lead.
+    lead_us: float = 0.0
 
     def __post_init__(self):
         for name in ("warmup", "repetitions", "cuda_graph", "arg_pool", "seed"):
@@ -51,10 +54,16 @@ class BenchConfig:
             raise ArgumentError("BenchConfig.repetitions and arg_pool must be >= 1")
         if not (isinstance(self.max_seconds, (int, float)) and self.max_seconds > 0):
             raise ArgumentError(f"BenchConfig.max_seconds must be > 0, got {self.max_seconds!r}")
+        if isinstance(self.lead_us, bool) or not isinstance(self.lead_us, (int, float)) or not \
+                0 <= self.lead_us <= 100_000:
+            raise ArgumentError(f"BenchConfig.lead_us must be between 0 and 100000 microseconds, got {self.lead_us!r}")
 
     @property
     def fingerprint(self) -> str:
-        return canonical_json(asdict(self))
+        fields = asdict(self)
+        if not fields["lead_us"]:
+            del fields["lead_us"]  # harnesses without a lead keep the fingerprint they had before it existed
+        return canonical_json(fields)
 
     @classmethod
     def from_json(cls, text: str) -> BenchConfig:
@@ -101,6 +110,7 @@ class GemmBench:
         self._flush = torch.empty(2 * l2 // 4, dtype=torch.int32, device=self.device) if config.flush_l2 else None
         self._inputs: dict = {}
         self._references: dict = {}
+        self._sleep_cycles_per_us: float | None = None
 
     # --- inputs -----------------------------------------------------------------------------------------------
     def _random(self, shape, label, generator):
@@ -151,6 +161,19 @@ class GemmBench:
         return found
 
     # --- timing -----------------------------------------------------------------------------------------------
+    def _cycles_per_us(self) -> float:
+        """Clock cycles of ``torch.cuda._sleep`` per microsecond on this device (measured once)."""
+        if self._sleep_cycles_per_us is None:
+            torch, cycles = self.torch, 2_000_000
+            torch.cuda._sleep(cycles)  # warm up
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            end.synchronize()
+            self._sleep_cycles_per_us = cycles / max(start.elapsed_time(end) * 1e3, 1.0)
+        return self._sleep_cycles_per_us
+
     def time(self, launch, *, pool: int = 1, capture=None) -> tuple[list[float], str]:
         """Seconds per launch, one sample per repetition. ``launch(i)`` runs with argument set ``i % pool``;
         ``capture`` (a stream) is needed for CUDA graphs. Returns the samples and a note."""
@@ -171,11 +194,14 @@ class GemmBench:
                 graph, note = None, f"CUDA graph capture failed ({type(exc).__name__}: {exc}); plain launches timed"
         torch.cuda.synchronize(self.device)
         flush = self._flush is not None and pool <= 1
+        lead = int(config.lead_us * self._cycles_per_us()) if config.lead_us and graph is None else 0
         events = []
         elapsed_estimate, i = 0.0, 0
         while len(events) < config.repetitions:
             if flush:
                 self._flush.zero_()
+            if lead:
+                torch.cuda._sleep(lead)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             if graph is not None:

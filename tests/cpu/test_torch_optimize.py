@@ -213,7 +213,7 @@ def test_a_module_called_twice_with_different_fusions_gets_two_modules():
     x = torch.randn(3, 8)
     optimized = optimize(model, x, tune=False)
     patterns = sorted(m.pattern for m in optimized.modules() if isinstance(m, CutlassLinear))
-    assert patterns == ["linear", "linear+sigmoid"]
+    assert patterns == ["linear+residual", "linear+sigmoid"]  # the second call adds the first's result as C
     assert_close(optimized(x), model(x))
 
 
@@ -407,3 +407,42 @@ def test_a_following_bias_add_is_fused_with_the_layer():
     optimized = optimize(model, (x, image), tune=False)
     assert fused(optimized) == {"linear": "linear+bias+relu", "conv": "conv2d+bias+bn+relu", "conv2": "conv2d"}
     assert_close(optimized(x, image), model(x, image))
+
+
+class Residual(nn.Module):
+    """``x + linear(...)`` in both operand orders (fused: C in the epilogue), after an activation (not fused: the
+    epilogue adds C before the activation) and with a broadcast operand (not fused: C is one value per element)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(16)
+        self.fc1, self.fc2, self.fc3, self.fc4 = (nn.Linear(16, 16) for _ in range(4))
+
+    def forward(self, x):
+        x = x + self.fc1(self.norm(x))
+        x = self.fc2(x) + x
+        x = F.gelu(self.fc3(x)) + x
+        return self.fc4(x) + x.mean(0, keepdim=True)
+
+
+def test_a_following_residual_add_goes_into_the_epilogue():
+    model = Residual().eval()
+    x = torch.randn(3, 5, 16)
+    optimized = optimize(model, (x,), tune=False)
+    assert fused(optimized) == {"fc1": "linear+residual", "fc2": "linear+residual", "fc3": "linear+gelu",
+                                "fc4": "linear"}
+    adds = [n for n in optimized.graph.nodes if n.op == "call_function" and "add" in str(n.target)]
+    assert len(adds) == 2  # the adds after GELU and of the broadcast mean stay
+    assert_close(optimized(x), model(x))
+    # the layer's torch path (a shape tuned to torch) computes the same
+    layer = optimized.get_submodule("fc1")
+    h, r = torch.randn(3, 5, 16), torch.randn(3, 5, 16)
+    fast = layer(h, r)
+    layer.eager_shapes.add(h.shape)
+    assert_close(layer(h, r), fast)
+    assert_close(fast, F.linear(h, layer.weight, layer.bias) + r)
+
+
+def test_linear_residual_must_have_the_output_shape():
+    with pytest.raises(ValueError, match="residual must have the output's shape"):
+        torch_ops.linear(torch.randn(4, 8), torch.randn(6, 8), residual=torch.randn(1, 6))

@@ -308,6 +308,11 @@ def test_bench_config_and_statistics():
     config = BenchConfig(repetitions=60, cuda_graph=4)
     assert BenchConfig.from_json(config.fingerprint) == config
     assert BenchConfig().fingerprint != config.fingerprint  # different harnesses never share run rows
-    for bad in ({"repetitions": 0}, {"arg_pool": 0}, {"warmup": -1}, {"cuda_graph": True}, {"max_seconds": 0}):
+    for bad in ({"repetitions": 0}, {"arg_pool": 0}, {"warmup": -1}, {"cuda_graph": True}, {"max_seconds": 0},
+                {"lead_us": -1}, {"lead_us": True}, {"lead_us": 1e9}):
         with pytest.raises(ArgumentError):
             BenchConfig(**bad)
+    # a device-sleep lead is part of the harness; without one the fingerprint is what it was before the field
+    led = BenchConfig(lead_us=200)
+    assert BenchConfig.from_json(led.fingerprint) == led and led.fingerprint != BenchConfig().fingerprint
+    assert "lead_us" not in BenchConfig().fingerprint

@@ -173,6 +173,24 @@ def test_linear_bmm_grouped_match_float64(dispatch, gemm_kernels):
         assert relative_error(o, x_.double() @ y_.double()) < 1e-2
 
 
+@pytest.mark.parametrize("family,dtype,with_bias", [("sm80", torch.float16, False), ("auto", torch.bfloat16, True)])
+def test_linear_residual_is_added_in_the_epilogue(dispatch, gemm_kernels, family, dtype, with_bias):
+    """``linear(x, w, b, residual=r)`` = ``F.linear(x, w, b) + r`` in one kernel (r as C, beta 1); the second call
+    with new tensors takes the bound path. The Sm80 family adds a bias through C, so only SM90 does both."""
+    dispatch.configure(family=family)
+    w = randn(N, K, dtype=dtype, seed=81)
+    bias = randn(N, dtype=dtype, seed=82) if with_bias else None
+    for seed in (0, 1):
+        x, r = randn(2, 40, K, dtype=dtype, seed=83 + seed), randn(2, 40, N, dtype=dtype, seed=85 + seed)
+        expected = F.linear(x.double(), w.double(), None if bias is None else bias.double()) + r.double()
+        poison((80, N), dtype)
+        out = pct.linear(x, w, bias, residual=r)
+        assert out.shape == (2, 40, N)
+        assert relative_error(out, expected) < TOLERANCE[dtype]
+    assert used_kernels(dispatch), "torch ran the call, not a kernel"
+    assert not dispatch.unbound_calls.get(next(iter(used_kernels(dispatch))).loaded_op.name)
+
+
 def test_float64_gemm_gradcheck_on_kernels(dispatch):
     a = torch.randn(12, 10, dtype=torch.float64, device="cuda", requires_grad=True)
     b = torch.randn(10, 6, dtype=torch.float64, device="cuda", requires_grad=True)
