@@ -147,7 +147,9 @@ class GemmArguments(OperationArguments):
     def __new__(cls, operation=None, *args, **kwargs):
         visitor_arguments = VISITOR_ARGUMENTS.get(type(operation))  # kinds/gemm_evt registers its Arguments
         if cls is GemmArguments and visitor_arguments is not None:
-            return visitor_arguments(operation, *args, **kwargs)
+            # Python then runs the subclass's __init__ once (calling the class here ran it twice: every Arguments
+            # object was validated, copied and built two times).
+            return super().__new__(visitor_arguments)
         return super().__new__(cls)
 
     _POSITIONAL = ("output_op", "gemm_mode", "split_k_slices", "batch", "stream", "device", "session")
