@@ -153,8 +153,8 @@ def test_arguments_rules_that_need_no_gpu():
 
     op = sm90()
     A = np.zeros((64, 64), np.float16)
-    with pytest.raises(cutlass.ArgumentError, match="Array"):
-        cutlass.GemmArguments(op, GemmCoord(64, 64, 64), A, A.T, A, A, gemm_mode=Mode.Array)
+    with pytest.raises(cutlass.ArgumentError, match="array=True"):  # lists need the pointer-array kernel
+        cutlass.GemmArguments(op, GemmCoord(64, 64, 64), [A], [A.T], [A], [A], gemm_mode=Mode.Array)
     with pytest.raises(cutlass.ArgumentError, match="stream-K"):
         cutlass.GemmArguments(op, GemmCoord(64, 64, 64), A, A.T, A, A, split_k_slices=2)
     with pytest.raises(cutlass.ArgumentError, match="raster_order"):

@@ -270,8 +270,8 @@ def test_bad_inputs_are_rejected_before_launch():
     odd = torch.randn(64, 66, device="cuda").to(torch.bfloat16)[:, :63]  # leading dimension 66: not 16-byte aligned
     with pytest.raises(cutlass.ArgumentError):
         cutlass.GemmArguments(op, GemmCoord(64, 63, 64), A, B, C[:, :63], odd)
-    with pytest.raises(cutlass.ArgumentError, match="Array"):
-        cutlass.GemmArguments(op, GemmCoord(64, 64, 64), A, B, C, C, gemm_mode=Mode.Array, batch=1)
+    with pytest.raises(cutlass.ArgumentError, match="array=True"):  # lists need the pointer-array kernel
+        cutlass.GemmArguments(op, GemmCoord(64, 64, 64), [A], [B], [C], [C], gemm_mode=Mode.Array, batch=1)
     with pytest.raises(cutlass.ArgumentError, match="stream-K"):
         cutlass.GemmArguments(op, GemmCoord(64, 64, 64), A, B, C, C, split_k_slices=2)
     with pytest.raises(cutlass.ArgumentError, match="bias"):

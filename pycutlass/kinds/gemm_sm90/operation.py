@@ -15,11 +15,14 @@ NVRTC whatever the session's backend is, and the compile report says so.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from ...description.tensor_description import TensorDescription
 from ...description.tile_description import TileDescription
 from ...description.types import (GEMM_SWIZZLES, DataType, EpilogueScheduleType, IdentitySwizzle1,
                                    KernelScheduleType, LayoutType, OpClass, SwizzlingFunctor, TileSchedulerType)
 from ...emit import names
+from ...emit.emitter import render
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import DescriptionError
 from ..gemm.operation import GemmOperationUniversal, check_description_types
@@ -92,6 +95,15 @@ def epilogue_suffix(functor: EpilogueFunctor) -> str:
     return f"_{functor.activation.name}" if functor.activation else ""
 
 
+# The Array-mode operation (kinds/gemm_array_sm90 sets it): GemmOperationUniversal(90, ..., array=True) builds it.
+ARRAY_OPERATION = None
+
+
+def _array_requested(args: tuple, kwargs: dict) -> bool:
+    """Whether ``GemmOperationUniversal(90, tile, A, B, C, epilogue, swizzle, visitor, bias, array)`` says array=True."""
+    return kwargs.get("array", args[9] if len(args) > 9 else False) is True
+
+
 class GemmOperationSm90(GemmOperationUniversal):
     """``GemmOperationUniversal(90, tile_description, A, B, C, epilogue_functor, swizzling_functor, bias=None)``.
 
@@ -104,11 +116,15 @@ class GemmOperationSm90(GemmOperationUniversal):
     kind = "gemm_sm90"
     abi_struct_type = Sm90GemmArgs
     required_backend = "nvrtc"
+    array = False  # built for Mode.Array's lists of matrices (the pointer-array kernel, kinds/gemm_array_sm90)
     # FastLinearCombinationClamp is the clamp of LinearCombinationClamp here (exact int32 -> float conversion), so
     # CUTLASS 2.x's K <= 256 limit of its fast converters does not apply.
     fast_clamp_max_k = None
 
     def __new__(cls, *args, **kwargs):
+        # array=True builds the pointer-array kernel (kinds/gemm_array_sm90 subclasses this class and registers it).
+        if cls is GemmOperationSm90 and _array_requested(args, kwargs) and ARRAY_OPERATION is not None:
+            return object.__new__(ARRAY_OPERATION)  # Python then runs its __init__
         return object.__new__(cls)
 
     @staticmethod
@@ -122,9 +138,15 @@ class GemmOperationSm90(GemmOperationUniversal):
 
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueFunctor,
-                 swizzling_functor: SwizzlingFunctor = IdentitySwizzle1, visitor: bool = False, bias=None):
+                 swizzling_functor: SwizzlingFunctor = IdentitySwizzle1, visitor: bool = False, bias=None,
+                 array: bool = False):
         if arch != 90:
             raise DescriptionError(f"GemmOperationSm90 is compute capability 90, got {arch!r}")
+        if array is not False:
+            raise DescriptionError(f"array must be True (CUTLASS's pointer-array kernel, for Mode.Array with lists of "
+                                   f"matrices) or False, got {array!r}" if array is not True else
+                                   "GemmOperationSm90 is the ordinary SM90 kernel; build array=True operations "
+                                   "through GemmOperationUniversal(90, ..., array=True)")
         self.compute_capability = 90
         if visitor:
             raise DescriptionError("the epilogue visitor tree is built for the Sm80 family only; for SM90 use "
@@ -197,7 +219,7 @@ class GemmOperationSm90(GemmOperationUniversal):
 
     def shared_code(self) -> str:
         """Helpers every SM90 operation of a translation unit uses (TMA records, strides), emitted once."""
-        return self.render("sm90_helpers.cu.j2")
+        return render(Path(__file__).parent / "sm90_helpers.cu.j2")  # subclasses live in other folders
 
     def headers(self) -> list[str]:
         return ["cute/tensor.hpp", "cutlass/gemm/collective/collective_builder.hpp",
