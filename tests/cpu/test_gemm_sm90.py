@@ -102,9 +102,8 @@ def test_unsupported_types_and_epilogues_name_the_way_out():
     desc = cutlass.TensorDescription(D.float64, R, 1)
     with pytest.raises(DescriptionError, match="compute capability 80"):
         cutlass.GemmOperationUniversal(90, tile, desc, desc, desc, cutlass.LinearCombination(D.float64, 1, D.float64))
-    clamp = cutlass.LinearCombinationClamp(D.float16, 8, D.float32, D.float32)
-    with pytest.raises(DescriptionError, match="LinearCombinationClamp epilogue is not built for the SM90"):
-        sm90(functor=clamp)
+    with pytest.raises(DescriptionError, match="float32 has no lowest"):  # CUTLASS 2.x's rule, kept on SM90
+        sm90(out=D.float32, functor=cutlass.LinearCombinationClamp(D.float32, 4, D.float32, D.float32))
     with pytest.raises(DescriptionError, match="SM90-only values"):  # an SM90 tile in an Sm80-family kind
         cutlass.GemmOperationGrouped(80, sm90().tile_description, *(sm90().A, sm90().B, sm90().C),
                                      sm90().epilogue_functor)
@@ -154,8 +153,8 @@ def test_arguments_rules_that_need_no_gpu():
 
     op = sm90()
     A = np.zeros((64, 64), np.float16)
-    with pytest.raises(cutlass.ArgumentError, match="Array"):
-        cutlass.GemmArguments(op, GemmCoord(64, 64, 64), A, A.T, A, A, gemm_mode=Mode.Array)
+    with pytest.raises(cutlass.ArgumentError, match="array=True"):  # lists need the pointer-array kernel
+        cutlass.GemmArguments(op, GemmCoord(64, 64, 64), [A], [A.T], [A], [A], gemm_mode=Mode.Array)
     with pytest.raises(cutlass.ArgumentError, match="stream-K"):
         cutlass.GemmArguments(op, GemmCoord(64, 64, 64), A, A.T, A, A, split_k_slices=2)
     with pytest.raises(cutlass.ArgumentError, match="raster_order"):
@@ -206,3 +205,80 @@ def test_nvrtc_compiles_an_sm90_operation_with_its_builder(tmp_path):
     assert len(kernel.binary) > 100_000  # a real kernel, not an empty stub
     again = compiler.add_module([op])
     assert again.from_memory == 1 and again.compiled == 0
+
+
+# --- LinearCombinationClamp / FastLinearCombinationClamp ------------------------------------------------------------
+def s8_clamp(fast=False, out=D.int8, **kwargs):
+    functor = cutlass.FastLinearCombinationClamp(D.int8, 16) if fast else \
+        cutlass.LinearCombinationClamp(out, 128 // out.bits, D.int32, D.float32)
+    kwargs.setdefault("tile", (64, 128, 128))
+    kwargs.setdefault("kernel", KS.TmaWarpSpecialized)
+    return sm90(D.int8, out=out, acc=D.int32, functor=functor, **kwargs)
+
+
+def test_clamp_epilogues_are_lincomb_with_a_clamp_to_the_output_range():
+    """Both clamps build LinCombEltAct<Clamp> (or the bias forms) with CUTLASS 2.x's bounds, the output type's
+    numeric_limits; f16/bf16 outputs clamp to their finite range, int8/int32 saturate."""
+    ops = {"clamp": s8_clamp(), "fast": s8_clamp(fast=True), "s32": s8_clamp(out=D.int32),
+           "f16": sm90(functor=cutlass.LinearCombinationClamp(D.float16, 8, D.float32, D.float32)),
+           "bf16_bias": sm90(D.bfloat16, functor=cutlass.LinearCombinationClamp(D.bfloat16, 8, D.float32, D.float32),
+                             bias="column"),
+           "f16_acc16": sm90(acc=D.float16, functor=cutlass.LinearCombinationClamp(D.float16, 8, D.float16,
+                                                                                    D.float32))}
+    for key, op in ops.items():
+        body = op.emit_body()
+        assert "cutlass::epilogue::thread::Clamp" in body, key
+        assert "fusion.activation.lower_bound = ElementCompute(cutlass::platform::numeric_limits<ElementC>::lowest())" \
+            in body and "numeric_limits<ElementC>::max()" in body, key
+    assert "LinCombEltAct<cutlass::epilogue::thread::Clamp, ElementC" in ops["clamp"].emit_body()
+    assert "LinCombPerColBiasEltAct<\n    cutlass::epilogue::thread::Clamp" in ops["bf16_bias"].emit_body()
+    assert ops["clamp"].name.count("_clamp_") == 1 and "_fastclamp_" in ops["fast"].name
+    names = [op.name for op in ops.values()] + [sm90(D.int8, out=D.int8, acc=D.int32, tile=(64, 128, 128),
+                                                     kernel=KS.TmaWarpSpecialized).name]
+    assert len(set(names)) == len(names)  # the clamps never share a kernel name with the linear combination
+    assert "lower_bound" not in sm90().emit_body()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(epilogue=ES.NoSmemWarpSpecialized, tile=(128, 128, 128), kernel=KS.TmaWarpSpecializedCooperative),
+     "clamps"),
+    (dict(out=D.float16), "integer output"),  # CUTLASS 2.x's rule for int32 accumulators, kept on SM90
+])
+def test_clamp_rules_are_rejected_at_construction(kwargs, message):
+    with pytest.raises(DescriptionError, match=message):
+        s8_clamp(**kwargs)
+
+
+def test_fast_clamp_is_exact_for_every_k_on_sm90(monkeypatch):
+    """CUTLASS 2.x's FastLinearCombinationClamp converts with float tricks exact for K <= 256 (the Sm80 family keeps
+    the limit); on SM90 it is LinearCombinationClamp's clamp, so K is not limited."""
+    import numpy as np
+
+    from pycutlass.gemm import GemmCoord
+    from pycutlass.kinds.gemm_sm90 import GemmArgumentsSm90
+
+    monkeypatch.setattr(GemmArgumentsSm90, "_materialize", lambda self: None)
+    A, B, C = np.zeros((64, 512), np.int8), np.zeros((64, 512), np.int8).T, np.zeros((64, 64), np.int8)
+    args = cutlass.GemmArguments(s8_clamp(fast=True), GemmCoord(64, 64, 512), A, B, C, C.copy(),
+                                 output_op=(0.5, 1.0))
+    assert type(args) is GemmArgumentsSm90 and args.problem_size.k() == 512
+    math = cutlass.MathInstruction([16, 8, 32], D.int8, D.int8, D.int32, cutlass.OpClass.TensorOp)
+    tile = cutlass.TileDescription([128, 128, 64], 3, [2, 2, 1], math)
+    sm80 = cutlass.GemmOperationUniversal(80, tile, cutlass.TensorDescription(D.int8, R, 16),
+                                          cutlass.TensorDescription(D.int8, CM, 16),
+                                          cutlass.TensorDescription(D.int8, R, 16),
+                                          cutlass.FastLinearCombinationClamp(D.int8, 16))
+    with pytest.raises(cutlass.ArgumentError, match="K <= 256"):
+        cutlass.GemmArguments(sm80, GemmCoord(64, 64, 512), A, B, C, C.copy(), output_op=(0.5, 1.0))
+
+
+@pytest.mark.slow
+def test_nvrtc_compiles_an_int8_clamp_operation_with_a_bias(tmp_path):
+    """A real compile (about a minute on two cores) of int8 -> int8 LinearCombinationClamp with a per-column bias:
+    the Clamp fusion's bounds (cutlass::platform::numeric_limits<int8_t>) compile under NVRTC."""
+    session = cutlass.Session(backend="nvrtc", target=90, cache_path=tmp_path / "c.db", progress=False)
+    compiler = cutlass.compiler.manager.Compiler.of(session)
+    op = s8_clamp(bias="column")
+    kernel = compiler.add_module([op])[0]
+    assert kernel.target == "sm_90a" and op.builder_symbol.encode() in kernel.binary
+    assert len(kernel.binary) > 100_000  # a real kernel, not an empty stub

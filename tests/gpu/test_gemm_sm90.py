@@ -29,7 +29,7 @@ TOLERANCE = {D.float16: 2e-3, D.bfloat16: 1.5e-2, D.float32: 1e-5, D.float8_e4m3
 
 def sm90_op(element=D.float16, layouts=(R, CM, R), out=None, acc=None, tile=(128, 128, 64), cluster=(1, 1, 1),
             kernel=KS.Auto, epilogue_schedule=ES.Auto, scheduler=TS.Default, stages=0, activation=None, bias=None,
-            element_b=None):
+            element_b=None, clamp=None):
     out = out or (D.int32 if element is D.int8 else element if element.bits == 16 else D.float32)
     acc = acc or (D.int32 if element is D.int8 else D.float32)
     element_b = element_b or element
@@ -43,7 +43,11 @@ def sm90_op(element=D.float16, layouts=(R, CM, R), out=None, acc=None, tile=(128
     b = cutlass.TensorDescription(D.float32 if element_b is D.tfloat32 else element_b, layouts[1],
                                   128 // (32 if element_b is D.tfloat32 else element_b.bits))
     c = cutlass.TensorDescription(out, layouts[2], 128 // out.bits)
-    if activation is None:
+    if clamp == "fast":
+        functor = cutlass.FastLinearCombinationClamp(out, c.alignment)
+    elif clamp:
+        functor = cutlass.LinearCombinationClamp(out, c.alignment, acc, D.float32)
+    elif activation is None:
         functor = cutlass.LinearCombination(out, c.alignment, acc, D.float32)
     else:
         functor = cutlass.LinearCombinationGeneric(getattr(cutlass, activation)(D.float32), out, c.alignment, acc,
@@ -92,7 +96,20 @@ EPILOGUE_OPS = {f"{act}_bias{bias or 'none'}": sm90_op(D.float16, (R, CM, R if i
                 for i, (act, bias) in enumerate(zip(ACTIVATIONS, ["row", "column", None, "row", "column", None, "row"]))}
 EPILOGUE_OPS["identity_biascolumn"] = sm90_op(D.bfloat16, (R, CM, R), bias="column")
 EPILOGUE_OPS["identity_biasrow_streamk"] = sm90_op(D.float16, (R, CM, R), bias="row", scheduler=TS.StreamK)
-OPS = {**LAYOUT_OPS, **TYPE_OPS, **EPILOGUE_OPS}
+# LinearCombinationClamp / FastLinearCombinationClamp: int8 -> int8 (the common use), int32, f16 and bf16 outputs.
+CLAMP_OPS = {
+    "s8_s8out_clamp_coop": sm90_op(D.int8, (R, CM, R), out=D.int8, tile=(128, 128, 128), clamp=True),
+    "s8_s8out_fastclamp_pp": sm90_op(D.int8, (R, CM, R), out=D.int8, tile=(64, 128, 128),
+                                     kernel=KS.TmaWarpSpecializedPingpong, clamp="fast"),
+    "s8_s8out_clamp_ws_biasrow_cm": sm90_op(D.int8, (R, CM, CM), out=D.int8, tile=(64, 128, 128),
+                                            kernel=KS.TmaWarpSpecialized, bias="row", clamp=True),
+    "s8_s32out_clamp_coop_c2x1": sm90_op(D.int8, (R, CM, R), out=D.int32, tile=(128, 128, 128), cluster=(2, 1, 1),
+                                         clamp=True),
+    "f16_clamp_coop_c1x2": sm90_op(D.float16, (R, CM, R), cluster=(1, 2, 1), clamp=True),
+    "bf16_clamp_pp_biascolumn": sm90_op(D.bfloat16, (CM, R, CM), tile=(64, 128, 64),
+                                        kernel=KS.TmaWarpSpecializedPingpong, bias="column", clamp=True),
+}
+OPS = {**LAYOUT_OPS, **TYPE_OPS, **EPILOGUE_OPS, **CLAMP_OPS}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -262,6 +279,69 @@ def test_seen_shape_reuses_params_without_builder():
     assert loaded.builder_launches == launches or loaded.verifying
 
 
+BF16_MAX = float(np.frombuffer(np.array([0x7F7F0000], dtype=np.uint32).tobytes(), dtype=np.float32)[0])
+CLAMP_LIMITS = {D.int8: (-128.0, 127.0), D.int32: (-2147483648.0, 2147483647.0), D.float16: (-65504.0, 65504.0),
+                D.bfloat16: (-BF16_MAX, BF16_MAX)}
+
+
+def run_clamp_case(op, m, n, k, batch=1, alpha=1.0, beta=1.0, seed=0, bias=False):
+    """D = clamp(alpha * A @ B + beta * C (+ bias)) to the output type's range, then converted (rounded to nearest
+    even for integers). Float outputs get +-inf planted in C and a large alpha (f16), so the clamp decides values."""
+    generator = torch.Generator().manual_seed(seed)
+    math = op.tile_description.math_instruction
+    A, A64 = _matrix(m, k, op.A.layout, math.element_a, generator, batch)
+    B, B64 = _matrix(k, n, op.B.layout, math.element_b, generator, batch)
+    out = op.C.element
+    C, C64 = _matrix(m, n, op.C.layout, out, generator, batch)
+    if out.is_float:
+        Cv = C if batch > 1 else C.unsqueeze(0)
+        Cv[:, 0, 0], Cv[:, m - 1, n - 1] = float("inf"), float("-inf")
+        C64 = Cv.double().cpu().numpy()
+    vector = bias64 = None
+    if bias:
+        length = m if op.bias == "row" else n
+        vector = _random((batch, length) if batch > 1 else (length,), out, generator)
+        bias64 = vector.double().cpu().numpy().reshape(batch, length)
+    D_ = _poisoned(m, n, op.C.layout, out, batch)
+    arguments = cutlass.GemmArguments(op, GemmCoord(m, n, k), A, B, C, D_, output_op=op.epilogue_type(alpha, beta),
+                                      gemm_mode=Mode.Batched if batch > 1 else Mode.Gemm, batch=batch, bias=vector)
+    op.run(arguments)
+    arguments.sync()
+    with np.errstate(invalid="ignore"):
+        reference = _reference(op, A64, B64, C64, alpha, beta, bias64)
+    check_clamped(op, _logical(D_, op.C.layout, batch), reference)
+    return arguments
+
+
+def check_clamped(op, got, reference):
+    out = op.C.element
+    low, high = CLAMP_LIMITS[out]
+    clamped = np.clip(reference, low, high)
+    if out.is_integer:
+        expected = np.clip(np.rint(clamped), low, high)
+        assert np.array_equal(got, expected), f"max difference {np.abs(got - expected).max()}"
+        if out is D.int8:
+            assert np.mean((expected == low) | (expected == high)) > 0.02, "the case does not reach the clamp"
+        return
+    assert np.all(np.isfinite(got)), "an output is not finite (NaN poison left, or not clamped)"
+    saturated = np.abs(reference) >= high
+    assert saturated.any() and np.array_equal(got[saturated], np.sign(reference[saturated]) * high), \
+        "values beyond the output range must be clamped to its largest finite value"
+    error = relative_error(got[~saturated], clamped[~saturated])
+    tolerance = TOLERANCE[out]
+    assert error < tolerance, f"relative error {error} (tolerance {tolerance})"
+
+
+@pytest.mark.parametrize("name", sorted(CLAMP_OPS))
+def test_clamp_epilogues(name):
+    """int8 sums over K = 528 (> 256: FastLinearCombinationClamp is exact for every K on SM90) overflow int8 often;
+    f16 gets alpha = 3000 (most values beyond 65504) and both float types +-inf in C."""
+    op = OPS[name]
+    alpha = 3000.0 if op.C.element is D.float16 else 1.0
+    for size, batch in (((512, 272, 528), 1), ((1008, 1008, 256), 1), ((128, 144, 256), 3)):
+        run_clamp_case(op, *size, batch=batch, alpha=alpha, bias=op.bias is not None, seed=batch)
+
+
 def test_bad_inputs_are_rejected_before_launch():
     op = OPS["bf16_coop"]
     A = torch.randn(64, 64, device="cuda").to(torch.bfloat16)
@@ -270,8 +350,8 @@ def test_bad_inputs_are_rejected_before_launch():
     odd = torch.randn(64, 66, device="cuda").to(torch.bfloat16)[:, :63]  # leading dimension 66: not 16-byte aligned
     with pytest.raises(cutlass.ArgumentError):
         cutlass.GemmArguments(op, GemmCoord(64, 63, 64), A, B, C[:, :63], odd)
-    with pytest.raises(cutlass.ArgumentError, match="Array"):
-        cutlass.GemmArguments(op, GemmCoord(64, 64, 64), A, B, C, C, gemm_mode=Mode.Array, batch=1)
+    with pytest.raises(cutlass.ArgumentError, match="array=True"):  # lists need the pointer-array kernel
+        cutlass.GemmArguments(op, GemmCoord(64, 64, 64), [A], [B], [C], [C], gemm_mode=Mode.Array, batch=1)
     with pytest.raises(cutlass.ArgumentError, match="stream-K"):
         cutlass.GemmArguments(op, GemmCoord(64, 64, 64), A, B, C, C, split_k_slices=2)
     with pytest.raises(cutlass.ArgumentError, match="bias"):
@@ -287,6 +367,11 @@ def test_bad_inputs_are_rejected_before_launch():
 def test_cubins_hold_real_kernels_and_no_traps():
     """NVRTC without a native __int128 compiles CUTLASS's 128-bit division to a trap, and some constexpr collectives
     can compile to an empty kernel: neither may reach a user. Scans the SASS of every operation here."""
+    scan_cubins(OPS.values())
+
+
+def scan_cubins(ops):
+    """Each operation's kernel has a warpgroup MMA and a TMA load, and no cubin holds a trap instruction."""
     import shutil
     import subprocess
     import tempfile
@@ -295,7 +380,7 @@ def test_cubins_hold_real_kernels_and_no_traps():
     if cuobjdump is None:
         pytest.skip("cuobjdump (CUDA toolkit) is not on PATH")
     seen = {}
-    for op in OPS.values():
+    for op in ops:
         kernel = cutlass.compiler.add_module([op])[0]
         seen.setdefault(kernel.sha256, (kernel.binary, []))[1].append(op.name)
     for binary, names in seen.values():

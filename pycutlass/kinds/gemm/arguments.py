@@ -147,7 +147,9 @@ class GemmArguments(OperationArguments):
     def __new__(cls, operation=None, *args, **kwargs):
         visitor_arguments = VISITOR_ARGUMENTS.get(type(operation))  # kinds/gemm_evt registers its Arguments
         if cls is GemmArguments and visitor_arguments is not None:
-            return visitor_arguments(operation, *args, **kwargs)
+            # Python then runs the subclass's __init__ once (calling the class here ran it twice: every Arguments
+            # object was validated, copied and built two times).
+            return super().__new__(visitor_arguments)
         return super().__new__(cls)
 
     _POSITIONAL = ("output_op", "gemm_mode", "split_k_slices", "batch", "stream", "device", "session")
@@ -217,8 +219,9 @@ class GemmArguments(OperationArguments):
         m, n, k = self.problem_size
         check_problem_alignment(operation, m, n, k)
         functor = operation.epilogue_functor
-        if functor.kind == "FastLinearCombinationClamp" and k > 256:
-            raise ArgumentError(f"FastLinearCombinationClamp is exact only for K <= 256, got K={k}")
+        fast_clamp_max_k = getattr(operation, "fast_clamp_max_k", 256)  # None: exact for every K (SM90)
+        if functor.kind == "FastLinearCombinationClamp" and fast_clamp_max_k is not None and k > fast_clamp_max_k:
+            raise ArgumentError(f"FastLinearCombinationClamp is exact only for K <= {fast_clamp_max_k}, got K={k}")
         if mode is Mode.GemmSplitKParallel:
             if functor.activation is not None or functor.kind != "LinearCombination":
                 raise ArgumentError("GemmSplitKParallel writes raw partial sums: build the GEMM with a "

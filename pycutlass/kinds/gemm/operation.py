@@ -149,6 +149,10 @@ class GemmOperationUniversal(TiledOperation):
     def __new__(cls, *args, **kwargs):
         visitor = kwargs.get("visitor", args[7] if len(args) > 7 else False)
         if visitor and cls is GemmOperationUniversal and VISITOR_OPERATION is not None:
+            kwargs = dict(kwargs)
+            if kwargs.pop("array", False) is not False:
+                raise DescriptionError("array=True builds the SM90 pointer-array kernel, which has no epilogue visitor "
+                                       "tree; visitor operations run Mode.Array with tensors holding the batch")
             return VISITOR_OPERATION(*args, **kwargs)
         arch = kwargs.get("arch", args[0] if args else None)
         if cls is GemmOperationUniversal and arch == 90 and not isinstance(arch, bool):
@@ -158,13 +162,18 @@ class GemmOperationUniversal(TiledOperation):
             tile = kwargs.get("tile_description", args[1] if len(args) > 1 else None)
             for subclass in cls.__subclasses__():
                 if getattr(subclass, "kind", None) == "gemm_sm90" and subclass.takes(tile):
-                    return object.__new__(subclass)  # Python then runs the subclass's __init__
+                    return subclass.__new__(subclass, *args, **kwargs)  # Python then runs its class's __init__
         return super().__new__(cls)
 
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueFunctor,
-                 swizzling_functor: SwizzlingFunctor = IdentitySwizzle1, visitor: bool = False):
+                 swizzling_functor: SwizzlingFunctor = IdentitySwizzle1, visitor: bool = False, *,
+                 array: bool = False):
         self.compute_capability = check_compute_capability(arch)
+        if not isinstance(array, bool):
+            raise DescriptionError(f"array must be True or False, got {array!r}")
+        # array=True builds the SM90 pointer-array kernel; a CUTLASS 2.x kernel runs every mode (Array included) as
+        # it is, so here it changes nothing (the same code and name).
         if visitor:
             raise DescriptionError("the epilogue visitor tree is not supported; use LinearCombinationGeneric for "
                                    "activations and a broadcast C for bias")

@@ -48,6 +48,7 @@ EPILOGUE_WARP_GROUPS = 2
 TMA_DESCRIPTOR_BYTES = 128  # sizeof(cute::TmaDescriptor), static_assert-ed
 _TENSORMAP_ALIGNMENT = 64  # the kernel's MinTensorMapWorkspaceAlignment
 _WHAT = "GemmOperationGrouped(90)"
+GROUPED_EPILOGUES = ("LinearCombination", "LinearCombinationGeneric")
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -157,11 +158,7 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
     def workspace_bytes(self, sm_count: int, threadblock_count: int | None = None) -> int:
         """Per-SM tensormap slots: C and one D per epilogue warpgroup, then A and B (CUTLASS's get_workspace_size,
         which the builder reports too; the runtime checks that both agree)."""
-        if isinstance(sm_count, bool) or not isinstance(sm_count, int) or sm_count <= 0:
-            raise DescriptionError(f"{self.name}: sm_count must be a positive integer, got {sm_count!r}")
-        epilogue = _round_up(TMA_DESCRIPTOR_BYTES * sm_count * (EPILOGUE_WARP_GROUPS + 1), _TENSORMAP_ALIGNMENT)
-        mainloop = _round_up(TMA_DESCRIPTOR_BYTES * sm_count * 2, _TENSORMAP_ALIGNMENT)
-        return epilogue + mainloop
+        return tensormap_workspace_bytes(self.name, sm_count)
 
     def launch_plan(self) -> dict:
         return {"kernel": self.kernel_symbol, "builder": self.builder_symbol, "precompute": None,
@@ -182,22 +179,7 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
                 "cutlass/gemm/dispatch_policy.hpp"]
 
     def emit_body(self) -> str:
-        tile = self.tile_description
-        functor = self.epilogue_functor
-        return self.render(
-            "gemm_grouped_sm90.cu.j2", name=self.name, summary=self.describe(),
-            element_a=names.ELEMENT[self.A.element], layout_a=names.LAYOUT[self.A.layout], alignment_a=self.A.alignment,
-            element_b=names.ELEMENT[self.B.element], layout_b=names.LAYOUT[self.B.layout], alignment_b=self.B.alignment,
-            element_c=names.ELEMENT[self.C.element], layout_c=names.LAYOUT[self.C.layout], alignment_c=self.C.alignment,
-            element_accumulator=names.ELEMENT[self.element_accumulator],
-            element_compute=names.ELEMENT[functor.element_epilogue],
-            tile_shape=tile.threadblock_shape, cluster_shape=tile.cluster_shape, stages=tile.stages,
-            kernel_schedule=_KERNEL_SCHEDULES[self.kernel_schedule],
-            epilogue_schedule=_EPILOGUE_SCHEDULES[self.kernel_schedule],
-            activation=functor.activation.cpp_template if functor.activation else None,
-            activation_args=functor.activation.argument_names if functor.activation else (),
-            epilogue_warp_groups=EPILOGUE_WARP_GROUPS, tma_descriptor_bytes=TMA_DESCRIPTOR_BYTES,
-            thread_count=self.thread_count)
+        return render_ptr_array_kernel(self)
 
     def describe(self) -> str:
         tile = self.tile_description
@@ -209,77 +191,108 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
                 f"kernel=PtrArray{self.kernel_schedule.value} epilogue_op={self.epilogue_functor.describe()}")
 
 
-def _check(tile: TileDescription, A, B, C, functor) -> KernelScheduleType:
+def tensormap_workspace_bytes(name: str, sm_count: int) -> int:
+    """The pointer-array kernel's per-SM tensormap slots: C and one D per epilogue warpgroup, then A and B."""
+    if isinstance(sm_count, bool) or not isinstance(sm_count, int) or sm_count <= 0:
+        raise DescriptionError(f"{name}: sm_count must be a positive integer, got {sm_count!r}")
+    epilogue = _round_up(TMA_DESCRIPTOR_BYTES * sm_count * (EPILOGUE_WARP_GROUPS + 1), _TENSORMAP_ALIGNMENT)
+    mainloop = _round_up(TMA_DESCRIPTOR_BYTES * sm_count * 2, _TENSORMAP_ALIGNMENT)
+    return epilogue + mainloop
+
+
+def render_ptr_array_kernel(op) -> str:
+    """The pointer-array kernel and its builder (gemm_grouped_sm90.cu.j2) for ``op``: a grouped operation, or an
+    SM90 GEMM built for Mode.Array (kinds/gemm_array_sm90), which runs it with one size per batch entry."""
+    tile = op.tile_description
+    functor = op.epilogue_functor
+    activation, activation_args, clamp = sm90.fusion_activation(functor)
+    return render(
+        Path(__file__).parent / "gemm_grouped_sm90.cu.j2", name=op.name, summary=op.describe(),
+        element_a=names.ELEMENT[op.A.element], layout_a=names.LAYOUT[op.A.layout], alignment_a=op.A.alignment,
+        element_b=names.ELEMENT[op.B.element], layout_b=names.LAYOUT[op.B.layout], alignment_b=op.B.alignment,
+        element_c=names.ELEMENT[op.C.element], layout_c=names.LAYOUT[op.C.layout], alignment_c=op.C.alignment,
+        element_accumulator=names.ELEMENT[op.element_accumulator],
+        element_compute=names.ELEMENT[functor.element_epilogue],
+        tile_shape=tile.threadblock_shape, cluster_shape=tile.cluster_shape, stages=tile.stages,
+        kernel_schedule=_KERNEL_SCHEDULES[op.kernel_schedule],
+        epilogue_schedule=_EPILOGUE_SCHEDULES[op.kernel_schedule],
+        activation=activation, activation_args=activation_args, clamp=clamp,
+        epilogue_warp_groups=EPILOGUE_WARP_GROUPS, tma_descriptor_bytes=TMA_DESCRIPTOR_BYTES,
+        thread_count=op.thread_count)
+
+
+def _check(tile: TileDescription, A, B, C, functor, what: str = _WHAT, epilogues: tuple = GROUPED_EPILOGUES,
+           kernel: str = "the SM90 grouped kernel",
+           other_types: str = "use compute capability 80's grouped kernel (an Sm80 tile) for other types"
+           ) -> KernelScheduleType:
     """CUTLASS 3.x's rules for the SM90 pointer-array grouped kernel (as far as the GPU suite covers them); returns the
     resolved kernel schedule. Everything is rejected here, before a compile of about a minute."""
-    check_description_types(tile, A, B, C, functor, _WHAT)
+    check_description_types(tile, A, B, C, functor, what)
     math = tile.math_instruction
     if math.opcode_class is not OpClass.TensorOp:
-        raise DescriptionError(f"{_WHAT}: the SM90 grouped kernel computes on tensor cores (OpClass.TensorOp)")
+        raise DescriptionError(f"{what}: {kernel} computes on tensor cores (OpClass.TensorOp)")
     operand = math.element_a
     if operand not in _OPERANDS or math.element_b is not operand:
-        raise DescriptionError(f"{_WHAT}: the SM90 grouped kernel is built for float16 or bfloat16 operands (both the "
-                               f"same), got {operand.label} x {math.element_b.label}; use compute capability 80's "
-                               f"grouped kernel (an Sm80 tile) for other types")
+        raise DescriptionError(f"{what}: {kernel} is built for float16 or bfloat16 operands (both the "
+                               f"same), got {operand.label} x {math.element_b.label}; {other_types}")
     if math.element_accumulator is not DataType.float32:
-        raise DescriptionError(f"{_WHAT}: accumulate in float32, got {math.element_accumulator.label}")
+        raise DescriptionError(f"{what}: accumulate in float32, got {math.element_accumulator.label}")
     for label, desc in (("A", A), ("B", B)):
         if desc.element is not operand:
-            raise DescriptionError(f"{_WHAT}: {label}.element is {desc.element.label} but the math instruction "
+            raise DescriptionError(f"{what}: {label}.element is {desc.element.label} but the math instruction "
                                    f"multiplies {operand.label}")
-        sm90._check_tma_operand(_WHAT, label, desc)
+        sm90._check_tma_operand(what, label, desc)
     if C.element not in _OUTPUTS:
-        raise DescriptionError(f"{_WHAT}: C must be one of {[e.label for e in _OUTPUTS]}, got {C.element.label}")
-    sm90._check_tma_operand(_WHAT, "C", C)
-    if functor.kind not in ("LinearCombination", "LinearCombinationGeneric"):
-        raise DescriptionError(f"{_WHAT}: the {functor.kind} epilogue is not built for the SM90 grouped kernel; use "
-                               f"LinearCombination or LinearCombinationGeneric (any activation). CUTLASS 4.2 has no "
-                               f"pointer-array bias fusion for SM90")
+        raise DescriptionError(f"{what}: C must be one of {[e.label for e in _OUTPUTS]}, got {C.element.label}")
+    sm90._check_tma_operand(what, "C", C)
+    if functor.kind not in epilogues:
+        raise DescriptionError(f"{what}: the {functor.kind} epilogue is not built for {kernel}; use "
+                               f"{' or '.join(epilogues)}")
     if functor.element_output is not C.element or functor.alignment != C.alignment:
-        raise DescriptionError(f"{_WHAT}: the epilogue writes {functor.element_output.label} x {functor.alignment} but "
+        raise DescriptionError(f"{what}: the epilogue writes {functor.element_output.label} x {functor.alignment} but "
                                f"C is {C.element.label} x {C.alignment}; they must match")
     if functor.element_accumulator is not DataType.float32 or functor.element_epilogue is not DataType.float32:
-        raise DescriptionError(f"{_WHAT}: the epilogue reads float32 accumulators and computes in float32, got "
+        raise DescriptionError(f"{what}: the epilogue reads float32 accumulators and computes in float32, got "
                                f"{functor.element_accumulator.label} / {functor.element_epilogue.label}")
 
     m, n, k = tile.threadblock_shape
     if n not in (64, 128, 256):
-        raise DescriptionError(f"{_WHAT}: tile N must be 64, 128 or 256, got {n}")
+        raise DescriptionError(f"{what}: tile N must be 64, 128 or 256, got {n}")
     if k * operand.bits // 8 != 128:
-        raise DescriptionError(f"{_WHAT}: tile K must be {128 * 8 // operand.bits} {operand.label} elements (the "
+        raise DescriptionError(f"{what}: tile K must be {128 * 8 // operand.bits} {operand.label} elements (the "
                                f"128-byte TMA swizzle atom), got {k}")
     if tuple(tile.cluster_shape) not in ((1, 1, 1), (2, 1, 1), (1, 2, 1)):
-        raise DescriptionError(f"{_WHAT}: cluster_shape must be [1, 1, 1], [2, 1, 1] or [1, 2, 1], got "
+        raise DescriptionError(f"{what}: cluster_shape must be [1, 1, 1], [2, 1, 1] or [1, 2, 1], got "
                                f"{list(tile.cluster_shape)}")
     if tile.tile_scheduler is not _TS.Default:
-        raise DescriptionError(f"{_WHAT}: the grouped kernel uses CUTLASS's group scheduler; tile_scheduler must be "
+        raise DescriptionError(f"{what}: the grouped kernel uses CUTLASS's group scheduler; tile_scheduler must be "
                                f"Default, got {tile.tile_scheduler.name}")
     schedule = tile.kernel_schedule
     if schedule is _KS.Auto:
         schedule = _KS.TmaWarpSpecializedCooperative if m % 128 == 0 else _KS.TmaWarpSpecializedPingpong
     if schedule not in _KERNEL_SCHEDULES:
-        raise DescriptionError(f"{_WHAT}: kernel_schedule must be Auto, TmaWarpSpecializedCooperative or "
+        raise DescriptionError(f"{what}: kernel_schedule must be Auto, TmaWarpSpecializedCooperative or "
                                f"TmaWarpSpecializedPingpong (CUTLASS's pointer-array kernels), got {schedule.value}")
     if schedule is _KS.TmaWarpSpecializedCooperative and m not in (128, 256):
-        raise DescriptionError(f"{_WHAT}: the cooperative schedule splits tile M over two warpgroups of 64 rows: tile "
+        raise DescriptionError(f"{what}: the cooperative schedule splits tile M over two warpgroups of 64 rows: tile "
                                f"M must be 128 or 256, got {m}")
     if schedule is _KS.TmaWarpSpecializedPingpong and m not in (64, 128):
-        raise DescriptionError(f"{_WHAT}: the ping-pong schedule computes a tile with one warpgroup: tile M must be 64 "
+        raise DescriptionError(f"{what}: the ping-pong schedule computes a tile with one warpgroup: tile M must be 64 "
                                f"or 128, got {m}")
     expected_epilogue = _ES.TmaWarpSpecializedCooperative if schedule is _KS.TmaWarpSpecializedCooperative \
         else _ES.TmaWarpSpecialized
     if tile.epilogue_schedule not in (_ES.Auto, expected_epilogue):
-        raise DescriptionError(f"{_WHAT}: with {schedule.value} the epilogue schedule must be Auto or "
+        raise DescriptionError(f"{what}: with {schedule.value} the epilogue schedule must be Auto or "
                                f"{expected_epilogue.value} (CUTLASS's pointer-array TMA epilogue), got "
                                f"{tile.epilogue_schedule.value}")
     if tile.warp_count is not None and tile.warp_count != sm90.derived_warp_count(tile.threadblock_shape, schedule):
-        raise DescriptionError(f"{_WHAT}: warp_count is derived on SM90 "
+        raise DescriptionError(f"{what}: warp_count is derived on SM90 "
                                f"({list(sm90.derived_warp_count(tile.threadblock_shape, schedule))} for "
                                f"{schedule.value}); pass None or that value, got {list(tile.warp_count)}")
     if tile.stages:
         mainloop = tile.stages * (m * k + n * k) * operand.bits // 8
         if tile.stages < 2 or mainloop + sm90._EPILOGUE_SMEM_RESERVE > sm90._SMEM_BYTES:
-            raise DescriptionError(f"{_WHAT}: {tile.stages} stages of a {m}x{n}x{k} tile take {mainloop // 1024} KiB "
+            raise DescriptionError(f"{what}: {tile.stages} stages of a {m}x{n}x{k} tile take {mainloop // 1024} KiB "
                                    f"of shared memory; with the epilogue's buffers that exceeds "
                                    f"{sm90._SMEM_BYTES // 1024} KiB (or is below 2 stages). Use stages=0")
     return schedule

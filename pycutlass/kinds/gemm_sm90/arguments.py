@@ -29,7 +29,9 @@ class GemmArgumentsSm90(GemmArguments):
       IdentitySwizzleN), ``sm_count`` (SMs the persistent grid may use; default all): no recompile.
     - Mode.Gemm with ``split_k_slices`` > 1 needs a stream-K operation (``TileSchedulerType.StreamK``): the K
       dimension is split that many ways; ``decomposition`` ("heuristic", "data_parallel", "split_k", "stream_k").
-    - Mode.Batched runs the L mode; Array and parallel split-K are not built for SM90 (use the Sm80 family).
+    - Mode.Batched runs the L mode; so does Mode.Array with tensors holding the batch (PyCUTLASS's form: the
+      arguments then say Mode.Batched). Lists of matrices need an operation built with ``array=True`` (the
+      pointer-array kernel, kinds/gemm_array_sm90). Parallel split-K is not built for SM90 (use stream-K).
     """
 
     def __init__(self, operation, problem_size, A, B, C, D, *positional, bias=None, raster_order=None, swizzle=None,
@@ -69,10 +71,19 @@ class GemmArgumentsSm90(GemmArguments):
         if not isinstance(operation, GemmOperationSm90):
             raise ArgumentError(f"GemmArgumentsSm90 needs an SM90 GemmOperationUniversal, got {type(operation).__name__}")
         mode = gemm_mode if isinstance(gemm_mode, Mode) else None
-        if mode in (Mode.Array, Mode.GemmSplitKParallel):
+        if mode is Mode.GemmSplitKParallel:
             raise ArgumentError(f"{mode.name} mode is not built for SM90 operations; use Mode.Gemm (split-K through a "
                                 f"stream-K operation), Mode.Batched, or an Sm80-family operation (compute capability "
                                 f"80)")
+        if mode is Mode.Array and not operation.array:
+            lists = [label for label, x in zip("ABCD", (A, B, C, D)) if isinstance(x, (list, tuple))]
+            if lists:
+                raise ArgumentError(f"Mode.Array with lists of matrices ({', '.join(lists)}) needs CUTLASS's "
+                                    f"pointer-array kernel, which {operation.name} is not: build the operation with "
+                                    f"GemmOperationUniversal(90, ..., array=True) (f16/bf16 operands), or pass "
+                                    f"tensors holding the batch (they run batched on this operation)")
+            # PyCUTLASS's Array form with tensors (its pointer arrays were base + i * batch stride) is the L mode.
+            gemm_mode = Mode.Batched
         if split_k_slices not in (1, UNSET) and operation.tile_scheduler.name != "StreamK":
             raise ArgumentError(f"split_k_slices={split_k_slices} needs an SM90 operation with the stream-K tile "
                                 f"scheduler (TileDescription(..., tile_scheduler=TileSchedulerType.StreamK))")

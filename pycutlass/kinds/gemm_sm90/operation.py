@@ -15,11 +15,14 @@ NVRTC whatever the session's backend is, and the compile report says so.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from ...description.tensor_description import TensorDescription
 from ...description.tile_description import TileDescription
 from ...description.types import (GEMM_SWIZZLES, DataType, EpilogueScheduleType, IdentitySwizzle1,
                                    KernelScheduleType, LayoutType, OpClass, SwizzlingFunctor, TileSchedulerType)
 from ...emit import names
+from ...emit.emitter import render
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import DescriptionError
 from ..gemm.operation import GemmOperationUniversal, check_description_types
@@ -64,6 +67,42 @@ template <class T> inline constexpr bool is_const_v = cuda::std::is_const_v<T>;
 
 BIAS_MODES = ("row", "column")  # one value per row of D (M values) or per column (N values)
 
+# Epilogue functors the SM90 kinds build through CUTLASS's fusion operations. The two clamps are
+# LinCombEltAct<Clamp> with the output type's bounds (cutlass::platform::numeric_limits, as CUTLASS 2.x's
+# LinearCombinationClamp): D = convert(min(max(alpha * acc + beta * C (+ bias), lowest), max)).
+EPILOGUE_KINDS = ("LinearCombination", "LinearCombinationGeneric", "LinearCombinationClamp",
+                  "FastLinearCombinationClamp")
+CLAMP_KINDS = ("LinearCombinationClamp", "FastLinearCombinationClamp")
+CLAMP_ACTIVATION = "cutlass::epilogue::thread::Clamp"
+
+
+def fusion_activation(functor: EpilogueFunctor) -> tuple[str | None, tuple[str, ...], bool]:
+    """The activation template of the fusion (None: a plain linear combination), the names of its runtime
+    arguments, and whether it is the clamp (whose bounds the builder sets from the output type)."""
+    if functor.kind in CLAMP_KINDS:
+        return CLAMP_ACTIVATION, (), True
+    if functor.activation is not None:
+        return functor.activation.cpp_template, functor.activation.argument_names, False
+    return None, (), False
+
+
+def epilogue_suffix(functor: EpilogueFunctor) -> str:
+    """What a readable operation name says about the epilogue functor."""
+    if functor.kind == "LinearCombinationClamp":
+        return "_clamp"
+    if functor.kind == "FastLinearCombinationClamp":
+        return "_fastclamp"
+    return f"_{functor.activation.name}" if functor.activation else ""
+
+
+# The Array-mode operation (kinds/gemm_array_sm90 sets it): GemmOperationUniversal(90, ..., array=True) builds it.
+ARRAY_OPERATION = None
+
+
+def _array_requested(args: tuple, kwargs: dict) -> bool:
+    """Whether ``GemmOperationUniversal(90, tile, A, B, C, epilogue, swizzle, visitor, bias, array)`` says array=True."""
+    return kwargs.get("array", args[9] if len(args) > 9 else False) is True
+
 
 class GemmOperationSm90(GemmOperationUniversal):
     """``GemmOperationUniversal(90, tile_description, A, B, C, epilogue_functor, swizzling_functor, bias=None)``.
@@ -77,8 +116,15 @@ class GemmOperationSm90(GemmOperationUniversal):
     kind = "gemm_sm90"
     abi_struct_type = Sm90GemmArgs
     required_backend = "nvrtc"
+    array = False  # built for Mode.Array's lists of matrices (the pointer-array kernel, kinds/gemm_array_sm90)
+    # FastLinearCombinationClamp is the clamp of LinearCombinationClamp here (exact int32 -> float conversion), so
+    # CUTLASS 2.x's K <= 256 limit of its fast converters does not apply.
+    fast_clamp_max_k = None
 
     def __new__(cls, *args, **kwargs):
+        # array=True builds the pointer-array kernel (kinds/gemm_array_sm90 subclasses this class and registers it).
+        if cls is GemmOperationSm90 and _array_requested(args, kwargs) and ARRAY_OPERATION is not None:
+            return object.__new__(ARRAY_OPERATION)  # Python then runs its __init__
         return object.__new__(cls)
 
     @staticmethod
@@ -92,9 +138,15 @@ class GemmOperationSm90(GemmOperationUniversal):
 
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueFunctor,
-                 swizzling_functor: SwizzlingFunctor = IdentitySwizzle1, visitor: bool = False, bias=None):
+                 swizzling_functor: SwizzlingFunctor = IdentitySwizzle1, visitor: bool = False, bias=None,
+                 array: bool = False):
         if arch != 90:
             raise DescriptionError(f"GemmOperationSm90 is compute capability 90, got {arch!r}")
+        if array is not False:
+            raise DescriptionError(f"array must be True (CUTLASS's pointer-array kernel, for Mode.Array with lists of "
+                                   f"matrices) or False, got {array!r}" if array is not True else
+                                   "GemmOperationSm90 is the ordinary SM90 kernel; build array=True operations "
+                                   "through GemmOperationUniversal(90, ..., array=True)")
         self.compute_capability = 90
         if visitor:
             raise DescriptionError("the epilogue visitor tree is built for the Sm80 family only; for SM90 use "
@@ -137,8 +189,7 @@ class GemmOperationSm90(GemmOperationUniversal):
             schedule += "fa"
         extra = ("_sk" if self.tile_scheduler is _TS.StreamK else "") + \
             ("_nosmem" if self.epilogue_schedule is _ES.NoSmemWarpSpecialized else "") + \
-            (f"_bias{self.bias[0]}" if self.bias else "") + \
-            (f"_{self.epilogue_functor.activation.name}" if self.epilogue_functor.activation else "")
+            (f"_bias{self.bias[0]}" if self.bias else "") + epilogue_suffix(self.epilogue_functor)
         return (f"gemm_sm90_{s[self.A.element]}{s[self.B.element]}{s[self.C.element]}{s[math.element_accumulator]}_"
                 f"{layouts}_{m}x{n}x{k}_c{cm}x{cn}_s{tile.stages}_{schedule}{extra}_"
                 f"a{self.A.alignment}{self.B.alignment}{self.C.alignment}")
@@ -168,7 +219,7 @@ class GemmOperationSm90(GemmOperationUniversal):
 
     def shared_code(self) -> str:
         """Helpers every SM90 operation of a translation unit uses (TMA records, strides), emitted once."""
-        return self.render("sm90_helpers.cu.j2")
+        return render(Path(__file__).parent / "sm90_helpers.cu.j2")  # subclasses live in other folders
 
     def headers(self) -> list[str]:
         return ["cute/tensor.hpp", "cutlass/gemm/collective/collective_builder.hpp",
@@ -178,21 +229,20 @@ class GemmOperationSm90(GemmOperationUniversal):
     def emit_body(self) -> str:
         tile = self.tile_description
         math = tile.math_instruction
-        functor = self.epilogue_functor
-        activation = functor.activation.cpp_template if functor.activation else None
+        activation, activation_args, clamp = fusion_activation(self.epilogue_functor)
         return self.render(
             "gemm_sm90.cu.j2", name=self.name, summary=self.describe(),
             element_a=self._operand_element(self.A), layout_a=names.LAYOUT[self.A.layout], alignment_a=self.A.alignment,
             element_b=self._operand_element(self.B), layout_b=names.LAYOUT[self.B.layout], alignment_b=self.B.alignment,
             element_c=names.ELEMENT[self.C.element], layout_c=names.LAYOUT[self.C.layout], alignment_c=self.C.alignment,
             element_accumulator=names.ELEMENT[math.element_accumulator],
-            element_compute=names.ELEMENT[functor.element_epilogue],
+            element_compute=names.ELEMENT[self.epilogue_functor.element_epilogue],
             tile_shape=tile.threadblock_shape, cluster_shape=tile.cluster_shape, stages=tile.stages,
             kernel_schedule=_KERNEL_SCHEDULES[self.kernel_schedule],
             kernel_family=self.kernel_schedule.base.value,
             epilogue_schedule=_EPILOGUE_SCHEDULES[self.epilogue_schedule],
             tile_scheduler=_TILE_SCHEDULERS[self.tile_scheduler], stream_k=self.tile_scheduler is _TS.StreamK,
-            activation=activation, activation_args=functor.activation.argument_names if functor.activation else (),
+            activation=activation, activation_args=activation_args, clamp=clamp,
             bias=self.bias, tma_epilogue=self.epilogue_schedule is not _ES.NoSmemWarpSpecialized)
 
     def describe(self) -> str:
@@ -271,9 +321,10 @@ def _check(tile: TileDescription, A, B, C, functor, bias) -> tuple[KernelSchedul
         raise DescriptionError(f"{what}: C of {C.element.label} is not supported with {operand.label} operands; "
                                f"choose one of {[e.label for e in outputs]}")
     _check_tma_operand(what, "C", C)
-    if functor.kind not in ("LinearCombination", "LinearCombinationGeneric"):
+    if functor.kind not in EPILOGUE_KINDS:
         raise DescriptionError(f"{what}: the {functor.kind} epilogue is not built for the SM90 family; use "
-                               f"LinearCombination or LinearCombinationGeneric (any activation), optionally with "
+                               f"LinearCombination, LinearCombinationGeneric (any activation) or "
+                               f"LinearCombinationClamp / FastLinearCombinationClamp, optionally with "
                                f"bias='row'/'column'")
     if functor.element_output is not C.element or functor.alignment != C.alignment:
         raise DescriptionError(f"{what}: the epilogue writes {functor.element_output.label} x {functor.alignment} but "
@@ -325,9 +376,10 @@ def _check(tile: TileDescription, A, B, C, functor, bias) -> tuple[KernelSchedul
     elif epilogue is _ES.TmaWarpSpecialized and base is _KS.TmaWarpSpecializedCooperative:
         raise DescriptionError(f"{what}: a cooperative kernel takes the TmaWarpSpecializedCooperative (or "
                                f"NoSmemWarpSpecialized) epilogue, got TmaWarpSpecialized")
-    if epilogue is _ES.NoSmemWarpSpecialized and (functor.activation is not None or bias):
+    if epilogue is _ES.NoSmemWarpSpecialized and (functor.activation is not None or bias or
+                                                  functor.kind in CLAMP_KINDS):
         raise DescriptionError(f"{what}: the NoSmemWarpSpecialized epilogue is CUTLASS's plain linear combination; "
-                               f"activations and bias need a TMA epilogue schedule")
+                               f"activations, clamps and bias need a TMA epilogue schedule")
     if tile.warp_count is not None and tile.warp_count != derived_warp_count(tile.threadblock_shape, schedule):
         raise DescriptionError(f"{what}: warp_count is derived on SM90 "
                                f"({list(derived_warp_count(tile.threadblock_shape, schedule))} for {schedule.value}); "
