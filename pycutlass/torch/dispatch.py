@@ -95,12 +95,23 @@ class _Bound:
         self.checks = tuple(sorted({(role, vector_bytes[role]) for role in roles if role >= 0}))
 
     def launch(self, tensors, stream: int) -> bool:
-        pointers = [0 if t is None else t.data_ptr() for t in tensors]
+        return self.launch_pointers([0 if t is None else t.data_ptr() for t in tensors], stream)
+
+    def launch_pointers(self, pointers, stream: int) -> bool:
+        """``launch`` for callers that hold the tensors' addresses already (in the same order)."""
         for role, vector_bytes in self.checks:
             if pointers[role] % vector_bytes:
                 return False  # an unaligned view: the slow path picks a kernel with narrower accesses
         self.launcher.launch([0 if role < 0 else pointers[role] for role in self.roles], stream)
         return True
+
+
+def _gemm_signature(a, b, bias, c, alpha, beta, activation, activation_arg, kernel) -> tuple:
+    """Everything of a GEMM call but its addresses: calls with equal signatures launch the same way."""
+    return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
+            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+            None if c is None else (c.shape, c.stride(), c.dtype, c.device), alpha, beta, activation,
+            activation_arg, kernel)
 
 
 def _bind(arguments, tensors, vector_bytes) -> _Bound | None:
@@ -161,6 +172,7 @@ class Dispatch(SessionState):
         self._db = None
         self._lock = threading.RLock()
         self._bound: dict = {}  # call signature -> _Bound, or TORCH (cleared when a choice changes)
+        self.generation = 0  # bumped whenever _bound is cleared: launch plans kept elsewhere check it
         self._by_operation: dict = {}  # (operation name, call signature) -> _Bound (kept: rebinding is free)
         self._choices: dict[str, dict] = {}  # tuning key -> {"kernel", "params", "us", "torch_us"}
         self._kernels: dict[str, object] = {}  # name -> operation (candidates, overrides, imported choices)
@@ -172,6 +184,10 @@ class Dispatch(SessionState):
         # operation name -> calls that built full Arguments because the signature could not be bound (Params that
         # cannot be patched): each costs a Params build and a sync, so a model's hot path should show none
         self.unbound_calls: dict[str, int] = {}
+
+    def _forget_bound(self) -> None:
+        self._bound.clear()
+        self.generation += 1
 
     @classmethod
     def current(cls) -> "Dispatch":
@@ -198,7 +214,7 @@ class Dispatch(SessionState):
             from ..tune.db import ResultsDB
 
             self._db = db if isinstance(db, ResultsDB) else ResultsDB(db)
-        self._bound.clear()
+        self._forget_bound()
         return self
 
     def register_kernel(self, operation, params: dict | None = None) -> str:
@@ -227,10 +243,7 @@ class Dispatch(SessionState):
 
     # --- GEMM --------------------------------------------------------------------------------------------------
     def gemm(self, a, b, bias, c, alpha, beta, activation, activation_arg, kernel):
-        signature = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
-                     None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
-                     None if c is None else (c.shape, c.stride(), c.dtype, c.device), alpha, beta, activation,
-                     activation_arg, kernel)
+        signature = _gemm_signature(a, b, bias, c, alpha, beta, activation, activation_arg, kernel)
         bound = self._bound.get(signature)
         if bound is not None and self._collector is None:
             if bound is TORCH:
@@ -239,6 +252,11 @@ class Dispatch(SessionState):
             if bound.launch((a, b, bias, c, d), torch._C._cuda_getCurrentRawStream(a.device.index)):
                 return d
         return self._gemm_slow(signature, a, b, bias, c, alpha, beta, activation, activation_arg, kernel)
+
+    def bound_gemm(self, a, b, bias, c, alpha, beta, activation, activation_arg, kernel) -> "_Bound | None":
+        """The kernel launch this GEMM call's signature is bound to now, if any (valid while ``generation`` stays)."""
+        bound = self._bound.get(_gemm_signature(a, b, bias, c, alpha, beta, activation, activation_arg, kernel))
+        return bound if isinstance(bound, _Bound) else None
 
     def _gemm_class(self, a, b, bias, c, beta, activation) -> tuple[GemmClass | None, str]:
         """The call's class, or None and why no kernel serves it."""
@@ -611,7 +629,7 @@ class Dispatch(SessionState):
     def _set_choice(self, key: str, choice: dict, candidates: int) -> None:
         with self._lock:
             self._choices[key] = choice
-            self._bound.clear()  # signatures bound to the previous choice
+            self._forget_bound()  # signatures bound to the previous choice
         if self._db is not None:
             from ..tune.autotune import policy_name
 
@@ -655,13 +673,13 @@ class Dispatch(SessionState):
                 if choice.get("kernel") != TORCH and choice.get("params"):
                     self._params.setdefault(choice["kernel"], choice["params"])
                 self._choices[key] = dict(choice)
-            self._bound.clear()
+            self._forget_bound()
 
     def clear(self) -> None:
         """Forget choices and bound launches (compiled kernels stay in the compiler's cache)."""
         with self._lock:
             self._choices.clear()
-            self._bound.clear()
+            self._forget_bound()
 
     def _check_not_capturing(self, operation) -> None:
         if _capturing():

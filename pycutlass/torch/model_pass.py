@@ -32,6 +32,9 @@ _FORMAT_VERSION = 1
 
 
 # --- the replacement modules (module-level classes, so an optimized model pickles) ----------------------------------
+_MAX_PLANS = 16  # input shapes per layer with a launch plan (dynamic batch sizes beyond that take the full path)
+
+
 class CutlassLinear(nn.Module):
     """``activation(F.linear(x, weight, bias) + residual)`` as one ``torch.ops.pycutlass.gemm``; ``residual``
     (optional, the output's shape) is the GEMM's C operand. The pass fuses a following ``+`` only where there is no
@@ -47,14 +50,33 @@ class CutlassLinear(nn.Module):
         self.layer, self.pattern = layer, pattern
         self.kernel = kernel  # an override: '' lets the dispatch pick (its tuned choice, if any)
         self.eager_shapes: set[tuple] = set()  # input shapes tuned to torch: its own call, without the dispatch
+        self._plans: dict = {}  # (input shape, residual?, epilogue) -> ops.LinearPlan: the hot path of a bound call
 
     def forward(self, x, residual=None):
         if x.shape in self.eager_shapes:
             out = F.linear(x, self.weight, self.bias)
             return reference.activate(out if residual is None else out + residual, self.activation,
                                       self.activation_arg)
-        return ops.linear(x, self.weight, self.bias, self.activation, self.activation_arg, self.kernel,
-                          residual=residual)
+        key = (x.shape, residual is None, self.kernel, self.activation, self.activation_arg)
+        plan = self._plans.get(key)
+        if plan is not None:
+            out = plan.launch(x, self.weight, self.bias, residual)
+            if out is not None:
+                return out
+        out = ops.linear(x, self.weight, self.bias, self.activation, self.activation_arg, self.kernel,
+                         residual=residual)
+        if len(self._plans) < _MAX_PLANS or key in self._plans:
+            plan = ops.LinearPlan.after_call(x, self.weight, self.bias, self.activation, self.activation_arg,
+                                             self.kernel, residual)
+            if plan is not None:
+                self._plans[key] = plan
+        return out
+
+    def __getstate__(self):
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
+        state = dict(state)
+        state["_plans"] = {}  # launch plans hold loaded kernels of this process: never saved or copied
+        return state
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

@@ -276,6 +276,57 @@ def linear(x, weight, bias=None, activation="identity", activation_arg=0.0, kern
     return out if x.dim() == 2 else out.reshape(*x.shape[:-1], weight.shape[0])
 
 
+class LinearPlan:
+    """One ``linear`` call signature (input shape, strides, dtype, device; residual or not) bound to its kernel: a
+    later call with new tensors of that signature costs a few attribute checks, one output allocation and one
+    launch, without the operator's argument handling or the dispatch's signature lookup. Valid while the dispatch
+    that made it is the current one and has not dropped its bindings (``generation``); ``launch`` returns None
+    whenever it does not apply, and the caller takes the full path."""
+
+    __slots__ = ("dispatch", "generation", "bound", "shape", "stride", "dtype", "device", "weight", "bias",
+                 "residual_stride", "out_shape", "device_index")
+
+    def __init__(self, dispatch, bound, x, weight, bias, residual):
+        self.dispatch, self.generation, self.bound = dispatch, dispatch.generation, bound
+        self.shape, self.stride, self.dtype, self.device = x.shape, x.stride(), x.dtype, x.device
+        self.weight, self.bias = weight, bias
+        self.residual_stride = None if residual is None else residual.stride()
+        self.out_shape = (*x.shape[:-1], weight.shape[0])
+        self.device_index = x.device.index
+
+    @classmethod
+    def after_call(cls, x, weight, bias, activation, activation_arg, kernel, residual) -> "LinearPlan | None":
+        """The plan for a call that just ran directly on a kernel (None where it went to torch or is not plain)."""
+        if not x.is_contiguous() or (residual is not None and not residual.is_contiguous()) or \
+                not _direct(x, weight, bias, residual):
+            return None
+        dispatch = _engine()
+        rows = x.reshape(-1, x.shape[-1])
+        c = None if residual is None else residual.reshape(-1, weight.shape[0])
+        bound = dispatch.bound_gemm(rows, weight.t(), bias, c, 1.0, 0.0 if c is None else 1.0, activation,
+                                    float(activation_arg), kernel)
+        return None if bound is None else cls(dispatch, bound, x, weight, bias, residual)
+
+    def launch(self, x, weight, bias, residual):
+        if weight is not self.weight or bias is not self.bias or x.shape != self.shape or \
+                x.stride() != self.stride or x.dtype != self.dtype or x.device != self.device or \
+                (None if residual is None else residual.stride()) != self.residual_stride:
+            return None
+        if residual is not None and (residual.shape != self.out_shape or residual.dtype != self.dtype or
+                                     residual.device != self.device):
+            return None
+        dispatch = _engine()
+        if dispatch is not self.dispatch or dispatch.generation != self.generation or \
+                dispatch._collector is not None or not _direct(x, weight, bias, residual):
+            return None
+        out = x.new_empty(self.out_shape)
+        pointers = (x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                    0 if residual is None else residual.data_ptr(), out.data_ptr())
+        if self.bound.launch_pointers(pointers, torch._C._cuda_getCurrentRawStream(self.device_index)):
+            return out
+        return None
+
+
 def bmm(a, b, bias=None, alpha=1.0, activation="identity", activation_arg=0.0, kernel=""):
     """``activation(alpha * a @ b + bias)`` for a (L x M x K), b (L x K x N); bias (N) or (L x N)."""
     _check_activation(activation)

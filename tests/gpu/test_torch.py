@@ -386,6 +386,22 @@ def test_optimized_layers_skip_the_dispatcher_and_torch_layers_call_torch(monkey
             if isinstance(module, CutlassLinear):
                 assert (tuple(x.shape) in module.eager_shapes) == (kernels[module.layer] == "torch")
 
+        # Later calls of a bound layer take its launch plan: no dispatch lookup, new tensors' addresses
+        dispatch = pct.Dispatch.of(session)
+        calls = []
+        full_path = pct.Dispatch.gemm
+        monkeypatch.setattr(pct.Dispatch, "gemm", lambda self, *a: calls.append(1) or full_path(self, *a))
+        with torch.no_grad():
+            for seed in (171, 172):
+                x2 = randn(1, 64, 256, dtype=torch.bfloat16, seed=seed)
+                expected2 = model(x2)
+                poison(tuple(expected2.shape), torch.bfloat16)
+                assert relative_error(fast(x2), expected2) < 2e-2
+            assert not calls, "a planned layer went through the dispatch"
+            dispatch.configure(prefer_faster=True)  # settings changed: plans are stale, the full path rebinds
+            assert relative_error(fast(x2), expected2) < 2e-2
+        assert len(calls) == sum(1 for row in pct.report(fast).rows if row["kernel"] != "torch")
+
 
 def test_optimize_resnet50_f16_channels_last():
     models = _benchmark_models()
