@@ -29,7 +29,7 @@ from ...errors import DescriptionError
 from ..gemm.operation import check_description_types
 from ..gemm_grouped.operation import GROUPED_SWIZZLES, GemmOperationGrouped, SchedulerMode
 from ..gemm_sm90 import operation as sm90
-from .abi import Sm90GroupedGemmArgs
+from .abi import Sm90GroupedGemmArgs, Sm90GroupedSizesArgs
 
 _KS, _ES, _TS = KernelScheduleType, EpilogueScheduleType, TileSchedulerType
 _OPERANDS = (DataType.float16, DataType.bfloat16)
@@ -56,10 +56,12 @@ def _round_up(value: int, multiple: int) -> int:
 
 class GemmOperationGroupedSm90(GemmOperationGrouped):
     """``GemmOperationGrouped(90, tile_description, A, B, C, epilogue_functor, swizzling_functor=IdentitySwizzle1,
-    precompute_mode=SchedulerMode.Device)`` with an SM90 tile.
+    precompute_mode=SchedulerMode.Device, bias=None)`` with an SM90 tile.
 
     f16 or bf16 operands (any layouts), f32 accumulation, f16/bf16/f32 output (C RowMajor or ColumnMajor);
-    ``LinearCombination`` or ``LinearCombinationGeneric`` with any activation. ``precompute_mode`` must be Device:
+    ``LinearCombination`` or ``LinearCombinationGeneric`` with any activation. ``bias="column"``: every group adds
+    its own vector of N values (in C's element type) to each row, D_g = act(alpha * A_g @ B_g + beta * C_g + bias_g);
+    the vectors come with the arguments (``bias=``). ``precompute_mode`` must be Device:
     CUTLASS's SM90 group scheduler always walks the groups on the device. An ``IdentitySwizzleN`` sets the default
     swizzle of that scheduler (a runtime argument here).
     """
@@ -79,7 +81,7 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueFunctor,
                  swizzling_functor: SwizzlingFunctor = IdentitySwizzle1,
-                 precompute_mode: SchedulerMode = SchedulerMode.Device):
+                 precompute_mode: SchedulerMode = SchedulerMode.Device, bias=None):
         if arch != 90 or isinstance(arch, bool):
             raise DescriptionError(f"GemmOperationGroupedSm90 is compute capability 90, got {arch!r}")
         self.compute_capability = 90
@@ -92,6 +94,7 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
         self._describe(90, tile_description, A, B, C, epilogue_functor, swizzling_functor)
         self.precompute_mode = precompute_mode
         self.kernel_schedule = _check(tile_description, A, B, C, epilogue_functor)
+        self.bias = _check_bias(bias)
 
     # --- identity -------------------------------------------------------------------------------------------
     @property
@@ -99,12 +102,12 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
         return "sm90"
 
     def abi_structs(self) -> tuple:
-        return (*super().abi_structs(), TmaRecord)
+        return (*super().abi_structs(), TmaRecord, Sm90GroupedSizesArgs)
 
     def _signature(self) -> tuple:
         tile = self.tile_description
         return ("gemm_grouped_sm90", tile.threadblock_shape, tile.stages, tile.math_instruction, tile.cluster_shape,
-                self.kernel_schedule, self.A, self.B, self.C, self.epilogue_functor)
+                self.kernel_schedule, self.A, self.B, self.C, self.epilogue_functor, self.bias)
 
     def _readable_name(self) -> str:
         tile = self.tile_description
@@ -115,7 +118,8 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
         schedule = "coop" if self.kernel_schedule is _KS.TmaWarpSpecializedCooperative else "pp"
         activation = self.epilogue_functor.activation
         return (f"gemm_grouped_sm90_{s[self.A.element]}{s[self.C.element]}{s[self.element_accumulator]}_{layouts}_"
-                f"{m}x{n}x{k}_c{cm}x{cn}_s{tile.stages}_{schedule}{'_' + activation.name if activation else ''}")
+                f"{m}x{n}x{k}_c{cm}x{cn}_s{tile.stages}_{schedule}{'_' + activation.name if activation else ''}"
+                f"{'_biasc' if self.bias else ''}")
 
     @property
     def transposed(self) -> bool:
@@ -163,9 +167,16 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
         mainloop = _round_up(TMA_DESCRIPTOR_BYTES * sm_count * 2, _TENSORMAP_ALIGNMENT)
         return epilogue + mainloop
 
+    @property
+    def sizes_symbol(self) -> str:
+        """The kernel that turns device-side group sizes into the per-group arrays (run before each such launch)."""
+        return self.name + "_sizes"
+
+    sizes_threads = 1024  # one block; the template's __launch_bounds__
+
     def launch_plan(self) -> dict:
         return {"kernel": self.kernel_symbol, "builder": self.builder_symbol, "precompute": None,
-                "thread_count": self.thread_count}
+                "sizes": self.sizes_symbol, "thread_count": self.thread_count}
 
     # --- emission -------------------------------------------------------------------------------------------
     def preamble(self) -> str:
@@ -195,7 +206,7 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
             kernel_schedule=_KERNEL_SCHEDULES[self.kernel_schedule],
             epilogue_schedule=_EPILOGUE_SCHEDULES[self.kernel_schedule],
             activation=functor.activation.cpp_template if functor.activation else None,
-            activation_args=functor.activation.argument_names if functor.activation else (),
+            activation_args=functor.activation.argument_names if functor.activation else (), bias=self.bias,
             epilogue_warp_groups=EPILOGUE_WARP_GROUPS, tma_descriptor_bytes=TMA_DESCRIPTOR_BYTES,
             thread_count=self.thread_count)
 
@@ -206,7 +217,8 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
                 f"C={self.C.element.label}/{self.C.layout.value}/{self.C.alignment} "
                 f"acc={self.element_accumulator.label} tile={list(tile.threadblock_shape)} "
                 f"cluster={list(tile.cluster_shape)} stages={tile.stages or 'auto'} "
-                f"kernel=PtrArray{self.kernel_schedule.value} epilogue_op={self.epilogue_functor.describe()}")
+                f"kernel=PtrArray{self.kernel_schedule.value} epilogue_op={self.epilogue_functor.describe()}"
+                f"{' bias=' + self.bias if self.bias else ''}")
 
 
 def _check(tile: TileDescription, A, B, C, functor) -> KernelScheduleType:
@@ -233,8 +245,8 @@ def _check(tile: TileDescription, A, B, C, functor) -> KernelScheduleType:
     sm90._check_tma_operand(_WHAT, "C", C)
     if functor.kind not in ("LinearCombination", "LinearCombinationGeneric"):
         raise DescriptionError(f"{_WHAT}: the {functor.kind} epilogue is not built for the SM90 grouped kernel; use "
-                               f"LinearCombination or LinearCombinationGeneric (any activation). CUTLASS 4.2 has no "
-                               f"pointer-array bias fusion for SM90")
+                               f"LinearCombination or LinearCombinationGeneric (any activation), with bias='column' "
+                               f"for a per-group bias")
     if functor.element_output is not C.element or functor.alignment != C.alignment:
         raise DescriptionError(f"{_WHAT}: the epilogue writes {functor.element_output.label} x {functor.alignment} but "
                                f"C is {C.element.label} x {C.alignment}; they must match")
@@ -283,3 +295,17 @@ def _check(tile: TileDescription, A, B, C, functor) -> KernelScheduleType:
                                    f"of shared memory; with the epilogue's buffers that exceeds "
                                    f"{sm90._SMEM_BYTES // 1024} KiB (or is below 2 stages). Use stages=0")
     return schedule
+
+
+def _check_bias(bias) -> str | None:
+    if bias is None or bias == "column":
+        return bias
+    if bias == "row":
+        raise DescriptionError(f"{_WHAT}: bias='row' (M values per group) is not built: CUTLASS's column broadcast "
+                               f"reads the vector in 16-byte vectors predicated on their first row, so a group whose "
+                               f"M is not a multiple of 8 would read past its vector (and device-side sizes could "
+                               f"not be checked); use bias='column' (N values per group, read element by element)")
+    if bias is True:
+        raise DescriptionError(f"{_WHAT}: bias=True (C as a broadcast vector, PyCUTLASS's bias) is not built for SM90 "
+                               f"(TMA reads whole matrices); use bias='column' and pass the vectors as bias=")
+    raise DescriptionError(f"{_WHAT}: bias must be None or 'column' (N values per group), got {bias!r}")
