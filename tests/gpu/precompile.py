@@ -20,7 +20,7 @@ SUITES = {"tests.gpu.test_gemm": (("NVCC_OPS", "nvcc"), ("NVRTC_OPS", "nvrtc")),
           "tests.gpu.test_acceptance_defects": (("OPS", "nvcc"),),
           "benchmarks/gemm.py": (("all_operations", "nvcc"),),
           "tests.gpu.test_gemm_grouped": (("GROUPED_OPS", "nvcc"), ("NVRTC_OPS", "nvrtc")),
-          "tests.gpu.test_gemm_grouped_sm90": (("OPS", "nvrtc"),),
+          "tests.gpu.test_gemm_grouped_sm90": (("OPS", "nvrtc"), ("BIAS_OPS", "nvrtc")),
           "benchmarks/grouped_gemm.py": (("operations", "nvcc"), ("sm90_operations", "nvrtc")),
           "tests.gpu.test_conv2d": (("NVCC_OPS", "nvcc"), ("NVRTC_OPS", "nvrtc")),
           "benchmarks/conv2d.py": (("operations", "nvcc"),)}
