@@ -17,6 +17,12 @@ Times are medians (triton's do_bench, or CUDA events) of op.run(arguments) with 
 loop re-running on the same tensors; in Host mode the schedule is written once per arguments (the sizes are fixed).
 The "new args" column times building GemmGroupedArguments plus run and a synchronize (what a caller whose sizes
 change every step pays) for the best tile of each scheduler mode. TFLOP/s = sum of 2*M*N*K over the problems / time.
+
+Device-side sizes (SM90, best tile, every case; the MoE case is the one it is for): the counts live in an int32 device
+tensor (no host round trip), A and D are packed, B is the (groups, K, N) tensor. "SM90 device-sizes us" times
+op.run (the sizes kernel, then the grouped kernel) with arguments built once; "SM90 graph us" replays a CUDA graph
+of that run. The graph is then replayed with the counts shuffled across the groups (written into the same tensor)
+and checked against a loop over the new split ("SM90 graph new-counts rel_err").
 """
 from __future__ import annotations
 
@@ -184,6 +190,64 @@ def _us_with_new_arguments(op, problems, As, Bs, Ds, repeats: int) -> float:
     return statistics.median(samples[2:])
 
 
+def _sm90_device_sizes(op, ms_list, A, B3, out, reference, tol, loop_ms, grouped_mm_ms, flops, seed=1) -> dict:
+    """The device-sizes path of the SM90 kernel: eager run, CUDA-graph replay, and a replay with new counts."""
+    import torch
+
+    result = {}
+    counts = torch.tensor(ms_list, dtype=torch.int32, device="cuda")
+    out.fill_(float("nan"))
+    arguments = GemmGroupedArguments(op, counts, A, B3, None, out)  # the current (default) stream, as bench_ms
+    op.run(arguments)
+    torch.cuda.synchronize()
+    error = _relative_error(out, reference)
+    result["SM90 device-sizes rel_err"] = error
+    if not error < tol:
+        result["SM90 device-sizes note"] = f"wrong result (rel err {error:.2e})"
+        return result
+    ms = bench_ms(lambda: op.run(arguments))
+    result["SM90 device-sizes us"] = ms * 1e3
+    result["SM90 device-sizes vs loop"] = loop_ms / ms
+    assert arguments.size_flags() == 0
+    del arguments
+
+    # A CUDA graph of one run, captured on a side stream (the arguments' stream), replayed on the current one.
+    stream = torch.cuda.Stream()
+    arguments = GemmGroupedArguments(op, counts, A, B3, None, out, stream=stream)
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        op.run(arguments)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    error = _relative_error(out, reference)
+    ms = bench_ms(graph.replay) if error < tol else float("nan")
+    result["SM90 graph us"] = ms * 1e3
+    result["SM90 graph TFLOP/s"] = flops / ms / 1e9
+    result["SM90 graph vs loop"] = loop_ms / ms
+    if grouped_mm_ms:
+        result["SM90 graph vs _grouped_mm"] = grouped_mm_ms / ms
+
+    # New routing: the same counts shuffled over the groups, written into the captured tensor, then one replay.
+    new_ms = [int(m) for m in np.random.default_rng(seed).permutation(ms_list)]
+    counts.copy_(torch.tensor(new_ms, dtype=torch.int32))
+    out.fill_(float("nan"))
+    graph.replay()
+    expected = torch.empty_like(out)
+    for a, b, d in zip(A.split(new_ms), B3.unbind(0), expected.split(new_ms)):
+        torch.matmul(a, b, out=d)
+    torch.cuda.synchronize()
+    result["SM90 graph new-counts rel_err"] = _relative_error(out, expected)
+    result["SM90 graph new-counts correct"] = result["SM90 graph new-counts rel_err"] < tol
+    flags = arguments.size_flags()
+    if flags:
+        result["SM90 device-sizes flags"] = flags
+    counts.copy_(torch.tensor(ms_list, dtype=torch.int32))
+    del graph, arguments, expected
+    return result
+
+
 def run_case(case: str, dtype: str, ops_by_mode: dict, args) -> tuple[list[dict], dict]:
     import torch
 
@@ -273,6 +337,13 @@ def run_case(case: str, dtype: str, ops_by_mode: dict, args) -> tuple[list[dict]
                 summary[f"{label} vs _grouped_mm"] = grouped_mm["ms"] / ms
         elif label in ops_by_mode:
             summary[f"{label} tile"] = "none correct"
+    if "SM90" in best and not args.no_device_sizes:
+        op = best["SM90"][0]
+        try:
+            summary.update(_sm90_device_sizes(op, ms_list, A, B3, out, reference, tol, loop_ms, grouped_mm["ms"],
+                                              flops))
+        except Exception as error:  # noqa: BLE001 - report, keep the rest of the benchmark
+            summary["SM90 device-sizes note"] = f"failed: {type(error).__name__}: {str(error)[:200]}"
     speedups = [loop_ms / ms for _, ms, _ in best.values()]
     summary["best vs loop"] = max(speedups) if speedups else 0.0
     if case == TARGET_CASE:
@@ -299,6 +370,8 @@ def main() -> None:
     parser.add_argument("--out", help="JSON output (default: benchmarks/results/grouped_gemm.json, from any directory)",
                         default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "grouped_gemm.json"))
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--no-device-sizes", action="store_true",
+                        help="skip the SM90 device-sizes / CUDA-graph rows (on by default for the best SM90 tile)")
     args = parser.parse_args()
     if cutlass.compiler.target.detected_compute_capability() is None:
         print("no GPU: benchmarks/grouped_gemm.py needs the GPU host (tests/gpu/precompile.py can compile its "

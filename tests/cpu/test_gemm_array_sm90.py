@@ -86,10 +86,16 @@ def test_what_the_pointer_array_kernel_does_not_take_is_rejected(kwargs, message
 
 
 def test_emission_is_the_grouped_pointer_array_kernel():
-    """The same template and builder as GemmOperationGrouped(90): only the names differ (and the clamp here)."""
+    """The same template and builder as GemmOperationGrouped(90): only the names differ (and the clamp here). The
+    grouped unit adds its device-sizes kernel (<name>_sizes, over Sm90GroupedSizesArgs); the Array kind has no
+    device-side sizes, so its unit has neither."""
     op, group = array90(layouts=(CM, R, CM), activation="relu"), grouped90(layouts=(CM, R, CM), activation="relu")
-    assert op.emit_body().replace(op.name, "X").split("\n", 1)[1] == \
-        group.emit_body().replace(group.name, "X").split("\n", 1)[1]
+    body, grouped_body = (x.emit_body().replace(x.name, "X").split("\n", 1)[1] for x in (op, group))
+    sizes_kernel = "\n\n// Device-side group sizes:"
+    assert sizes_kernel in grouped_body and "X_sizes(" in grouped_body
+    assert sizes_kernel not in body and "_sizes(" not in body and "SizesArgs" not in body
+    assert body == grouped_body[:grouped_body.index(sizes_kernel)] + "\n"
+    assert "ptr_bias" not in body and "Sm90RowBroadcast" not in body  # bias=None: CUTLASS's own fusions
     clamp = array90(functor=cutlass.LinearCombinationClamp(D.float16, 8, D.float32, D.float32))
     body = clamp.emit_body()
     for needle in ("KernelPtrArrayTmaWarpSpecializedCooperative", "GroupProblemShape", "LinCombEltAct<"
@@ -100,6 +106,9 @@ def test_emission_is_the_grouped_pointer_array_kernel():
     assert len(set(names)) == len(names) and "_clamp" in clamp.name
     unit = cutlass.emit.emitter.translation_unit([op, array90(array=False), group])
     assert unit.count("namespace pycutlass_sm90 {") == 1 and unit.count("struct Sm90GroupedGemmArgs") == 1
+    assert unit.count("struct Sm90GroupedSizesArgs") == 1
+    alone = cutlass.emit.emitter.translation_unit([op])
+    assert "struct Sm90GroupedGemmArgs" in alone and "Sm90GroupedSizesArgs" not in alone
 
 
 def _fake_device(monkeypatch, cls=GemmArgumentsArraySm90):
@@ -146,6 +155,9 @@ def test_array_arguments_lay_out_one_entry_per_matrix(monkeypatch):
     assert abi.workspace == args.workspace and abi.workspace_bytes == args.workspace_bytes
     assert abi.alpha == 2.0 and abi.beta == 0.0 and abi.ptr_A == args.device_arrays["ptr_A"]
     assert args.ptr_D == args.device_arrays["ptr_D"]
+    # The grouped kind's struct, bias pointer included (null: no bias here, and the builder never reads it).
+    assert type(abi) is type(grouped90()).abi_struct_type and abi.ptr_bias == 0
+    assert not hasattr(op, "sizes_symbol")  # no device-sizes kernel in its unit
 
 
 def test_tensors_holding_the_batch_and_the_other_modes(monkeypatch):
@@ -223,3 +235,4 @@ def test_nvrtc_compiles_an_array_operation_with_its_builder(tmp_path):
     assert kernel.backend == "nvrtc" and kernel.target == "sm_90a" and "nvrtc" in report.substituted
     assert op.kernel_symbol.encode() in kernel.binary and op.builder_symbol.encode() in kernel.binary
     assert len(kernel.binary) > 100_000  # a real kernel, not an empty stub
+    assert (op.name + "_sizes").encode() not in kernel.binary  # the grouped kind's device-sizes kernel: not here

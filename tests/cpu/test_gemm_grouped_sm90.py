@@ -50,6 +50,13 @@ def test_compute_capability_90_with_an_sm90_tile_builds_the_pointer_array_kernel
         cutlass.GemmGroupedArguments
 
 
+def _other_epilogue():
+    """An epilogue functor of a kind no SM90 kernel builds (every real one is either built or rejected earlier)."""
+    functor = cutlass.LinearCombination(D.float16, 8, D.float32, D.float32)
+    object.__setattr__(functor, "kind", "SomeOtherEpilogue")
+    return functor
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(tile=(64, 128, 64), kernel=KS.TmaWarpSpecializedCooperative), "tile M must be 128 or 256"),
     (dict(tile=(256, 128, 64), kernel=KS.TmaWarpSpecializedPingpong), "tile M must be 64"),
@@ -63,7 +70,7 @@ def test_compute_capability_90_with_an_sm90_tile_builds_the_pointer_array_kernel
     (dict(element=D.float8_e4m3, out=D.bfloat16, tile=(128, 128, 128)), "float16 or bfloat16"),
     (dict(acc=D.float16, functor=cutlass.LinearCombination(D.float16, 8, D.float16, D.float32)), "float32"),
     (dict(out=D.int8), "C must be one of"),
-    (dict(functor=cutlass.LinearCombinationClamp(D.float16, 8, D.float32, D.float32)), "not built for the SM90 grouped kernel"),
+    (dict(functor=_other_epilogue()), "not built for the SM90 grouped kernel.*bias=.column."),
     (dict(mode=cutlass.SchedulerMode.Host), "SchedulerMode.Device"),
     (dict(swizzle=cutlass.BatchedIdentitySwizzle), "swizzling_functor"),
     (dict(warps=[4, 1, 1]), "warp_count is derived"),
@@ -167,6 +174,19 @@ def test_nvrtc_compiles_an_sm90_grouped_operation_with_its_builder(tmp_path):
     assert len(kernel.binary) > 100_000  # a real kernel, not an empty stub
 
 
+@pytest.mark.slow
+def test_nvrtc_compiles_a_clamping_sm90_grouped_operation(tmp_path):
+    """A real compile of the clamp in the grouped unit (ping-pong, bf16; with its device-sizes kernel)."""
+    session = cutlass.Session(backend="nvrtc", target=90, cache_path=tmp_path / "c.db", progress=False)
+    compiler = cutlass.compiler.manager.Compiler.of(session)
+    op = grouped90(D.bfloat16, tile=(64, 128, 64), kernel=KS.TmaWarpSpecializedPingpong,
+                   functor=cutlass.LinearCombinationClamp(D.bfloat16, 8, D.float32, D.float32))
+    kernel = compiler.add_module([op])[0]
+    for symbol in (op.kernel_symbol, op.builder_symbol, op.sizes_symbol):
+        assert symbol.encode() in kernel.binary, symbol
+    assert len(kernel.binary) > 100_000
+
+
 class _FakeTensors:
     """Stands in for DeviceTensors: hands out distinct fake addresses and keeps what is uploaded."""
 
@@ -233,3 +253,239 @@ def test_arguments_lay_out_the_group_arrays(monkeypatch):
     assert (abi.problem_count, abi.sm_count, abi.swizzle, abi.raster_order) == (3, 132, 4, 1)
     assert abi.workspace == args.workspace and abi.workspace_bytes == args.workspace_bytes
     assert abi.alpha == 2.0 and abi.beta == 0.0 and abi.lda == args.device_arrays["lda"]
+
+
+# --- per-group bias and device-side sizes -------------------------------------------------------------------------
+def test_bias_is_column_only_and_sm90_only():
+    op = grouped90(activation="gelu")
+    biased = cutlass.GemmOperationGrouped(90, op.tile_description, op.A, op.B, op.C, op.epilogue_functor, bias="column")
+    assert biased.bias == "column" and biased.name != op.name and biased != op
+    for bias, message in (("row", "bias='row'.*not built"), (True, "bias=True"), ("both", "None or 'column'")):
+        with pytest.raises(DescriptionError, match=message):
+            cutlass.GemmOperationGrouped(90, op.tile_description, op.A, op.B, op.C, op.epilogue_functor, bias=bias)
+    math = cutlass.MathInstruction([16, 8, 16], D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp)
+    with pytest.raises(DescriptionError, match="SM90 grouped kernel"):
+        cutlass.GemmOperationGrouped(90, cutlass.TileDescription([128, 128, 32], 3, [2, 2, 1], math), op.A, op.B,
+                                     op.C, op.epilogue_functor, bias="column")
+
+
+def test_bias_emission_is_a_pointer_array_tree_and_every_unit_has_the_sizes_kernel():
+    base = grouped90(activation="leaky_relu")
+    op = cutlass.GemmOperationGrouped(90, base.tile_description, base.A, base.B, base.C, base.epilogue_functor,
+                                      bias="column")
+    source = op.emit()
+    for needle in ("evt::Sm90RowBroadcast<0, TileShape, ElementBias *", "Sm90ScalarBroadcastPtrArray",
+                   "cutlass::epilogue::thread::LeakyReLU", "scaled.op_2.ptr_row",
+                   "tree.op_1.leaky_alpha", f"{op.name}_sizes(pycutlass_abi::Sm90GroupedSizesArgs a)",
+                   "struct Sm90GroupedSizesArgs", "atomicOr"):
+        assert needle in source, needle
+    assert op.launch_plan()["sizes"] == op.sizes_symbol == op.name + "_sizes"
+    plain = grouped90().emit()
+    assert "Sm90RowBroadcast" not in plain and "_sizes(pycutlass_abi::Sm90GroupedSizesArgs a)" in plain
+
+
+class _FakeDeviceTensor:
+    """A device tensor by __cuda_array_interface__ only (no GPU is touched without _attach_device)."""
+
+    _next = 1 << 32
+
+    def __init__(self, shape, typestr="<f2", strides=None):
+        itemsize = int(typestr[2:])
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "version": 3,
+                                         "strides": None if strides is None else tuple(s * itemsize for s in strides),
+                                         "data": (_FakeDeviceTensor._next, False)}
+        self.address = _FakeDeviceTensor._next
+        count = 1
+        for extent in shape:
+            count *= extent
+        _FakeDeviceTensor._next += (count * itemsize + 4095) // 4096 * 4096 + 4096
+
+
+def _fake_device(monkeypatch):
+    import types
+
+    def attach(self, infos):
+        self.device = types.SimpleNamespace(sm_count=132)
+        self.tensors = _FakeTensors()
+        self.tensors.address = lambda info, is_output=False: info.device_address if info.kind == "device" else \
+            _FakeTensors._new(self.tensors, info.numel * info.itemsize)
+
+    monkeypatch.setattr(GemmGroupedArgumentsSm90, "_attach_device", attach)
+    monkeypatch.setattr(GemmGroupedArgumentsSm90, "_prepare", lambda self: None)
+
+
+def test_device_sizes_lay_out_the_sizes_kernel_inputs(monkeypatch):
+    """Packed A/D, a (groups, K, N) B and a (groups, N) bias: the host side of the device-sizes path."""
+    import numpy as np
+
+    _fake_device(monkeypatch)
+    op = grouped90(D.float16, (R, CM, R), activation="silu")  # (no bfloat16 in __cuda_array_interface__)
+    op = cutlass.GemmOperationGrouped(90, op.tile_description, op.A, op.B, op.C, op.epilogue_functor, bias="column")
+    groups, rows, n, k = 5, 300, 64, 128
+    sizes = _FakeDeviceTensor((groups, 3), "<i4")
+    A, D_ = _FakeDeviceTensor((rows, k)), _FakeDeviceTensor((rows, n))
+    B = _FakeDeviceTensor((groups, k, n), strides=(n * k, 1, k))  # column-major matrices, (G, N, K).transpose(1, 2)
+    bias = _FakeDeviceTensor((groups, n))
+    args = cutlass.GemmGroupedArguments(op, sizes, A, B, None, D_, op.epilogue_type(1.0, 0.0), bias=bias)
+    assert args.device_sizes and args.group_count == groups and args.tile_count is None
+    assert args.problem_sizes is sizes and args.workspace_bytes == op.workspace_bytes(132)
+    s = args._sizes_struct
+    assert (s.group_count, s.columns, s.rows_cap, s.n_cap, s.k_cap) == (groups, 3, rows, n, k)
+    assert (s.a_base, s.d_base, s.c_base) == (A.address, D_.address, 0)  # no C: C aliases D on the device
+    assert (s.a_row_bytes, s.d_row_bytes, s.lda_value, s.ldb_value) == (2 * k, 2 * n, k, k)
+    assert (s.align_n, s.align_k, s.contiguous) == (8, 8, 3) and s.stand_in and s.k_stand_in == 8
+    assert s.sizes == sizes.address and s.flags == args._flags
+    blob = args.tensors.uploads[args.device_arrays["problem_sizes"]]
+    base = args.device_arrays["problem_sizes"]
+
+    def array(field, dtype):
+        return np.frombuffer(blob, dtype, groups, args.device_arrays[field] - base)
+
+    np.testing.assert_array_equal(array("b_pointers", np.uint64), B.address + np.arange(groups) * n * k * 2)
+    np.testing.assert_array_equal(array("ptr_bias", np.uint64), bias.address + np.arange(groups) * n * 2)
+    np.testing.assert_array_equal(array("ldd", np.int64), [n] * groups)
+    abi = args.bind()
+    assert abi.problem_count == groups and abi.ptr_bias == args.device_arrays["ptr_bias"]
+    assert abi.problem_sizes == s.problem_sizes and abi.ptr_A == s.ptr_A and abi.ldb == s.ldb
+    # M only: N and K are the bounds, and K is then never 0 (no stand-in).
+    counts = _FakeDeviceTensor((groups,), "<i4")
+    args = cutlass.GemmGroupedArguments(op, counts, [A], B, None, [D_], op.epilogue_type(1.0, 0.0),
+                                        bias=[_FakeDeviceTensor((n,)) for _ in range(groups)])
+    assert args._sizes_struct.columns == 1 and args._sizes_struct.stand_in == 0
+
+
+def test_device_sizes_rules(monkeypatch):
+    import numpy as np
+
+    _fake_device(monkeypatch)
+    op = grouped90()
+    rows, n, k = 64, 64, 64
+    A, D_ = _FakeDeviceTensor((rows, k)), _FakeDeviceTensor((rows, n))
+    B = _FakeDeviceTensor((3, k, n), strides=(n * k, 1, k))
+    sizes = _FakeDeviceTensor((3, 3), "<i4")
+    ok = dict(As=A, Bs=B, Cs=None, Ds=D_)
+
+    def build(sizes=sizes, operation=op, **changes):
+        kwargs = {**ok, **changes}
+        return cutlass.GemmGroupedArguments(operation, sizes, kwargs["As"], kwargs["Bs"], kwargs["Cs"], kwargs["Ds"],
+                                            operation.epilogue_type(1.0, kwargs.get("beta", 0.0)))
+
+    build()
+    for bad, message in ((np.zeros((3, 3), np.int32), "device memory"),
+                         (_FakeDeviceTensor((3, 3), "<f4"), "int32"),
+                         (_FakeDeviceTensor((3, 2), "<i4"), "shape \\(groups, 3\\)"),
+                         (_FakeDeviceTensor((3, 3), "<i4", strides=(1, 3)), "contiguous"),
+                         (_FakeDeviceTensor((0, 3), "<i4"), "at least one group")):
+        with pytest.raises(cutlass.ArgumentError, match=message):
+            build(bad)
+    with pytest.raises(cutlass.ArgumentError, match="must be RowMajor"):
+        build(operation=grouped90(layouts=(CM, CM, R)))
+    with pytest.raises(cutlass.ArgumentError, match="one packed tensor"):
+        build(As=[A, A])
+    with pytest.raises(cutlass.ArgumentError, match="expected shape \\(64"):
+        build(Ds=_FakeDeviceTensor((rows + 8, n)))
+    with pytest.raises(cutlass.ArgumentError, match="host tensor"):
+        build(As=np.zeros((rows, k), np.float16))
+    with pytest.raises(cutlass.ArgumentError, match="Cs is None but beta"):
+        build(beta=0.5)
+    with pytest.raises(cutlass.ArgumentError, match="2 matrices but problem_sizes has 3"):
+        build(Bs=[_FakeDeviceTensor((k, n), strides=(1, k))] * 2)
+    with pytest.raises(cutlass.ArgumentError, match="multiples of the operation's alignment"):
+        build(As=_FakeDeviceTensor((rows, 60)), Bs=_FakeDeviceTensor((3, 60, n), strides=(n * 60, 1, 60)))
+    biased = cutlass.GemmOperationGrouped(90, op.tile_description, op.A, op.B, op.C, op.epilogue_functor,
+                                          bias="column")
+    with pytest.raises(cutlass.ArgumentError, match="pass them as bias="):
+        build(operation=biased)
+    with pytest.raises(cutlass.ArgumentError, match="built without a bias"):
+        cutlass.GemmGroupedArguments(op, sizes, A, B, None, D_, bias=_FakeDeviceTensor((3, n)))
+    with pytest.raises(cutlass.ArgumentError, match="C's element type"):
+        cutlass.GemmGroupedArguments(biased, sizes, A, B, None, D_, bias=_FakeDeviceTensor((3, n), "<f4"))
+    with pytest.raises(cutlass.ArgumentError, match="N >= 64"):
+        cutlass.GemmGroupedArguments(biased, sizes, A, B, None, D_, bias=_FakeDeviceTensor((3, n - 8)))
+
+
+def test_host_sizes_take_a_bias_per_group(monkeypatch):
+    import numpy as np
+
+    _fake_device(monkeypatch)
+    op = grouped90()
+    op = cutlass.GemmOperationGrouped(90, op.tile_description, op.A, op.B, op.C, op.epilogue_functor, bias="column")
+    problems = [(64, 32, 16), (8, 16, 16)]
+    As = [np.zeros((m, k), np.float16) for m, n, k in problems]
+    Bs = [np.zeros((k, n), np.float16, order="F") for m, n, k in problems]
+    Ds = [np.zeros((m, n), np.float16) for m, n, k in problems]
+    args = cutlass.GemmGroupedArguments(op, problems, As, Bs, None, Ds, bias=[np.zeros(32, np.float16),
+                                                                              np.zeros(16, np.float16)])
+    assert not args.device_sizes and args.bind().ptr_bias == args.device_arrays["ptr_bias"] != 0
+    with pytest.raises(cutlass.ArgumentError, match="group 1 has N = 16 but its bias has 8"):
+        cutlass.GemmGroupedArguments(op, problems, As, Bs, None, Ds, bias=[np.zeros(32, np.float16),
+                                                                           np.zeros(8, np.float16)])
+    args = cutlass.GemmGroupedArguments(op, problems, As, Bs, None, Ds, bias=np.zeros((2, 32), np.float16))
+    assert args.bind().ptr_bias
+
+
+@pytest.mark.slow
+def test_nvrtc_compiles_a_biased_sm90_grouped_operation(tmp_path):
+    """A real compile of the bias tree (and the sizes kernel, in every SM90 grouped unit)."""
+    session = cutlass.Session(backend="nvrtc", target=90, cache_path=tmp_path / "c.db", progress=False)
+    compiler = cutlass.compiler.manager.Compiler.of(session)
+    base = grouped90(D.bfloat16, activation="gelu")
+    op = cutlass.GemmOperationGrouped(90, base.tile_description, base.A, base.B, base.C, base.epilogue_functor,
+                                      bias="column")
+    kernel = compiler.add_module([op])[0]
+    for symbol in (op.kernel_symbol, op.builder_symbol, op.sizes_symbol):
+        assert symbol.encode() in kernel.binary, symbol
+    assert len(kernel.binary) > 100_000
+
+
+def test_clamp_is_built_without_a_bias_and_rejected_with_one():
+    """LinearCombinationClamp runs through CUTLASS's LinCombEltAct<Clamp> (as for array=True); the per-group bias is
+    pycutlass's own tree, which is not built with the clamp: rejected at construction, saying why."""
+    functor = cutlass.LinearCombinationClamp(D.bfloat16, 8, D.float32, D.float32)
+    op = grouped90(D.bfloat16, functor=functor)
+    assert "_coop_clamp_" in op.name and op.bias is None
+    assert op.name not in (grouped90(D.bfloat16).name, grouped90(D.bfloat16, activation="relu").name)
+    source = op.emit()
+    for needle in ("LinCombEltAct<cutlass::epilogue::thread::Clamp", "fusion.activation.lower_bound",
+                   "numeric_limits<ns::ElementC>::max()", f"{op.name}_sizes(pycutlass_abi::Sm90GroupedSizesArgs a)"):
+        assert needle in source, needle
+    assert "Sm90RowBroadcast" not in source
+    with pytest.raises(DescriptionError, match="LinearCombinationClamp with bias='column' is not built.*own epilogue "
+                                               "tree"):
+        cutlass.GemmOperationGrouped(90, op.tile_description, op.A, op.B, op.C, functor, bias="column")
+    with pytest.raises(DescriptionError, match="LinearCombinationClamp clamps to the output type's range"):
+        cutlass.LinearCombinationClamp(D.float32, 4, D.float32, D.float32)  # f32 outputs: no clamp (2.x's rule)
+
+
+def test_grouped_and_array_emission_is_deterministic():
+    """The same operations emit the same names and text (each and as one unit), here and in a fresh interpreter
+    with another hash seed."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    text = _units()
+    assert text == _units()
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))),
+           "PYTHONHASHSEED": "12345"}
+    code = ("import hashlib; from tests.cpu.test_gemm_grouped_sm90 import _units; "
+            "print(hashlib.sha256(_units().encode()).hexdigest())")
+    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root,
+                           check=True)
+    assert fresh.stdout.strip() == hashlib.sha256(text.encode()).hexdigest()
+
+
+def _units() -> str:
+    from .test_gemm_array_sm90 import array90
+
+    base = grouped90(activation="gelu")
+    ops = [grouped90(), base, grouped90(D.bfloat16, (CM, R, CM), tile=(64, 128, 64)),
+           grouped90(functor=cutlass.LinearCombinationClamp(D.float16, 8, D.float32, D.float32)),
+           cutlass.GemmOperationGrouped(90, base.tile_description, base.A, base.B, base.C, base.epilogue_functor,
+                                        bias="column"),
+           array90(), array90(activation="relu"),
+           array90(functor=cutlass.LinearCombinationClamp(D.float16, 8, D.float32, D.float32))]
+    return "\n".join([op.name for op in ops] + [op.emit() for op in ops] +
+                      [cutlass.emit.emitter.translation_unit(ops)])

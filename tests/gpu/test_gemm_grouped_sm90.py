@@ -14,15 +14,16 @@ from pycutlass import GemmGroupedArguments
 from pycutlass import KernelScheduleType as KS
 from pycutlass.gemm import GemmCoord
 
-from .conftest import precompile_module
+from .conftest import precompile_module, relative_error
 from .gemm_cases import CM, D, R
-from .test_gemm_grouped import (Group, check_padded_leading_dimensions, check_reused_arguments, mixed_problems,
-                                run_group)
+from .test_gemm_grouped import (Group, _activation_args, check_padded_leading_dimensions, check_reused_arguments,
+                                mixed_problems, run_group)
 
 pytestmark = pytest.mark.gpu
 
 
-def grouped90(element, layouts, tile=(128, 128, 64), cluster=(1, 1, 1), kernel=KS.Auto, out=None, activation=None):
+def grouped90(element, layouts, tile=(128, 128, 64), cluster=(1, 1, 1), kernel=KS.Auto, out=None, activation=None,
+              bias=None, clamp=False):
     """A GemmOperationGrouped(90, ...) with an SM90 tile (the pointer-array kernel)."""
     out = out or element
     math = cutlass.MathInstruction([64, tile[1], 16], element, element, D.float32, cutlass.OpClass.TensorOp)
@@ -31,12 +32,14 @@ def grouped90(element, layouts, tile=(128, 128, 64), cluster=(1, 1, 1), kernel=K
     A = cutlass.TensorDescription(element, layouts[0], 8)
     B = cutlass.TensorDescription(element, layouts[1], 8)
     C = cutlass.TensorDescription(out, layouts[2], 128 // out.bits)
-    if activation is None:
+    if clamp:
+        functor = cutlass.LinearCombinationClamp(out, C.alignment, D.float32, D.float32)
+    elif activation is None:
         functor = cutlass.LinearCombination(out, C.alignment, D.float32, D.float32)
     else:
         functor = cutlass.LinearCombinationGeneric(getattr(cutlass, activation)(D.float32), out, C.alignment,
                                                    D.float32, D.float32)
-    return cutlass.GemmOperationGrouped(90, description, A, B, C, functor)
+    return cutlass.GemmOperationGrouped(90, description, A, B, C, functor, bias=bias)
 
 
 # Every layout of A and B, both C layouts, both schedules, three cluster shapes and three epilogues.
@@ -51,12 +54,24 @@ OPS = {
     "bf16_tnt_pp_64x256_c2x1_silu": grouped90(D.bfloat16, (R, CM, R), (64, 256, 64), (2, 1, 1),
                                               KS.TmaWarpSpecializedPingpong, activation="silu"),
 }
+# Per-group bias (N values per group, bias="column"): a CUTLASS EVT over the pointer-array epilogue.
+BIAS_OPS = {
+    "f16_tnt_coop_bias": grouped90(D.float16, (R, CM, R), bias="column"),
+    "bf16_tnt_pp_c2x1_gelu_bias": grouped90(D.bfloat16, (R, CM, R), (128, 128, 64), (2, 1, 1),
+                                            KS.TmaWarpSpecializedPingpong, activation="gelu", bias="column"),
+    "bf16_tnn_coop_f32out_leaky_bias": grouped90(D.bfloat16, (R, CM, CM), (128, 256, 64), out=D.float32,
+                                                 activation="leaky_relu", bias="column"),
+}
+# LinearCombinationClamp (CUTLASS's LinCombEltAct<Clamp>, as for array=True); not built with bias="column".
+CLAMP_OPS = {
+    "f16_tnt_coop_clamp": grouped90(D.float16, (R, CM, R), clamp=True),
+}
 TOLERANCES = {D.float16: 5e-3, D.bfloat16: 2e-2, D.float32: 1e-3}
 
 
 @pytest.fixture(scope="module", autouse=True)
 def compiled(memory_pool):
-    precompile_module((), OPS.values())
+    precompile_module((), [*OPS.values(), *BIAS_OPS.values(), *CLAMP_OPS.values()])
     yield
 
 
@@ -220,7 +235,7 @@ def test_cubins_hold_real_kernels_and_no_traps():
     cuobjdump = shutil.which("cuobjdump")
     if cuobjdump is None:
         pytest.skip("cuobjdump (CUDA toolkit) is not on PATH")
-    for op in OPS.values():
+    for op in [*OPS.values(), *BIAS_OPS.values(), *CLAMP_OPS.values()]:
         kernel = cutlass.compiler.add_module([op])[0]
         with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
             handle.write(kernel.binary)
@@ -231,3 +246,288 @@ def test_cubins_hold_real_kernels_and_no_traps():
                      or f.startswith(op.name + " ")), "")
         assert "GMMA" in body, f"{op.name}: no warpgroup MMA in its kernel"
         assert "UTMALDG" in body, f"{op.name}: no TMA load in its kernel"
+
+
+# --- per-group bias --------------------------------------------------------------------------------------------
+def _bias_values(rng, groups, width, element):
+    from .gemm_cases import random_values
+
+    return random_values(rng, (groups, width), element)
+
+
+def _check_biased_group(op, group, bias, tol):
+    """Group.check with bias_g added before the activation."""
+    from .gemm_cases import epilogue_reference, to_float64
+
+    failures = []
+    args = _activation_args(op)
+    for index, ((m, n, k), a, b, c, Dt) in enumerate(zip(group.problems, group.a, group.b, group.c, group.Ds)):
+        if m == 0 or n == 0:
+            continue
+        read_c = group.used_c is not None and group.beta != 0
+        accumulator = group.alpha * (a @ b) + bias[index][:n][None, :]  # alpha * AB + bias == alpha * (AB + bias/alpha)
+        reference = epilogue_reference(op, accumulator, c if read_c else None, 1.0, group.beta if read_c else 0.0,
+                                       args)
+        error = relative_error(to_float64(Dt), reference)
+        if not error < tol:
+            failures.append(f"group {index} {(m, n, k)}: relative error {error:.3e}")
+    assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.parametrize("form", ["list", "matrix"])
+@pytest.mark.parametrize("key", list(BIAS_OPS))
+def test_bias_per_group(key, form):
+    """D_g = act(alpha * A_g @ B_g + beta * C_g + bias_g), with M, N or K = 0 groups; bias as a list of vectors or
+    one (groups, max N) tensor."""
+    import torch
+
+    op = BIAS_OPS[key]
+    problems = mixed_problems(8, count=10, seed=20)
+    rng = np.random.default_rng(21)
+    width = max(n for _, n, _ in problems)
+    bias = _bias_values(rng, len(problems), width, op.C.element)
+    dtype = {D.float16: torch.float16, D.bfloat16: torch.bfloat16, D.float32: torch.float32}[op.C.element]
+    full = torch.from_numpy(bias).to(dtype).cuda()
+    vectors = full if form == "matrix" else [full[g, :n].clone() for g, (_, n, _) in enumerate(problems)]
+    for beta, with_c in ((0.5, True), (0.0, False)):
+        group = Group(op, problems, with_c=with_c, seed=22)
+        group.alpha, group.beta, group.used_c = 1.5, beta, group.Cs
+        args = GemmGroupedArguments(op, [GemmCoord(*p) for p in problems], group.As, group.Bs, group.Cs, group.Ds,
+                                    op.epilogue_type(1.5, beta, *_activation_args(op)), bias=vectors)
+        op.run(args)
+        args.sync()
+        _check_biased_group(op, group, bias, _tol(op))
+
+
+def test_bias_is_required_by_biased_operations():
+    op = BIAS_OPS["f16_tnt_coop_bias"]
+    group = Group(op, [(64, 64, 64)])
+    with pytest.raises(cutlass.ArgumentError, match="pass them as bias="):
+        GemmGroupedArguments(op, group.problems, group.As, group.Bs, group.Cs, group.Ds)
+
+
+# --- the clamp -------------------------------------------------------------------------------------------------
+def test_clamp_to_the_output_range():
+    """LinearCombinationClamp: +-inf in C and products beyond float16's range become +-65504 (also in a K = 0 group,
+    D = clamp(beta * C)); everything else as a linear combination."""
+    from .gemm_cases import to_float64
+
+    op = CLAMP_OPS["f16_tnt_coop_clamp"]
+    limit = 65504.0
+    problems = [(136, 72, 64), (64, 200, 0), (0, 64, 64), (264, 136, 520), (8, 8, 8)]
+    group = Group(op, problems, seed=30)
+    for (m, n, _), c, Ct in zip(problems, group.c, group.Cs):
+        if m and n:
+            for (i, j), value in (((0, 0), float("inf")), ((m - 1, n - 1), float("-inf"))):
+                c[i, j] = value
+                Ct[i, j] = value
+    alpha, beta = 3000.0, 1.0  # |alpha * A @ B| often beyond 65504
+    args = group.arguments(alpha=alpha, beta=beta)
+    op.run(args)
+    args.sync()
+    for index, ((m, n, k), a, b, c, Dt) in enumerate(zip(problems, group.a, group.b, group.c, group.Ds)):
+        got = to_float64(Dt)
+        if m == 0 or n == 0:
+            continue
+        reference = alpha * (a @ b) + beta * c
+        saturated = np.abs(reference) >= limit * 1.001
+        assert saturated[0, 0] and saturated[m - 1, n - 1]
+        assert np.array_equal(got[saturated], np.sign(reference[saturated]) * limit), \
+            f"problem {index}: values beyond the range must be clamped"
+        rest = ~saturated
+        error = relative_error(got[rest], np.clip(reference[rest], -limit, limit))
+        assert error < _tol(op), f"problem {index} {(m, n, k)}: relative error {error:.3e}"
+
+
+# --- device-side sizes -----------------------------------------------------------------------------------------
+class Packed:
+    """The MoE layout: one packed A (rows x K), B as (groups, K, N), one packed C and D (rows x N), optional bias
+    (groups, N); float64 values kept for the references. D sits inside a NaN guard band to catch stray writes."""
+
+    GUARD = 16  # rows
+
+    def __init__(self, op, groups, rows, n, k, seed=0, with_c=True, bias=False):
+        import torch
+
+        from .gemm_cases import random_values, to_tensor
+
+        rng = np.random.default_rng(seed)
+        storage, out = op.A.element, op.C.element
+        self.op, self.groups, self.rows, self.n, self.k = op, groups, rows, n, k
+        self.a = random_values(rng, (rows, k), storage)
+        self.b = random_values(rng, (groups, k, n), storage)
+        self.c = random_values(rng, (rows, n), out) if with_c else None
+        self.bias = random_values(rng, (groups, n), out) if bias else None
+        self.A = to_tensor(self.a, storage, R, "torch")
+        self.B = to_tensor(self.b, storage, op.B.layout, "torch")
+        self.C = to_tensor(self.c, out, R, "torch") if with_c else None
+        self.Bias = to_tensor(self.bias, out, R, "torch") if bias else None
+        dtype = {D.float16: torch.float16, D.bfloat16: torch.bfloat16, D.float32: torch.float32}[out]
+        self.guarded = torch.full((rows + 2 * self.GUARD, n), float("nan"), dtype=dtype, device="cuda")
+        self.D = self.guarded[self.GUARD:self.GUARD + rows]
+
+    def poison(self):
+        self.guarded.fill_(float("nan"))
+
+    def arguments(self, sizes, alpha=1.25, beta=-0.5, **kwargs):
+        op = self.op
+        self.alpha, self.beta = alpha, beta if self.C is not None else 0.0
+        return GemmGroupedArguments(op, sizes, self.A, self.B, self.C, self.D,
+                                    op.epilogue_type(alpha, self.beta, *_activation_args(op)),
+                                    bias=self.Bias, **kwargs)
+
+    def clamped(self, sizes):
+        """What the sizes kernel does to (M, N, K) rows (or M only): each group's first row and its clamped size."""
+        sizes = np.asarray(sizes, dtype=np.int64).reshape(self.groups, -1)
+        row, out = 0, []
+        for size in sizes:
+            m, n, k = (int(size[0]), self.n, self.k) if len(size) == 1 else map(int, size)
+            m, n, k = max(m, 0), max(n, 0), max(k, 0)
+            first = min(row, self.rows)
+            row += m
+            m, n, k = min(m, self.rows - first), min(n, self.n), min(k, self.k)
+            if n % self.op.C.alignment or k % self.op.A.alignment:
+                m = 0
+            out.append((first, m, n, k))
+        return out
+
+    def check(self, sizes, tol):
+        """Every group's rows against float64; every other element of D and the guard bands still NaN."""
+        from .gemm_cases import epilogue_reference
+
+        got = self.guarded.double().cpu().numpy()
+        written = np.zeros(got.shape, dtype=bool)
+        failures = []
+        for g, (first, m, n, k) in enumerate(self.clamped(sizes)):
+            if m == 0 or n == 0:
+                continue
+            rows = slice(self.GUARD + first, self.GUARD + first + m)
+            written[rows, :n] = True
+            accumulator = self.a[first:first + m, :k] @ self.b[g, :k, :n]
+            accumulator = self.alpha * accumulator + (self.bias[g, :n][None, :] if self.bias is not None else 0.0)
+            c = self.c[first:first + m, :n] if self.c is not None and self.beta != 0 else None
+            reference = epilogue_reference(self.op, accumulator, c, 1.0, self.beta if c is not None else 0.0,
+                                           _activation_args(self.op))
+            error = relative_error(got[rows, :n], reference)
+            if not error < tol:
+                failures.append(f"group {g} rows {first}..{first + m} (N {n}, K {k}): relative error {error:.3e}")
+        assert np.isnan(got[~written]).all(), "the kernel wrote outside the groups' rows and columns"
+        assert not failures, "\n".join(failures[:20])
+
+
+def _device_sizes(values):
+    import torch
+
+    return torch.tensor(np.asarray(values, dtype=np.int32), dtype=torch.int32, device="cuda")
+
+
+def _counts(rng, groups, rows, empty=3):
+    """Skewed M per group summing to at most ``rows``, some groups empty."""
+    weights = rng.lognormal(0.0, 1.0, groups)
+    weights[rng.choice(groups, empty, replace=False)] = 0.0
+    return rng.multinomial(int(rows * 0.9), weights / weights.sum()).astype(np.int32)
+
+
+DEVICE_KEYS = ["f16_tnt_coop", "bf16_tnt_pp_64x256_c2x1_silu"]
+
+
+@pytest.mark.parametrize("key", DEVICE_KEYS + ["bf16_tnt_pp_c2x1_gelu_bias"])
+def test_device_sizes_match_the_packed_reference(key):
+    """(groups, 3) sizes on the device, skewed M with empty groups, then M only ((groups,)), with and without C."""
+    op = {**OPS, **BIAS_OPS}[key]
+    rng = np.random.default_rng(30)
+    groups, rows, n, k = 24, 1500, 200, 136
+    for with_c, columns in ((True, 3), (False, 1)):
+        packed = Packed(op, groups, rows, n, k, seed=31, with_c=with_c, bias=op.bias is not None)
+        counts = _counts(rng, groups, rows)
+        values = np.stack([counts, np.full(groups, n), np.full(groups, k)], 1) if columns == 3 else counts
+        args = packed.arguments(_device_sizes(values))
+        assert args.device_sizes and args.tile_count is None
+        op.run(args)
+        args.sync()
+        packed.check(values, _tol(op))
+        assert args.size_flags() == 0
+        assert 0 < args.threadblock_count <= args.sm_count
+
+
+@pytest.mark.parametrize("key", ["f16_tnt_coop", "bf16_tnt_pp_c2x1_gelu_bias"])
+def test_device_sizes_per_group_n_and_k_with_zero_sized_groups(key):
+    """N_g <= N and K_g <= K per group, K = 0 (D = act(beta * C + bias)), M = 0 and N = 0 groups, one B list."""
+    op = {**OPS, **BIAS_OPS}[key]
+    groups, rows, n, k = 8, 700, 264, 192
+    packed = Packed(op, groups, rows, n, k, seed=32, bias=op.bias is not None)
+    values = [(100, 264, 192), (0, 264, 192), (64, 0, 192), (90, 128, 0), (33, 8, 8), (200, 256, 64), (0, 0, 0),
+              (150, 264, 192)]
+    args = packed.arguments(_device_sizes(values))
+    op.run(args)
+    args.sync()
+    packed.check(values, _tol(op))
+    assert args.size_flags() == 0
+    # B as a list of matrices instead of one tensor.
+    packed.poison()
+    Bs = list(packed.B.unbind(0))
+    args = GemmGroupedArguments(op, _device_sizes(values), packed.A, Bs, packed.C, packed.D,
+                                op.epilogue_type(packed.alpha, packed.beta, *_activation_args(op)), bias=packed.Bias)
+    op.run(args)
+    args.sync()
+    packed.check(values, _tol(op))
+
+
+@pytest.mark.parametrize("key", ["f16_tnt_coop", "bf16_tnt_pp_64x256_c2x1_silu", "bf16_tnt_pp_c2x1_gelu_bias"])
+def test_cuda_graph_replays_new_counts(key):
+    """Capture one run, then write new counts (incl. empty groups, all empty, one group taking every row) into the
+    sizes tensor and replay: every replay is checked; no builder runs after capture."""
+    import torch
+
+    op = {**OPS, **BIAS_OPS}[key]
+    rng = np.random.default_rng(40)
+    groups, rows, n, k = 32, 2048, 256, 256
+    packed = Packed(op, groups, rows, n, k, seed=41, bias=op.bias is not None)
+    sizes = _device_sizes(_counts(rng, groups, rows))
+    stream = torch.cuda.Stream()
+    args = packed.arguments(sizes, stream=stream)
+    stream.synchronize()
+    launches = args._loaded_op.builder_launches
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        op.run(args)
+    schedules = [_counts(rng, groups, rows, empty=10), np.zeros(groups, np.int32),
+                 np.eye(groups, dtype=np.int32)[5] * rows, _counts(rng, groups, rows // 4, empty=1),
+                 np.r_[np.zeros(groups - 1, np.int32), [rows]].astype(np.int32)]
+    for counts in schedules:
+        sizes.copy_(torch.from_numpy(counts).to(sizes.device))
+        packed.poison()
+        graph.replay()
+        torch.cuda.synchronize()
+        packed.check(counts, _tol(op))
+    assert args.size_flags() == 0
+    assert args._loaded_op.builder_launches == launches or args._loaded_op.verifying
+    del graph
+
+
+def test_out_of_bounds_sizes_are_clamped_and_flagged():
+    """Sizes beyond the tensors are cut on the device (nothing written outside D, checked by its NaN guard bands),
+    and reported: sum of M over the rows, N or K over the bounds, negative sizes, misaligned N or K."""
+    op = OPS["f16_tnt_coop"]
+    groups, rows, n, k = 6, 512, 128, 128
+    packed = Packed(op, groups, rows, n, k, seed=50)
+    cases = [([(300, 128, 128), (300, 128, 128), (100, 128, 128)] + [(10, 128, 128)] * 3, 1),
+             ([(64, 512, 128)] + [(64, 128, 128)] * 5, 2),
+             ([(64, 128, 4096)] + [(64, 128, 128)] * 5, 4),
+             ([(-5, 128, 128), (64, -8, 128)] + [(64, 128, 128)] * 4, 8),
+             ([(64, 120, 128), (64, 128, 100)] + [(64, 128, 128)] * 4, 0)]
+    for values, flag in cases:
+        packed.poison()
+        args = packed.arguments(_device_sizes(values))
+        op.run(args)
+        args.sync()
+        flags = args.size_flags()
+        if flag:
+            assert flags & flag, (values, flags)
+        packed.check(values, _tol(op))
+        if flags:
+            with pytest.raises(cutlass.ArgumentError, match="out of bounds"):
+                args.check_sizes()
+            assert args.size_flags() == 0  # check_sizes resets
+    # 120 is a multiple of 8 (allowed); 100 is not: that group is skipped and flagged.
+    assert flags & 16

@@ -103,7 +103,9 @@ class GemmOperationArraySm90(sm90.GemmOperationSm90):
         return grouped.GemmOperationGroupedSm90.headers(self)  # the same kernel: the same headers
 
     def emit_body(self) -> str:
-        return grouped.render_ptr_array_kernel(self)
+        # No bias (rejected above) and no device-sizes kernel: that one is the grouped kind's (its ABI struct,
+        # Sm90GroupedSizesArgs, is defined by grouped units only); the entries' sizes are uploaded with the pointers.
+        return grouped.render_ptr_array_kernel(self, bias=None, sizes_kernel=False)
 
     def describe(self) -> str:
         tile = self.tile_description

@@ -106,7 +106,11 @@ class GemmOperationGrouped(TiledOperation):
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueFunctor,
                  swizzling_functor: SwizzlingFunctor = IdentitySwizzle1,
-                 precompute_mode: SchedulerMode = SchedulerMode.Device):
+                 precompute_mode: SchedulerMode = SchedulerMode.Device, bias=None):
+        if bias is not None:
+            raise DescriptionError(f"{_WHAT}: bias= is built for the SM90 grouped kernel (an SM90 tile at compute "
+                                   f"capability 90); the CUTLASS 2.x kernel adds a bias as a broadcast C (one "
+                                   f"vector per problem in Cs)")
         self.compute_capability = check_compute_capability(arch)
         check_operand_types(tile_description, A, B, C, epilogue_functor, _WHAT)
         if not isinstance(precompute_mode, SchedulerMode):

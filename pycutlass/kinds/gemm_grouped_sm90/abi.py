@@ -1,4 +1,4 @@
-"""The SM90 grouped GEMM's argument struct: per-group arrays live on the device, the struct points at them (its
+"""The SM90 grouped GEMM's argument structs: per-group arrays live on the device, the structs point at them (its
 builder also writes a TmaRecord, emit/abi.py, per prototype TMA descriptor)."""
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ class Sm90GroupedGemmArgs(AbiStruct):
     """What Python hands the device-side Params builder. Nothing here depends on the per-group sizes (they stay on
     the device and the kernel reads them), so Params built for one group serve every group of the same count.
     ``raster_order``: 0 heuristic, 1 along M, 2 along N; ``sm_count``: SMs the persistent grid (and the per-SM
-    tensormap slots of the workspace) are sized for."""
+    tensormap slots of the workspace) are sized for. ``ptr_bias``: the per-group bias pointers (operations built
+    with ``bias="column"``; null otherwise)."""
 
-    _pointers_ = ("problem_sizes", "ptr_A", "ptr_B", "ptr_C", "ptr_D", "lda", "ldb", "ldc", "ldd", "workspace")
+    _pointers_ = ("problem_sizes", "ptr_A", "ptr_B", "ptr_C", "ptr_D", "lda", "ldb", "ldc", "ldd", "workspace",
+                  "ptr_bias")
     _fields_ = [("problem_count", ctypes.c_int32), ("sm_count", ctypes.c_int32), ("raster_order", ctypes.c_int32),
                 ("swizzle", ctypes.c_int32), ("max_active_clusters", ctypes.c_int32), ("reserved", ctypes.c_int32),
                 ("problem_sizes", ctypes.c_uint64),  # device array of Shape<int, int, int> (3 x int32)
@@ -22,4 +24,41 @@ class Sm90GroupedGemmArgs(AbiStruct):
                 ("lda", ctypes.c_uint64), ("ldb", ctypes.c_uint64), ("ldc", ctypes.c_uint64),
                 ("ldd", ctypes.c_uint64),  # device arrays of CUTLASS's internal strides (one int64 each)
                 ("workspace", ctypes.c_uint64),  # per-SM tensormap slots
-                ("workspace_bytes", ctypes.c_int64)] + EPILOGUE_FIELDS
+                ("workspace_bytes", ctypes.c_int64),
+                ("ptr_bias", ctypes.c_uint64)] + EPILOGUE_FIELDS  # device array of per-group bias pointers
+
+
+class Sm90GroupedSizesArgs(AbiStruct):
+    """What the device-sizes kernel (``<name>_sizes``, launched before every run of arguments whose group sizes are
+    a device tensor) reads and writes: it turns the caller's sizes into the kernel's per-group arrays.
+
+    In: ``sizes`` (int32, ``columns`` = 3 for rows of M, N, K or 1 for M only), the packed A, C and D (rows of
+    ``*_row_bytes`` each; ``c_base`` 0 when C aliases D), the per-group B pointers, the bounds (``rows_cap`` rows of
+    the packed operands, ``n_cap``, ``k_cap``) and the zeroed stand-in for K = 0 groups. Out: the per-group arrays
+    the grouped kernel reads, and ``flags`` (an int32 the kernel ORs its findings into: see SIZE_FLAGS)."""
+
+    _pointers_ = ("sizes", "a_base", "c_base", "d_base", "b_pointers", "stand_in", "problem_sizes", "ptr_A", "ptr_B",
+                  "ptr_C", "ptr_D", "lda", "ldb", "flags")
+    _fields_ = [("group_count", ctypes.c_int32), ("columns", ctypes.c_int32), ("n_cap", ctypes.c_int32),
+                ("k_cap", ctypes.c_int32), ("k_stand_in", ctypes.c_int32),
+                ("contiguous", ctypes.c_int32),  # bit 0: N must be a multiple of align_n, bit 1: K of align_k
+                ("align_n", ctypes.c_int32), ("align_k", ctypes.c_int32),
+                ("rows_cap", ctypes.c_int64), ("sizes", ctypes.c_uint64),
+                ("a_base", ctypes.c_uint64), ("c_base", ctypes.c_uint64), ("d_base", ctypes.c_uint64),
+                ("a_row_bytes", ctypes.c_int64), ("c_row_bytes", ctypes.c_int64), ("d_row_bytes", ctypes.c_int64),
+                ("b_pointers", ctypes.c_uint64), ("lda_value", ctypes.c_int64), ("ldb_value", ctypes.c_int64),
+                ("stand_in", ctypes.c_uint64), ("stand_in_lda", ctypes.c_int64), ("stand_in_ldb", ctypes.c_int64),
+                ("problem_sizes", ctypes.c_uint64), ("ptr_A", ctypes.c_uint64), ("ptr_B", ctypes.c_uint64),
+                ("ptr_C", ctypes.c_uint64), ("ptr_D", ctypes.c_uint64), ("lda", ctypes.c_uint64),
+                ("ldb", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
+
+
+# What the device-sizes kernel reports in ``flags`` (sticky: ORed by every run until reset). Every case is clamped
+# on the device so that nothing is read or written out of bounds; the affected groups' results are wrong or missing.
+SIZE_FLAGS = {
+    1: "the sum of M over the groups exceeds the rows of the packed A/C/D (the excess rows were dropped)",
+    2: "a group's N exceeds the N of B/D (clamped)",
+    4: "a group's K exceeds the K of A/B (clamped)",
+    8: "a negative size (taken as 0)",
+    16: "a group's N or K is not a multiple of the operand's alignment along its contiguous dimension (group skipped)",
+}

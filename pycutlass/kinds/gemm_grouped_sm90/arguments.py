@@ -9,17 +9,52 @@ workspace holds the per-SM tensormap slots the kernel rewrites per group. Both b
 Zero-sized groups: M == 0 or N == 0 has no output tile (the scheduler skips it). K == 0 must still write
 D = epilogue(beta * C), but CUTLASS's main loop leaves the accumulators unset when a tile has no K iteration, so such a
 group runs with K = one 16-byte vector and A and B pointing at a zeroed stand-in: the product is exactly 0.
+
+Device-side sizes (``problem_sizes`` an int32 device tensor of shape (groups, 3) or (groups,)): the operands are one
+packed A (rows x K, RowMajor), one packed D (and C) (rows x N, RowMajor), and B as a (groups, K, N) tensor or a list
+of groups matrices. The host knows only the group count and the bounds (rows, N, K); a small kernel
+(``<name>_sizes``) runs before every launch and turns the sizes into the per-group arrays (each group's first row is
+the sum of the M before it), clamping every size to the bounds, so the grouped kernel never leaves the caller's
+tensors whatever the sizes. Violations are reported in a sticky device flag (``size_flags()``, ``check_sizes()``).
 """
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
-from ...description.types import LayoutType
+from ...description.types import DataType, LayoutType
 from ...emit.abi import fill_epilogue
 from ...errors import ArgumentError, CudaError
-from ..gemm_grouped.arguments import GemmGroupedArguments, _alias, pack_problem_arrays
-from .abi import Sm90GroupedGemmArgs
+from ...runtime import driver
+from ...runtime.arguments import OperationArguments
+from ...runtime.tensors import describe, storage_type
+from ..gemm.arguments import coerce_output_op
+from ..gemm.matrix import matrix_geometry
+from ..gemm_grouped.arguments import GemmGroupedArguments, _alias
+from .abi import SIZE_FLAGS, Sm90GroupedGemmArgs, Sm90GroupedSizesArgs
 from .operation import GemmOperationGroupedSm90
+
+_ARRAY_ALIGNMENT = 16  # bytes; each per-group array starts aligned in the shared buffer
+_TMA_BYTES = 16  # TMA: 16-byte aligned addresses and strides
+
+
+def _pack(arrays) -> tuple[bytes, dict]:
+    """One buffer for the per-group arrays ((field, numpy array) pairs), each aligned; and each one's offset."""
+    blob, offsets = bytearray(), {}
+    for field, array in arrays:
+        blob.extend(b"\0" * (-len(blob) % _ARRAY_ALIGNMENT))
+        offsets[field] = len(blob)
+        blob.extend(np.ascontiguousarray(array).tobytes())
+    return bytes(blob), offsets
+
+
+def is_device_sizes(problem_sizes) -> bool:
+    """Whether ``problem_sizes`` is a tensor (the device-sizes path) rather than a list of (M, N, K)."""
+    if isinstance(problem_sizes, (list, tuple)) or problem_sizes is None:
+        return False
+    return isinstance(problem_sizes, np.ndarray) or hasattr(problem_sizes, "__cuda_array_interface__") or \
+        hasattr(problem_sizes, "__dlpack__") or type(problem_sizes).__module__.startswith("torch")
 
 # None: CUTLASS's own default for groups (along M; its heuristic looks at the grid, not at the groups' shapes).
 RASTER_ORDERS = {None: 1, "heuristic": 0, "along_m": 1, "along_n": 2}
@@ -40,7 +75,7 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
 
     def __init__(self, operation, problem_sizes, As=None, Bs=None, Cs=None, Ds=None, output_op=None, stream=None,
                  device=None, session=None, *, A=None, B=None, C=None, D=None, raster_order=None, swizzle=None,
-                 sm_count=None):
+                 sm_count=None, bias=None):
         if A is not None or B is not None or C is not None or D is not None:
             As, Bs, Cs, Ds = (_alias(plural, plural_value, single, single_value) for plural, plural_value, single,
                               single_value in (("As", As, "A", A), ("Bs", Bs, "B", B), ("Cs", Cs, "C", C),
@@ -49,7 +84,21 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
             raise ArgumentError(f"GemmGroupedArgumentsSm90 needs an SM90 GemmOperationGrouped, got "
                                 f"{type(operation).__name__}")
         self._knobs = _check_knobs(operation, raster_order, swizzle, sm_count)
-        self._validate_and_prepare(operation, problem_sizes, As, Bs, Cs, Ds, output_op, stream, device, session)
+        if bias is not None and operation.bias is None:
+            raise ArgumentError(f"{operation.name} was built without a bias; build it with bias='column' to pass bias=")
+        if bias is None and operation.bias is not None:
+            raise ArgumentError(f"{operation.name} adds a bias vector per group (N values); pass them as bias=")
+        self._bias = bias
+        self._sizes_launch = None
+        self.device_sizes = is_device_sizes(problem_sizes)
+        if self.device_sizes:
+            self._validate_device_sizes(operation, problem_sizes, As, Bs, Cs, Ds, output_op, stream, device, session)
+        else:
+            self._validate_and_prepare(operation, problem_sizes, As, Bs, Cs, Ds, output_op, stream, device, session)
+
+    @property
+    def group_count(self) -> int:
+        return self._group_count if self.device_sizes else len(self.problem_sizes)
 
     def _describe_operand(self, index: int, label: str, tensor, rows: int, cols: int, desc):
         info, geometry = super()._describe_operand(index, label, tensor, rows, cols, desc)
@@ -58,9 +107,292 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
                                 f"SM90 grouped operations (TMA reads whole matrices); pass an M x N matrix")
         return info, geometry
 
+    # --- bias vectors (operations built with bias="column") ------------------------------------------------
+    def _describe_bias(self, widths: list[int], device_only: bool) -> None:
+        """``bias=``: a list of one vector per group (group g's at least ``widths[g]`` values), or one 2-D tensor
+        (groups, X) with unit column stride and X >= every width. Keeps, per group, (TensorInfo, byte offset)."""
+        op, bias, count = self.operation, self._bias, len(widths)
+        element = storage_type(op.C.element)
+        self._bias_parts = []
+        if bias is None:
+            return
+        if isinstance(bias, (list, tuple)):
+            if len(bias) != count:
+                raise ArgumentError(f"bias has {len(bias)} vector(s) but there are {count} group(s)")
+            infos = [describe(vector, f"bias[{g}]") for g, vector in enumerate(bias)]
+            for g, info in enumerate(infos):
+                if len(info.shape) != 1 or (info.shape[0] > 1 and info.strides[0] != 1):
+                    raise ArgumentError(f"bias[{g}]: expected a contiguous 1-D vector of {widths[g]} values (N of "
+                                        f"group {g}), got shape {info.shape}, strides {info.strides}")
+                if info.shape[0] < widths[g]:
+                    raise ArgumentError(f"bias[{g}]: group {g} has N = {widths[g]} but its bias has "
+                                        f"{info.shape[0]} values")
+            parts = [(info, 0) for info in infos]
+        else:
+            info = describe(bias, "bias")
+            width = max(widths, default=0)
+            if len(info.shape) != 2 or info.shape[0] != count or info.shape[1] < width or \
+                    (info.shape[1] > 1 and info.strides[1] != 1):
+                raise ArgumentError(f"bias: expected a list of {count} vectors or a ({count}, N) tensor with "
+                                    f"contiguous rows and N >= {width}, got shape {info.shape}, strides "
+                                    f"{info.strides}")
+            infos = [info]
+            parts = [(info, g * info.strides[0] * info.itemsize) for g in range(count)]
+        for info in infos:
+            if info.element is not element:
+                raise ArgumentError(f"{info.name}: the bias is added in C's element type, {element.label}; got "
+                                    f"{info.element.label}")
+            if device_only and info.kind != "device":
+                raise ArgumentError(f"{info.name}: with device-side sizes every tensor must be device memory (the "
+                                    f"launch is meant to be captured in a CUDA graph); got a host tensor")
+        self._bias_parts = parts
+
+    def _bias_pointers(self) -> np.ndarray:
+        addresses, pointers = {}, np.zeros(len(self._bias_parts), dtype=np.uint64)
+        for g, (info, offset) in enumerate(self._bias_parts):
+            if id(info) not in addresses:
+                addresses[id(info)] = self.tensors.address(info) if info.numel else 0
+            pointers[g] = addresses[id(info)] + offset if addresses[id(info)] else 0
+        return pointers
+
+    def _materialize(self) -> None:
+        if not self.device_sizes:
+            self._describe_bias([n for _, n, _ in self.problem_sizes], device_only=False)
+        super()._materialize()
+
+    def _tensor_infos(self) -> list:
+        bias = list({id(info): info for info, _ in getattr(self, "_bias_parts", [])}.values())
+        if self.device_sizes:
+            return [self._sizes_info, *self._packed.values(), *self._b_infos, *bias]
+        return super()._tensor_infos() + bias
+
+    # --- device-side sizes ------------------------------------------------------------------------------------
+    def _validate_device_sizes(self, op, sizes, As, Bs, Cs, Ds, output_op, stream, device, session) -> None:
+        OperationArguments.__init__(self, op, stream, device, session)
+        info = describe(sizes, "problem_sizes")
+        shape, strides = info.shape, info.strides
+        if info.kind != "device":
+            raise ArgumentError("problem_sizes: a tensor of sizes must be device memory (int32, shape (groups, 3) or "
+                                "(groups,)); pass host sizes as a list of (M, N, K)")
+        if info.element is not DataType.int32:
+            raise ArgumentError(f"problem_sizes: the sizes must be int32, got {info.element.label}")
+        if len(shape) == 2 and shape[1] == 3 and (shape[0] <= 1 or strides == (3, 1)):
+            columns = 3
+        elif len(shape) == 1 and (shape[0] <= 1 or strides == (1,)):
+            columns = 1
+        else:
+            raise ArgumentError(f"problem_sizes: expected a contiguous int32 tensor of shape (groups, 3) (M, N, K per "
+                                f"group) or (groups,) (M per group), got shape {shape}, strides {strides}")
+        count = shape[0]
+        if count < 1:
+            raise ArgumentError("problem_sizes: at least one group is needed")
+        if op.A.layout is not LayoutType.RowMajor or op.C.layout is not LayoutType.RowMajor:
+            raise ArgumentError(f"{op.name}: device-side sizes pack the groups' rows into one A and one D, so A and C "
+                                f"must be RowMajor (got A {op.A.layout.value}, C {op.C.layout.value})")
+        self._sizes_info, self._columns, self._group_count = info, columns, count
+        self.problem_sizes = sizes
+        self.tile_count = None  # known on the device only
+        self.output_op = coerce_output_op(op, output_op)
+
+        def one(name, value):
+            if isinstance(value, (list, tuple)):
+                if len(value) != 1:
+                    raise ArgumentError(f"{name}: with device-side sizes pass one packed tensor (rows x columns, the "
+                                        f"groups' rows one after the other), got a list of {len(value)}")
+                value = value[0]
+            return value
+
+        a_info = self._device_matrix("As", one("As", As), op.A, None, None)
+        rows, k_cap = a_info.shape
+        d_info = self._device_matrix("Ds", one("Ds", Ds), op.C, rows, None)
+        n_cap = d_info.shape[1]
+        packed = {"A": a_info, "D": d_info}
+        if Cs is not None and one("Cs", Cs) is not None:
+            packed["C"] = self._device_matrix("Cs", one("Cs", Cs), op.C, rows, n_cap)
+        elif self.output_op.beta != 0:
+            raise ArgumentError(f"Cs is None but beta is {self.output_op.beta}; pass C or set beta to 0")
+        self._packed = packed
+        self._b_infos, self._b_parts, self._ldb = self._device_b(op, Bs, count, k_cap, n_cap)
+        self._caps = (rows, n_cap, k_cap)
+        self._describe_bias([n_cap] * count, device_only=True)
+        self._materialize()
+
+    def _device_matrix(self, name, tensor, desc, rows, cols):
+        """A packed RowMajor operand on the device: (rows, cols) where given, aligned for TMA."""
+        if tensor is None:
+            raise ArgumentError(f"{name}: a tensor is required, got None")
+        info = describe(tensor, name)
+        if info.kind != "device":
+            raise ArgumentError(f"{name}: with device-side sizes every tensor must be device memory (the launch is "
+                                f"meant to be captured in a CUDA graph); got a host tensor")
+        if info.element is not storage_type(desc.element):
+            raise ArgumentError(f"{name}: the operation expects {storage_type(desc.element).label} elements, got "
+                                f"{info.element.label}")
+        if len(info.shape) != 2:
+            raise ArgumentError(f"{name}: expected one packed 2-D tensor (rows x columns), got shape {info.shape}")
+        if (rows is not None and info.shape[0] != rows) or (cols is not None and info.shape[1] != cols):
+            raise ArgumentError(f"{name}: expected shape ({rows}, {cols if cols is not None else 'N'}) (the rows of "
+                                f"the packed A), got {info.shape}")
+        geometry = matrix_geometry(info, LayoutType.RowMajor, info.shape[0], info.shape[1], 1)
+        info.ld = geometry.ld
+        if info.numel:
+            if geometry.broadcast:
+                raise ArgumentError(f"{name}: a packed operand cannot be a broadcast view")
+            if info.shape[1] % desc.alignment or geometry.ld % desc.alignment:
+                raise ArgumentError(f"{name}: columns {info.shape[1]} and leading dimension {geometry.ld} must be "
+                                    f"multiples of the operation's alignment {desc.alignment} (each group's rows "
+                                    f"must start 16-byte aligned)")
+            if info.device_address % _TMA_BYTES:
+                raise ArgumentError(f"{name}: address {info.device_address:#x} is not 16-byte aligned (TMA)")
+        return info
+
+    def _device_b(self, op, Bs, count, k_cap, n_cap):
+        """B as one (groups, K, N) tensor or a list of groups (K, N) matrices: per-group pointers, one ld."""
+        desc = op.B
+        element = storage_type(desc.element)
+        contiguous = n_cap if desc.layout is LayoutType.RowMajor else k_cap
+        if contiguous % desc.alignment:
+            raise ArgumentError(f"Bs: B's contiguous extent ({'N' if desc.layout is LayoutType.RowMajor else 'K'} = "
+                                f"{contiguous}) must be a multiple of the operation's alignment {desc.alignment}")
+
+        def check(info):
+            if info.kind != "device":
+                raise ArgumentError(f"{info.name}: with device-side sizes every tensor must be device memory")
+            if info.element is not element:
+                raise ArgumentError(f"{info.name}: the operation expects {element.label} elements, got "
+                                    f"{info.element.label}")
+            if info.numel and info.device_address % _TMA_BYTES:
+                raise ArgumentError(f"{info.name}: address {info.device_address:#x} is not 16-byte aligned (TMA)")
+
+        if isinstance(Bs, (list, tuple)):
+            if len(Bs) != count:
+                raise ArgumentError(f"Bs has {len(Bs)} matrices but problem_sizes has {count} groups")
+            infos, lds = [], set()
+            for g, tensor in enumerate(Bs):
+                info = describe(tensor, f"Bs[{g}]")
+                check(info)
+                geometry = matrix_geometry(info, desc.layout, k_cap, n_cap, 1)
+                lds.add(geometry.ld)
+                infos.append(info)
+            if len(lds) > 1:
+                raise ArgumentError(f"Bs: every B must have the same leading dimension (one per launch), got "
+                                    f"{sorted(lds)}")
+            ld = lds.pop()
+            parts = [(info, 0) for info in infos]
+        else:
+            if Bs is None:
+                raise ArgumentError("Bs: a (groups, K, N) tensor or a list of groups (K, N) matrices is required")
+            info = describe(Bs, "Bs")
+            check(info)
+            if len(info.shape) != 3:
+                raise ArgumentError(f"Bs: expected a ({count}, {k_cap}, N) tensor or a list of {count} matrices, got "
+                                    f"shape {info.shape}")
+            geometry = matrix_geometry(info, desc.layout, k_cap, n_cap, count)
+            ld = geometry.ld
+            if count > 1 and (geometry.batch_stride * info.itemsize) % _TMA_BYTES:
+                raise ArgumentError(f"Bs: the stride between groups ({geometry.batch_stride} elements) must keep "
+                                    f"every matrix 16-byte aligned (TMA)")
+            infos = [info]
+            parts = [(info, g * geometry.batch_stride * info.itemsize) for g in range(count)]
+        if k_cap and n_cap and ld % desc.alignment:
+            raise ArgumentError(f"Bs: leading dimension {ld} is not a multiple of the operation's B alignment "
+                                f"{desc.alignment}")
+        return infos, parts, ld
+
+    def _allocate_device_sizes(self) -> None:
+        op = self.operation
+        count = self._group_count
+        rows, n_cap, k_cap = self._caps
+        a_info, d_info, c_info = (self._packed.get(x) for x in "ADC")
+        address = {label: (self.tensors.address(info, is_output=label == "D") if info.numel else 0)
+                   for label, info in self._packed.items()}
+        b_addresses = {}
+        b_pointers = np.zeros(count, dtype=np.uint64)
+        for g, (info, offset) in enumerate(self._b_parts):
+            if id(info) not in b_addresses:
+                b_addresses[id(info)] = info.device_address if info.numel else 0
+            b_pointers[g] = b_addresses[id(info)] + offset if b_addresses[id(info)] else 0
+        ld_d = d_info.ld
+        ld_c = c_info.ld if c_info is not None else ld_d
+        arrays = [("problem_sizes", np.zeros((count, 3), dtype=np.int32))] + \
+            [(f"ptr_{x}", np.zeros(count, dtype=np.uint64)) for x in "ABCD"] + \
+            [("lda", np.zeros(count, dtype=np.int64)), ("ldb", np.zeros(count, dtype=np.int64)),
+             ("ldc", np.full(count, ld_c, dtype=np.int64)), ("ldd", np.full(count, ld_d, dtype=np.int64)),
+             ("b_pointers", b_pointers)]
+        if op.bias:
+            arrays.append(("ptr_bias", self._bias_pointers()))
+        blob, offsets = _pack(arrays)
+        base = self.tensors.upload(blob)
+        self.device_arrays = {field: base + offset for field, offset in offsets.items()}
+        self._flags = self.tensors.zeros(_ARRAY_ALIGNMENT)
+
+        # The zeroed stand-in that A and B of K = 0 groups read (as for host sizes), sized for the bounds.
+        k_may_be_zero = self._columns == 3 or k_cap == 0
+        stand_in_k = op.empty_k_stand_in
+        ldb_stand_in = stand_in_k if op.B.layout is LayoutType.ColumnMajor else \
+            -(-max(n_cap, 1) // op.B.alignment) * op.B.alignment
+        stand_in = 0
+        if k_may_be_zero:
+            elements = stand_in_k * max(rows, 1) + stand_in_k * ldb_stand_in
+            stand_in = self.tensors.zeros(elements * op.A.element.bits // 8)
+
+        s = Sm90GroupedSizesArgs()
+        s.group_count, s.columns, s.n_cap, s.k_cap, s.k_stand_in = count, self._columns, n_cap, k_cap, stand_in_k
+        # Alignment of the contiguous extents the device must check: N for a RowMajor B and for D (always RowMajor
+        # here), K for A (RowMajor) and a ColumnMajor B.
+        s.contiguous, s.align_n, s.align_k = 3, max(op.C.alignment, op.B.alignment if op.B.layout is
+                                                    LayoutType.RowMajor else 1), \
+            max(op.A.alignment, op.B.alignment if op.B.layout is LayoutType.ColumnMajor else 1)
+        s.rows_cap, s.sizes = rows, self._sizes_info.device_address
+        s.a_base, s.c_base, s.d_base = address["A"], address.get("C", 0), address["D"]
+        item_a, item_c = a_info.itemsize, d_info.itemsize
+        s.a_row_bytes, s.c_row_bytes, s.d_row_bytes = a_info.ld * item_a, ld_c * item_c, ld_d * item_c
+        s.b_pointers, s.lda_value, s.ldb_value = self.device_arrays["b_pointers"], a_info.ld, self._ldb
+        s.stand_in, s.stand_in_lda, s.stand_in_ldb = stand_in, stand_in_k, ldb_stand_in
+        s.problem_sizes = self.device_arrays["problem_sizes"]
+        s.ptr_A, s.ptr_B, s.ptr_C, s.ptr_D = (self.device_arrays[f"ptr_{x}"] for x in "ABCD")
+        s.lda, s.ldb, s.flags = self.device_arrays["lda"], self.device_arrays["ldb"], self._flags
+        self._sizes_struct = s
+
+    def size_flags(self, reset: bool = False) -> int:
+        """The device-sizes kernel's findings since the last reset (synchronizes the stream): a bitmask of
+        ``SIZE_FLAGS``; 0 when every size was within the bounds. ``reset`` clears it afterwards."""
+        if not self.device_sizes:
+            return 0
+        holder = ctypes.c_int32()
+        self.device.make_current()
+        driver.memcpy_dtoh(ctypes.addressof(holder), self._flags, 4, self.stream)
+        driver.synchronize_stream(self.stream, self.operation.name)
+        if reset:
+            driver.memset_d8(self._flags, 0, 4, self.stream)
+        return int(holder.value)
+
+    def check_sizes(self, reset: bool = True) -> None:
+        """Raise ArgumentError if a run since the last reset met sizes outside the bounds (they were clamped on the
+        device; the affected groups' results are wrong or missing)."""
+        flags = self.size_flags(reset)
+        if flags:
+            found = "; ".join(text for bit, text in SIZE_FLAGS.items() if flags & bit)
+            raise ArgumentError(f"{self.operation.name}: device-side sizes out of bounds (rows {self._caps[0]}, "
+                                f"N {self._caps[1]}, K {self._caps[2]}): {found}")
+
+    def before_launch(self) -> None:
+        if self._sizes_launch is not None:
+            function, parameters = self._sizes_launch
+            driver.launch(function, (1, 1, 1), (self.operation.sizes_threads, 1, 1), 0, self.stream,
+                          ctypes.addressof(parameters), self.operation.name + " sizes")
+
     # --- device state ---------------------------------------------------------------------------------------
     def _allocate(self) -> None:
         op = self.operation
+        if self.device_sizes:
+            cluster = op.cluster_shape[0] * op.cluster_shape[1]
+            self.sm_count = self._knobs[2] or self.device.sm_count // cluster * cluster
+            self.threadblock_count = 0
+            self._allocate_device_sizes()
+            self.workspace_bytes = op.workspace_bytes(self.sm_count)
+            self.workspace = self.tensors.allocate(self.workspace_bytes)
+            return
         count = len(self.problem_sizes)
         self.threadblock_count = 0
         self.workspace, self.workspace_bytes = 0, 0
@@ -90,7 +422,11 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
                 info, geometry = operands[label]
                 pointers[label][index] = self.tensors.address(info, is_output=label == "D")
                 lds[label][index] = geometry.ld
-        blob, offsets = pack_problem_arrays(sizes, pointers, lds)
+        arrays = [("problem_sizes", sizes)] + [(f"ptr_{x}", pointers[x]) for x in "ABCD"] + \
+            [(f"ld{x.lower()}", lds[x]) for x in "ABCD"]
+        if op.bias:
+            arrays.append(("ptr_bias", self._bias_pointers()))
+        blob, offsets = _pack(arrays)
         base = self.tensors.upload(blob)
         self.device_arrays = {field: base + offset for field, offset in offsets.items()}
         # The per-SM tensormap slots; the kernel writes them before reading, so they need no clearing.
@@ -111,7 +447,7 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         op = self.operation
         raster, swizzle, _ = self._knobs
         a = Sm90GroupedGemmArgs()
-        a.problem_count = len(self.problem_sizes)
+        a.problem_count = self.group_count
         a.sm_count = self.sm_count
         a.raster_order = raster
         a.swizzle = swizzle or op.default_swizzle
@@ -121,6 +457,7 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         a.lda, a.ldb, a.ldc, a.ldd = (self.device_arrays[f"ld{x}"] for x in "abcd")
         a.workspace = self.workspace
         a.workspace_bytes = self.workspace_bytes
+        a.ptr_bias = self.device_arrays.get("ptr_bias", 0)
         fill_epilogue(a, self.output_op)
         return a
 
@@ -130,6 +467,9 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
                             f"{launch.workspace_bytes} bytes, pycutlass at {self.workspace_bytes} (sm_count "
                             f"{self.sm_count})", operation=self.operation.name)
         self.threadblock_count = launch.grid[0] * launch.grid[1] * launch.grid[2]
+        if self.device_sizes:
+            function = loaded_op.function(self.operation.sizes_symbol)
+            self._sizes_launch = (function, driver.pointer_array(ctypes.addressof(self._sizes_struct)))
 
 
 def _stand_in_ld(op, label: str, m: int, n: int) -> int:

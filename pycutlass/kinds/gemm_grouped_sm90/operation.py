@@ -29,7 +29,7 @@ from ...errors import DescriptionError
 from ..gemm.operation import check_description_types
 from ..gemm_grouped.operation import GROUPED_SWIZZLES, GemmOperationGrouped, SchedulerMode
 from ..gemm_sm90 import operation as sm90
-from .abi import Sm90GroupedGemmArgs
+from .abi import Sm90GroupedGemmArgs, Sm90GroupedSizesArgs
 
 _KS, _ES, _TS = KernelScheduleType, EpilogueScheduleType, TileSchedulerType
 _OPERANDS = (DataType.float16, DataType.bfloat16)
@@ -48,7 +48,8 @@ EPILOGUE_WARP_GROUPS = 2
 TMA_DESCRIPTOR_BYTES = 128  # sizeof(cute::TmaDescriptor), static_assert-ed
 _TENSORMAP_ALIGNMENT = 64  # the kernel's MinTensorMapWorkspaceAlignment
 _WHAT = "GemmOperationGrouped(90)"
-GROUPED_EPILOGUES = ("LinearCombination", "LinearCombinationGeneric")
+GROUPED_EPILOGUES = ("LinearCombination", "LinearCombinationGeneric", "LinearCombinationClamp")
+_GROUPED_EPILOGUE_HINT = " (any activation), with bias='column' for a per-group bias"
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -57,10 +58,13 @@ def _round_up(value: int, multiple: int) -> int:
 
 class GemmOperationGroupedSm90(GemmOperationGrouped):
     """``GemmOperationGrouped(90, tile_description, A, B, C, epilogue_functor, swizzling_functor=IdentitySwizzle1,
-    precompute_mode=SchedulerMode.Device)`` with an SM90 tile.
+    precompute_mode=SchedulerMode.Device, bias=None)`` with an SM90 tile.
 
     f16 or bf16 operands (any layouts), f32 accumulation, f16/bf16/f32 output (C RowMajor or ColumnMajor);
-    ``LinearCombination`` or ``LinearCombinationGeneric`` with any activation. ``precompute_mode`` must be Device:
+    ``LinearCombination``, ``LinearCombinationGeneric`` with any activation, or ``LinearCombinationClamp`` (f16/bf16
+    outputs: clamped to the output type's range). ``bias="column"``: every group adds its own vector of N values (in
+    C's element type) to each row, D_g = act(alpha * A_g @ B_g + beta * C_g + bias_g); the vectors come with the
+    arguments (``bias=``). The clamp with a bias is not built (rejected). ``precompute_mode`` must be Device:
     CUTLASS's SM90 group scheduler always walks the groups on the device. An ``IdentitySwizzleN`` sets the default
     swizzle of that scheduler (a runtime argument here).
     """
@@ -80,7 +84,7 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueFunctor,
                  swizzling_functor: SwizzlingFunctor = IdentitySwizzle1,
-                 precompute_mode: SchedulerMode = SchedulerMode.Device):
+                 precompute_mode: SchedulerMode = SchedulerMode.Device, bias=None):
         if arch != 90 or isinstance(arch, bool):
             raise DescriptionError(f"GemmOperationGroupedSm90 is compute capability 90, got {arch!r}")
         self.compute_capability = 90
@@ -92,7 +96,9 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
                                    f"got {swizzling_functor!r}")
         self._describe(90, tile_description, A, B, C, epilogue_functor, swizzling_functor)
         self.precompute_mode = precompute_mode
-        self.kernel_schedule = _check(tile_description, A, B, C, epilogue_functor)
+        self.kernel_schedule = _check(tile_description, A, B, C, epilogue_functor,
+                                      epilogue_hint=_GROUPED_EPILOGUE_HINT)
+        self.bias = _check_bias(bias, epilogue_functor)
 
     # --- identity -------------------------------------------------------------------------------------------
     @property
@@ -100,12 +106,12 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
         return "sm90"
 
     def abi_structs(self) -> tuple:
-        return (*super().abi_structs(), TmaRecord)
+        return (*super().abi_structs(), TmaRecord, Sm90GroupedSizesArgs)
 
     def _signature(self) -> tuple:
         tile = self.tile_description
         return ("gemm_grouped_sm90", tile.threadblock_shape, tile.stages, tile.math_instruction, tile.cluster_shape,
-                self.kernel_schedule, self.A, self.B, self.C, self.epilogue_functor)
+                self.kernel_schedule, self.A, self.B, self.C, self.epilogue_functor, self.bias)
 
     def _readable_name(self) -> str:
         tile = self.tile_description
@@ -114,9 +120,9 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
         m, n, k = tile.threadblock_shape
         cm, cn, _ = tile.cluster_shape
         schedule = "coop" if self.kernel_schedule is _KS.TmaWarpSpecializedCooperative else "pp"
-        activation = self.epilogue_functor.activation
         return (f"gemm_grouped_sm90_{s[self.A.element]}{s[self.C.element]}{s[self.element_accumulator]}_{layouts}_"
-                f"{m}x{n}x{k}_c{cm}x{cn}_s{tile.stages}_{schedule}{'_' + activation.name if activation else ''}")
+                f"{m}x{n}x{k}_c{cm}x{cn}_s{tile.stages}_{schedule}{sm90.epilogue_suffix(self.epilogue_functor)}"
+                f"{'_biasc' if self.bias else ''}")
 
     @property
     def transposed(self) -> bool:
@@ -160,9 +166,16 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
         which the builder reports too; the runtime checks that both agree)."""
         return tensormap_workspace_bytes(self.name, sm_count)
 
+    @property
+    def sizes_symbol(self) -> str:
+        """The kernel that turns device-side group sizes into the per-group arrays (run before each such launch)."""
+        return self.name + "_sizes"
+
+    sizes_threads = 1024  # one block; the template's __launch_bounds__
+
     def launch_plan(self) -> dict:
         return {"kernel": self.kernel_symbol, "builder": self.builder_symbol, "precompute": None,
-                "thread_count": self.thread_count}
+                "sizes": self.sizes_symbol, "thread_count": self.thread_count}
 
     # --- emission -------------------------------------------------------------------------------------------
     def preamble(self) -> str:
@@ -179,7 +192,7 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
                 "cutlass/gemm/dispatch_policy.hpp"]
 
     def emit_body(self) -> str:
-        return render_ptr_array_kernel(self)
+        return render_ptr_array_kernel(self, bias=self.bias, sizes_kernel=True)
 
     def describe(self) -> str:
         tile = self.tile_description
@@ -188,7 +201,8 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
                 f"C={self.C.element.label}/{self.C.layout.value}/{self.C.alignment} "
                 f"acc={self.element_accumulator.label} tile={list(tile.threadblock_shape)} "
                 f"cluster={list(tile.cluster_shape)} stages={tile.stages or 'auto'} "
-                f"kernel=PtrArray{self.kernel_schedule.value} epilogue_op={self.epilogue_functor.describe()}")
+                f"kernel=PtrArray{self.kernel_schedule.value} epilogue_op={self.epilogue_functor.describe()}"
+                f"{' bias=' + self.bias if self.bias else ''}")
 
 
 def tensormap_workspace_bytes(name: str, sm_count: int) -> int:
@@ -200,12 +214,20 @@ def tensormap_workspace_bytes(name: str, sm_count: int) -> int:
     return epilogue + mainloop
 
 
-def render_ptr_array_kernel(op) -> str:
+def render_ptr_array_kernel(op, bias: str | None = None, sizes_kernel: bool = False) -> str:
     """The pointer-array kernel and its builder (gemm_grouped_sm90.cu.j2) for ``op``: a grouped operation, or an
-    SM90 GEMM built for Mode.Array (kinds/gemm_array_sm90), which runs it with one size per batch entry."""
+    SM90 GEMM built for Mode.Array (kinds/gemm_array_sm90), which runs it with one size per batch entry.
+
+    ``bias``: None or "column" (the per-group bias tree; grouped operations only). ``sizes_kernel``: also emit
+    ``<name>_sizes``, the device-sizes kernel of grouped operations, whose ABI struct (Sm90GroupedSizesArgs) only
+    their units define; the Array kind has no device-side sizes and leaves it out."""
     tile = op.tile_description
     functor = op.epilogue_functor
     activation, activation_args, clamp = sm90.fusion_activation(functor)
+    if bias not in (None, "column"):
+        raise DescriptionError(f"{op.name}: the pointer-array template builds bias None or 'column', got {bias!r}")
+    if bias is not None and clamp:  # the operation rejects it; the bias tree sets no clamp bounds
+        raise DescriptionError(f"{op.name}: the clamp is not built with the per-group bias tree")
     return render(
         Path(__file__).parent / "gemm_grouped_sm90.cu.j2", name=op.name, summary=op.describe(),
         element_a=names.ELEMENT[op.A.element], layout_a=names.LAYOUT[op.A.layout], alignment_a=op.A.alignment,
@@ -216,15 +238,15 @@ def render_ptr_array_kernel(op) -> str:
         tile_shape=tile.threadblock_shape, cluster_shape=tile.cluster_shape, stages=tile.stages,
         kernel_schedule=_KERNEL_SCHEDULES[op.kernel_schedule],
         epilogue_schedule=_EPILOGUE_SCHEDULES[op.kernel_schedule],
-        activation=activation, activation_args=activation_args, clamp=clamp,
+        activation=activation, activation_args=activation_args, clamp=clamp, bias=bias, sizes_kernel=sizes_kernel,
         epilogue_warp_groups=EPILOGUE_WARP_GROUPS, tma_descriptor_bytes=TMA_DESCRIPTOR_BYTES,
         thread_count=op.thread_count)
 
 
 def _check(tile: TileDescription, A, B, C, functor, what: str = _WHAT, epilogues: tuple = GROUPED_EPILOGUES,
            kernel: str = "the SM90 grouped kernel",
-           other_types: str = "use compute capability 80's grouped kernel (an Sm80 tile) for other types"
-           ) -> KernelScheduleType:
+           other_types: str = "use compute capability 80's grouped kernel (an Sm80 tile) for other types",
+           epilogue_hint: str = "") -> KernelScheduleType:
     """CUTLASS 3.x's rules for the SM90 pointer-array grouped kernel (as far as the GPU suite covers them); returns the
     resolved kernel schedule. Everything is rejected here, before a compile of about a minute."""
     check_description_types(tile, A, B, C, functor, what)
@@ -247,7 +269,7 @@ def _check(tile: TileDescription, A, B, C, functor, what: str = _WHAT, epilogues
     sm90._check_tma_operand(what, "C", C)
     if functor.kind not in epilogues:
         raise DescriptionError(f"{what}: the {functor.kind} epilogue is not built for {kernel}; use "
-                               f"{' or '.join(epilogues)}")
+                               f"{' or '.join(epilogues)}{epilogue_hint}")
     if functor.element_output is not C.element or functor.alignment != C.alignment:
         raise DescriptionError(f"{what}: the epilogue writes {functor.element_output.label} x {functor.alignment} but "
                                f"C is {C.element.label} x {C.alignment}; they must match")
@@ -296,3 +318,23 @@ def _check(tile: TileDescription, A, B, C, functor, what: str = _WHAT, epilogues
                                    f"of shared memory; with the epilogue's buffers that exceeds "
                                    f"{sm90._SMEM_BYTES // 1024} KiB (or is below 2 stages). Use stages=0")
     return schedule
+
+
+def _check_bias(bias, functor: EpilogueFunctor | None = None) -> str | None:
+    if bias == "column" and functor is not None and functor.kind in sm90.CLAMP_KINDS:
+        raise DescriptionError(f"{_WHAT}: {functor.kind} with bias='column' is not built: CUTLASS 4.2 has no "
+                               f"pointer-array bias fusion, so the per-group bias is pycutlass's own epilogue tree, "
+                               f"and its activation node is not given the clamp's bounds (nor tested on a GPU); "
+                               f"use the clamp without a bias, or bias='column' with LinearCombination or "
+                               f"LinearCombinationGeneric")
+    if bias is None or bias == "column":
+        return bias
+    if bias == "row":
+        raise DescriptionError(f"{_WHAT}: bias='row' (M values per group) is not built: CUTLASS's column broadcast "
+                               f"reads the vector in 16-byte vectors predicated on their first row, so a group whose "
+                               f"M is not a multiple of 8 would read past its vector (and device-side sizes could "
+                               f"not be checked); use bias='column' (N values per group, read element by element)")
+    if bias is True:
+        raise DescriptionError(f"{_WHAT}: bias=True (C as a broadcast vector, PyCUTLASS's bias) is not built for SM90 "
+                               f"(TMA reads whole matrices); use bias='column' and pass the vectors as bias=")
+    raise DescriptionError(f"{_WHAT}: bias must be None or 'column' (N values per group), got {bias!r}")
