@@ -21,8 +21,9 @@ the run goes on; the JSON is rewritten after every section, so a run cut short k
   batch x seq in --shapes: eager, ``torch.compile(model, mode=m)`` for each m in --compile-modes, optimized.
 - gpt2: benchmarks/models.py's GPT2Stack (12 GPT-2-small decoder blocks on hidden states), bf16, the same variants.
 
-Every model variant: median milliseconds by benchmarks/common.bench_ms, the first call's seconds (compilation and
-tuning), and its output against eager's: max |out - eager| / max |eager| (also eager's own error against a float32
+Every model variant: median milliseconds by benchmarks/common.bench_ms over --model-rounds interleaved rounds (the
+goals use these), end-to-end latency per call from ``Timer.paired_ms`` (one synchronized call of each variant in
+turn: the "latency x eager" column), the first call's seconds (compilation and tuning), and its output against eager's: max |out - eager| / max |eager| (also eager's own error against a float32
 copy of the model, TF32 off, as the data type's noise floor). The optimized output counts as correct when its error
 against eager is <= --tol-f16 / --tol-bf16, or else when its error against float32 is at most twice eager's own (a
 randomly initialized ResNet-50 amplifies f16 rounding to a few percent of its output). The optimized model's
@@ -163,6 +164,28 @@ class Timer:
             fn()
             times.append((time.perf_counter() - start) * 1e3)
         return statistics.median(times)
+
+    def paired_ms(self, fns: dict, seconds: float = 1.5, least: int = 15, most: int = 400) -> dict:
+        """End-to-end latency per call: one call of each variant in turn (order alternating), synchronized before
+        and after, median per variant. Interleaving call by call gives every variant the same host drift."""
+        once = {}
+        for name, fn in fns.items():
+            self.sync()
+            start = time.perf_counter()
+            fn()
+            self.sync()
+            once[name] = time.perf_counter() - start
+        pairs = int(min(most, max(least, seconds / max(max(once.values()), 1e-6))))
+        samples = {name: [] for name in fns}
+        names = list(fns)
+        for i in range(pairs):
+            for name in (names if i % 2 == 0 else reversed(names)):
+                self.sync()
+                start = time.perf_counter()
+                fns[name]()
+                self.sync()
+                samples[name].append((time.perf_counter() - start) * 1e3)
+        return {name: (statistics.median(values), len(values)) for name, values in samples.items()}
 
     def first_call(self, fn):
         self.sync()
@@ -400,6 +423,14 @@ def bench_model(args, timer: Timer, section: str, label: str, model, inputs, mod
         if samples and "error" not in variants[name]:
             variants[name]["ms"] = statistics.median(samples)
             variants[name]["ms_rounds"] = samples
+    live = {name: fn for name, fn in timed.items() if "error" not in variants[name]}
+    if live:
+        try:
+            with torch.no_grad():
+                for name, (ms, count) in timer.paired_ms(live).items():
+                    variants[name]["latency_ms"], variants[name]["latency_samples"] = ms, count
+        except Exception as error:  # noqa: BLE001
+            log(f"{section} {label}: paired latency FAILED: {type(error).__name__}: {str(error)[:300]}")
     if "pycutlass" in timed:  # calls in the timed loop that took the full-Arguments path (no binding)
         variants["pycutlass"]["unbound_calls"] = {k: v - unbound_before.get(k, 0)
                                                   for k, v in Dispatch.current().unbound_calls.items()
@@ -415,6 +446,8 @@ def bench_model(args, timer: Timer, section: str, label: str, model, inputs, mod
     row["tolerance"] = tolerance
     row["ok"] = bool(mine) and variants["pycutlass"].get("within_tolerance", False)
     row["speedup_vs_eager"] = eager_ms / mine if mine and eager_ms else None
+    mine_latency, eager_latency = variants["pycutlass"].get("latency_ms"), variants["eager"].get("latency_ms")
+    row["latency_speedup_vs_eager"] = eager_latency / mine_latency if mine_latency and eager_latency else None
     for mode in compile_modes:
         theirs = variants.get(f"compile:{mode}", {}).get("ms")
         row[f"speedup_vs_compile:{mode}"] = theirs / mine if mine and theirs else None
@@ -433,6 +466,7 @@ def table_row(row: dict, compile_modes) -> dict:
         t[f"compile:{mode} ms"] = fmt(v.get(f"compile:{mode}", {}).get("ms"))
     t["pycutlass ms"] = fmt(v["pycutlass"].get("ms"))
     t["x eager"] = fmt(row["speedup_vs_eager"])
+    t["latency x eager"] = fmt(row.get("latency_speedup_vs_eager"))
     for mode in compile_modes:
         t[f"x compile:{mode}"] = fmt(row[f"speedup_vs_compile:{mode}"])
     t["err vs eager"] = fmt(v["pycutlass"].get("rel_err"))
