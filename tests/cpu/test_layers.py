@@ -106,3 +106,21 @@ def test_the_checker_sees_function_local_and_relative_imports(tmp_path):
     assert "pycutlass.emit.emitter" in targets and "pycutlass.description.target" in targets
     assert layer_of("pycutlass.runtime.launch") > layer_of("pycutlass.kinds.gemm.operation")
     assert layer_of("pycutlass.kinds.gemm.arguments") > layer_of("pycutlass.runtime.launch")
+
+
+def test_every_template_ships_in_the_wheel():
+    """Each kind's templates (and the conv overlay) are package data: a wheel without them emits nothing."""
+    import tomllib
+
+    data = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    files = [p for pattern in ("*.j2", "*.cuh") for p in PACKAGE.rglob(pattern)]
+    assert len(files) > 8
+    for path in files:
+        for folder in [path.parent, *path.parents]:
+            if folder == PACKAGE.parent:
+                raise AssertionError(f"{path.relative_to(PACKAGE)} is not package data in pyproject.toml")
+            package = ".".join(folder.relative_to(PACKAGE.parent).parts)
+            relative = path.relative_to(folder).as_posix()
+            patterns = data.get(package, []) + (data.get("*", []) if folder == path.parent else [])
+            if any(fnmatch.fnmatch(relative, p) for p in patterns):
+                break

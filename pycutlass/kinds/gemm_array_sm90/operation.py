@@ -15,6 +15,8 @@ ping-pong schedules, clusters up to two CTAs, ``LinearCombination``, ``LinearCom
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from ...description.tensor_description import TensorDescription
 from ...description.tile_description import TileDescription
 from ...description.types import (GEMM_SWIZZLES, EpilogueScheduleType, IdentitySwizzle1, KernelScheduleType,
@@ -105,7 +107,8 @@ class GemmOperationArraySm90(sm90.GemmOperationSm90):
     def emit_body(self) -> str:
         # No bias (rejected above) and no device-sizes kernel: that one is the grouped kind's (its ABI struct,
         # Sm90GroupedSizesArgs, is defined by grouped units only); the entries' sizes are uploaded with the pointers.
-        return grouped.render_ptr_array_kernel(self, bias=None, sizes_kernel=False)
+        return grouped.render_ptr_array_kernel(self, bias=None, sizes_kernel=False,
+                                               template=Path(__file__).parent / "gemm_array_sm90.cu.j2")
 
     def describe(self) -> str:
         tile = self.tile_description

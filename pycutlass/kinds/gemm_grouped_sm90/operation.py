@@ -214,13 +214,14 @@ def tensormap_workspace_bytes(name: str, sm_count: int) -> int:
     return epilogue + mainloop
 
 
-def render_ptr_array_kernel(op, bias: str | None = None, sizes_kernel: bool = False) -> str:
+def render_ptr_array_kernel(op, bias: str | None = None, sizes_kernel: bool = False, template: Path | None = None) -> str:
     """The pointer-array kernel and its builder (gemm_grouped_sm90.cu.j2) for ``op``: a grouped operation, or an
     SM90 GEMM built for Mode.Array (kinds/gemm_array_sm90), which runs it with one size per batch entry.
 
     ``bias``: None or "column" (the per-group bias tree; grouped operations only). ``sizes_kernel``: also emit
     ``<name>_sizes``, the device-sizes kernel of grouped operations, whose ABI struct (Sm90GroupedSizesArgs) only
-    their units define; the Array kind has no device-side sizes and leaves it out."""
+    their units define; the Array kind has no device-side sizes and leaves it out. ``template``: the kind's own
+    template (the Array kind's includes this one)."""
     tile = op.tile_description
     functor = op.epilogue_functor
     activation, activation_args, clamp = sm90.fusion_activation(functor)
@@ -229,7 +230,7 @@ def render_ptr_array_kernel(op, bias: str | None = None, sizes_kernel: bool = Fa
     if bias is not None and clamp:  # the operation rejects it; the bias tree sets no clamp bounds
         raise DescriptionError(f"{op.name}: the clamp is not built with the per-group bias tree")
     return render(
-        Path(__file__).parent / "gemm_grouped_sm90.cu.j2", name=op.name, summary=op.describe(),
+        template or Path(__file__).parent / "gemm_grouped_sm90.cu.j2", name=op.name, summary=op.describe(),
         element_a=names.ELEMENT[op.A.element], layout_a=names.LAYOUT[op.A.layout], alignment_a=op.A.alignment,
         element_b=names.ELEMENT[op.B.element], layout_b=names.LAYOUT[op.B.layout], alignment_b=op.B.alignment,
         element_c=names.ELEMENT[op.C.element], layout_c=names.LAYOUT[op.C.layout], alignment_c=op.C.alignment,
