@@ -12,14 +12,15 @@ from __future__ import annotations
 import numpy as np
 
 from ...emit.abi import fill_epilogue
-from ...errors import ArgumentError, CudaError
+from ...errors import ArgumentError
 from ...runtime.arguments import OperationArguments
 from ...runtime.launch import PreparedLaunch
 from ..gemm.arguments import GemmArguments
 from ..gemm import arguments as gemm_arguments
 from ..gemm.modes import Mode
-from ..gemm_grouped.arguments import pack_problem_arrays
+from ..gemm_grouped.arguments import fill_group_arrays, pack_problem_arrays
 from ..gemm_grouped_sm90.arguments import _check_knobs as _check_group_knobs
+from ..gemm_grouped_sm90.arguments import check_workspace
 from ..gemm_sm90.arguments import GemmArgumentsSm90
 from .abi import Sm90GroupedGemmArgs
 from .operation import GemmOperationArraySm90
@@ -105,20 +106,12 @@ class GemmArgumentsArraySm90(GemmArgumentsSm90):
         a.raster_order = raster
         a.swizzle = swizzle or self.operation.default_swizzle
         a.max_active_clusters = 0
-        a.problem_sizes = self.device_arrays["problem_sizes"]
-        a.ptr_A, a.ptr_B, a.ptr_C, a.ptr_D = (self.device_arrays[f"ptr_{x}"] for x in "ABCD")
-        a.lda, a.ldb, a.ldc, a.ldd = (self.device_arrays[f"ld{x}"] for x in "abcd")
-        a.workspace = self.workspace
-        a.workspace_bytes = self.workspace_bytes
+        fill_group_arrays(a, self)
         fill_epilogue(a, self.output_op)
         return a
 
     def after_build(self, loaded_op, launch, abi_struct) -> None:
-        if launch.workspace_bytes != self.workspace_bytes:
-            raise CudaError(f"{self.operation.name}: the builder sized the tensormap workspace at "
-                            f"{launch.workspace_bytes} bytes, pycutlass at {self.workspace_bytes} (sm_count "
-                            f"{self.sm_count})", operation=self.operation.name)
-        self.threadblock_count = launch.grid[0] * launch.grid[1] * launch.grid[2]
+        check_workspace(self, launch)
 
     def _prepare(self) -> PreparedLaunch:
         if self._prepared is None and not self.device_arrays:  # an empty M or N: no output tile

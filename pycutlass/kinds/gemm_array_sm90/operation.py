@@ -21,7 +21,6 @@ from ...description.tensor_description import TensorDescription
 from ...description.tile_description import TileDescription
 from ...description.types import (GEMM_SWIZZLES, EpilogueScheduleType, IdentitySwizzle1, KernelScheduleType,
                                   SwizzlingFunctor, TileSchedulerType)
-from ...emit import names
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import DescriptionError
 from ..gemm_grouped_sm90 import operation as grouped
@@ -81,14 +80,7 @@ class GemmOperationArraySm90(sm90.GemmOperationSm90):
                 self.kernel_schedule, self.A, self.B, self.C, self.epilogue_functor)
 
     def _readable_name(self) -> str:
-        tile = self.tile_description
-        s = names.SHORT
-        layouts = "".join(names.LAYOUT_SHORT[d.layout] for d in (self.A, self.B, self.C))
-        m, n, k = tile.threadblock_shape
-        cm, cn, _ = tile.cluster_shape
-        schedule = "coop" if self.kernel_schedule is _KS.TmaWarpSpecializedCooperative else "pp"
-        return (f"gemm_array_sm90_{s[self.A.element]}{s[self.C.element]}{s[self.element_accumulator]}_{layouts}_"
-                f"{m}x{n}x{k}_c{cm}x{cn}_s{tile.stages}_{schedule}{sm90.epilogue_suffix(self.epilogue_functor)}")
+        return grouped.ptr_array_readable_name(self, "gemm_array_sm90")
 
     @property
     def thread_count(self) -> int:

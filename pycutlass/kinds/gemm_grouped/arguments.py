@@ -32,6 +32,17 @@ from .operation import PRECOMPUTE_THREADS, GemmOperationGrouped, SchedulerMode
 _ARRAY_ALIGNMENT = 16  # bytes; each per-problem array starts aligned in the shared buffer
 
 
+def fill_group_arrays(struct, arguments) -> None:
+    """The per-group device arrays (sizes, operand pointers, leading dimensions) and the workspace of ``arguments``
+    into a grouped ABI struct (the Sm80 kernel's and the SM90 pointer-array kernel's have these fields alike)."""
+    arrays = arguments.device_arrays
+    struct.problem_sizes = arrays["problem_sizes"]
+    struct.ptr_A, struct.ptr_B, struct.ptr_C, struct.ptr_D = (arrays[f"ptr_{x}"] for x in "ABCD")
+    struct.lda, struct.ldb, struct.ldc, struct.ldd = (arrays[f"ld{x}"] for x in "abcd")
+    struct.workspace = arguments.workspace
+    struct.workspace_bytes = arguments.workspace_bytes
+
+
 def pack_problem_arrays(sizes, pointers: dict, lds: dict) -> tuple[bytes, dict]:
     """One buffer for all per-problem arrays, [sizes][ptr A..D][ld A..D], each aligned; and each one's offset."""
     arrays = [("problem_sizes", sizes)] + [(f"ptr_{x}", pointers[x]) for x in "ABCD"] + \
@@ -283,11 +294,7 @@ class GemmGroupedArguments(OperationArguments):
         a.problem_count = len(self.problem_sizes)
         a.threadblock_count = self.threadblock_count
         a.tile_count = self.tile_count
-        a.problem_sizes = self.device_arrays["problem_sizes"]
-        a.ptr_A, a.ptr_B, a.ptr_C, a.ptr_D = (self.device_arrays[f"ptr_{x}"] for x in "ABCD")
-        a.lda, a.ldb, a.ldc, a.ldd = (self.device_arrays[f"ld{x}"] for x in "abcd")
-        a.workspace = self.workspace
-        a.workspace_bytes = self.workspace_bytes
+        fill_group_arrays(a, self)
         fill_epilogue(a, self.output_op)
         return a
 

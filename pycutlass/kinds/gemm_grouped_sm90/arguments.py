@@ -31,7 +31,7 @@ from ...runtime.arguments import OperationArguments
 from ...runtime.tensors import describe, storage_type
 from ..gemm.arguments import coerce_output_op
 from ..gemm.matrix import matrix_geometry
-from ..gemm_grouped.arguments import GemmGroupedArguments, _alias
+from ..gemm_grouped.arguments import GemmGroupedArguments, _alias, fill_group_arrays
 from .abi import SIZE_FLAGS, Sm90GroupedGemmArgs, Sm90GroupedSizesArgs
 from .operation import GemmOperationGroupedSm90
 
@@ -452,21 +452,13 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         a.raster_order = raster
         a.swizzle = swizzle or op.default_swizzle
         a.max_active_clusters = 0
-        a.problem_sizes = self.device_arrays["problem_sizes"]
-        a.ptr_A, a.ptr_B, a.ptr_C, a.ptr_D = (self.device_arrays[f"ptr_{x}"] for x in "ABCD")
-        a.lda, a.ldb, a.ldc, a.ldd = (self.device_arrays[f"ld{x}"] for x in "abcd")
-        a.workspace = self.workspace
-        a.workspace_bytes = self.workspace_bytes
+        fill_group_arrays(a, self)
         a.ptr_bias = self.device_arrays.get("ptr_bias", 0)
         fill_epilogue(a, self.output_op)
         return a
 
     def after_build(self, loaded_op, launch, abi_struct) -> None:
-        if launch.workspace_bytes != self.workspace_bytes:
-            raise CudaError(f"{self.operation.name}: the builder sized the tensormap workspace at "
-                            f"{launch.workspace_bytes} bytes, pycutlass at {self.workspace_bytes} (sm_count "
-                            f"{self.sm_count})", operation=self.operation.name)
-        self.threadblock_count = launch.grid[0] * launch.grid[1] * launch.grid[2]
+        check_workspace(self, launch)
         if self.device_sizes:
             function = loaded_op.function(self.operation.sizes_symbol)
             self._sizes_launch = (function, driver.pointer_array(ctypes.addressof(self._sizes_struct)))
@@ -479,6 +471,16 @@ def _stand_in_ld(op, label: str, m: int, n: int) -> int:
     if k_contiguous:
         return op.empty_k_stand_in
     return -(-extent // desc.alignment) * desc.alignment
+
+
+def check_workspace(arguments, launch) -> None:
+    """The builder's tensormap workspace size must be the one the arguments allocated (the per-SM descriptor slots
+    the kernel re-targets); records the launch's CTA count."""
+    if launch.workspace_bytes != arguments.workspace_bytes:
+        raise CudaError(f"{arguments.operation.name}: the builder sized the tensormap workspace at "
+                        f"{launch.workspace_bytes} bytes, pycutlass at {arguments.workspace_bytes} (sm_count "
+                        f"{arguments.sm_count})", operation=arguments.operation.name)
+    arguments.threadblock_count = launch.grid[0] * launch.grid[1] * launch.grid[2]
 
 
 def _check_knobs(operation, raster_order, swizzle, sm_count) -> tuple:

@@ -114,15 +114,7 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
                 self.kernel_schedule, self.A, self.B, self.C, self.epilogue_functor, self.bias)
 
     def _readable_name(self) -> str:
-        tile = self.tile_description
-        s = names.SHORT
-        layouts = "".join(names.LAYOUT_SHORT[d.layout] for d in (self.A, self.B, self.C))
-        m, n, k = tile.threadblock_shape
-        cm, cn, _ = tile.cluster_shape
-        schedule = "coop" if self.kernel_schedule is _KS.TmaWarpSpecializedCooperative else "pp"
-        return (f"gemm_grouped_sm90_{s[self.A.element]}{s[self.C.element]}{s[self.element_accumulator]}_{layouts}_"
-                f"{m}x{n}x{k}_c{cm}x{cn}_s{tile.stages}_{schedule}{sm90.epilogue_suffix(self.epilogue_functor)}"
-                f"{'_biasc' if self.bias else ''}")
+        return ptr_array_readable_name(self, "gemm_grouped_sm90") + ("_biasc" if self.bias else "")
 
     @property
     def transposed(self) -> bool:
@@ -212,6 +204,18 @@ def tensormap_workspace_bytes(name: str, sm_count: int) -> int:
     epilogue = _round_up(TMA_DESCRIPTOR_BYTES * sm_count * (EPILOGUE_WARP_GROUPS + 1), _TENSORMAP_ALIGNMENT)
     mainloop = _round_up(TMA_DESCRIPTOR_BYTES * sm_count * 2, _TENSORMAP_ALIGNMENT)
     return epilogue + mainloop
+
+
+def ptr_array_readable_name(op, kind: str) -> str:
+    """``<kind>_<types>_<layouts>_<tile>_<cluster>_<stages>_<schedule><epilogue>`` of a pointer-array operation."""
+    tile = op.tile_description
+    s = names.SHORT
+    layouts = "".join(names.LAYOUT_SHORT[d.layout] for d in (op.A, op.B, op.C))
+    m, n, k = tile.threadblock_shape
+    cm, cn, _ = tile.cluster_shape
+    schedule = "coop" if op.kernel_schedule is _KS.TmaWarpSpecializedCooperative else "pp"
+    return (f"{kind}_{s[op.A.element]}{s[op.C.element]}{s[op.element_accumulator]}_{layouts}_"
+            f"{m}x{n}x{k}_c{cm}x{cn}_s{tile.stages}_{schedule}{sm90.epilogue_suffix(op.epilogue_functor)}")
 
 
 def render_ptr_array_kernel(op, bias: str | None = None, sizes_kernel: bool = False, template: Path | None = None) -> str:
