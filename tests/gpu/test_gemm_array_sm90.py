@@ -14,6 +14,7 @@ from pycutlass import KernelScheduleType as KS
 from pycutlass.gemm import GemmCoord, Mode
 
 from . import test_gemm_sm90 as sm90_suite
+from .test_gemm_grouped_sm90 import ptr_array_parts
 from .conftest import precompile_module, relative_error
 
 try:
@@ -29,21 +30,8 @@ TOLERANCE = {D.float16: 2e-3, D.bfloat16: 1.5e-2, D.float32: 1e-5}
 
 def array90(element, layouts, tile=(128, 128, 64), cluster=(1, 1, 1), kernel=KS.Auto, out=None, activation=None,
             clamp=False):
-    out = out or element
-    math = cutlass.MathInstruction([64, tile[1], 16], element, element, D.float32, cutlass.OpClass.TensorOp)
-    description = cutlass.TileDescription(list(tile), 0, None, math, cluster_shape=list(cluster),
-                                          kernel_schedule=kernel)
-    A = cutlass.TensorDescription(element, layouts[0], 8)
-    B = cutlass.TensorDescription(element, layouts[1], 8)
-    C = cutlass.TensorDescription(out, layouts[2], 128 // out.bits)
-    if clamp:
-        functor = cutlass.LinearCombinationClamp(out, C.alignment, D.float32, D.float32)
-    elif activation is None:
-        functor = cutlass.LinearCombination(out, C.alignment, D.float32, D.float32)
-    else:
-        functor = cutlass.LinearCombinationGeneric(getattr(cutlass, activation)(D.float32), out, C.alignment,
-                                                   D.float32, D.float32)
-    return cutlass.GemmOperationUniversal(90, description, A, B, C, functor, array=True)
+    parts = ptr_array_parts(element, layouts, tile, cluster, kernel, out, activation, clamp)
+    return cutlass.GemmOperationUniversal(90, *parts, array=True)
 
 
 ARRAY_OPS = {

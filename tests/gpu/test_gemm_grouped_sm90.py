@@ -25,6 +25,12 @@ pytestmark = pytest.mark.gpu
 def grouped90(element, layouts, tile=(128, 128, 64), cluster=(1, 1, 1), kernel=KS.Auto, out=None, activation=None,
               bias=None, clamp=False):
     """A GemmOperationGrouped(90, ...) with an SM90 tile (the pointer-array kernel)."""
+    parts = ptr_array_parts(element, layouts, tile, cluster, kernel, out, activation, clamp)
+    return cutlass.GemmOperationGrouped(90, *parts, bias=bias)
+
+
+def ptr_array_parts(element, layouts, tile, cluster, kernel, out, activation, clamp):
+    """(tile description, A, B, C, epilogue) of an SM90 pointer-array operation (grouped, or Array-mode GEMM)."""
     out = out or element
     math = cutlass.MathInstruction([64, tile[1], 16], element, element, D.float32, cutlass.OpClass.TensorOp)
     description = cutlass.TileDescription(list(tile), 0, None, math, cluster_shape=list(cluster),
@@ -39,7 +45,7 @@ def grouped90(element, layouts, tile=(128, 128, 64), cluster=(1, 1, 1), kernel=K
     else:
         functor = cutlass.LinearCombinationGeneric(getattr(cutlass, activation)(D.float32), out, C.alignment,
                                                    D.float32, D.float32)
-    return cutlass.GemmOperationGrouped(90, description, A, B, C, functor, bias=bias)
+    return description, A, B, C, functor
 
 
 # Every layout of A and B, both C layouts, both schedules, three cluster shapes and three epilogues.
