@@ -103,13 +103,7 @@ class GemmOperationArraySm90(sm90.GemmOperationSm90):
                                                template=Path(__file__).parent / "gemm_array_sm90.cu.j2")
 
     def describe(self) -> str:
-        tile = self.tile_description
-        return (f"GEMM array sm90 A={self.A.element.label}/{self.A.layout.value}/{self.A.alignment} "
-                f"B={self.B.element.label}/{self.B.layout.value}/{self.B.alignment} "
-                f"C={self.C.element.label}/{self.C.layout.value}/{self.C.alignment} "
-                f"acc={self.element_accumulator.label} tile={list(tile.threadblock_shape)} "
-                f"cluster={list(tile.cluster_shape)} stages={tile.stages or 'auto'} "
-                f"kernel=PtrArray{self.kernel_schedule.value} epilogue_op={self.epilogue_functor.describe()}")
+        return grouped.ptr_array_description(self, "array")
 
 
 sm90.ARRAY_OPERATION = GemmOperationArraySm90

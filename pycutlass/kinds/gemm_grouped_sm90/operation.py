@@ -187,14 +187,7 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
         return render_ptr_array_kernel(self, bias=self.bias, sizes_kernel=True)
 
     def describe(self) -> str:
-        tile = self.tile_description
-        return (f"GEMM grouped sm90 A={self.A.element.label}/{self.A.layout.value}/{self.A.alignment} "
-                f"B={self.B.element.label}/{self.B.layout.value}/{self.B.alignment} "
-                f"C={self.C.element.label}/{self.C.layout.value}/{self.C.alignment} "
-                f"acc={self.element_accumulator.label} tile={list(tile.threadblock_shape)} "
-                f"cluster={list(tile.cluster_shape)} stages={tile.stages or 'auto'} "
-                f"kernel=PtrArray{self.kernel_schedule.value} epilogue_op={self.epilogue_functor.describe()}"
-                f"{' bias=' + self.bias if self.bias else ''}")
+        return ptr_array_description(self, "grouped") + (f" bias={self.bias}" if self.bias else "")
 
 
 def tensormap_workspace_bytes(name: str, sm_count: int) -> int:
@@ -204,6 +197,17 @@ def tensormap_workspace_bytes(name: str, sm_count: int) -> int:
     epilogue = _round_up(TMA_DESCRIPTOR_BYTES * sm_count * (EPILOGUE_WARP_GROUPS + 1), _TENSORMAP_ALIGNMENT)
     mainloop = _round_up(TMA_DESCRIPTOR_BYTES * sm_count * 2, _TENSORMAP_ALIGNMENT)
     return epilogue + mainloop
+
+
+def ptr_array_description(op, kind: str) -> str:
+    """The one-line summary of a pointer-array operation (``kind``: grouped or array)."""
+    tile = op.tile_description
+    return (f"GEMM {kind} sm90 A={op.A.element.label}/{op.A.layout.value}/{op.A.alignment} "
+            f"B={op.B.element.label}/{op.B.layout.value}/{op.B.alignment} "
+            f"C={op.C.element.label}/{op.C.layout.value}/{op.C.alignment} "
+            f"acc={op.element_accumulator.label} tile={list(tile.threadblock_shape)} "
+            f"cluster={list(tile.cluster_shape)} stages={tile.stages or 'auto'} "
+            f"kernel=PtrArray{op.kernel_schedule.value} epilogue_op={op.epilogue_functor.describe()}")
 
 
 def ptr_array_readable_name(op, kind: str) -> str:
