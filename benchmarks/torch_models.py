@@ -23,7 +23,9 @@ the run goes on; the JSON is rewritten after every section, so a run cut short k
 
 Every model variant: median milliseconds by benchmarks/common.bench_ms over --model-rounds interleaved rounds (the
 goals use these), end-to-end latency per call from ``Timer.paired_ms`` (one synchronized call of each variant in
-turn: the "latency x eager" column), the first call's seconds (compilation and tuning), and its output against eager's: max |out - eager| / max |eager| (also eager's own error against a float32
+turn: the "latency x eager" column), and, unless --no-graphs, eager and pycutlass each replayed from CUDA graphs
+(``pycutlass.torch.cuda_graphed``: the GPU work without the host's per-layer cost; "graphs x eager+graphs"), the
+first call's seconds (compilation and tuning), and its output against eager's: max |out - eager| / max |eager| (also eager's own error against a float32
 copy of the model, TF32 off, as the data type's noise floor). The optimized output counts as correct when its error
 against eager is <= --tol-f16 / --tol-bf16, or else when its error against float32 is at most twice eager's own (a
 randomly initialized ResNet-50 amplifies f16 rounding to a few percent of its output). The optimized model's
@@ -407,6 +409,25 @@ def bench_model(args, timer: Timer, section: str, label: str, model, inputs, mod
         variants["pycutlass"] = {"error": error_text(error)}
         log(f"{section} {label}: pycutlass FAILED: {type(error).__name__}: {str(error)[:300]}")
 
+    if args.graphs:  # both replayed from CUDA graphs (pycutlass.torch.cuda_graphed): GPU work without host cost
+        from pycutlass.torch import cuda_graphed
+
+        for name, base in (("eager+graphs", model), ("pycutlass+graphs", optimized)):
+            if base is None:
+                continue
+            try:
+                graphed = cuda_graphed(base)
+                with torch.no_grad():
+                    result, first = timer.first_call(lambda: first_tensor(graphed(*inputs)).clone())
+                found = errors(result)
+                del result
+                ok, why = within_tolerance(found, variants["eager"].get("rel_err_vs_fp32"), tolerance)
+                variants[name] = {"first_call_s": first, **found, "within_tolerance": ok, "tolerance_rule": why}
+                timed[name] = lambda graphed=graphed: graphed(*inputs)
+            except Exception as error:  # noqa: BLE001
+                variants[name] = {"error": error_text(error)}
+                log(f"{section} {label}: {name} FAILED: {type(error).__name__}: {str(error)[:300]}")
+
     from pycutlass.torch.dispatch import Dispatch
 
     unbound_before = dict(Dispatch.current().unbound_calls)
@@ -448,6 +469,8 @@ def bench_model(args, timer: Timer, section: str, label: str, model, inputs, mod
     row["speedup_vs_eager"] = eager_ms / mine if mine and eager_ms else None
     mine_latency, eager_latency = variants["pycutlass"].get("latency_ms"), variants["eager"].get("latency_ms")
     row["latency_speedup_vs_eager"] = eager_latency / mine_latency if mine_latency and eager_latency else None
+    mine_graphs, eager_graphs = (variants.get(n, {}).get("ms") for n in ("pycutlass+graphs", "eager+graphs"))
+    row["graphs_speedup_vs_eager_graphs"] = eager_graphs / mine_graphs if mine_graphs and eager_graphs else None
     for mode in compile_modes:
         theirs = variants.get(f"compile:{mode}", {}).get("ms")
         row[f"speedup_vs_compile:{mode}"] = theirs / mine if mine and theirs else None
@@ -467,6 +490,10 @@ def table_row(row: dict, compile_modes) -> dict:
     t["pycutlass ms"] = fmt(v["pycutlass"].get("ms"))
     t["x eager"] = fmt(row["speedup_vs_eager"])
     t["latency x eager"] = fmt(row.get("latency_speedup_vs_eager"))
+    if "pycutlass+graphs" in v:
+        t["eager+graphs ms"] = fmt(v.get("eager+graphs", {}).get("ms"))
+        t["pycutlass+graphs ms"] = fmt(v["pycutlass+graphs"].get("ms"))
+        t["graphs x eager+graphs"] = fmt(row.get("graphs_speedup_vs_eager_graphs"))
     for mode in compile_modes:
         t[f"x compile:{mode}"] = fmt(row[f"speedup_vs_compile:{mode}"])
     t["err vs eager"] = fmt(v["pycutlass"].get("rel_err"))
@@ -605,6 +632,8 @@ def parse_args(argv=None):
     parser.add_argument("--warmup-ms", type=float, default=None, help="bench_ms warmup (default 50; 10 quick)")
     parser.add_argument("--rep-ms", type=float, default=None, help="bench_ms repetitions (default 300; 50 quick)")
     parser.add_argument("--host-repeats", type=int, default=None, help="host_us calls (default 2000; 200 quick)")
+    parser.add_argument("--no-graphs", dest="graphs", action="store_false",
+                        help="skip the CUDA-graph variants (eager and pycutlass through pycutlass.torch.cuda_graphed)")
     parser.add_argument("--model-rounds", type=int, default=None,
                         help="interleaved timing rounds per model and input (default 3; 1 quick)")
     parser.add_argument("--overhead-rounds", type=int, default=None, help="interleaved rounds (default 5; 2 quick)")

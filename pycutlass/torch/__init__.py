@@ -23,7 +23,8 @@ def configure(**settings) -> Dispatch:
     return Dispatch.current().configure(**settings)
 
 
+from .graphs import CUDAGraphed, cuda_graphed
 from .model_pass import load, optimize, report, save
 
-__all__ = ["ACTIVATIONS", "Choice", "Dispatch", "OpCall", "bmm", "configure", "conv2d", "current_dispatch", "gemm",
+__all__ = ["ACTIVATIONS", "CUDAGraphed", "Choice", "Dispatch", "cuda_graphed", "OpCall", "bmm", "configure", "conv2d", "current_dispatch", "gemm",
            "grouped_gemm", "linear", "optimize", "report", "save", "load"]

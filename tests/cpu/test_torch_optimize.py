@@ -446,3 +446,20 @@ def test_a_following_residual_add_goes_into_the_epilogue():
 def test_linear_residual_must_have_the_output_shape():
     with pytest.raises(ValueError, match="residual must have the output's shape"):
         torch_ops.linear(torch.randn(4, 8), torch.randn(6, 8), residual=torch.randn(1, 6))
+
+
+def test_cuda_graphed_passes_cpu_and_gradient_calls_through():
+    from pycutlass.torch import CUDAGraphed, cuda_graphed
+
+    model = Residual().eval()
+    wrapped = cuda_graphed(optimize(model, (torch.randn(2, 3, 16),), tune=False))
+    assert isinstance(wrapped, CUDAGraphed)
+    x = torch.randn(2, 3, 16)
+    with torch.no_grad():
+        assert_close(wrapped(x), model(x))  # CPU tensors: no graph, the module itself runs
+    assert wrapped.captures == 0
+    for bad in ({"max_graphs": 0}, {"warmup": -1}, {"warmup": True}):
+        with pytest.raises(ArgumentError):
+            cuda_graphed(model, **bad)
+    with pytest.raises(ArgumentError, match="torch.nn.Module"):
+        cuda_graphed(lambda x: x)
