@@ -26,5 +26,5 @@ def configure(**settings) -> Dispatch:
 from .graphs import CUDAGraphed, cuda_graphed
 from .model_pass import load, optimize, report, save
 
-__all__ = ["ACTIVATIONS", "CUDAGraphed", "Choice", "Dispatch", "cuda_graphed", "OpCall", "bmm", "configure", "conv2d", "current_dispatch", "gemm",
-           "grouped_gemm", "linear", "optimize", "report", "save", "load"]
+__all__ = ["ACTIVATIONS", "CUDAGraphed", "Choice", "Dispatch", "OpCall", "bmm", "configure", "conv2d", "cuda_graphed",
+           "current_dispatch", "gemm", "grouped_gemm", "linear", "optimize", "report", "save", "load"]

@@ -253,10 +253,10 @@ class Dispatch(SessionState):
                 return d
         return self._gemm_slow(signature, a, b, bias, c, alpha, beta, activation, activation_arg, kernel)
 
-    def bound_gemm(self, a, b, bias, c, alpha, beta, activation, activation_arg, kernel) -> "_Bound | None":
-        """The kernel launch this GEMM call's signature is bound to now, if any (valid while ``generation`` stays)."""
-        bound = self._bound.get(_gemm_signature(a, b, bias, c, alpha, beta, activation, activation_arg, kernel))
-        return bound if isinstance(bound, _Bound) else None
+    def bound_gemm(self, a, b, bias, c, alpha, beta, activation, activation_arg, kernel):
+        """What this GEMM call's signature is bound to now (valid while ``generation`` stays): a kernel launch
+        (``_Bound``), ``TORCH``, or None when it is not bound (yet)."""
+        return self._bound.get(_gemm_signature(a, b, bias, c, alpha, beta, activation, activation_arg, kernel))
 
     def _gemm_class(self, a, b, bias, c, beta, activation) -> tuple[GemmClass | None, str]:
         """The call's class, or None and why no kernel serves it."""

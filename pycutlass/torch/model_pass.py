@@ -65,7 +65,8 @@ class CutlassLinear(nn.Module):
                 return out
         out = ops.linear(x, self.weight, self.bias, self.activation, self.activation_arg, self.kernel,
                          residual=residual)
-        if len(self._plans) < _MAX_PLANS or key in self._plans:
+        # look for a plan only when there is none for this signature or the bindings changed since it was made
+        if (plan is None or not plan.current()) and (len(self._plans) < _MAX_PLANS or key in self._plans):
             plan = ops.LinearPlan.after_call(x, self.weight, self.bias, self.activation, self.activation_arg,
                                              self.kernel, residual)
             if plan is not None:
@@ -73,8 +74,7 @@ class CutlassLinear(nn.Module):
         return out
 
     def __getstate__(self):
-        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
-        state = dict(state)
+        state = dict(self.__dict__)
         state["_plans"] = {}  # launch plans hold loaded kernels of this process: never saved or copied
         return state
 

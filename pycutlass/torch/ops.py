@@ -18,7 +18,7 @@ import torch
 
 from ..session import current
 from . import reference
-from .dispatch import Dispatch
+from .dispatch import TORCH, Dispatch
 from .reference import ACTIVATIONS
 
 _NAMESPACE = "pycutlass"
@@ -281,7 +281,9 @@ class LinearPlan:
     later call with new tensors of that signature costs a few attribute checks, one output allocation and one
     launch, without the operator's argument handling or the dispatch's signature lookup. Valid while the dispatch
     that made it is the current one and has not dropped its bindings (``generation``); ``launch`` returns None
-    whenever it does not apply, and the caller takes the full path."""
+    whenever it does not apply, and the caller takes the full path. A plan without a launch (``bound`` None)
+    records that the signature is bound to torch, so the caller does not look for a plan again until the bindings
+    change."""
 
     __slots__ = ("dispatch", "generation", "bound", "shape", "stride", "dtype", "device", "weight", "bias",
                  "residual_stride", "out_shape", "device_index")
@@ -305,19 +307,24 @@ class LinearPlan:
         c = None if residual is None else residual.reshape(-1, weight.shape[0])
         bound = dispatch.bound_gemm(rows, weight.t(), bias, c, 1.0, 0.0 if c is None else 1.0, activation,
                                     float(activation_arg), kernel)
-        return None if bound is None else cls(dispatch, bound, x, weight, bias, residual)
+        if bound is None:
+            return None  # not bound yet (an unaligned view, say): a later call may bind it
+        return cls(dispatch, None if bound is TORCH else bound, x, weight, bias, residual)
+
+    def current(self) -> bool:
+        """Whether the dispatch that made this plan is the current one and still holds the binding it read."""
+        dispatch = _engine()
+        return dispatch is self.dispatch and dispatch.generation == self.generation
 
     def launch(self, x, weight, bias, residual):
-        if weight is not self.weight or bias is not self.bias or x.shape != self.shape or \
+        if self.bound is None or weight is not self.weight or bias is not self.bias or x.shape != self.shape or \
                 x.stride() != self.stride or x.dtype != self.dtype or x.device != self.device or \
                 (None if residual is None else residual.stride()) != self.residual_stride:
             return None
         if residual is not None and (residual.shape != self.out_shape or residual.dtype != self.dtype or
                                      residual.device != self.device):
             return None
-        dispatch = _engine()
-        if dispatch is not self.dispatch or dispatch.generation != self.generation or \
-                dispatch._collector is not None or not _direct(x, weight, bias, residual):
+        if not self.current() or self.dispatch._collector is not None or not _direct(x, weight, bias, residual):
             return None
         out = x.new_empty(self.out_shape)
         pointers = (x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(),

@@ -43,16 +43,21 @@ def fill_group_arrays(struct, arguments) -> None:
     struct.workspace_bytes = arguments.workspace_bytes
 
 
-def pack_problem_arrays(sizes, pointers: dict, lds: dict) -> tuple[bytes, dict]:
-    """One buffer for all per-problem arrays, [sizes][ptr A..D][ld A..D], each aligned; and each one's offset."""
-    arrays = [("problem_sizes", sizes)] + [(f"ptr_{x}", pointers[x]) for x in "ABCD"] + \
-             [(f"ld{x.lower()}", lds[x]) for x in "ABCD"]
+def pack_arrays(arrays) -> tuple[bytes, dict]:
+    """One buffer for (field, numpy array) pairs, each array aligned; and each field's offset in it."""
     blob, offsets = bytearray(), {}
     for field, array in arrays:
         blob.extend(b"\0" * (-len(blob) % _ARRAY_ALIGNMENT))
         offsets[field] = len(blob)
-        blob.extend(array.tobytes())
+        blob.extend(np.ascontiguousarray(array).tobytes())
     return bytes(blob), offsets
+
+
+def pack_problem_arrays(sizes, pointers: dict, lds: dict, extra=()) -> tuple[bytes, dict]:
+    """One buffer for all per-problem arrays, [sizes][ptr A..D][ld A..D] then ``extra`` (field, array) pairs, each
+    aligned; and each one's offset."""
+    return pack_arrays([("problem_sizes", sizes)] + [(f"ptr_{x}", pointers[x]) for x in "ABCD"] +
+                       [(f"ld{x.lower()}", lds[x]) for x in "ABCD"] + list(extra))
 
 
 def _list_of(name: str, values, count: int, allow_none: bool = False) -> list:

@@ -31,22 +31,24 @@ from ...runtime.arguments import OperationArguments
 from ...runtime.tensors import describe, storage_type
 from ..gemm.arguments import coerce_output_op
 from ..gemm.matrix import matrix_geometry
-from ..gemm_grouped.arguments import GemmGroupedArguments, _alias, fill_group_arrays
+from ..gemm_grouped.arguments import (GemmGroupedArguments, _alias, fill_group_arrays, pack_arrays,
+                                      pack_problem_arrays)
 from .abi import SIZE_FLAGS, Sm90GroupedGemmArgs, Sm90GroupedSizesArgs
 from .operation import GemmOperationGroupedSm90
 
-_ARRAY_ALIGNMENT = 16  # bytes; each per-group array starts aligned in the shared buffer
 _TMA_BYTES = 16  # TMA: 16-byte aligned addresses and strides
+_FLAGS_BYTES = 16  # the device-sizes kernel's sticky flag word (int32), padded
 
 
-def _pack(arrays) -> tuple[bytes, dict]:
-    """One buffer for the per-group arrays ((field, numpy array) pairs), each aligned; and each one's offset."""
-    blob, offsets = bytearray(), {}
-    for field, array in arrays:
-        blob.extend(b"\0" * (-len(blob) % _ARRAY_ALIGNMENT))
-        offsets[field] = len(blob)
-        blob.extend(np.ascontiguousarray(array).tobytes())
-    return bytes(blob), offsets
+def _part_pointers(parts, address_of) -> np.ndarray:
+    """Per group, its tensor's address (each tensor resolved once) plus the group's byte offset; 0 for an empty
+    tensor. ``parts``: (TensorInfo, byte offset) per group."""
+    bases, pointers = {}, np.zeros(len(parts), dtype=np.uint64)
+    for g, (info, offset) in enumerate(parts):
+        if id(info) not in bases:
+            bases[id(info)] = address_of(info) if info.numel else 0
+        pointers[g] = bases[id(info)] + offset if bases[id(info)] else 0
+    return pointers
 
 
 def is_device_sizes(problem_sizes) -> bool:
@@ -148,12 +150,7 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         self._bias_parts = parts
 
     def _bias_pointers(self) -> np.ndarray:
-        addresses, pointers = {}, np.zeros(len(self._bias_parts), dtype=np.uint64)
-        for g, (info, offset) in enumerate(self._bias_parts):
-            if id(info) not in addresses:
-                addresses[id(info)] = self.tensors.address(info) if info.numel else 0
-            pointers[g] = addresses[id(info)] + offset if addresses[id(info)] else 0
-        return pointers
+        return _part_pointers(self._bias_parts, self.tensors.address)
 
     def _materialize(self) -> None:
         if not self.device_sizes:
@@ -306,12 +303,7 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         a_info, d_info, c_info = (self._packed.get(x) for x in "ADC")
         address = {label: (self.tensors.address(info, is_output=label == "D") if info.numel else 0)
                    for label, info in self._packed.items()}
-        b_addresses = {}
-        b_pointers = np.zeros(count, dtype=np.uint64)
-        for g, (info, offset) in enumerate(self._b_parts):
-            if id(info) not in b_addresses:
-                b_addresses[id(info)] = info.device_address if info.numel else 0
-            b_pointers[g] = b_addresses[id(info)] + offset if b_addresses[id(info)] else 0
+        b_pointers = _part_pointers(self._b_parts, lambda info: info.device_address)
         ld_d = d_info.ld
         ld_c = c_info.ld if c_info is not None else ld_d
         arrays = [("problem_sizes", np.zeros((count, 3), dtype=np.int32))] + \
@@ -321,10 +313,10 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
              ("b_pointers", b_pointers)]
         if op.bias:
             arrays.append(("ptr_bias", self._bias_pointers()))
-        blob, offsets = _pack(arrays)
+        blob, offsets = pack_arrays(arrays)
         base = self.tensors.upload(blob)
         self.device_arrays = {field: base + offset for field, offset in offsets.items()}
-        self._flags = self.tensors.zeros(_ARRAY_ALIGNMENT)
+        self._flags = self.tensors.zeros(_FLAGS_BYTES)
 
         # The zeroed stand-in that A and B of K = 0 groups read (as for host sizes), sized for the bounds.
         k_may_be_zero = self._columns == 3 or k_cap == 0
@@ -422,11 +414,8 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
                 info, geometry = operands[label]
                 pointers[label][index] = self.tensors.address(info, is_output=label == "D")
                 lds[label][index] = geometry.ld
-        arrays = [("problem_sizes", sizes)] + [(f"ptr_{x}", pointers[x]) for x in "ABCD"] + \
-            [(f"ld{x.lower()}", lds[x]) for x in "ABCD"]
-        if op.bias:
-            arrays.append(("ptr_bias", self._bias_pointers()))
-        blob, offsets = _pack(arrays)
+        blob, offsets = pack_problem_arrays(sizes, pointers, lds,
+                                            [("ptr_bias", self._bias_pointers())] if op.bias else ())
         base = self.tensors.upload(blob)
         self.device_arrays = {field: base + offset for field, offset in offsets.items()}
         # The per-SM tensormap slots; the kernel writes them before reading, so they need no clearing.
