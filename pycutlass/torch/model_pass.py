@@ -60,9 +60,14 @@ class CutlassLinear(nn.Module):
         key = (x.shape, residual is None, self.kernel, self.activation, self.activation_arg)
         plan = self._plans.get(key)
         if plan is not None:
-            out = plan.launch(x, self.weight, self.bias, residual)
-            if out is not None:
-                return out
+            if plan.bound is None:  # the dispatch binds this signature to torch: call it without the dispatch
+                if plan.runs_torch(x, self.weight, self.bias, residual):
+                    return ops.eager_linear(x, self.weight, self.bias, self.activation, self.activation_arg,
+                                            residual)
+            else:
+                out = plan.launch(x, self.weight, self.bias, residual)
+                if out is not None:
+                    return out
         out = ops.linear(x, self.weight, self.bias, self.activation, self.activation_arg, self.kernel,
                          residual=residual)
         # look for a plan only when there is none for this signature or the bindings changed since it was made

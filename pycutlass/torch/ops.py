@@ -276,14 +276,24 @@ def linear(x, weight, bias=None, activation="identity", activation_arg=0.0, kern
     return out if x.dim() == 2 else out.reshape(*x.shape[:-1], weight.shape[0])
 
 
+def eager_linear(x, weight, bias=None, activation="identity", activation_arg=0.0, residual=None):
+    """What ``linear`` computes where the dispatch binds the call to torch (``reference.eager_gemm`` on the same
+    2-D views, so the same torch calls in the same order: ``addmm`` with the residual as C, then ``+= bias``)."""
+    rows = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+    c = None if residual is None else residual.reshape(-1, weight.shape[0])
+    out = reference.eager_gemm(rows, weight.t(), bias, c, 1.0, 0.0 if c is None else 1.0, activation,
+                               float(activation_arg))
+    return out if x.dim() == 2 else out.reshape(*x.shape[:-1], weight.shape[0])
+
+
 class LinearPlan:
     """One ``linear`` call signature (input shape, strides, dtype, device; residual or not) bound to its kernel: a
     later call with new tensors of that signature costs a few attribute checks, one output allocation and one
     launch, without the operator's argument handling or the dispatch's signature lookup. Valid while the dispatch
     that made it is the current one and has not dropped its bindings (``generation``); ``launch`` returns None
     whenever it does not apply, and the caller takes the full path. A plan without a launch (``bound`` None)
-    records that the signature is bound to torch, so the caller does not look for a plan again until the bindings
-    change."""
+    records that the signature is bound to torch: the caller runs ``eager_linear`` itself (``runs_torch``) and does
+    not look for a plan again until the bindings change."""
 
     __slots__ = ("dispatch", "generation", "bound", "shape", "stride", "dtype", "device", "weight", "bias",
                  "residual_stride", "out_shape", "device_index")
@@ -316,15 +326,26 @@ class LinearPlan:
         dispatch = _engine()
         return dispatch is self.dispatch and dispatch.generation == self.generation
 
-    def launch(self, x, weight, bias, residual):
-        if self.bound is None or weight is not self.weight or bias is not self.bias or x.shape != self.shape or \
+    def _applies(self, x, weight, bias, residual) -> bool:
+        """The call has this plan's signature, and the binding the plan read still holds."""
+        if weight is not self.weight or bias is not self.bias or x.shape != self.shape or \
                 x.stride() != self.stride or x.dtype != self.dtype or x.device != self.device or \
                 (None if residual is None else residual.stride()) != self.residual_stride:
-            return None
+            return False
         if residual is not None and (residual.shape != self.out_shape or residual.dtype != self.dtype or
                                      residual.device != self.device):
-            return None
-        if not self.current() or self.dispatch._collector is not None or not _direct(x, weight, bias, residual):
+            return False
+        return self.current() and self.dispatch._collector is None  # (a collecting dispatch records every call)
+
+    def runs_torch(self, x, weight, bias, residual) -> bool:
+        """Whether the dispatch binds this call to torch, so the caller may run ``eager_linear`` itself: the same
+        torch calls ``linear`` would make, without its argument handling and signature lookup. (No ``_direct``
+        check: the torch calls are right under autograd and tracing too, as the layer's ``eager_shapes`` are.)"""
+        return self.bound is None and self._applies(x, weight, bias, residual)
+
+    def launch(self, x, weight, bias, residual):
+        if self.bound is None or not self._applies(x, weight, bias, residual) or \
+                not _direct(x, weight, bias, residual):
             return None
         out = x.new_empty(self.out_shape)
         pointers = (x.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(),

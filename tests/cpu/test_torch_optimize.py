@@ -463,3 +463,45 @@ def test_cuda_graphed_passes_cpu_and_gradient_calls_through():
             cuda_graphed(model, **bad)
     with pytest.raises(ArgumentError, match="torch.nn.Module"):
         cuda_graphed(lambda x: x)
+
+
+# --- the torch-bound launch plan 
+@pytest.mark.parametrize("activation,with_residual,dims", [("gelu", False, 3), ("identity", True, 3),
+                                                          ("leaky_relu", True, 2)])
+def test_a_plan_bound_to_torch_calls_torch_itself_with_the_dispatchs_math(monkeypatch, activation, with_residual,
+                                                                          dims):
+    """A launch-less plan (the dispatch bound the signature to torch) skips ops.linear; the result is what the
+    dispatch computes for a torch-bound signature, bit for bit, and the full path's result within rounding."""
+    from pycutlass.torch.dispatch import TORCH, Dispatch, _gemm_signature
+
+    layer = CutlassLinear(nn.Parameter(torch.randn(12, 16)), nn.Parameter(torch.randn(12)), activation, 0.1)
+    shape = (3, 5, 16) if dims == 3 else (15, 16)
+    x = torch.randn(shape)
+    residual = torch.randn(*shape[:-1], 12) if with_residual else None
+    with torch.no_grad():
+        full = layer(x, residual)  # CPU: ops.linear, no plan
+    assert not layer._plans
+    dispatch = Dispatch.current()
+    key = (x.shape, residual is None, layer.kernel, layer.activation, layer.activation_arg)
+    layer._plans[key] = torch_ops.LinearPlan(dispatch, None, x, layer.weight, layer.bias, residual)
+
+    def full_path(*args, **kwargs):
+        raise AssertionError("a torch-bound plan went through ops.linear")
+
+    monkeypatch.setattr(torch_ops, "linear", full_path)
+    with torch.no_grad():
+        fast = layer(x, residual)
+    assert_close(fast, full)
+    # the dispatch's own answer for a signature bound to torch
+    rows, c = x.reshape(-1, 16), None if residual is None else residual.reshape(-1, 12)
+    args = (rows, layer.weight.t(), layer.bias, c, 1.0, 0.0 if c is None else 1.0, activation, 0.1, "")
+    monkeypatch.setitem(dispatch._bound, _gemm_signature(*args), TORCH)
+    with torch.no_grad():
+        assert torch.equal(fast, dispatch.gemm(*args).reshape(fast.shape))
+
+    # another signature (strides) or stale bindings: the full path
+    with pytest.raises(AssertionError, match="went through ops.linear"):
+        layer(x.mT.contiguous().mT, residual)
+    monkeypatch.setattr(dispatch, "generation", dispatch.generation + 1)
+    with pytest.raises(AssertionError, match="went through ops.linear"):
+        layer(x, residual)
