@@ -12,6 +12,8 @@ import inspect
 import json
 import math
 import operator
+import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -23,6 +25,7 @@ import torch.nn.functional as F
 
 from ..errors import ArgumentError, NoGpuError
 from . import ops, reference
+from .dispatch import TORCH
 
 __all__ = ["optimize", "report", "save", "load", "OptimizeReport", "CutlassLinear", "CutlassConv2d"]
 
@@ -126,12 +129,16 @@ class OptimizeReport:
     """What ``optimize`` did: one row per replaced call, the candidates it left alone and why, and notes.
 
     ``speedup`` is ``torch_us / cutlass_us`` (above 1: the CUTLASS kernel beat torch); ``kernel`` is the chosen
-    operation's name, ``"torch"`` where torch was kept, or ``"-"`` where nothing was tuned.
+    operation's name, ``"torch"`` where torch was kept, ``"torch (end-to-end)"`` where the end-to-end check moved
+    the layer to torch (``tuned_kernel`` keeps the kernel tuning chose), or ``"-"`` where nothing was tuned.
+    ``end_to_end``: the end-to-end check's record (``{"eager_ms", "candidates": {name: ms}, "chosen"}``, median ms
+    per forward on the example inputs), None where it did not run.
     """
 
     rows: list[dict] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)  # {"layer", "op", "reason"}
     notes: list[str] = field(default_factory=list)
+    end_to_end: dict | None = None
 
     def table(self) -> str:
         cells = [[_cell(row.get(c)) for c in _COLUMNS] for row in self.rows]
@@ -149,11 +156,12 @@ class OptimizeReport:
 
     def to_dict(self) -> dict:
         return {"rows": [dict(r) for r in self.rows], "skipped": [dict(s) for s in self.skipped],
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "end_to_end": copy.deepcopy(self.end_to_end)}
 
     @classmethod
     def from_dict(cls, data: dict) -> "OptimizeReport":
-        return cls(list(data.get("rows", [])), list(data.get("skipped", [])), list(data.get("notes", [])))
+        return cls(list(data.get("rows", [])), list(data.get("skipped", [])), list(data.get("notes", [])),
+                   copy.deepcopy(data.get("end_to_end")))
 
 
 def _cell(value) -> str:
@@ -737,8 +745,23 @@ def _dispatch(dispatch):
     return Dispatch.current()
 
 
-def _tune(gm: fx.GraphModule, example_inputs: tuple, dispatch, jobs, progress: bool, prefer_faster: bool) -> list:
-    """Runs the model once, recording each op call with the layer it came from, and tunes the recorded calls."""
+@dataclass(frozen=True, eq=False)
+class _Site:
+    """A tuned call of a fused module: the module, its input shape on the example inputs, and the tuning's choice."""
+    module: nn.Module
+    shape: tuple
+    choice: Any
+
+    @property
+    def on_torch(self) -> tuple:
+        """What putting this call on torch adds to a candidate: (module, shape), the module's ``eager_shapes`` key."""
+        return (self.module, self.shape)
+
+
+def _tune(gm: fx.GraphModule, example_inputs: tuple, dispatch, jobs, progress: bool,
+          prefer_faster: bool) -> tuple[list, list[_Site]]:
+    """Runs the model once, recording each op call with the layer it came from, and tunes the recorded calls;
+    returns the choices and the calls of fused modules among them."""
     fused = [m for m in gm.modules() if isinstance(m, (CutlassLinear, CutlassConv2d))]
     owners: dict[int, tuple] = {}  # id(call) -> (module, input shape), to give torch's layers torch's own call
     first_call: dict[int, int] = {}  # id(module) -> index of its first call in collector.calls
@@ -760,18 +783,20 @@ def _tune(gm: fx.GraphModule, example_inputs: tuple, dispatch, jobs, progress: b
             for hook in hooks:
                 hook.remove()
     choices = dispatch.tune_calls(collector.calls, jobs=jobs, progress=progress, prefer_faster=prefer_faster)
+    sites = [_Site(*owners[id(choice.call)], choice) for choice in choices if id(choice.call) in owners]
     # A host-bound model feels every microsecond: where torch won, the layer calls torch itself for that shape
     # (other shapes still go through the dispatch and its tuning table).
-    for choice in choices:
-        if choice.kernel == "torch" and id(choice.call) in owners:
-            module, shape = owners[id(choice.call)]
-            module.eager_shapes.add(shape)
-    return choices
+    for site in sites:
+        if site.choice.kernel == TORCH:
+            site.module.eager_shapes.add(site.shape)
+    return choices, sites
 
 
-def _fill_rows(report: OptimizeReport, choices: list) -> None:
-    """Puts each tuned call's choice on its row: calls come in execution order, which for fx is graph order."""
+def _fill_rows(report: OptimizeReport, choices: list) -> dict[int, dict]:
+    """Puts each tuned call's choice on its row: calls come in execution order, which for fx is graph order.
+    Returns id(call) -> its row."""
     pending: dict[str, list[dict]] = {}
+    by_call: dict[int, dict] = {}
     for row in report.rows:
         pending.setdefault(row["layer"], []).append(row)
     for choice in choices:
@@ -785,12 +810,138 @@ def _fill_rows(report: OptimizeReport, choices: list) -> None:
         cutlass_us, torch_us = getattr(choice, "cutlass_us", None), getattr(choice, "torch_us", None)
         row.update(kernel=choice.kernel, cutlass_us=cutlass_us, torch_us=torch_us,
                    speedup=torch_us / cutlass_us if cutlass_us and torch_us else None)
+        by_call[id(call)] = row
+    return by_call
+
+
+# --- the end-to-end check -------------------------------------------------------------------------------------------
+# Tuning times each kernel's GPU time; a host-bound model (small inputs) is paced by the host instead, where a
+# pycutlass call costs a few microseconds more than torch's. So the pass times whole forwards of a few placements
+# (which layers call torch directly) and keeps the fastest.
+_E2E_MIN_GAIN = 1.10  # "selective": a kernel this much faster than torch (GPU time) is worth its host cost
+_E2E_TUNED, _E2E_SELECTIVE, _E2E_TORCH, _E2E_EAGER = "tuned", "selective", "torch", "eager"
+_E2E_MOVED = "torch (end-to-end)"
+
+
+def _saves_a_launch(module: nn.Module) -> bool:
+    """The fused module does in one call what its torch path does in two: an activation or a residual add."""
+    return module.activation != "identity" or "residual" in module.pattern
+
+
+def _end_to_end_candidates(sites: list[_Site]) -> dict[str, frozenset]:
+    """Placements to time, each the set of (module, shape) calls that go to torch directly: ``tuned``, ``selective``
+    where it differs from both others, ``torch`` where it differs from ``tuned``. Each contains the tuned one's: no
+    candidate puts a layer torch won back on a kernel."""
+    def placement(keep_kernel: Callable[[_Site], bool]) -> frozenset:
+        return frozenset(site.on_torch for site in sites if not keep_kernel(site))
+
+    def worth_it(site: _Site) -> bool:
+        choice = site.choice
+        if choice.kernel in (TORCH, "-"):  # ("-": no kernel serves the call, the dispatch falls back to torch)
+            return False
+        gain = choice.torch_us / choice.cutlass_us if choice.cutlass_us and choice.torch_us else 0.0
+        return gain >= _E2E_MIN_GAIN or _saves_a_launch(site.module)
+
+    tuned = placement(lambda site: site.choice.kernel != TORCH)
+    selective, everything = placement(worth_it), placement(lambda site: False)
+    found = {_E2E_TUNED: tuned}
+    if selective not in (tuned, everything):
+        found[_E2E_SELECTIVE] = selective
+    if everything != tuned:
+        found[_E2E_TORCH] = everything
+    return found
+
+
+def _place_calls(sites: list[_Site], on_torch: frozenset) -> None:
+    """Sets every tuned module's ``eager_shapes`` for the shapes it was tuned on to ``on_torch``'s (other shapes
+    keep theirs)."""
+    for site in sites:
+        if site.on_torch in on_torch:
+            site.module.eager_shapes.add(site.shape)
+        else:
+            site.module.eager_shapes.discard(site.shape)
+
+
+def _time_interleaved(entries: dict[str, tuple[Callable, Callable]], sync: Callable[[], None], *, rounds: int = 5,
+                      round_s: float = 0.025, budget_s: float = 2.0) -> dict[str, float]:
+    """Median ms per forward of each entry (``(prepare, forward)``), over ``rounds`` interleaved rounds (a drifting
+    host hits every entry alike); a round runs ``prepare`` then as many forwards as last about ``round_s``,
+    synchronized (``sync``) so the GPU's time counts too. Rounds stop early once ``budget_s`` is spent."""
+    per_round = {}
+    for name, (prepare, forward) in entries.items():
+        prepare()
+        forward()  # warm-up: binds kernels and launch plans
+        sync()
+        start = time.perf_counter()
+        forward()
+        sync()
+        per_round[name] = max(1, min(1000, int(round_s / max(time.perf_counter() - start, 1e-6))))
+    samples: dict[str, list[float]] = {name: [] for name in entries}
+    deadline = time.perf_counter() + budget_s
+    for _ in range(rounds):
+        for name, (prepare, forward) in entries.items():
+            prepare()
+            sync()
+            start = time.perf_counter()
+            for _ in range(per_round[name]):
+                forward()
+            sync()
+            samples[name].append((time.perf_counter() - start) * 1e3 / per_round[name])
+        if time.perf_counter() > deadline:
+            break
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def _cuda_sync(example_inputs: tuple, gm: nn.Module) -> Callable[[], None]:
+    devices = {t.device for t in _tensors(example_inputs) + list(gm.parameters()) if t.device.type == "cuda"}
+
+    def sync():
+        for device in devices:
+            torch.cuda.synchronize(device)
+    return sync
+
+
+def _choose_end_to_end(gm: fx.GraphModule, model: nn.Module, example_inputs: tuple, sites: list[_Site], *,
+                       timer: Callable | None = None) -> tuple[dict, frozenset]:
+    """Times ``model`` (eager) and ``gm`` under each candidate placement on ``example_inputs`` and leaves ``gm``
+    with the fastest; returns the record (``OptimizeReport.end_to_end``) and the calls the choice moved to torch.
+    ``timer(entries, sync) -> {name: ms}`` (default ``_time_interleaved``) is injectable for tests."""
+    candidates = _end_to_end_candidates(sites)
+    tuned = candidates[_E2E_TUNED]
+    entries: dict[str, tuple[Callable, Callable]] = {_E2E_EAGER: (lambda: None, lambda: model(*example_inputs))}
+    for name, on_torch in candidates.items():
+        entries[name] = (lambda on_torch=on_torch: _place_calls(sites, on_torch), lambda: gm(*example_inputs))
+    chosen = _E2E_TUNED
+    try:
+        with _Evaluating(model), _Evaluating(gm), torch.no_grad():
+            medians = (timer or _time_interleaved)(entries, _cuda_sync(example_inputs, gm))
+        chosen = min(candidates, key=lambda name: medians[name])  # ties: the earlier (fewer layers moved)
+    finally:  # (also on Ctrl-C: the model is left as tuned)
+        _place_calls(sites, candidates[chosen])
+    record = {"eager_ms": medians[_E2E_EAGER], "candidates": {name: medians[name] for name in candidates},
+              "chosen": chosen}
+    return record, candidates[chosen] - tuned
+
+
+def _record_end_to_end(report: OptimizeReport, rows: dict[int, dict], sites: list[_Site], record: dict,
+                       moved: frozenset) -> None:
+    report.end_to_end = record
+    for site in sites:
+        row = rows.get(id(site.choice.call))
+        if row is not None and site.on_torch in moved:
+            row.update(kernel=_E2E_MOVED, tuned_kernel=site.choice.kernel)
+    eager, times = record["eager_ms"], record["candidates"]
+    chosen = times[record["chosen"]]
+    report.notes.append("end-to-end check (median ms per forward on the example inputs): eager " + f"{eager:.3f}, " +
+                        ", ".join(f"{name} {ms:.3f}" for name, ms in times.items()) +
+                        f"; kept {record['chosen']!r} ({eager / chosen:.2f}x eager" +
+                        (f", {len(moved)} more call(s) on torch)" if moved else ")"))
 
 
 # --- the public API -------------------------------------------------------------------------------------------------
 def optimize(model: nn.Module, example_inputs, *, tune: bool = True, fold_batchnorm: bool = True,
              prefer_faster: bool = True, jobs: int | None = None, progress: bool = True,
-             dispatch=None) -> fx.GraphModule:
+             dispatch=None, end_to_end: bool = True) -> fx.GraphModule:
     """Traces ``model``, fuses its Linear/Conv2d (+ BatchNorm2d) (+ activation) into pycutlass ops and tunes them.
 
     Returns a ``torch.fx.GraphModule`` computing what ``model`` computes; ``report(result)`` (also
@@ -799,7 +950,12 @@ def optimize(model: nn.Module, example_inputs, *, tune: bool = True, fold_batchn
     positional arguments (a tensor or a tuple), run once to learn shapes and, with ``tune``, to record the calls to
     tune. Tuning needs a GPU and happens only for a model on CUDA; a CPU model runs torch's math and is not tuned.
     ``dispatch``: the :class:`~pycutlass.torch.dispatch.Dispatch` to tune with (default: the current session's).
+    ``end_to_end`` (after tuning on CUDA): time whole forwards of ``model`` and of the result with a few placements
+    of its layers (as tuned, only clear wins on kernels, all on torch) on ``example_inputs`` and keep the fastest,
+    so a host-bound model is not slower than torch's; the report's ``end_to_end`` records the times.
     """
+    if not isinstance(end_to_end, bool):
+        raise ArgumentError(f"end_to_end must be True or False, got {end_to_end!r}")
     example_inputs = _tuple(example_inputs)
     gm = _trace(model)
     shapes = _Shapes(gm)
@@ -832,7 +988,10 @@ def optimize(model: nn.Module, example_inputs, *, tune: bool = True, fold_batchn
     elif tune:
         if not torch.cuda.is_available():
             raise NoGpuError("tuning needs a GPU: the model is on CUDA but torch sees no usable GPU")
-        _fill_rows(report, _tune(gm, example_inputs, _dispatch(dispatch), jobs, progress, prefer_faster))
+        choices, sites = _tune(gm, example_inputs, _dispatch(dispatch), jobs, progress, prefer_faster)
+        rows = _fill_rows(report, choices)
+        if end_to_end and sites:
+            _record_end_to_end(report, rows, sites, *_choose_end_to_end(gm, model, example_inputs, sites))
     gm.pycutlass_report = report
     return gm
 

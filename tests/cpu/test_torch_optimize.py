@@ -270,6 +270,7 @@ class FakeDispatch:
     collecting_now: bool = False
     state: dict = field(default_factory=lambda: {"choices": {"k1": "cutlass_gemm_x"}})
     imported: list = field(default_factory=list)
+    by_layer: dict | None = None  # layer -> (kernel, cutlass_us, torch_us); default: torch for convs, else a kernel
 
     @contextmanager
     def collecting(self):
@@ -281,6 +282,8 @@ class FakeDispatch:
 
     def tune_calls(self, calls, jobs=None, progress=True, prefer_faster=True):
         self.tuned = (list(calls), jobs, progress, prefer_faster)
+        if self.by_layer is not None:
+            return [FakeChoice(call, *self.by_layer[call.layer]) for call in calls]
         return [FakeChoice(call, "torch" if call.op == "conv2d" else "cutlass_gemm_x", 20.0, 10.0 if
                            call.op == "conv2d" else 30.0) for call in calls]
 
@@ -313,7 +316,8 @@ def test_tuning_records_each_call_with_its_layer(monkeypatch):
     dispatch = FakeDispatch()
     recording(dispatch, monkeypatch)
     model = randomize_batchnorm(ConvNet()).eval()
-    optimized = optimize(model, torch.randn(2, 3, 16, 16), dispatch=dispatch, jobs=3, progress=False)
+    optimized = optimize(model, torch.randn(2, 3, 16, 16), dispatch=dispatch, jobs=3, progress=False,
+                         end_to_end=False)
     calls, jobs, progress, prefer_faster = dispatch.tuned
     assert [c.layer for c in calls] == ["features.0", "features.3", "proj", "fc"]
     assert (jobs, progress, prefer_faster) == (3, False, True)
@@ -333,7 +337,7 @@ def test_layers_tuned_to_torch_call_torch_directly_for_that_shape(monkeypatch):
     recording(dispatch, monkeypatch)
     model = randomize_batchnorm(ConvNet()).eval()
     x = torch.randn(2, 3, 16, 16)
-    optimized = optimize(model, x, dispatch=dispatch, progress=False)
+    optimized = optimize(model, x, dispatch=dispatch, progress=False, end_to_end=False)
     convs = [m for m in optimized.modules() if isinstance(m, CutlassConv2d)]
     linears = [m for m in optimized.modules() if isinstance(m, CutlassLinear)]
     assert convs and all(len(m.eager_shapes) == 1 for m in convs)
@@ -505,3 +509,153 @@ def test_a_plan_bound_to_torch_calls_torch_itself_with_the_dispatchs_math(monkey
     monkeypatch.setattr(dispatch, "generation", dispatch.generation + 1)
     with pytest.raises(AssertionError, match="went through ops.linear"):
         layer(x, residual)
+
+
+# --- the end-to-end check (fake dispatch and timer: no GPU here) 
+class Tower(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3, self.fc4 = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 16), \
+            nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.fc4(self.fc3(F.relu(self.fc2(self.fc1(x)))))
+
+
+# fc1: a clear kernel win; fc2: a small one, but the kernel fuses the ReLU; fc3: a small win, nothing fused; fc4: torch
+TOWER_CHOICES = {"fc1": ("k1", 10.0, 15.0), "fc2": ("k2", 10.0, 10.2), "fc3": ("k3", 10.0, 10.2),
+                 "fc4": ("torch", 12.0, 10.0)}
+
+
+def _model_pass():
+    import importlib
+
+    return importlib.import_module("pycutlass.torch.model_pass")
+
+
+def tuned_on_cuda(monkeypatch, model, x, times=None, **kwargs):
+    """optimize on a faked CUDA with TOWER_CHOICES and a fake timer returning ``times`` (name -> ms); returns the
+    result and what the timer saw: {name: {layer: eager shapes after prepare}}."""
+    module = _model_pass()
+    monkeypatch.setattr(module, "_on_cuda", lambda gm, inputs: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    seen = {}
+
+    def timer(entries, sync):
+        for name, (prepare, forward) in entries.items():
+            prepare()
+            forward()
+            seen[name] = {m.layer: set(m.eager_shapes) for m in optimized_modules}
+        return dict(times)
+
+    optimized_modules = []
+    real_choose = module._choose_end_to_end
+
+    def choose(gm, model, example_inputs, sites):
+        optimized_modules.extend(m for m in gm.modules() if isinstance(m, CutlassLinear))
+        return real_choose(gm, model, example_inputs, sites, timer=timer)
+
+    monkeypatch.setattr(module, "_choose_end_to_end", choose)
+    dispatch = FakeDispatch(by_layer=TOWER_CHOICES)
+    recording(dispatch, monkeypatch)
+    return optimize(model, x, dispatch=dispatch, progress=False, **kwargs), seen
+
+
+def eager_layers(model) -> set[str]:
+    return {m.layer for m in model.modules() if isinstance(m, CutlassLinear) and m.eager_shapes}
+
+
+def test_end_to_end_candidates_and_their_placements(monkeypatch):
+    x = torch.randn(4, 16)
+    times = {"eager": 1.0, "tuned": 1.2, "selective": 1.1, "torch": 1.05}
+    optimized, seen = tuned_on_cuda(monkeypatch, Tower().eval(), x, times)
+    shape = {(4, 16), (4, 32)}
+    assert list(seen) == ["eager", "tuned", "selective", "torch"]  # the original model first, then each placement
+    on_torch = {name: {layer for layer, shapes in placed.items() if shapes} for name, placed in seen.items()
+                if name != "eager"}
+    assert on_torch == {"tuned": {"fc4"}, "selective": {"fc3", "fc4"}, "torch": {"fc1", "fc2", "fc3", "fc4"}}
+    assert all(shapes <= shape for placed in seen.values() for shapes in placed.values())
+
+
+@pytest.mark.parametrize("times,chosen,layers", [
+    ({"eager": 1.0, "tuned": 1.2, "selective": 1.1, "torch": 1.05}, "torch", {"fc1", "fc2", "fc3", "fc4"}),
+    ({"eager": 1.0, "tuned": 0.8, "selective": 0.9, "torch": 1.05}, "tuned", {"fc4"}),
+    ({"eager": 1.0, "tuned": 0.9, "selective": 0.85, "torch": 1.05}, "selective", {"fc3", "fc4"}),
+])
+def test_end_to_end_keeps_the_fastest_placement_and_reports_it(monkeypatch, tmp_path, times, chosen, layers):
+    model = Tower().eval()
+    x = torch.randn(4, 16)
+    optimized, _ = tuned_on_cuda(monkeypatch, model, x, times)
+    assert eager_layers(optimized) == layers
+    with torch.no_grad():
+        assert_close(optimized(x), model(x))
+    found = report(optimized)
+    assert found.end_to_end == {"eager_ms": 1.0, "candidates": {k: v for k, v in times.items() if k != "eager"},
+                                "chosen": chosen}
+    kernels = {row["layer"]: row["kernel"] for row in found.rows}
+    moved = layers - {"fc4"}
+    assert kernels == {layer: "torch (end-to-end)" if layer in moved else TOWER_CHOICES[layer][0]
+                       for layer in TOWER_CHOICES}
+    assert all(row["tuned_kernel"] == TOWER_CHOICES[row["layer"]][0] for row in found.rows if row["layer"] in moved)
+    note = found.notes[-1]
+    assert note.startswith("end-to-end check") and f"kept {chosen!r}" in note and "eager 1.000" in note
+    assert "torch (end-to-end)" in found.table() or not moved
+    again = OptimizeReport.from_dict(json.loads(json.dumps(found.to_dict())))
+    assert again == found
+    save(optimized, tmp_path, dispatch=FakeDispatch())
+    loaded = load(tmp_path, dispatch=FakeDispatch())
+    assert report(loaded).end_to_end == found.end_to_end and eager_layers(loaded) == layers
+
+
+def test_end_to_end_false_skips_the_check(monkeypatch):
+    def no_timer(*args, **kwargs):
+        raise AssertionError("timed although end_to_end=False")
+
+    monkeypatch.setattr(_model_pass(), "_time_interleaved", no_timer)
+    optimized, seen = tuned_on_cuda(monkeypatch, Tower().eval(), torch.randn(4, 16), end_to_end=False)
+    assert not seen and report(optimized).end_to_end is None and eager_layers(optimized) == {"fc4"}
+    assert not any(n.startswith("end-to-end") for n in report(optimized).notes)
+    with pytest.raises(ArgumentError, match="end_to_end"):
+        optimize(Tower(), torch.randn(4, 16), end_to_end=1)
+
+
+def test_duplicate_placements_are_timed_once():
+    module = _model_pass()
+    layer = CutlassLinear(nn.Parameter(torch.randn(8, 8)), None)
+    sites = [module._Site(layer, (2, 8), FakeChoice(FakeCall("gemm", ""), "torch", 5.0, 4.0))]
+    assert module._end_to_end_candidates(sites) == {"tuned": frozenset({(layer, (2, 8))})}
+    sites = [module._Site(layer, (2, 8), FakeChoice(FakeCall("gemm", ""), "k", 5.0, 10.0))]
+    assert list(module._end_to_end_candidates(sites)) == ["tuned", "torch"]  # selective is the tuned one
+    sites = [module._Site(layer, (2, 8), FakeChoice(FakeCall("gemm", ""), "-", None, 10.0))]
+    assert list(module._end_to_end_candidates(sites)) == ["tuned", "torch"]  # selective is the torch one
+
+
+def test_an_interrupted_check_leaves_the_tuned_placement():
+    module = _model_pass()
+    layer = CutlassLinear(nn.Parameter(torch.randn(8, 8)), None)
+    sites = [module._Site(layer, (2, 8), FakeChoice(FakeCall("gemm", ""), "k", 5.0, 5.1))]
+
+    def interrupted(entries, sync):
+        entries["torch"][0]()
+        assert layer.eager_shapes == {(2, 8)}
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        module._choose_end_to_end(nn.Identity(), nn.Identity(), (torch.randn(2, 8),), sites, timer=interrupted)
+    assert layer.eager_shapes == set()
+
+
+def test_the_interleaved_timer_runs_every_entry_each_round():
+    module = _model_pass()
+    calls = {"a": [0, 0], "b": [0, 0]}
+    syncs = []
+
+    def entry(name):
+        return (lambda: calls[name].__setitem__(0, calls[name][0] + 1),
+                lambda: calls[name].__setitem__(1, calls[name][1] + 1))
+
+    medians = module._time_interleaved({"a": entry("a"), "b": entry("b")}, lambda: syncs.append(1), rounds=3,
+                                       round_s=0.001)
+    assert set(medians) == {"a", "b"} and all(ms > 0 for ms in medians.values())
+    assert calls["a"][0] == calls["b"][0] == 4  # once for the warm-up, then once per round
+    assert calls["a"][1] >= 2 + 3 and syncs
