@@ -403,6 +403,36 @@ def test_optimized_layers_skip_the_dispatcher_and_torch_layers_call_torch(monkey
         assert len(calls) == sum(1 for row in pct.report(fast).rows if row["kernel"] != "torch")
 
 
+def test_optimize_end_to_end_check_keeps_the_fastest_placement():
+    """A small host-bound GPT-2 stack: optimize times the original model and each placement of its layers, keeps
+    the fastest, records it, and every layer it put on torch calls torch for the example's shape."""
+    from pycutlass.torch.model_pass import CutlassLinear, OptimizeReport
+
+    models = _benchmark_models()
+    session = pycutlass.Session()
+    with session.activate():
+        model = models.GPT2Stack(n_layers=2, d_model=256, n_heads=4).cuda().to(torch.bfloat16).eval()
+        x = randn(1, 64, 256, dtype=torch.bfloat16, seed=190)
+        with torch.no_grad():
+            expected = model(x)
+            fast = pct.optimize(model, (x,), tune=True, progress=False, end_to_end=True)
+            poison(tuple(expected.shape), torch.bfloat16)
+            out = fast(x)
+        assert relative_error(out, expected) < 2e-2
+        report = pct.report(fast)
+        record = report.end_to_end
+        assert record is not None and record["eager_ms"] > 0 and "tuned" in record["candidates"]
+        assert record["candidates"][record["chosen"]] == min(record["candidates"].values())
+        assert any(note.startswith("end-to-end check") for note in report.notes)
+        assert OptimizeReport.from_dict(report.to_dict()).end_to_end == record
+        kernels = {row["layer"]: row["kernel"] for row in report.rows}
+        for module in fast.modules():
+            if isinstance(module, CutlassLinear):
+                assert bool(module.eager_shapes) == kernels[module.layer].startswith("torch")
+        if record["chosen"] == "torch":
+            assert all(k.startswith("torch") for k in kernels.values())
+
+
 def test_cuda_graphed_optimized_model_replays_with_new_inputs():
     """cuda_graphed(optimize(...)): one capture per input signature, replays on new inputs (NaN-poisoned outputs
     before each), outputs not aliased between calls, a new shape captures a second graph, autograd calls through."""
