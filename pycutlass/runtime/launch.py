@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from ..emit.abi import MAX_TMA_RECORDS, TMA_IM2COL, TMA_TILED, LaunchInfo, TmaRecord
 from ..errors import ArgumentError, CudaError
 from . import driver
+from .im2col import Im2colCapture
 
 MAX_PARAMS_BYTES = 4096  # pycutlass_detail::kMaxParamsBytes
 _STATIC_SHARED_MEMORY_LIMIT = 48 * 1024
@@ -212,8 +213,6 @@ class LoadedOperation:
                                 f"{record.status})", operation=self.name)
             if record.mode == TMA_IM2COL:
                 # SM90 conv: the descriptor's bytes hold the im2col encode arguments CUTLASS computed.
-                from ..kinds.conv2d_sm90.capture import Im2colCapture
-
                 raw = bytes(params[record.offset:record.offset + _TMA_BYTES])
                 try:
                     capture = Im2colCapture(raw)

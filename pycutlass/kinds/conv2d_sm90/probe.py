@@ -7,23 +7,12 @@ descriptor (the filter) is described by a TmaRecord from its TMA copy type, as t
 """
 from __future__ import annotations
 
-from importlib import resources
 
 from ...emit import abi, emitter
-from .capture import Im2colCapture  # noqa: F401  (re-exported: tests and the probe's GPU test use it here)
+from ...runtime.im2col import Im2colCapture  # noqa: F401  (re-exported: tests and the probe's GPU test use it here)
+from .operation import overlay, preambles
 
 ELEMENTS = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
-
-
-def overlay() -> str:
-    return resources.files(__package__).joinpath("nvrtc_overlay.cuh").read_text()
-
-
-def preambles() -> list[str]:
-    """What an SM90 conv unit puts before any include: the SM90 GEMM kind's std:: shim, then the overlay."""
-    from ..gemm_sm90.operation import _NVRTC_SHIM
-
-    return [_NVRTC_SHIM, overlay()]
 
 
 CONV_KINDS = {"fprop": "kFprop", "dgrad": "kDgrad", "wgrad": "kWgrad"}

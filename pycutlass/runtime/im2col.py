@@ -1,5 +1,5 @@
 """``pycutlass_rtc::Im2colCapture``: the im2col encode arguments the overlay leaves in a descriptor's 128 bytes
-(nvrtc_overlay.cuh). The runtime (``runtime/launch.py``) decodes one per im2col TmaRecord and encodes it."""
+(kinds/conv2d_sm90/nvrtc_overlay.cuh). The runtime (``launch.py``) decodes one per im2col TmaRecord and encodes it."""
 from __future__ import annotations
 
 import ctypes
@@ -25,7 +25,7 @@ class Im2colCapture:
 
     def encode(self) -> bytes:
         """The real descriptor, through the driver's cuTensorMapEncodeIm2col (needs a GPU)."""
-        from ...runtime import driver
+        from . import driver
 
         staging = (ctypes.c_byte * 256)()
         aligned = (ctypes.addressof(staging) + 63) & ~63  # the encoder writes to 64-byte aligned memory
