@@ -17,5 +17,6 @@ class Sm90Conv2dArgs(AbiStruct):
                 ("pad_h", ctypes.c_int32), ("pad_w", ctypes.c_int32),
                 ("stride_h", ctypes.c_int32), ("stride_w", ctypes.c_int32),
                 ("dilation_h", ctypes.c_int32), ("dilation_w", ctypes.c_int32), ("mode", ctypes.c_int32),
+                ("upper_pad_h", ctypes.c_int32), ("upper_pad_w", ctypes.c_int32),
                 ("ptr_A", ctypes.c_uint64), ("ptr_B", ctypes.c_uint64), ("ptr_C", ctypes.c_uint64),
                 ("ptr_D", ctypes.c_uint64)] + EPILOGUE_FIELDS

@@ -144,7 +144,8 @@ class Conv2dOperationSm90(Conv2dOperation):
             if extent % alignment:
                 raise ArgumentError(f"{where}: TMA moves 16-byte vectors along the channels, so {label} must be a "
                                     f"multiple of {alignment}; the problem has {extent}")
-        for label, pad in (("pad_h", ps.pad_h), ("pad_w", ps.pad_w)):
+        for label, pad in (("pad_h", ps.pad_h), ("pad_w", ps.pad_w), ("upper_pad_h", ps.upper_pad_h),
+                           ("upper_pad_w", ps.upper_pad_w)):
             if pad > 255:
                 raise ArgumentError(f"{where}: the im2col TMA box corners are 8-bit: {label} must be at most 255, "
                                     f"got {pad}")
@@ -152,9 +153,10 @@ class Conv2dOperationSm90(Conv2dOperation):
             if (r - 1) * dilation > 255:
                 raise ArgumentError(f"{where}: the im2col TMA box corners are 8-bit: ({label} - 1) * dilation must be "
                                     f"at most 255, got {(r - 1) * dilation}")
-        # Corners: lower = -pad, upper = pad - (R-1)*dilation - ... must fit in [-128, 128) for 2-D im2col.
-        for label, pad, r, dilation in (("H", ps.pad_h, ps.R, ps.dilation_h), ("W", ps.pad_w, ps.S, ps.dilation_w)):
-            lower, upper = -pad, pad - (r - 1) * dilation
+        # The im2col box corners: lower = -pad, upper = upper_pad - (R-1)*dilation; 2-D im2col takes [-128, 128).
+        for label, pad, upper_pad, r, dilation in (("H", ps.pad_h, ps.upper_pad_h, ps.R, ps.dilation_h),
+                                                   ("W", ps.pad_w, ps.upper_pad_w, ps.S, ps.dilation_w)):
+            lower, upper = -pad, upper_pad - (r - 1) * dilation
             if not (-128 <= lower < 128 and -128 <= upper < 128):
                 raise ArgumentError(f"{where}: the im2col TMA box corners along {label} ({lower}, {upper}) must lie in "
                                     f"[-128, 128) (padding {pad}, filter {r}, dilation {dilation})")
@@ -170,7 +172,8 @@ class Conv2dOperationSm90(Conv2dOperation):
         for field, value in (("n", ps.N), ("h", ps.H), ("w", ps.W), ("c", ps.C), ("k", ps.K), ("r", ps.R),
                              ("s", ps.S), ("p", ps.P), ("q", ps.Q), ("pad_h", ps.pad_h), ("pad_w", ps.pad_w),
                              ("stride_h", ps.stride_h), ("stride_w", ps.stride_w), ("dilation_h", ps.dilation_h),
-                             ("dilation_w", ps.dilation_w), ("mode", int(ps.mode))):
+                             ("dilation_w", ps.dilation_w), ("mode", int(ps.mode)),
+                             ("upper_pad_h", ps.upper_pad_h), ("upper_pad_w", ps.upper_pad_w)):
             setattr(args, field, value)
         # Without C (beta == 0) C's im2col descriptor must still encode: it covers D (never read).
         args.ptr_A, args.ptr_B, args.ptr_D = int(ptr_A), int(ptr_B), int(ptr_D)
