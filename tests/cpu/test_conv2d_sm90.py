@@ -86,7 +86,7 @@ _NHWC = cutlass.LayoutType.TensorNHWC
 
 
 def sm90_conv(element=_D.float16, tile=(128, 128, 64), cluster=(1, 1, 1), stages=0, warps=None, kind=None,
-              out=None, align=8, algorithm=None, functor=None, swizzle=None, acc=_D.float32, **tile_kw):
+              out=None, align=8, algorithm=None, functor=None, swizzle=None, acc=_D.float32, bias=False, **tile_kw):
     math = cutlass.MathInstruction([64, tile[1], 16], element, element, acc, cutlass.OpClass.TensorOp)
     tile_d = cutlass.TileDescription(list(tile), stages, warps, math, cluster_shape=list(cluster), **tile_kw)
     out = out or element
@@ -96,7 +96,7 @@ def sm90_conv(element=_D.float16, tile=(128, 128, 64), cluster=(1, 1, 1), stages
     functor = functor or cutlass.LinearCombination(out, C.alignment, acc, _D.float32)
     return cutlass.Conv2dOperation(kind or pconv.Operator.fprop, algorithm or pconv.IteratorAlgorithm.optimized, 90,
                                    tile_d, A, B, C, pconv.StrideSupport.Strided, functor,
-                                   swizzle or cutlass.IdentitySwizzle1)
+                                   swizzle or cutlass.IdentitySwizzle1, bias=bias)
 
 
 def test_conv2d_at_90_with_an_sm90_tile_builds_the_sm90_kind():
@@ -116,8 +116,10 @@ def test_conv2d_at_90_with_an_sm80_tile_keeps_the_sm80_kernel():
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(kind=pconv.Operator.dgrad), "dgrad is not built"),
-    (dict(kind=pconv.Operator.wgrad), "wgrad is not built"),
+    (dict(kind=pconv.Operator.wgrad, bias=True), "bias=True is for fprop and dgrad"),
+    (dict(kind=pconv.Operator.wgrad, epilogue_schedule=cutlass.EpilogueScheduleType.TmaWarpSpecialized),
+     "NoSmemWarpSpecialized"),
+    (dict(bias="column"), "bias must be True"),
     (dict(kernel_schedule=cutlass.KernelScheduleType.TmaWarpSpecializedCooperative), "one schedule"),
     (dict(kernel_schedule=cutlass.KernelScheduleType.TmaWarpSpecializedPingpong), "one schedule"),
     (dict(epilogue_schedule=cutlass.EpilogueScheduleType.NoSmemWarpSpecialized), "epilogue_schedule"),
@@ -139,10 +141,29 @@ def test_what_is_not_built_is_rejected_at_construction(kw, match):
         sm90_conv(**kw)
 
 
-def test_activations_are_rejected():
-    functor = cutlass.LinearCombinationGeneric(cutlass.relu(_D.float32), _D.float16, 8, _D.float32, _D.float32)
+def _relu_functor(element=_D.float16):
+    return cutlass.LinearCombinationGeneric(cutlass.relu(_D.float32), element, 8, _D.float32, _D.float32)
+
+
+def test_activations_and_bias_for_fprop_and_dgrad_but_not_wgrad():
+    for kind in (pconv.Operator.fprop, pconv.Operator.dgrad):
+        op = sm90_conv(kind=kind, functor=_relu_functor(), bias=True)
+        assert op.bias and op.name.endswith(op.name[-10:]) and "_bias_relu_" in op.name
+        assert op.epilogue_schedule is cutlass.EpilogueScheduleType.TmaWarpSpecialized
     with pytest.raises(DescriptionError, match="only LinearCombination"):
-        sm90_conv(functor=functor)
+        sm90_conv(kind=pconv.Operator.wgrad, functor=_relu_functor())
+    clamp = cutlass.LinearCombinationClamp(_D.float16, 8, _D.float32, _D.float32)
+    with pytest.raises(DescriptionError, match="LinearCombinationClamp epilogue is not built"):
+        sm90_conv(functor=clamp)
+
+
+def test_dgrad_and_wgrad_build_the_sm90_kind():
+    dgrad = sm90_conv(kind=pconv.Operator.dgrad)
+    wgrad = sm90_conv(_D.bfloat16, kind=pconv.Operator.wgrad, tile=(64, 128, 64), cluster=(1, 2, 1))
+    assert isinstance(dgrad, Conv2dOperationSm90) and dgrad.name.startswith("pycutlass_conv2d_sm90_dgrad_")
+    assert isinstance(wgrad, Conv2dOperationSm90) and wgrad.name.startswith("pycutlass_conv2d_sm90_wgrad_")
+    assert wgrad.epilogue_schedule is cutlass.EpilogueScheduleType.NoSmemWarpSpecialized
+    assert len({dgrad.name, wgrad.name, sm90_conv().name}) == 3
 
 
 def _problem(n=1, h=9, w=9, c=64, k=128, r=3, s=3, pad=(1, 1), stride=(1, 1), dilation=(1, 1), split=1, groups=1):
@@ -167,6 +188,30 @@ def test_problem_checks():
             op.check_problem_size(problem)
 
 
+def test_dgrad_problem_checks():
+    op = sm90_conv(kind=pconv.Operator.dgrad)
+    op.check_problem_size(_problem())
+    op.check_problem_size(_problem(c=8, k=16, r=5, s=5, pad=(2, 0)))
+    with pytest.raises(ArgumentError, match="stride \\(1, 1\\) only"):
+        op.check_problem_size(_problem(stride=(2, 2)))
+    # dgrad's corners: lower = pad - (R-1)*dilation, upper = lower + H - P
+    with pytest.raises(ArgumentError, match="corners"):
+        op.check_problem_size(_problem(r=3, dilation=(70, 1), h=300, pad=(0, 1)))
+    wgrad = sm90_conv(kind=pconv.Operator.wgrad)
+    wgrad.check_problem_size(_problem(stride=(2, 2), dilation=(2, 1)))
+    with pytest.raises(ArgumentError, match="K \\(output channels\\)"):
+        wgrad.check_problem_size(_problem(k=12))
+
+
+def test_corners_follow_cutlass():
+    from pycutlass.kinds.conv2d_sm90.operation import _corners
+
+    assert _corners(pconv.Operator.fprop, 1, 2, 3, 1, 9, 10) == (-1, 0)
+    assert _corners(pconv.Operator.wgrad, 0, 0, 5, 2, 9, 1) == (0, -8)
+    # dgrad, stride 1, H = 9, R = 3, pad 1/1: P = 9, lower = 1 - 2 = -1, upper = -1 (= -upper_pad)
+    assert _corners(pconv.Operator.dgrad, 1, 1, 3, 1, 9, 9) == (-1, -1)
+
+
 def test_abi_struct_passes_d_for_a_missing_c():
     op = sm90_conv()
     args = op.make_abi_arguments(_problem(), 0x1000, 0x2000, 0, 0x4000, op.epilogue_type(1.0, 0.0))
@@ -184,12 +229,59 @@ def test_emission_holds_the_kernel_builder_and_records():
     assert "cutlass/conv/kernel/conv_universal.hpp" not in includes
     for text in ("struct Sm90Conv2dArgs", "struct TmaRecord", "__cluster_dims__(2, 1, 1)", "cutlass::bfloat16_t",
                  "Shape<_64, _128, Shape<_64>>", "KernelImplicitTmaWarpSpecializedSm90", f"{op.name}_build",
-                 "r.mode = 1", "record_tma(records[3]", "info->tma_count = 4", "is_integral_v"):
+                 "r.mode = 1", "record_tma(records[kIm2col]", "kIm2col = 3, kRecords = 4",
+                 "info->tma_count = kRecords", "is_integral_v"):
         assert text in unit, text
     # A unit with an SM90 GEMM and an SM90 conv defines the std:: shim once.
     from tests.cpu.test_gemm_sm90 import sm90 as gemm_sm90
     both = emitter.translation_unit([gemm_sm90(), op])
     assert both.count("inline constexpr bool is_integral_v") == 1
+
+
+@pytest.mark.parametrize("kind", ["dgrad", "wgrad", "fprop-bias-relu"])
+def test_emission_per_kind(kind):
+    from pycutlass.emit import emitter
+
+    if kind == "fprop-bias-relu":
+        op = sm90_conv(functor=_relu_functor(), bias=True)
+        expect = ("kFprop", "LinCombPerColBiasEltAct<\n    cutlass::epilogue::thread::ReLu", "fusion.bias_ptr",
+                  "fusion.beta = ElementCompute(0)", "kRecords = 4", "cutlass/epilogue/thread/activation.h")
+        absent = ("TensorKCSR",)
+    elif kind == "dgrad":
+        op = sm90_conv(kind=pconv.Operator.dgrad)
+        expect = ("Operator::kDgrad", "ConvProblemShape<cutlass::conv::Operator::kDgrad, 2>", "kRecords = 4",
+                  "p.mainloop.tma_load_b, tensor_b", "fusion::LinearCombination<")
+        absent = ("kFprop", "TensorKCSR", "bias_ptr")
+    else:
+        op = sm90_conv(kind=pconv.Operator.wgrad, cluster=(1, 2, 1))
+        expect = ("Operator::kWgrad", "Shape<_128, Shape<_128>, Shape<_64>>", "TensorKCSR",
+                  "NoSmemWarpSpecialized", "kIm2col = 1, kRecords = 2", "p.mainloop.tma_load_a, tensor_a",
+                  "size<1>(" + op.name + "_ns::ClusterShape{})", "get<1, 2>(dC) = problem.stride_C[1]")
+        absent = ("kFprop", "tma_store_d", "bias_ptr")
+    unit = emitter.translation_unit([op])
+    for text in expect:
+        assert text in unit, text
+    body = op.emit_body()
+    for text in absent:
+        assert text not in body, text
+
+
+def test_bias_arguments():
+    np = pytest.importorskip("numpy")
+    ps = _problem()
+    A = np.zeros((1, 9, 9, 64), np.float16)
+    B = np.zeros((128, 3, 3, 64), np.float16)
+    D = np.zeros((1, 9, 9, 128), np.float16)
+    vector = np.zeros(128, np.float16)
+    plain, fused = sm90_conv(), sm90_conv(functor=_relu_functor(), bias=True)
+    with pytest.raises(ArgumentError, match="needs an SM90 operation built with bias=True"):
+        cutlass.Conv2dArguments(plain, ps, A, B, vector, D, output_op=plain.epilogue_type(1.0, 1.0))
+    with pytest.raises(ArgumentError, match="beta must be 1"):
+        cutlass.Conv2dArguments(fused, ps, A, B, vector, D, output_op=fused.epilogue_type(1.0, 0.5))
+    with pytest.raises(ArgumentError, match="C must be the bias vector"):
+        cutlass.Conv2dArguments(fused, ps, A, B, np.zeros_like(D), D, output_op=fused.epilogue_type(1.0, 1.0))
+    with pytest.raises(ArgumentError, match="C is None"):
+        cutlass.Conv2dArguments(fused, ps, A, B, None, D, output_op=fused.epilogue_type(1.0, 1.0))
 
 
 def test_arguments_dispatch_and_reject_split_k():
@@ -202,6 +294,18 @@ def test_arguments_dispatch_and_reject_split_k():
     with pytest.raises(ArgumentError, match="no split-K"):
         cutlass.Conv2dArguments(op, ps, A, B, None, D, split_k_slices=2)
     assert Conv2dArgumentsSm90.__mro__[1] is cutlass.Conv2dArguments
+
+
+@pytest.mark.slow
+def test_nvrtc_compiles_sm90_dgrad_wgrad_and_a_fused_bias_fprop():
+    """dgrad, wgrad and fprop + bias + ReLU operations of the kind in one unit (about 3-4 minutes on two cores)."""
+    from pycutlass.emit import emitter
+
+    ops = [sm90_conv(kind=pconv.Operator.dgrad), sm90_conv(kind=pconv.Operator.wgrad),
+           sm90_conv(functor=_relu_functor(), bias=True)]
+    cubin = NvrtcBackend().compile(emitter.translation_unit(ops), "90a", ops[0].name)
+    for op in ops:
+        assert op.name.encode() in cubin and f"{op.name}_build".encode() in cubin
 
 
 @pytest.mark.slow

@@ -4,12 +4,15 @@
 when the tile is an SM90 one by the SM90 GEMM's rule (``GemmOperationSm90.takes``: no warp_count, stages=0, a wgmma
 instruction, a cluster or a schedule); a tile stating an Sm80 warp arrangement keeps the Sm80-family kernel.
 
-Built so far: fprop, f16 or bf16 in and out, f32 accumulation, NHWC, 8-element (16-byte) alignment, CUTLASS 4.2's
-only SM90 conv schedule (``KernelImplicitTmaWarpSpecializedSm90``: one consumer warpgroup; the cooperative and
-ping-pong schedules are refused by CUTLASS for conv), the ``TmaWarpSpecialized`` epilogue with a plain linear
-combination. Everything else is rejected here with a typed error before anything compiles (docs/sm90.md, "SM90
-convolution"). The unit carries ``nvrtc_overlay.cuh`` (CUTLASS's SM90 conv headers under NVRTC); the builder runs
-CUTLASS's ``to_underlying_arguments`` on the device, and the im2col descriptors it "encodes" hold the encode
+Built: fprop, dgrad (stride 1) and wgrad; f16 or bf16 in and out, f32 accumulation, NHWC, 8-element (16-byte)
+alignment, CUTLASS 4.2's only SM90 conv schedule (``KernelImplicitTmaWarpSpecializedSm90``: one consumer warpgroup;
+the cooperative and ping-pong schedules are refused by CUTLASS for conv). fprop and dgrad write through the
+``TmaWarpSpecialized`` epilogue (im2col TMA store) with a linear combination, any of the activations, and with
+``bias=True`` a per-channel bias (CUTLASS's ``LinCombPerColBiasEltAct``: one value per column of the implicit GEMM,
+i.e. per output channel); wgrad writes the KRSC filter gradient through the ``NoSmemWarpSpecialized`` epilogue (plain
+linear combination), as CUTLASS's own SM90 wgrad tests build it. Everything else is rejected here with a typed error
+before anything compiles (docs/sm90.md, "SM90 convolution"). The unit carries ``nvrtc_overlay.cuh`` (CUTLASS's SM90
+conv headers under NVRTC); the builder runs CUTLASS's ``to_underlying_arguments`` on the device, and the im2col descriptors it "encodes" hold the encode
 arguments, which the runtime encodes through ``cuTensorMapEncodeIm2col`` (TmaRecord.mode = im2col).
 """
 from __future__ import annotations
@@ -47,7 +50,10 @@ def preambles() -> list[str]:
 
 
 class Conv2dOperationSm90(Conv2dOperation):
-    """An SM90 implicit-GEMM fprop (see the module docstring for what is built)."""
+    """An SM90 implicit-GEMM fprop, dgrad or wgrad (see the module docstring for what is built).
+
+    ``bias=True`` (fprop and dgrad): D = activation(alpha * conv + bias) with a vector of one value per output
+    channel, passed as C (a 1-D vector or a broadcast view, as for Sm80 convolutions) with beta = 1."""
 
     kind = "conv2d_sm90"
     abi_struct_type = Sm90Conv2dArgs
@@ -62,16 +68,19 @@ class Conv2dOperationSm90(Conv2dOperation):
         return GemmOperationSm90.takes(tile)
 
     def __init__(self, conv_kind, iterator_algorithm, arch, tile_description: TileDescription, A, B, C,
-                 stride_support, epilogue_functor, swizzling_functor=IdentitySwizzle1):
+                 stride_support, epilogue_functor, swizzling_functor=IdentitySwizzle1, bias: bool = False):
         what = "Conv2dOperation(90)"
         if arch != 90 or isinstance(arch, bool):
             raise DescriptionError(f"{what}: Conv2dOperationSm90 is compute capability 90, got {arch!r}")
         if not isinstance(conv_kind, Operator):
             raise DescriptionError(f"{what}: conv_kind must be pycutlass.conv.Operator.fprop, .dgrad or .wgrad, "
                                    f"got {conv_kind!r}")
-        if conv_kind is not Operator.fprop:
-            raise DescriptionError(f"{what}: SM90 {conv_kind.name} is not built yet (fprop only); use an Sm80 tile "
-                                   f"(with warp_count and stages) for the Sm80-family {conv_kind.name} kernel")
+        if not isinstance(bias, bool):
+            raise DescriptionError(f"{what}: bias must be True (a per-output-channel bias vector, fused) or False, "
+                                   f"got {bias!r}")
+        if bias and conv_kind is Operator.wgrad:
+            raise DescriptionError(f"{what}: bias=True is for fprop and dgrad (a per-channel bias of the output "
+                                   f"activation); wgrad writes a filter gradient")
         if not isinstance(iterator_algorithm, IteratorAlgorithm):
             raise DescriptionError(f"{what}: iterator_algorithm must be a pycutlass.conv.IteratorAlgorithm, got "
                                    f"{iterator_algorithm!r}")
@@ -91,8 +100,10 @@ class Conv2dOperationSm90(Conv2dOperation):
         self.iterator_algorithm = iterator_algorithm
         self.stride_support = stride_support
         self._describe(90, tile_description, A, B, C, epilogue_functor, swizzling_functor)
-        _check(what, tile_description, A, B, C, epilogue_functor)
-        self.kernel_schedule, self.epilogue_schedule = _KS.TmaWarpSpecialized, _ES.TmaWarpSpecialized
+        self.bias = bias
+        _check(what, conv_kind, tile_description, A, B, C, epilogue_functor, bias)
+        self.kernel_schedule = _KS.TmaWarpSpecialized
+        self.epilogue_schedule = _ES.NoSmemWarpSpecialized if conv_kind is Operator.wgrad else _ES.TmaWarpSpecialized
 
     # --- identity -------------------------------------------------------------------------------------------
     @property
@@ -113,7 +124,7 @@ class Conv2dOperationSm90(Conv2dOperation):
     def _signature(self) -> tuple:
         tile = self.tile_description
         return ("conv2d_sm90", self.conv_kind, tile.threadblock_shape, tile.math_instruction, tile.cluster_shape,
-                self.A, self.B, self.C, self.epilogue_functor)
+                self.A, self.B, self.C, self.epilogue_functor, self.bias)
 
     def _readable_name(self) -> str:
         tile = self.tile_description
@@ -122,7 +133,9 @@ class Conv2dOperationSm90(Conv2dOperation):
         cm, cn, _ = tile.cluster_shape
         return (f"conv2d_sm90_{self.conv_kind.name}_{s[self.A.element]}{s[self.C.element]}"
                 f"{s[tile.math_instruction.element_accumulator]}_nhwc_{m}x{n}x{k}_c{cm}x{cn}_ws_"
-                f"a{self.A.alignment}{self.B.alignment}{self.C.alignment}")
+                f"a{self.A.alignment}{self.B.alignment}{self.C.alignment}"
+                + ("_bias" if self.bias else "")
+                + (f"_{self.epilogue_functor.activation.name}" if self.epilogue_functor.activation else ""))
 
     # --- problems ---------------------------------------------------------------------------------------------
     def check_problem_size(self, problem_size: Conv2dProblemSize) -> None:
@@ -131,7 +144,8 @@ class Conv2dOperationSm90(Conv2dOperation):
             raise ArgumentError(f"{self.name}: problem_size must be a pycutlass.conv.Conv2dProblemSize, "
                                 f"got {problem_size!r}")
         ps = problem_size
-        where = f"{self.name} (SM90 fprop)"
+        kind = self.conv_kind
+        where = f"{self.name} (SM90 {kind.name})"
         if ps.split_k_slices != 1:
             raise ArgumentError(f"{where}: CUTLASS 4.2's SM90 convolution has no split-K; split_k_slices must be 1, "
                                 f"got {ps.split_k_slices} (use an Sm80-family operation for split-K)")
@@ -139,8 +153,12 @@ class Conv2dOperationSm90(Conv2dOperation):
             raise ArgumentError(f"{where}: grouped convolution is not built for SM90 (groups={ps.groups})")
         if Mode(ps.mode) is not Mode.cross_correlation:
             raise ArgumentError(f"{where}: only Mode.cross_correlation is built for SM90, got {Mode(ps.mode).name}")
-        for label, extent, alignment in (("C (input channels)", ps.C, self.A.alignment),
-                                         ("K (output channels)", ps.K, self.C.alignment)):
+        if kind is Operator.dgrad and (ps.stride_h, ps.stride_w) != (1, 1):
+            # CUTLASS 4.2's SM90 dgrad maps the stride phases to the GEMM's L mode, which its im2col TMA epilogue
+            # ignores ("ignore L stride for implicit gemm"): every phase would store to the same pixels.
+            raise ArgumentError(f"{where}: SM90 dgrad is built for stride (1, 1) only, got ({ps.stride_h}, "
+                                f"{ps.stride_w}); use an Sm80-family strided dgrad operation")
+        for label, extent, alignment in (("C (input channels)", ps.C, 8), ("K (output channels)", ps.K, 8)):
             if extent % alignment:
                 raise ArgumentError(f"{where}: TMA moves 16-byte vectors along the channels, so {label} must be a "
                                     f"multiple of {alignment}; the problem has {extent}")
@@ -153,10 +171,11 @@ class Conv2dOperationSm90(Conv2dOperation):
             if (r - 1) * dilation > 255:
                 raise ArgumentError(f"{where}: the im2col TMA box corners are 8-bit: ({label} - 1) * dilation must be "
                                     f"at most 255, got {(r - 1) * dilation}")
-        # The im2col box corners: lower = -pad, upper = upper_pad - (R-1)*dilation; 2-D im2col takes [-128, 128).
-        for label, pad, upper_pad, r, dilation in (("H", ps.pad_h, ps.upper_pad_h, ps.R, ps.dilation_h),
-                                                   ("W", ps.pad_w, ps.upper_pad_w, ps.S, ps.dilation_w)):
-            lower, upper = -pad, upper_pad - (r - 1) * dilation
+        # The im2col box corners (CUTLASS's compute_lower/upper_corner_whd); 2-D im2col takes [-128, 128).
+        for label, pad, upper_pad, r, dilation, extent, out in (
+                ("H", ps.pad_h, ps.upper_pad_h, ps.R, ps.dilation_h, ps.H, ps.P),
+                ("W", ps.pad_w, ps.upper_pad_w, ps.S, ps.dilation_w, ps.W, ps.Q)):
+            lower, upper = _corners(kind, pad, upper_pad, r, dilation, extent, out)
             if not (-128 <= lower < 128 and -128 <= upper < 128):
                 raise ArgumentError(f"{where}: the im2col TMA box corners along {label} ({lower}, {upper}) must lie in "
                                     f"[-128, 128) (padding {pad}, filter {r}, dilation {dilation})")
@@ -175,7 +194,8 @@ class Conv2dOperationSm90(Conv2dOperation):
                              ("dilation_w", ps.dilation_w), ("mode", int(ps.mode)),
                              ("upper_pad_h", ps.upper_pad_h), ("upper_pad_w", ps.upper_pad_w)):
             setattr(args, field, value)
-        # Without C (beta == 0) C's im2col descriptor must still encode: it covers D (never read).
+        # Without C (beta == 0) C's im2col descriptor must still encode: it covers D (never read). With bias=True
+        # ptr_C is the bias vector: the builder makes it the fusion's bias and reads no C (beta 0 there).
         args.ptr_A, args.ptr_B, args.ptr_D = int(ptr_A), int(ptr_B), int(ptr_D)
         args.ptr_C = int(ptr_C) or int(ptr_D)
         fill_epilogue(args, output_op)
@@ -197,18 +217,22 @@ class Conv2dOperationSm90(Conv2dOperation):
 
     def headers(self) -> list[str]:
         return ["cute/tensor.hpp", "cutlass/conv/collective/collective_builder.hpp",
-                "cutlass/epilogue/collective/collective_builder.hpp", "cutlass/conv/convnd_problem_shape.hpp",
-                "cutlass/util/packed_stride.hpp"]
+                "cutlass/epilogue/collective/collective_builder.hpp", "cutlass/epilogue/thread/activation.h",
+                "cutlass/conv/convnd_problem_shape.hpp", "cutlass/util/packed_stride.hpp"]
 
     def emit_body(self) -> str:
         tile = self.tile_description
+        functor = self.epilogue_functor
         return self.render(
             "conv2d_sm90.cu.j2", name=self.name, summary=self.describe(),
             element=names.ELEMENT[self.A.element], element_c=names.ELEMENT[self.C.element],
             element_accumulator=names.ELEMENT[tile.math_instruction.element_accumulator],
             element_compute=names.ELEMENT[self.epilogue_functor.element_epilogue],
             alignment_a=self.A.alignment, alignment_b=self.B.alignment, alignment_c=self.C.alignment,
-            tile_shape=tile.threadblock_shape, cluster_shape=tile.cluster_shape)
+            tile_shape=tile.threadblock_shape, cluster_shape=tile.cluster_shape,
+            conv_op=_CONV_OPS[self.conv_kind], wgrad=self.conv_kind is Operator.wgrad, bias=self.bias,
+            activation=functor.activation.cpp_template if functor.activation else None,
+            activation_args=functor.activation.argument_names if functor.activation else ())
 
     def describe(self) -> str:
         tile = self.tile_description
@@ -216,10 +240,22 @@ class Conv2dOperationSm90(Conv2dOperation):
                 f"B={self.B.element.label}/nhwc/{self.B.alignment} C={self.C.element.label}/nhwc/{self.C.alignment} "
                 f"acc={tile.math_instruction.element_accumulator.label} tile={list(tile.threadblock_shape)} "
                 f"cluster={list(tile.cluster_shape)} kernel=KernelImplicitTmaWarpSpecializedSm90 "
-                f"epilogue=TmaWarpSpecialized epilogue_op={self.epilogue_functor.describe()}")
+                f"epilogue={self.epilogue_schedule.value} epilogue_op={self.epilogue_functor.describe()}"
+                f"{' bias=per-channel' if self.bias else ''}")
 
 
-def _check(what, tile: TileDescription, A, B, C, functor) -> None:
+_CONV_OPS = {Operator.fprop: "kFprop", Operator.dgrad: "kDgrad", Operator.wgrad: "kWgrad"}
+
+
+def _corners(kind, pad: int, upper_pad: int, r: int, dilation: int, extent: int, out: int) -> tuple[int, int]:
+    """CUTLASS's im2col box corners along one spatial dimension (conv/collective/detail.hpp)."""
+    if kind is Operator.dgrad:
+        lower = pad - (r - 1) * dilation
+        return lower, lower + extent - out
+    return -pad, upper_pad - (r - 1) * dilation
+
+
+def _check(what, conv_kind, tile: TileDescription, A, B, C, functor, bias) -> None:
     math = tile.math_instruction
     if math.opcode_class is not OpClass.TensorOp:
         raise DescriptionError(f"{what}: the SM90 convolution computes on tensor cores (OpClass.TensorOp)")
@@ -244,9 +280,14 @@ def _check(what, tile: TileDescription, A, B, C, functor) -> None:
         raise DescriptionError(f"{what}: the epilogue writes {functor.element_output.label} with alignment "
                                f"{functor.alignment}; C is {C.element.label} with alignment {C.alignment}: they must "
                                f"match")
-    if functor.kind != "LinearCombination" or functor.activation is not None:
-        raise DescriptionError(f"{what}: only LinearCombination (no activation) is built for SM90 convolutions, got "
-                               f"{functor.describe()}")
+    if conv_kind is Operator.wgrad:
+        if functor.kind != "LinearCombination" or functor.activation is not None:
+            raise DescriptionError(f"{what}: SM90 wgrad writes through CUTLASS's NoSmemWarpSpecialized epilogue: only "
+                                   f"LinearCombination (no activation) is built, got {functor.describe()}")
+    elif functor.kind not in ("LinearCombination", "LinearCombinationGeneric"):
+        raise DescriptionError(f"{what}: the {functor.kind} epilogue is not built for SM90 convolutions; use "
+                               f"LinearCombination or LinearCombinationGeneric (any activation), optionally with "
+                               f"bias=True")
     if functor.element_epilogue is not _F32:
         raise DescriptionError(f"{what}: the epilogue computes in float32 here, got {functor.element_epilogue.label}")
     m, n, k = tile.threadblock_shape
@@ -266,9 +307,10 @@ def _check(what, tile: TileDescription, A, B, C, functor) -> None:
                                f"(KernelImplicitTmaWarpSpecializedSm90; 'Persistent schedules not support for conv "
                                f"yet'): kernel_schedule must be Auto or TmaWarpSpecialized, got "
                                f"{tile.kernel_schedule.value}")
-    if tile.epilogue_schedule not in (_ES.Auto, _ES.TmaWarpSpecialized):
-        raise DescriptionError(f"{what}: epilogue_schedule must be Auto or TmaWarpSpecialized for SM90 "
-                               f"convolutions, got {tile.epilogue_schedule.value}")
+    wanted = _ES.NoSmemWarpSpecialized if conv_kind is Operator.wgrad else _ES.TmaWarpSpecialized
+    if tile.epilogue_schedule not in (_ES.Auto, wanted):
+        raise DescriptionError(f"{what}: epilogue_schedule must be Auto or {wanted.value} for SM90 "
+                               f"{conv_kind.name}, got {tile.epilogue_schedule.value}")
     if tile.tile_scheduler is not _TS.Default:
         raise DescriptionError(f"{what}: SM90 convolutions have no stream-K (CUTLASS 4.2); tile_scheduler must be "
                                f"Default, got {tile.tile_scheduler.name}")
