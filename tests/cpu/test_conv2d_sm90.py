@@ -182,10 +182,13 @@ def test_problem_checks():
     for problem, match in ((_problem(c=12), "C \\(input channels\\) must be a multiple of 8"),
                            (_problem(k=20), "K \\(output channels\\)"),
                            (_problem(split=2), "no split-K"),
-                           (_problem(r=3, dilation=(200, 1), h=900), "dilation must be at most 255"),
+                           (_problem(r=3, dilation=(200, 1), h=900), "dilation must be at most 254"),
                            (_problem(pad=(200, 1), h=9), "corners")):
         with pytest.raises(ArgumentError, match=match):
             op.check_problem_size(problem)
+    op.check_problem_size(_problem(r=2, dilation=(254, 1), h=300, pad=(127, 1)))  # CUTLASS takes offsets below 255
+    with pytest.raises(ArgumentError, match="at most 254"):
+        op.check_problem_size(_problem(r=2, dilation=(255, 1), h=300, pad=(127, 1)))
 
 
 def test_dgrad_problem_checks():

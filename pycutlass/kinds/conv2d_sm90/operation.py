@@ -168,9 +168,9 @@ class Conv2dOperationSm90(Conv2dOperation):
                 raise ArgumentError(f"{where}: the im2col TMA box corners are 8-bit: {label} must be at most 255, "
                                     f"got {pad}")
         for label, r, dilation in (("R", ps.R, ps.dilation_h), ("S", ps.S, ps.dilation_w)):
-            if (r - 1) * dilation > 255:
-                raise ArgumentError(f"{where}: the im2col TMA box corners are 8-bit: ({label} - 1) * dilation must be "
-                                    f"at most 255, got {(r - 1) * dilation}")
+            if (r - 1) * dilation >= 255:  # CUTLASS's can_implement: offsets in [0, 2^8 - 1)
+                raise ArgumentError(f"{where}: the im2col TMA filter offsets are 8-bit: ({label} - 1) * dilation must "
+                                    f"be at most 254, got {(r - 1) * dilation}")
         # The im2col box corners (CUTLASS's compute_lower/upper_corner_whd); 2-D im2col takes [-128, 128).
         for label, pad, upper_pad, r, dilation, extent, out in (
                 ("H", ps.pad_h, ps.upper_pad_h, ps.R, ps.dilation_h, ps.H, ps.P),
