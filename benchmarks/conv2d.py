@@ -14,7 +14,9 @@ first) is checked once against torch's result before it is timed; times are medi
 SM90 column: CUTLASS 3.x implicit-GEMM kernels (``Conv2dOperation(..., 90, <SM90 tile>)``: TMA im2col, wgmma) from a
 small candidate set per kind (``SM90_TILES``), checked and timed the same way. CUTLASS 4.2's SM90 conv has no
 split-K, and its dgrad runs stride 1 only (strided dgrad layers show no SM90 result). "best" is the faster of the
-two families per layer.
+two families per layer. A 1x1 stride-1 convolution is a GEMM over the NHWC tensors viewed as matrices, so for
+those layers the SM90 column also tries pycutlass's SM90 GEMM with the stream-K scheduler (``SM90_GEMM``, labelled
+"sm90 GEMM"; it splits the long GEMM K of wgrad, which the conv kernels cannot).
 Targets (issue 10), geomean of best/cuDNN: fprop >= 0.9x, wgrad >= 0.8x, dgrad >= 1.0x.
 """
 from __future__ import annotations
@@ -122,12 +124,59 @@ def sm90_grid(kinds=None) -> dict[str, list[Conv2dOperation]]:
             for name in kinds or KINDS}
 
 
-def sm90_operations() -> list[Conv2dOperation]:
+# 1x1 stride-1 layers as GEMMs (M x N x K; A, B layouts over the channels_last tensors' matrix views):
+# fprop  y[NPQ, K]  = x[NPQ, C] @ w[K, C]^T    A row-major, B column-major (w as a C x K column-major matrix)
+# dgrad  dx[NHW, C] = dy[NHW, K] @ w[K, C]     A row-major, B row-major
+# wgrad  dw[K, C]   = dy[NPQ, K]^T @ x[NPQ, C] A column-major (dy^T), B row-major; GEMM K = N*P*Q
+SM90_GEMM_LAYOUTS = {"fprop": ("RowMajor", "ColumnMajor"), "dgrad": ("RowMajor", "RowMajor"),
+                     "wgrad": ("ColumnMajor", "RowMajor")}
+SM90_GEMM = ((128, 128, 64), (1, 1, 1))  # cooperative, stream-K
+
+
+def _sm90_gemm_op(kind: str):
+    (shape, cluster), (layout_a, layout_b) = SM90_GEMM, SM90_GEMM_LAYOUTS[kind]
+    math_inst = cutlass.MathInstruction([64, shape[1], 16], D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp)
+    tile = cutlass.TileDescription(list(shape), 0, None, math_inst, cluster_shape=list(cluster),
+                                   kernel_schedule=cutlass.KernelScheduleType.TmaWarpSpecializedCooperative,
+                                   tile_scheduler=cutlass.TileSchedulerType.StreamK)
+    A = cutlass.TensorDescription(D.float16, getattr(cutlass, layout_a), ALIGN)
+    B = cutlass.TensorDescription(D.float16, getattr(cutlass, layout_b), ALIGN)
+    C = cutlass.TensorDescription(D.float16, cutlass.RowMajor, ALIGN)
+    return cutlass.GemmOperationUniversal(90, tile, A, B, C, cutlass.LinearCombination(D.float16, ALIGN, D.float32,
+                                                                                         D.float32))
+
+
+def sm90_gemm_grid(kinds=None) -> dict[str, list]:
+    return {name: [_sm90_gemm_op(name)] for name in kinds or KINDS}
+
+
+def sm90_operations() -> list:
     """Every benchmarked SM90 operation (NVRTC; tests/gpu/precompile.py compiles them ahead of time)."""
-    return [op for ops in sm90_grid().values() for op in ops]
+    return [op for ops in sm90_grid().values() for op in ops] + [op for ops in sm90_gemm_grid().values() for op in ops]
+
+
+def _is_gemm(op) -> bool:
+    return not isinstance(op, Conv2dOperation)
+
+
+def _gemm_views(kind: str, ps, A, B, out):
+    """(M, N, K), A, B, D as the matrix views of the channels_last tensors (1x1 filter, stride 1, no padding)."""
+    npq = ps.N * ps.P * ps.Q
+
+    def rows(t, channels):  # (N, C, H, W) channels_last -> (N*H*W, C), a view
+        return t.permute(0, 2, 3, 1).reshape(-1, channels)
+
+    if kind == "fprop":  # A = x, B = w
+        return (npq, ps.K, ps.C), rows(A, ps.C), B.reshape(ps.K, ps.C).t(), rows(out, ps.K)
+    if kind == "dgrad":  # A = dy, B = w
+        return (npq, ps.C, ps.K), rows(A, ps.K), B.reshape(ps.K, ps.C), rows(out, ps.C)
+    return (ps.K, ps.C, npq), rows(A, ps.K).t(), rows(B, ps.C), out.reshape(ps.K, ps.C)  # wgrad: A = dy, B = x
 
 
 def _label(op, split: int) -> str:
+    if _is_gemm(op):
+        (m, n, k), (cm, cn, _) = op.tile_description.threadblock_shape, op.tile_description.cluster_shape
+        return f"sm90 GEMM {m}x{n}x{k} c{cm}x{cn} coop stream-K"
     if getattr(op, "family", None) == "sm90":
         (m, n, k), (cm, cn, _) = op.tile_description.threadblock_shape, op.tile_description.cluster_shape
         return f"sm90 {m}x{n}x{k} c{cm}x{cn}"
@@ -143,7 +192,8 @@ def _problem(layer, batch: int, split_k: int = 1) -> Conv2dProblemSize:
 
 def _split_k_choices(op, ps, sm_count: int) -> list[int]:
     """1, plus a split-K that brings the op's tile count near one wave when the tiles alone leave SMs idle."""
-    if getattr(op, "family", None) == "sm90" or (op.is_strided_dgrad and max(ps.stride_h, ps.stride_w) > 1):
+    if _is_gemm(op) or getattr(op, "family", None) == "sm90" or \
+            (op.is_strided_dgrad and max(ps.stride_h, ps.stride_w) > 1):
         return [1]  # CUTLASS 4.2's SM90 conv has no split-K
     m, n, _ = op.tiled_shape(ps)
     tiles = m * n
@@ -165,7 +215,7 @@ def _relative_error(got, reference) -> float:
 
 
 def run_layer(kind: str, layer: str, batch: int, ops_by_stride: dict, args, sm_count: int,
-              sm90_ops=()) -> tuple[dict, list]:
+              sm90_ops=(), sm90_gemm_ops=()) -> tuple[dict, list]:
     import torch
     import torch.nn.functional as F
 
@@ -200,11 +250,17 @@ def run_layer(kind: str, layer: str, batch: int, ops_by_stride: dict, args, sm_c
     out = torch.empty(out_shape, device="cuda", dtype=torch.float16).contiguous(memory_format=cl)
     rows, best, best90 = [], None, None
     candidates = [(op, False) for op in ops_by_stride[1 if stride == 1 else 2]] + [(op, True) for op in sm90_ops]
+    if r == s == 1 and stride == 1:  # a GEMM over the tensors' matrix views
+        candidates += [(op, True) for op in sm90_gemm_ops]
     for op, is_sm90 in candidates:
         for split in _split_k_choices(op, ps, sm_count):
             label = _label(op, split)
             try:
-                arguments = cutlass.Conv2dArguments(op, ps, A, B, None, out, split_k_slices=split)
+                if _is_gemm(op):
+                    (m, n, gk), ga, gb, gd = _gemm_views(kind, ps, A, B, out)
+                    arguments = cutlass.GemmArguments(op, cutlass.gemm.GemmCoord(m, n, gk), ga, gb, None, gd)
+                else:
+                    arguments = cutlass.Conv2dArguments(op, ps, A, B, None, out, split_k_slices=split)
             except cutlass.ArgumentError as error:
                 rows.append({"kind": kind, "layer": layer, "batch": batch, "config": label,
                              "error": str(error)[:160]})
@@ -276,9 +332,11 @@ def main() -> None:
     cutlass.compiler.add_module(list(dict.fromkeys(op for ops in by_key.values() for op in ops)), jobs=args.jobs)
     print(f"grid compile/load: {time.perf_counter() - start:.1f} s ({cutlass.compiler.last_report()})", flush=True)
     sm90_by_kind = {} if args.no_sm90 else sm90_grid(args.kinds)
+    sm90_gemm_by_kind = {} if args.no_sm90 else sm90_gemm_grid(args.kinds)
     if sm90_by_kind:
         start = time.perf_counter()
-        cutlass.compiler.add_module([op for ops in sm90_by_kind.values() for op in ops], jobs=args.jobs)
+        cutlass.compiler.add_module([op for ops in (*sm90_by_kind.values(), *sm90_gemm_by_kind.values()) for op in ops],
+                                    jobs=args.jobs)
         print(f"SM90 grid compile/load: {time.perf_counter() - start:.1f} s ({cutlass.compiler.last_report()})",
               flush=True)
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
@@ -291,7 +349,7 @@ def main() -> None:
         for batch in batches:
             for layer in layers:
                 summary, layer_rows = run_layer(kind, layer, batch, ops_by_stride, args, sm_count,
-                                                sm90_by_kind.get(kind, ()))
+                                                sm90_by_kind.get(kind, ()), sm90_gemm_by_kind.get(kind, ()))
                 summaries.append(summary)
                 rows += layer_rows
             torch.cuda.empty_cache()
