@@ -213,7 +213,7 @@ class LoadedOperation:
                                 f"{record.status})", operation=self.name)
             if record.mode == TMA_IM2COL:
                 # SM90 conv: the descriptor's bytes hold the im2col encode arguments CUTLASS computed.
-                raw = bytes(params[record.offset:record.offset + _TMA_BYTES])
+                raw = ctypes.string_at(ctypes.addressof(params) + record.offset, _TMA_BYTES)  # c_byte slices are signed
                 try:
                     capture = Im2colCapture(raw)
                 except ValueError as exc:
