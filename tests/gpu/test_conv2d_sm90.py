@@ -117,7 +117,8 @@ def _padded_fprop(x, wt, pad, stride, dilation):
 
 
 def _gradients(x, wt, dy, pad, stride, dilation):
-    """float64 dgrad (NHWC) and wgrad (KRSC) of the fprop above, for NPQK dy, through autograd."""
+    """float64 dgrad (NHWC) and wgrad (KRSC) of the fprop above, for NPQK dy, through autograd: the gradients come
+    in the layouts of x and wt themselves (the permutes live inside the fprop)."""
     x64 = x.double().requires_grad_(True)
     w64 = wt.double().requires_grad_(True)
     out = _padded_fprop(x64, w64, pad, stride, dilation)
@@ -168,7 +169,7 @@ def test_dgrad_matches_float64(key, shape, beta):
     op.run(arguments)
     arguments.sync()
     reference, _ = _gradients(x, wt, dy, pad, stride, dilation)
-    reference = alpha * reference.permute(0, 2, 3, 1) + (beta * cc.double() if cc is not None else 0)
+    reference = alpha * reference + (beta * cc.double() if cc is not None else 0)
     error = relative_error(dx.float().cpu().numpy(), reference.cpu().numpy())
     assert error < TOLERANCE[element], (key, shape, beta, error)
 
@@ -193,7 +194,7 @@ def test_wgrad_matches_float64(key, shape, beta):
     op.run(arguments)
     arguments.sync()
     _, reference = _gradients(x, wt, dy, pad, stride, dilation)
-    reference = alpha * reference.permute(0, 2, 3, 1) + (beta * cc.double() if cc is not None else 0)
+    reference = alpha * reference + (beta * cc.double() if cc is not None else 0)
     error = relative_error(dw.float().cpu().numpy(), reference.cpu().numpy())
     assert error < TOLERANCE[element], (key, shape, beta, error)
 
@@ -226,7 +227,7 @@ def test_fused_bias_and_activation(key, shape):
     dy = _random((n, ps.P, ps.Q, k), dtype, gen)
     if dgrad:
         inputs, out_shape, channels = (dy, wt), (n, h, w, c), c
-        raw = _gradients(x, wt, dy, pad, stride, dilation)[0].permute(0, 2, 3, 1)
+        raw = _gradients(x, wt, dy, pad, stride, dilation)[0]
     else:
         inputs, out_shape, channels = (x, wt), (n, ps.P, ps.Q, k), k
         raw = _padded_fprop(x.double(), wt.double(), pad, stride, dilation).permute(0, 2, 3, 1)
@@ -274,11 +275,11 @@ def test_backward_seen_problem_reuses_params_on_new_tensors(kind):
         if kind == "dgrad":
             out = torch.full((n, h, w, c), float("nan"), device="cuda", dtype=torch.float16)
             arguments = cutlass.Conv2dArguments(op, ps, dy, wt, None, out)
-            reference = dx_ref.permute(0, 2, 3, 1)
+            reference = dx_ref
         else:
             out = torch.full((k, r, s, c), float("nan"), device="cuda", dtype=torch.float16)
             arguments = cutlass.Conv2dArguments(op, ps, dy, x, None, out)
-            reference = dw_ref.permute(0, 2, 3, 1)
+            reference = dw_ref
         op.run(arguments)
         arguments.sync()
         assert relative_error(out.float().cpu().numpy(), reference.cpu().numpy()) < TOLERANCE[D.float16]
