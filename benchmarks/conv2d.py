@@ -10,7 +10,14 @@ Unity kernels, with stride 2 the strided-dgrad kernels), each also with serial s
 fill the GPU (not for strided dgrad, which cannot split K at stride > 1). Each candidate's output (NaN-poisoned
 first) is checked once against torch's result before it is timed; times are medians (``bench_ms``) of
 ``op.run(arguments)`` with the arguments built once. TFLOP/s = 2 * N*P*Q * K * R*S*C / time for every kind.
-Target (the issue): fprop geomean >= 0.6x cuDNN.
+
+SM90 column: CUTLASS 3.x implicit-GEMM kernels (``Conv2dOperation(..., 90, <SM90 tile>)``: TMA im2col, wgmma) from a
+small candidate set per kind (``SM90_TILES``), checked and timed the same way. CUTLASS 4.2's SM90 conv has no
+split-K, and its dgrad runs stride 1 only (strided dgrad layers show no SM90 result). "best" is the faster of the
+two families per layer. A 1x1 stride-1 convolution is a GEMM over the NHWC tensors viewed as matrices, so for
+those layers the SM90 column also tries pycutlass's SM90 GEMM with the stream-K scheduler (``SM90_GEMM``, labelled
+"sm90 GEMM"; it splits the long GEMM K of wgrad, which the conv kernels cannot).
+Targets (issue 10), geomean of best/cuDNN: fprop >= 0.9x, wgrad >= 0.8x, dgrad >= 1.0x.
 """
 from __future__ import annotations
 
@@ -30,7 +37,7 @@ from pycutlass.kinds.conv2d.operation import Conv2dOperation  # noqa: E402
 D = cutlass.DataType
 KINDS = ("fprop", "dgrad", "wgrad")
 BATCHES = (32, 128)
-TARGET = {"kind": "fprop", "geomean_vs_cudnn": 0.6}
+TARGETS = {"fprop": 0.9, "wgrad": 0.8, "dgrad": 1.0}  # geomean of the best pycutlass / cuDNN ratio
 TOLERANCE = 1e-2  # relative Frobenius error against torch's float16 result
 
 # The distinct ResNet-50 (torchvision, stride on the 3x3) layers benchmarked: name -> (C, K, H, W, R, S, stride),
@@ -54,6 +61,14 @@ TILES = [([128, 128, 32], 3, [2, 2, 1]), ([128, 128, 64], 3, [2, 2, 1]), ([256, 
          ([128, 256, 32], 3, [2, 4, 1])]
 ALIGN = 8
 MAX_SPLIT_K = 16
+# SM90 candidates per kind: (tile M, N, K), cluster. A few each, so that the grid compiles in a couple of minutes on
+# the 16-core GPU host (an SM90 conv operation is ~30 s of one core there, ~80 s on the 2-core dev machine).
+SM90_TILES = {
+    "fprop": [((128, 128, 64), (1, 1, 1)), ((128, 256, 64), (1, 1, 1)), ((128, 128, 64), (2, 1, 1)),
+              ((64, 128, 64), (1, 1, 1))],
+    "dgrad": [((128, 128, 64), (1, 1, 1)), ((128, 256, 64), (1, 1, 1)), ((128, 128, 64), (2, 1, 1))],
+    "wgrad": [((128, 128, 64), (1, 1, 1)), ((128, 256, 64), (1, 1, 1)), ((64, 128, 64), (1, 1, 1))],
+}
 
 
 def _op(kind: Operator, stride_support: StrideSupport, shape, stages, warps) -> Conv2dOperation:
@@ -89,8 +104,83 @@ def grid(kinds=None) -> dict[tuple[str, int], list[Conv2dOperation]]:
 
 
 def operations() -> list[Conv2dOperation]:
-    """Every benchmarked operation (tests/gpu/precompile.py compiles them ahead of time)."""
+    """Every benchmarked Sm80-family operation (tests/gpu/precompile.py compiles them ahead of time)."""
     return list(dict.fromkeys(op for ops in grid().values() for op in ops))
+
+
+def _sm90_op(kind: Operator, shape, cluster) -> Conv2dOperation:
+    math_inst = cutlass.MathInstruction([64, shape[1], 16], D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp)
+    tile = cutlass.TileDescription(list(shape), 0, None, math_inst, cluster_shape=list(cluster))
+    tensor = cutlass.TensorDescription(D.float16, cutlass.TensorNHWC, ALIGN)
+    epilogue = cutlass.LinearCombination(D.float16, ALIGN, D.float32, D.float32)
+    return Conv2dOperation(kind, IteratorAlgorithm.optimized, 90, tile, tensor, tensor, tensor,
+                           StrideSupport.Unity if kind is Operator.dgrad else StrideSupport.Strided, epilogue,
+                           cutlass.IdentitySwizzle1)
+
+
+def sm90_grid(kinds=None) -> dict[str, list[Conv2dOperation]]:
+    """kind -> the SM90 candidates (one list for every stride; SM90 dgrad refuses stride > 1 at arguments time)."""
+    return {name: [_sm90_op(Operator(name), shape, cluster) for shape, cluster in SM90_TILES[name]]
+            for name in kinds or KINDS}
+
+
+# 1x1 stride-1 layers as GEMMs (M x N x K; A, B layouts over the channels_last tensors' matrix views):
+# fprop  y[NPQ, K]  = x[NPQ, C] @ w[K, C]^T    A row-major, B column-major (w as a C x K column-major matrix)
+# dgrad  dx[NHW, C] = dy[NHW, K] @ w[K, C]     A row-major, B row-major
+# wgrad  dw[K, C]   = dy[NPQ, K]^T @ x[NPQ, C] A column-major (dy^T), B row-major; GEMM K = N*P*Q
+SM90_GEMM_LAYOUTS = {"fprop": ("RowMajor", "ColumnMajor"), "dgrad": ("RowMajor", "RowMajor"),
+                     "wgrad": ("ColumnMajor", "RowMajor")}
+SM90_GEMM = ((128, 128, 64), (1, 1, 1))  # cooperative, stream-K
+
+
+def _sm90_gemm_op(kind: str):
+    (shape, cluster), (layout_a, layout_b) = SM90_GEMM, SM90_GEMM_LAYOUTS[kind]
+    math_inst = cutlass.MathInstruction([64, shape[1], 16], D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp)
+    tile = cutlass.TileDescription(list(shape), 0, None, math_inst, cluster_shape=list(cluster),
+                                   kernel_schedule=cutlass.KernelScheduleType.TmaWarpSpecializedCooperative,
+                                   tile_scheduler=cutlass.TileSchedulerType.StreamK)
+    A = cutlass.TensorDescription(D.float16, getattr(cutlass, layout_a), ALIGN)
+    B = cutlass.TensorDescription(D.float16, getattr(cutlass, layout_b), ALIGN)
+    C = cutlass.TensorDescription(D.float16, cutlass.RowMajor, ALIGN)
+    return cutlass.GemmOperationUniversal(90, tile, A, B, C, cutlass.LinearCombination(D.float16, ALIGN, D.float32,
+                                                                                         D.float32))
+
+
+def sm90_gemm_grid(kinds=None) -> dict[str, list]:
+    return {name: [_sm90_gemm_op(name)] for name in kinds or KINDS}
+
+
+def sm90_operations() -> list:
+    """Every benchmarked SM90 operation (NVRTC; tests/gpu/precompile.py compiles them ahead of time)."""
+    return [op for ops in sm90_grid().values() for op in ops] + [op for ops in sm90_gemm_grid().values() for op in ops]
+
+
+def _is_gemm(op) -> bool:
+    return not isinstance(op, Conv2dOperation)
+
+
+def _gemm_views(kind: str, ps, A, B, out):
+    """(M, N, K), A, B, D as the matrix views of the channels_last tensors (1x1 filter, stride 1, no padding)."""
+    npq = ps.N * ps.P * ps.Q
+
+    def rows(t, channels):  # (N, C, H, W) channels_last -> (N*H*W, C), a view
+        return t.permute(0, 2, 3, 1).reshape(-1, channels)
+
+    if kind == "fprop":  # A = x, B = w
+        return (npq, ps.K, ps.C), rows(A, ps.C), B.reshape(ps.K, ps.C).t(), rows(out, ps.K)
+    if kind == "dgrad":  # A = dy, B = w
+        return (npq, ps.C, ps.K), rows(A, ps.K), B.reshape(ps.K, ps.C), rows(out, ps.C)
+    return (ps.K, ps.C, npq), rows(A, ps.K).t(), rows(B, ps.C), out.reshape(ps.K, ps.C)  # wgrad: A = dy, B = x
+
+
+def _label(op, split: int) -> str:
+    if _is_gemm(op):
+        (m, n, k), (cm, cn, _) = op.tile_description.threadblock_shape, op.tile_description.cluster_shape
+        return f"sm90 GEMM {m}x{n}x{k} c{cm}x{cn} coop stream-K"
+    if getattr(op, "family", None) == "sm90":
+        (m, n, k), (cm, cn, _) = op.tile_description.threadblock_shape, op.tile_description.cluster_shape
+        return f"sm90 {m}x{n}x{k} c{cm}x{cn}"
+    return f"{op.tile_description.procedural_name()}" + (f" splitK{split}" if split > 1 else "")
 
 
 def _problem(layer, batch: int, split_k: int = 1) -> Conv2dProblemSize:
@@ -102,8 +192,9 @@ def _problem(layer, batch: int, split_k: int = 1) -> Conv2dProblemSize:
 
 def _split_k_choices(op, ps, sm_count: int) -> list[int]:
     """1, plus a split-K that brings the op's tile count near one wave when the tiles alone leave SMs idle."""
-    if op.is_strided_dgrad and max(ps.stride_h, ps.stride_w) > 1:
-        return [1]
+    if _is_gemm(op) or getattr(op, "family", None) == "sm90" or \
+            (op.is_strided_dgrad and max(ps.stride_h, ps.stride_w) > 1):
+        return [1]  # CUTLASS 4.2's SM90 conv has no split-K
     m, n, _ = op.tiled_shape(ps)
     tiles = m * n
     if tiles >= sm_count:
@@ -123,7 +214,8 @@ def _relative_error(got, reference) -> float:
     return ((got.float() - reference).norm() / reference.norm()).item()
 
 
-def run_layer(kind: str, layer: str, batch: int, ops_by_stride: dict, args, sm_count: int) -> tuple[dict, list]:
+def run_layer(kind: str, layer: str, batch: int, ops_by_stride: dict, args, sm_count: int,
+              sm90_ops=(), sm90_gemm_ops=()) -> tuple[dict, list]:
     import torch
     import torch.nn.functional as F
 
@@ -156,12 +248,19 @@ def run_layer(kind: str, layer: str, batch: int, ops_by_stride: dict, args, sm_c
     torch_ms = bench_ms(torch_fn, args.warmup_ms, args.rep_ms)
 
     out = torch.empty(out_shape, device="cuda", dtype=torch.float16).contiguous(memory_format=cl)
-    rows, best = [], None
-    for op in ops_by_stride[1 if stride == 1 else 2]:
+    rows, best, best90 = [], None, None
+    candidates = [(op, False) for op in ops_by_stride[1 if stride == 1 else 2]] + [(op, True) for op in sm90_ops]
+    if r == s == 1 and stride == 1:  # a GEMM over the tensors' matrix views
+        candidates += [(op, True) for op in sm90_gemm_ops]
+    for op, is_sm90 in candidates:
         for split in _split_k_choices(op, ps, sm_count):
-            label = f"{op.tile_description.procedural_name()}" + (f" splitK{split}" if split > 1 else "")
+            label = _label(op, split)
             try:
-                arguments = cutlass.Conv2dArguments(op, ps, A, B, None, out, split_k_slices=split)
+                if _is_gemm(op):
+                    (m, n, gk), ga, gb, gd = _gemm_views(kind, ps, A, B, out)
+                    arguments = cutlass.GemmArguments(op, cutlass.gemm.GemmCoord(m, n, gk), ga, gb, None, gd)
+                else:
+                    arguments = cutlass.Conv2dArguments(op, ps, A, B, None, out, split_k_slices=split)
             except cutlass.ArgumentError as error:
                 rows.append({"kind": kind, "layer": layer, "batch": batch, "config": label,
                              "error": str(error)[:160]})
@@ -177,16 +276,26 @@ def run_layer(kind: str, layer: str, batch: int, ops_by_stride: dict, args, sm_c
             rows.append(row)
             if args.verbose:
                 print(row, flush=True)
-            if ok and (best is None or ms < best["ms"]):
+            if ok and is_sm90 and (best90 is None or ms < best90["ms"]):
+                best90 = row
+            elif ok and not is_sm90 and (best is None or ms < best["ms"]):
                 best = row
             del arguments
     cudnn_tflops = flops / torch_ms / 1e9
+    overall = max((b for b in (best, best90) if b), key=lambda b: b["TFLOP/s"], default=None)
     summary = {"kind": kind, "layer": layer, "batch": batch,
                "NHWC / KRS": f"{batch}x{h}x{w}x{c} / {k}x{r}x{s}" + (f" s{stride}" if stride > 1 else ""),
-               "GFLOP": flops / 1e9, "best config": best["config"] if best else "none correct",
-               "pycutlass TFLOP/s": best["TFLOP/s"] if best else 0.0, "cuDNN TFLOP/s": cudnn_tflops,
-               "ratio": best["TFLOP/s"] / cudnn_tflops if best else 0.0,
-               "pycutlass err": best["rel_err"] if best else float("nan")}
+               "GFLOP": flops / 1e9, "cuDNN TFLOP/s": cudnn_tflops,
+               "sm80 config": best["config"] if best else "none correct",
+               "sm80 TFLOP/s": best["TFLOP/s"] if best else 0.0,
+               "sm80 ratio": best["TFLOP/s"] / cudnn_tflops if best else 0.0,
+               "sm90 config": best90["config"] if best90 else ("none correct" if sm90_ops else "-"),
+               "sm90 TFLOP/s": best90["TFLOP/s"] if best90 else 0.0,
+               "sm90 ratio": best90["TFLOP/s"] / cudnn_tflops if best90 else 0.0,
+               "best config": overall["config"] if overall else "none correct",
+               "pycutlass TFLOP/s": overall["TFLOP/s"] if overall else 0.0,
+               "ratio": overall["TFLOP/s"] / cudnn_tflops if overall else 0.0,
+               "pycutlass err": overall["rel_err"] if overall else float("nan")}
     print({key: (f"{v:.3g}" if isinstance(v, float) else v) for key, v in summary.items()}, flush=True)
     del x, wt, dy, reference, out
     return summary, rows
@@ -208,6 +317,7 @@ def main() -> None:
     parser.add_argument("--out", help="JSON output (default: benchmarks/results/conv2d.json, from any directory)",
                         default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "conv2d.json"))
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--no-sm90", action="store_true", help="Sm80-family kernels only (no SM90 column)")
     args = parser.parse_args()
     if cutlass.compiler.target.detected_compute_capability() is None:
         print("no GPU: benchmarks/conv2d.py needs the GPU host (tests/gpu/precompile.py can compile its operations "
@@ -221,6 +331,14 @@ def main() -> None:
     start = time.perf_counter()
     cutlass.compiler.add_module(list(dict.fromkeys(op for ops in by_key.values() for op in ops)), jobs=args.jobs)
     print(f"grid compile/load: {time.perf_counter() - start:.1f} s ({cutlass.compiler.last_report()})", flush=True)
+    sm90_by_kind = {} if args.no_sm90 else sm90_grid(args.kinds)
+    sm90_gemm_by_kind = {} if args.no_sm90 else sm90_gemm_grid(args.kinds)
+    if sm90_by_kind:
+        start = time.perf_counter()
+        cutlass.compiler.add_module([op for ops in (*sm90_by_kind.values(), *sm90_gemm_by_kind.values()) for op in ops],
+                                    jobs=args.jobs)
+        print(f"SM90 grid compile/load: {time.perf_counter() - start:.1f} s ({cutlass.compiler.last_report()})",
+              flush=True)
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     batches = args.batches or ([32] if args.quick else list(BATCHES))
     layers = QUICK_LAYERS if args.quick else list(LAYERS)
@@ -230,7 +348,8 @@ def main() -> None:
         ops_by_stride = {stride: by_key[kind, stride] for stride in (1, 2)}
         for batch in batches:
             for layer in layers:
-                summary, layer_rows = run_layer(kind, layer, batch, ops_by_stride, args, sm_count)
+                summary, layer_rows = run_layer(kind, layer, batch, ops_by_stride, args, sm_count,
+                                                sm90_by_kind.get(kind, ()), sm90_gemm_by_kind.get(kind, ()))
                 summaries.append(summary)
                 rows += layer_rows
             torch.cuda.empty_cache()
@@ -238,33 +357,43 @@ def main() -> None:
     geomeans = []
     for kind in args.kinds:
         for batch in batches:
-            ratios = [s["ratio"] for s in summaries if s["kind"] == kind and s["batch"] == batch]
+            mine = [s for s in summaries if s["kind"] == kind and s["batch"] == batch]
+            ratios = [s["ratio"] for s in mine]
             geomeans.append({"kind": kind, "batch": batch, "layers": len(ratios),
                              "geomean ratio vs cuDNN": geomean(ratios),
+                             "sm80 geomean ratio": geomean(s["sm80 ratio"] for s in mine),
+                             "sm90 geomean ratio": geomean(s["sm90 ratio"] for s in mine),
+                             "sm90 layers": sum(1 for s in mine if s["sm90 ratio"] > 0),
                              "geomean pycutlass TFLOP/s": geomean(s["pycutlass TFLOP/s"] for s in summaries
                                                                   if s["kind"] == kind and s["batch"] == batch),
                              "geomean cuDNN TFLOP/s": geomean(s["cuDNN TFLOP/s"] for s in summaries
                                                               if s["kind"] == kind and s["batch"] == batch),
                              "failed layers": sum(1 for r in ratios if r <= 0)})
-    fprop = [s["ratio"] for s in summaries if s["kind"] == TARGET["kind"]]
-    target = None
-    if fprop:
-        value = geomean(fprop)
-        target = {**TARGET, "measured": value, "met": value >= TARGET["geomean_vs_cudnn"] and all(r > 0 for r in fprop)}
+    targets = []
+    for kind in args.kinds:
+        ratios = [s["ratio"] for s in summaries if s["kind"] == kind]
+        if ratios:
+            value = geomean(ratios)
+            targets.append({"kind": kind, "geomean_vs_cudnn": TARGETS[kind], "measured": value,
+                            "met": value >= TARGETS[kind] and all(r > 0 for r in ratios)})
 
     print(f"\n# Conv2d benchmark on {device_name()} (torch {torch.__version__}, cuDNN "
           f"{torch.backends.cudnn.version()}), float16 NHWC, f32 accumulation")
+    columns = ("layer", "batch", "NHWC / KRS", "cuDNN TFLOP/s", "sm80 config", "sm80 TFLOP/s", "sm80 ratio",
+               "sm90 config", "sm90 TFLOP/s", "sm90 ratio", "ratio")
     for kind in args.kinds:
-        print_table(f"{kind}: best pycutlass config vs cuDNN", [s for s in summaries if s["kind"] == kind])
+        print_table(f"{kind}: best Sm80-family and SM90 configs vs cuDNN (ratio = the faster one / cuDNN)",
+                    [{c: s[c] for c in columns} for s in summaries if s["kind"] == kind])
     print_table("Geomean of the pycutlass / cuDNN throughput ratio", geomeans)
-    if target:
-        print(f"\ntarget: fprop geomean >= {TARGET['geomean_vs_cudnn']}x cuDNN: measured {target['measured']:.2f}x "
-              f"-> {'met' if target['met'] else 'NOT met'}")
+    for target in targets:
+        print(f"target: {target['kind']} geomean >= {target['geomean_vs_cudnn']}x cuDNN: measured "
+              f"{target['measured']:.2f}x -> {'met' if target['met'] else 'NOT met'}")
     write_json(args.out, {"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
                           "layers": {name: dict(zip(("C", "K", "H", "W", "R", "S", "stride"), LAYERS[name]))
                                      for name in layers},
                           "batches": batches, "tiles": [f"{s} s{st} {w}" for s, st, w in TILES],
-                          "target": target, "geomeans": geomeans, "summary": summaries, "kernels": rows})
+                          "sm90_tiles": {kind: [f"{s} cluster {c}" for s, c in SM90_TILES[kind]] for kind in args.kinds},
+                          "targets": targets, "geomeans": geomeans, "summary": summaries, "kernels": rows})
 
 
 if __name__ == "__main__":

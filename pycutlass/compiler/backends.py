@@ -102,7 +102,12 @@ class NvrtcBackend(Backend):
 
     def include_flags(self) -> list[str]:
         # Headers checked against NVRTC's version (ToolchainError on a mismatch).
-        return [f"-I{d}" for d in (*toolchain.cutlass_include_dirs(), *toolchain.nvrtc_include_dirs())]
+        dirs = [*toolchain.cutlass_include_dirs(), *toolchain.nvrtc_include_dirs()]
+        try:  # CUTLASS's tools/util/include: SM90 convolution's collective includes cutlass/util/packed_stride.hpp
+            dirs.append(toolchain.cutlass_util_include_dir())
+        except toolchain.ToolchainError:
+            pass
+        return [f"-I{d}" for d in dirs]
 
     def compile(self, source: str, arch: int, unit_name: str) -> bytes:
         try:

@@ -92,13 +92,21 @@ class TmaRecord(AbiStruct):
     The builder fills these from CUTLASS's own TMA copy types (global shape and strides through cute's
     ``fill_tma_gmem_shape_stride``, the box from the copy's basis, swizzle from its smem layout); the runtime
     encodes each descriptor through the driver and writes its 128 bytes at ``offset``. ``status`` is nonzero when a
-    rule of the encoder is broken (then nothing launches)."""
+    rule of the encoder is broken (then nothing launches).
+
+    ``mode`` 0: tiled (the fields above are ``cuTensorMapEncodeTiled``'s arguments). ``mode`` 1: im2col (SM90
+    convolution): only ``offset`` counts; the descriptor's 128 bytes hold the encode arguments CUTLASS's
+    ``make_im2col_tma_copy_desc`` computed (``kinds/conv2d_sm90``'s capture), which the runtime encodes through
+    ``cuTensorMapEncodeIm2col``."""
 
     _fields_ = [("offset", ctypes.c_int32), ("rank", ctypes.c_int32), ("data_type", ctypes.c_int32),
                 ("swizzle", ctypes.c_int32), ("interleave", ctypes.c_int32), ("l2_promotion", ctypes.c_int32),
                 ("oob_fill", ctypes.c_int32), ("status", ctypes.c_int32), ("address", ctypes.c_uint64),
                 ("dims", ctypes.c_uint64 * 5), ("strides", ctypes.c_uint64 * 5),
-                ("box", ctypes.c_int32 * 5), ("element_strides", ctypes.c_int32 * 5)]
+                ("box", ctypes.c_int32 * 5), ("element_strides", ctypes.c_int32 * 5),
+                ("mode", ctypes.c_int32), ("reserved", ctypes.c_int32)]
+
+TMA_TILED, TMA_IM2COL = 0, 1  # TmaRecord.mode
 
 
 MAX_TMA_RECORDS = 8  # per builder; they follow Params in its output slot

@@ -44,6 +44,11 @@ def translation_unit(operations) -> str:
     operations = list(operations)
     headers = [h for op in operations for h in op.headers()]
     structs = [s for op in operations for s in op.abi_structs()]
-    preambles = [getattr(op, "preamble", lambda: "")() for op in operations]
+    preambles = [p for op in operations for p in _listed(getattr(op, "preamble", lambda: "")())]
     shared = dict.fromkeys(getattr(op, "shared_code", lambda: "")() for op in operations)
     return prelude(headers, structs, preambles) + "".join(shared) + "".join(op.emit_body() for op in operations)
+
+
+def _listed(preamble) -> list[str]:
+    """An operation's preamble: one string, or several (each deduplicated across the unit on its own)."""
+    return [preamble] if isinstance(preamble, str) else list(preamble)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import importlib
 
-REGISTERED = ("gemm", "gemm_grouped", "conv2d", "reduction", "gemm_evt", "gemm_sm90", "gemm_grouped_sm90", "gemm_array_sm90")
+REGISTERED = ("gemm", "gemm_grouped", "conv2d", "reduction", "gemm_evt", "gemm_sm90", "gemm_grouped_sm90", "gemm_array_sm90",
+              "conv2d_sm90")
 
 KINDS = tuple(importlib.import_module(f"{__name__}.{name}") for name in REGISTERED)
 __all__ = [name for kind in KINDS for name in kind.__all__]

@@ -20,9 +20,10 @@ import struct
 import threading
 from dataclasses import dataclass
 
-from ..emit.abi import MAX_TMA_RECORDS, LaunchInfo, TmaRecord
+from ..emit.abi import MAX_TMA_RECORDS, TMA_IM2COL, TMA_TILED, LaunchInfo, TmaRecord
 from ..errors import ArgumentError, CudaError
 from . import driver
+from .im2col import Im2colCapture
 
 MAX_PARAMS_BYTES = 4096  # pycutlass_detail::kMaxParamsBytes
 _STATIC_SHARED_MEMORY_LIMIT = 48 * 1024
@@ -210,7 +211,20 @@ class LoadedOperation:
             if record.status or not 0 <= record.offset <= info.params_bytes - _TMA_BYTES or record.offset % 64:
                 raise CudaError(f"{self.name}: TMA record at offset {record.offset} is not encodable (status "
                                 f"{record.status})", operation=self.name)
-            driver.encode_tma_descriptor(record, aligned, self.name)
+            if record.mode == TMA_IM2COL:
+                # SM90 conv: the descriptor's bytes hold the im2col encode arguments CUTLASS computed.
+                raw = ctypes.string_at(ctypes.addressof(params) + record.offset, _TMA_BYTES)  # c_byte slices are signed
+                try:
+                    capture = Im2colCapture(raw)
+                except ValueError as exc:
+                    raise CudaError(f"{self.name}: im2col TMA record at offset {record.offset}: {exc}",
+                                    operation=self.name) from None
+                driver.encode_im2col_descriptor(capture, aligned, self.name)
+            elif record.mode == TMA_TILED:
+                driver.encode_tma_descriptor(record, aligned, self.name)
+            else:
+                raise CudaError(f"{self.name}: TMA record at offset {record.offset} has mode {record.mode}",
+                                operation=self.name)
             ctypes.memmove(ctypes.addressof(params) + record.offset, aligned, _TMA_BYTES)
 
 

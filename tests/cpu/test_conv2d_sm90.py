@@ -73,3 +73,249 @@ def test_im2col_capture_decodes_the_overlays_layout():
     assert (capture.data_type, capture.swizzle, capture.l2_promotion) == (1, 3, 2)
     with pytest.raises(ValueError, match="not an im2col capture"):
         probe.Im2colCapture(bytes(128))  # a tiled descriptor NVRTC left empty
+
+
+# --- the conv2d_sm90 kind ------------------------------------------------------------------------------------------
+import pycutlass as cutlass  # noqa: E402
+from pycutlass import DescriptionError, ArgumentError  # noqa: E402
+from pycutlass import conv as pconv  # noqa: E402
+from pycutlass.kinds.conv2d_sm90 import Conv2dArgumentsSm90, Conv2dOperationSm90  # noqa: E402
+
+_D = cutlass.DataType
+_NHWC = cutlass.LayoutType.TensorNHWC
+
+
+def sm90_conv(element=_D.float16, tile=(128, 128, 64), cluster=(1, 1, 1), stages=0, warps=None, kind=None,
+              out=None, align=8, algorithm=None, functor=None, swizzle=None, acc=_D.float32, bias=False, **tile_kw):
+    math = cutlass.MathInstruction([64, tile[1], 16], element, element, acc, cutlass.OpClass.TensorOp)
+    tile_d = cutlass.TileDescription(list(tile), stages, warps, math, cluster_shape=list(cluster), **tile_kw)
+    out = out or element
+    A = cutlass.TensorDescription(element, _NHWC, align)
+    B = cutlass.TensorDescription(element, _NHWC, align)
+    C = cutlass.TensorDescription(out, _NHWC, align)
+    functor = functor or cutlass.LinearCombination(out, C.alignment, acc, _D.float32)
+    return cutlass.Conv2dOperation(kind or pconv.Operator.fprop, algorithm or pconv.IteratorAlgorithm.optimized, 90,
+                                   tile_d, A, B, C, pconv.StrideSupport.Strided, functor,
+                                   swizzle or cutlass.IdentitySwizzle1, bias=bias)
+
+
+def test_conv2d_at_90_with_an_sm90_tile_builds_the_sm90_kind():
+    op = sm90_conv()
+    assert isinstance(op, Conv2dOperationSm90) and op.kind == "conv2d_sm90" and op.required_backend == "nvrtc"
+    assert op.name.startswith("pycutlass_conv2d_sm90_fprop_") and op.family == "sm90"
+    assert isinstance(sm90_conv(_D.bfloat16, tile=(64, 128, 64), cluster=(2, 1, 1)), Conv2dOperationSm90)
+
+
+def test_conv2d_at_90_with_an_sm80_tile_keeps_the_sm80_kernel():
+    math = cutlass.MathInstruction([16, 8, 16], _D.float16, _D.float16, _D.float32, cutlass.OpClass.TensorOp)
+    tile = cutlass.TileDescription([128, 128, 64], 3, [2, 2, 1], math)
+    desc = [cutlass.TensorDescription(_D.float16, _NHWC, 8) for _ in range(3)]
+    op = cutlass.Conv2dOperation(pconv.Operator.fprop, pconv.IteratorAlgorithm.optimized, 90, tile, *desc,
+                                 pconv.StrideSupport.Strided, cutlass.LinearCombination(_D.float16, 8))
+    assert type(op) is cutlass.Conv2dOperation and op.kind == "conv2d"
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(kind=pconv.Operator.wgrad, bias=True), "bias=True is for fprop and dgrad"),
+    (dict(kind=pconv.Operator.wgrad, epilogue_schedule=cutlass.EpilogueScheduleType.TmaWarpSpecialized),
+     "NoSmemWarpSpecialized"),
+    (dict(bias="column"), "bias must be True"),
+    (dict(kernel_schedule=cutlass.KernelScheduleType.TmaWarpSpecializedCooperative), "one schedule"),
+    (dict(kernel_schedule=cutlass.KernelScheduleType.TmaWarpSpecializedPingpong), "one schedule"),
+    (dict(epilogue_schedule=cutlass.EpilogueScheduleType.NoSmemWarpSpecialized), "epilogue_schedule"),
+    (dict(tile_scheduler=cutlass.TileSchedulerType.StreamK), "stream-K"),
+    (dict(element=_D.float32, acc=_D.float32), "float32"),
+    (dict(acc=_D.float16), "accumulate in float32"),
+    (dict(out=_D.float32), "must hold float16"),
+    (dict(align=4), "alignment must be 8"),
+    (dict(tile=(256, 128, 64)), "tile M must be 64 or 128"),
+    (dict(tile=(128, 32, 64)), "tile N must be"),
+    (dict(tile=(128, 128, 32)), "tile K must be 64"),
+    (dict(cluster=(2, 2, 1)), "cluster_shape"),
+    (dict(stages=4), "explicit stage counts"),
+    (dict(algorithm=pconv.IteratorAlgorithm.few_channels), "few_channels"),
+    (dict(swizzle=cutlass.IdentitySwizzle4), "IdentitySwizzle1"),
+])
+def test_what_is_not_built_is_rejected_at_construction(kw, match):
+    with pytest.raises(DescriptionError, match=match):
+        sm90_conv(**kw)
+
+
+def _relu_functor(element=_D.float16):
+    return cutlass.LinearCombinationGeneric(cutlass.relu(_D.float32), element, 8, _D.float32, _D.float32)
+
+
+def test_activations_and_bias_for_fprop_and_dgrad_but_not_wgrad():
+    for kind in (pconv.Operator.fprop, pconv.Operator.dgrad):
+        op = sm90_conv(kind=kind, functor=_relu_functor(), bias=True)
+        assert op.bias and op.name.endswith(op.name[-10:]) and "_bias_relu_" in op.name
+        assert op.epilogue_schedule is cutlass.EpilogueScheduleType.TmaWarpSpecialized
+    with pytest.raises(DescriptionError, match="only LinearCombination"):
+        sm90_conv(kind=pconv.Operator.wgrad, functor=_relu_functor())
+    clamp = cutlass.LinearCombinationClamp(_D.float16, 8, _D.float32, _D.float32)
+    with pytest.raises(DescriptionError, match="LinearCombinationClamp epilogue is not built"):
+        sm90_conv(functor=clamp)
+
+
+def test_dgrad_and_wgrad_build_the_sm90_kind():
+    dgrad = sm90_conv(kind=pconv.Operator.dgrad)
+    wgrad = sm90_conv(_D.bfloat16, kind=pconv.Operator.wgrad, tile=(64, 128, 64), cluster=(1, 2, 1))
+    assert isinstance(dgrad, Conv2dOperationSm90) and dgrad.name.startswith("pycutlass_conv2d_sm90_dgrad_")
+    assert isinstance(wgrad, Conv2dOperationSm90) and wgrad.name.startswith("pycutlass_conv2d_sm90_wgrad_")
+    assert wgrad.epilogue_schedule is cutlass.EpilogueScheduleType.NoSmemWarpSpecialized
+    assert len({dgrad.name, wgrad.name, sm90_conv().name}) == 3
+
+
+def _problem(n=1, h=9, w=9, c=64, k=128, r=3, s=3, pad=(1, 1), stride=(1, 1), dilation=(1, 1), split=1, groups=1):
+    p = (h + 2 * pad[0] - dilation[0] * (r - 1) - 1) // stride[0] + 1
+    q = (w + 2 * pad[1] - dilation[1] * (s - 1) - 1) // stride[1] + 1
+    return cutlass.conv.Conv2dProblemSize(
+        cutlass.Tensor4DCoord(n, h, w, c), cutlass.Tensor4DCoord(k, r, s, c),
+        cutlass.Tensor4DCoord(pad[0], pad[0], pad[1], pad[1]), cutlass.MatrixCoord(*stride),
+        cutlass.MatrixCoord(*dilation), cutlass.conv.Mode.cross_correlation, split, groups)
+
+
+def test_problem_checks():
+    op = sm90_conv()
+    op.check_problem_size(_problem())
+    op.check_problem_size(_problem(c=8, k=8, stride=(2, 2), dilation=(2, 2), pad=(0, 2)))
+    for problem, match in ((_problem(c=12), "C \\(input channels\\) must be a multiple of 8"),
+                           (_problem(k=20), "K \\(output channels\\)"),
+                           (_problem(split=2), "no split-K"),
+                           (_problem(r=3, dilation=(200, 1), h=900), "dilation must be at most 254"),
+                           (_problem(pad=(200, 1), h=9), "corners")):
+        with pytest.raises(ArgumentError, match=match):
+            op.check_problem_size(problem)
+    op.check_problem_size(_problem(r=2, dilation=(254, 1), h=300, pad=(127, 1)))  # CUTLASS takes offsets below 255
+    with pytest.raises(ArgumentError, match="at most 254"):
+        op.check_problem_size(_problem(r=2, dilation=(255, 1), h=300, pad=(127, 1)))
+
+
+def test_dgrad_problem_checks():
+    op = sm90_conv(kind=pconv.Operator.dgrad)
+    op.check_problem_size(_problem())
+    op.check_problem_size(_problem(c=8, k=16, r=5, s=5, pad=(2, 0)))
+    with pytest.raises(ArgumentError, match="stride \\(1, 1\\) only"):
+        op.check_problem_size(_problem(stride=(2, 2)))
+    # dgrad's corners: lower = pad - (R-1)*dilation, upper = lower + H - P
+    with pytest.raises(ArgumentError, match="corners"):
+        op.check_problem_size(_problem(r=3, dilation=(70, 1), h=300, pad=(0, 1)))
+    wgrad = sm90_conv(kind=pconv.Operator.wgrad)
+    wgrad.check_problem_size(_problem(stride=(2, 2), dilation=(2, 1)))
+    with pytest.raises(ArgumentError, match="K \\(output channels\\)"):
+        wgrad.check_problem_size(_problem(k=12))
+
+
+def test_corners_follow_cutlass():
+    from pycutlass.kinds.conv2d_sm90.operation import _corners
+
+    assert _corners(pconv.Operator.fprop, 1, 2, 3, 1, 9, 10) == (-1, 0)
+    assert _corners(pconv.Operator.wgrad, 0, 0, 5, 2, 9, 1) == (0, -8)
+    # dgrad, stride 1, H = 9, R = 3, pad 1/1: P = 9, lower = 1 - 2 = -1, upper = -1 (= -upper_pad)
+    assert _corners(pconv.Operator.dgrad, 1, 1, 3, 1, 9, 9) == (-1, -1)
+
+
+def test_abi_struct_passes_d_for_a_missing_c():
+    op = sm90_conv()
+    args = op.make_abi_arguments(_problem(), 0x1000, 0x2000, 0, 0x4000, op.epilogue_type(1.0, 0.0))
+    assert (args.ptr_A, args.ptr_B, args.ptr_C, args.ptr_D) == (0x1000, 0x2000, 0x4000, 0x4000)
+    assert (args.n, args.h, args.w, args.c, args.k, args.r, args.s, args.p, args.q) == (1, 9, 9, 64, 128, 3, 3, 9, 9)
+
+
+def test_emission_holds_the_kernel_builder_and_records():
+    from pycutlass.emit import emitter
+
+    op = sm90_conv(_D.bfloat16, tile=(64, 128, 64), cluster=(2, 1, 1))
+    unit = emitter.translation_unit([op])
+    includes = re.findall(r'#include [<"]([^>"]+)[>"]', unit)
+    assert includes[0] == "cuda/std/type_traits"
+    assert "cutlass/conv/kernel/conv_universal.hpp" not in includes
+    for text in ("struct Sm90Conv2dArgs", "struct TmaRecord", "__cluster_dims__(2, 1, 1)", "cutlass::bfloat16_t",
+                 "Shape<_64, _128, Shape<_64>>", "KernelImplicitTmaWarpSpecializedSm90", f"{op.name}_build",
+                 "r.mode = 1", "record_tma(records[kIm2col]", "kIm2col = 3, kRecords = 4",
+                 "info->tma_count = kRecords", "is_integral_v"):
+        assert text in unit, text
+    # A unit with an SM90 GEMM and an SM90 conv defines the std:: shim once.
+    from tests.cpu.test_gemm_sm90 import sm90 as gemm_sm90
+    both = emitter.translation_unit([gemm_sm90(), op])
+    assert both.count("inline constexpr bool is_integral_v") == 1
+
+
+@pytest.mark.parametrize("kind", ["dgrad", "wgrad", "fprop-bias-relu"])
+def test_emission_per_kind(kind):
+    from pycutlass.emit import emitter
+
+    if kind == "fprop-bias-relu":
+        op = sm90_conv(functor=_relu_functor(), bias=True)
+        expect = ("kFprop", "LinCombPerColBiasEltAct<\n    cutlass::epilogue::thread::ReLu", "fusion.bias_ptr",
+                  "fusion.beta = ElementCompute(0)", "kRecords = 4", "cutlass/epilogue/thread/activation.h")
+        absent = ("TensorKCSR",)
+    elif kind == "dgrad":
+        op = sm90_conv(kind=pconv.Operator.dgrad)
+        expect = ("Operator::kDgrad", "ConvProblemShape<cutlass::conv::Operator::kDgrad, 2>", "kRecords = 4",
+                  "p.mainloop.tma_load_b, tensor_b", "fusion::LinearCombination<")
+        absent = ("kFprop", "TensorKCSR", "bias_ptr")
+    else:
+        op = sm90_conv(kind=pconv.Operator.wgrad, cluster=(1, 2, 1))
+        expect = ("Operator::kWgrad", "Shape<_128, Shape<_128>, Shape<_64>>", "TensorKCSR",
+                  "NoSmemWarpSpecialized", "kIm2col = 1, kRecords = 2", "p.mainloop.tma_load_a, tensor_a",
+                  "size<1>(" + op.name + "_ns::ClusterShape{})", "get<1, 2>(dC) = problem.stride_C[1]")
+        absent = ("kFprop", "tma_store_d", "bias_ptr")
+    unit = emitter.translation_unit([op])
+    for text in expect:
+        assert text in unit, text
+    body = op.emit_body()
+    for text in absent:
+        assert text not in body, text
+
+
+def test_bias_arguments():
+    np = pytest.importorskip("numpy")
+    ps = _problem()
+    A = np.zeros((1, 9, 9, 64), np.float16)
+    B = np.zeros((128, 3, 3, 64), np.float16)
+    D = np.zeros((1, 9, 9, 128), np.float16)
+    vector = np.zeros(128, np.float16)
+    plain, fused = sm90_conv(), sm90_conv(functor=_relu_functor(), bias=True)
+    with pytest.raises(ArgumentError, match="needs an SM90 operation built with bias=True"):
+        cutlass.Conv2dArguments(plain, ps, A, B, vector, D, output_op=plain.epilogue_type(1.0, 1.0))
+    with pytest.raises(ArgumentError, match="beta must be 1"):
+        cutlass.Conv2dArguments(fused, ps, A, B, vector, D, output_op=fused.epilogue_type(1.0, 0.5))
+    with pytest.raises(ArgumentError, match="C must be the bias vector"):
+        cutlass.Conv2dArguments(fused, ps, A, B, np.zeros_like(D), D, output_op=fused.epilogue_type(1.0, 1.0))
+    with pytest.raises(ArgumentError, match="C is None"):
+        cutlass.Conv2dArguments(fused, ps, A, B, None, D, output_op=fused.epilogue_type(1.0, 1.0))
+
+
+def test_arguments_dispatch_and_reject_split_k():
+    np = pytest.importorskip("numpy")
+    op = sm90_conv()
+    ps = _problem()
+    A = np.zeros((1, 9, 9, 64), np.float16)
+    B = np.zeros((128, 3, 3, 64), np.float16)
+    D = np.zeros((1, 9, 9, 128), np.float16)
+    with pytest.raises(ArgumentError, match="no split-K"):
+        cutlass.Conv2dArguments(op, ps, A, B, None, D, split_k_slices=2)
+    assert Conv2dArgumentsSm90.__mro__[1] is cutlass.Conv2dArguments
+
+
+@pytest.mark.slow
+def test_nvrtc_compiles_sm90_dgrad_wgrad_and_a_fused_bias_fprop():
+    """dgrad, wgrad and fprop + bias + ReLU operations of the kind in one unit (about 3-4 minutes on two cores)."""
+    from pycutlass.emit import emitter
+
+    ops = [sm90_conv(kind=pconv.Operator.dgrad), sm90_conv(kind=pconv.Operator.wgrad),
+           sm90_conv(functor=_relu_functor(), bias=True)]
+    cubin = NvrtcBackend().compile(emitter.translation_unit(ops), "90a", ops[0].name)
+    for op in ops:
+        assert op.name.encode() in cubin and f"{op.name}_build".encode() in cubin
+
+
+@pytest.mark.slow
+def test_nvrtc_compiles_the_conv2d_sm90_kind():
+    """One operation of the kind through the project's NVRTC backend (about 80-110 s on two cores)."""
+    from pycutlass.emit import emitter
+
+    op = sm90_conv()
+    cubin = NvrtcBackend().compile(emitter.translation_unit([op]), "90a", op.name)
+    assert op.name.encode() in cubin and f"{op.name}_build".encode() in cubin

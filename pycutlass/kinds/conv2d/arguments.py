@@ -89,6 +89,9 @@ def reorder_interleaved_operand_filter(B, problem_size, kind, name: str):
     return gathered_copy(B, name, (c // 32, r, s, k, 32), 3, interleaved_filter_gather(k))
 
 
+SM90_ARGUMENTS: dict = {}  # kinds/conv2d_sm90 registers its Arguments for its operation class
+
+
 class Conv2dArguments(OperationArguments):
     """D = epilogue(alpha * conv(A, B) + beta * C) for a Conv2dOperation (PyCUTLASS's constructor).
 
@@ -100,6 +103,12 @@ class Conv2dArguments(OperationArguments):
     """
 
     _POSITIONAL = ("output_op", "split_k_mode", "split_k_slices", "stream", "device", "session")
+
+    def __new__(cls, operation=None, *args, **kwargs):
+        found = SM90_ARGUMENTS.get(type(operation))
+        if cls is Conv2dArguments and found is not None:
+            return object.__new__(found)  # Python then runs the subclass's __init__
+        return super().__new__(cls)
 
     def __init__(self, operation, problem_size, A, B, C, D, *positional, output_op=UNSET, split_k_mode=UNSET,
                  split_k_slices=UNSET, stream=UNSET, device=UNSET, session=UNSET, bias=None,

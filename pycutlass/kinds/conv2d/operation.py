@@ -92,6 +92,17 @@ class Conv2dOperation(TiledOperation):
     kind = "conv2d"
     abi_struct_type = Conv2dArgs
 
+    def __new__(cls, *args, **kwargs):
+        arch = kwargs.get("arch", args[2] if len(args) > 2 else None)
+        if cls is Conv2dOperation and arch == 90 and not isinstance(arch, bool):
+            # Compute capability 90 with an SM90 tile (the SM90 GEMM's rule) picks kinds/conv2d_sm90; a tile that
+            # states an Sm80 warp arrangement keeps the Sm80-family kernel (it runs on Hopper).
+            tile = kwargs.get("tile_description", args[3] if len(args) > 3 else None)
+            for subclass in cls.__subclasses__():
+                if getattr(subclass, "kind", None) == "conv2d_sm90" and subclass.takes(tile):
+                    return object.__new__(subclass)
+        return super().__new__(cls)
+
     def __init__(self, conv_kind: Operator, iterator_algorithm: IteratorAlgorithm, arch: int,
                  tile_description: TileDescription, A: TensorDescription, B: TensorDescription, C: TensorDescription,
                  stride_support: StrideSupport, epilogue_functor: EpilogueFunctor,

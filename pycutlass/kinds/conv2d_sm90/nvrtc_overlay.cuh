@@ -1,15 +1,7 @@
 // pycutlass's overlay for CUTLASS 4.2 SM90 implicit-GEMM convolution under NVRTC. Included before any other CUTLASS
 // header of the unit; edits no CUTLASS file. Every item says what NVRTC lacks and why the replacement is faithful.
-#ifdef __CUDACC_RTC__
-// NVRTC's standard library has no <type_traits> variable templates that these headers name through std::.
-#include <cuda/std/type_traits>
-namespace std {
-template <class T> inline constexpr bool is_pointer_v = cuda::std::is_pointer_v<T>;
-template <class... T> using void_t = cuda::std::void_t<T...>;
-template <class T> inline constexpr bool is_const_v = cuda::std::is_const_v<T>;
-template <class T> inline constexpr bool is_integral_v = cuda::std::is_integral_v<T>;  // cutlass/util/packed_stride.hpp
-}  // namespace std
-#endif
+// The std:: names these headers use that NVRTC lacks come first, from the SM90 GEMM kind's shim (one string, so
+// that a unit holding GEMM and conv operations defines them once): gemm_sm90.operation._NVRTC_SHIM.
 
 #include "cute/config.hpp"
 #include "cute/tensor.hpp"

@@ -7,17 +7,12 @@ descriptor (the filter) is described by a TmaRecord from its TMA copy type, as t
 """
 from __future__ import annotations
 
-import ctypes
-import struct
-from importlib import resources
 
 from ...emit import abi, emitter
+from ...runtime.im2col import Im2colCapture  # noqa: F401  (re-exported: tests and the probe's GPU test use it here)
+from .operation import overlay, preambles
 
 ELEMENTS = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
-
-
-def overlay() -> str:
-    return resources.files(__package__).joinpath("nvrtc_overlay.cuh").read_text()
 
 
 CONV_KINDS = {"fprop": "kFprop", "dgrad": "kDgrad", "wgrad": "kWgrad"}
@@ -68,7 +63,7 @@ __launch_bounds__({name}_ns::Kernel::MaxThreadsPerBlock, {name}_ns::Kernel::MinB
 
 def backward_probe_source(name: str = "pycutlass_conv2d_sm90_probe", element: str = "f16") -> str:
     """dgrad and wgrad kernels (no builders) in one unit: does the overlay carry them too?"""
-    return (emitter.prelude([], [abi.LaunchInfo], [overlay()]) + kernel_source(f"{name}_dgrad", "dgrad", element)
+    return (emitter.prelude([], [abi.LaunchInfo], preambles()) + kernel_source(f"{name}_dgrad", "dgrad", element)
             + kernel_source(f"{name}_wgrad", "wgrad", element, tile=(128, 128, 64)))
 
 
@@ -78,7 +73,7 @@ def probe_source(name: str = "pycutlass_conv2d_sm90_probe", element: str = "f16"
     CUTLASS 4.2 refuses the cooperative and ping-pong schedules for conv (dispatch_policy.hpp)."""
     # The project's prelude (LaunchInfo, TmaRecord, construct_params) with the overlay as its preamble, and the SM90
     # GEMM kind's helpers (record_tma) for the one tiled descriptor, the filter's.
-    unit = emitter.prelude([], [abi.LaunchInfo, abi.TmaRecord], [overlay()])
+    unit = emitter.prelude([], [abi.LaunchInfo, abi.TmaRecord], preambles())
     unit += emitter.render("kinds/gemm_sm90/sm90_helpers.cu.j2")
     return unit + kernel_source(name, "fprop", element, tile, cluster) + f"""
 // d: n, h, w, c, k, r, s, pad_h, pad_w, stride_h, stride_w, dilation_h, dilation_w. out: can_implement, the offsets
@@ -130,30 +125,3 @@ extern "C" __global__ void {name}_build(int const *d, void const *A, void const 
   pycutlass_sm90::record_tma(*record_b, p, p->mainloop.tma_load_b, tensor_b, size<0>({name}_ns::ClusterShape{{}}));
 }}
 """
-
-
-class Im2colCapture:
-    """``pycutlass_rtc::Im2colCapture`` as the overlay leaves it in a descriptor's 128 bytes (little-endian)."""
-
-    # address, dims[5], strides[4], lower[3], upper[3], range_c, range_whdn, elem_strides[5], rank, data_type,
-    # swizzle, l2_promotion, oob_fill, magic
-    LAYOUT = struct.Struct("<Q5Q4Q3h3hII5B6B")
-    MAGIC = 0xC7
-
-    def __init__(self, raw: bytes):
-        v = self.LAYOUT.unpack_from(raw)
-        self.address, self.dims, self.strides = v[0], v[1:6], v[6:10]
-        self.lower, self.upper, self.range_c, self.range_whdn = v[10:13], v[13:16], v[16], v[17]
-        self.elem_strides, (self.rank, self.data_type, self.swizzle, self.l2_promotion, self.oob_fill,
-                            self.magic) = v[18:23], v[23:29]
-        if self.magic != self.MAGIC or not 3 <= self.rank <= 5:
-            raise ValueError(f"not an im2col capture (magic {self.magic:#x}, rank {self.rank})")
-
-    def encode(self) -> bytes:
-        """The real descriptor, through the driver's cuTensorMapEncodeIm2col (needs a GPU)."""
-        from ...runtime import driver
-
-        staging = (ctypes.c_byte * 256)()
-        aligned = (ctypes.addressof(staging) + 63) & ~63  # the encoder writes to 64-byte aligned memory
-        driver.encode_im2col_descriptor(self, aligned, "SM90 conv probe")
-        return ctypes.string_at(aligned, 128)

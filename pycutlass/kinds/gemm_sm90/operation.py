@@ -62,6 +62,7 @@ namespace std {
 template <class T> inline constexpr bool is_pointer_v = cuda::std::is_pointer_v<T>;
 template <class... T> using void_t = cuda::std::void_t<T...>;
 template <class T> inline constexpr bool is_const_v = cuda::std::is_const_v<T>;
+template <class T> inline constexpr bool is_integral_v = cuda::std::is_integral_v<T>;  // cutlass/util/packed_stride.hpp
 }  // namespace std
 #endif"""
 

@@ -1,0 +1,322 @@
+"""The SM90 (CUTLASS 3.x) implicit-GEMM convolution: TMA im2col loads, warpgroup MMA, ``ConvUniversal``.
+
+``Conv2dOperation(conv_kind, iterator_algorithm, 90, tile, A, B, C, stride_support, epilogue, swizzle)`` builds one
+when the tile is an SM90 one by the SM90 GEMM's rule (``GemmOperationSm90.takes``: no warp_count, stages=0, a wgmma
+instruction, a cluster or a schedule); a tile stating an Sm80 warp arrangement keeps the Sm80-family kernel.
+
+Built: fprop, dgrad (stride 1) and wgrad; f16 or bf16 in and out, f32 accumulation, NHWC, 8-element (16-byte)
+alignment, CUTLASS 4.2's only SM90 conv schedule (``KernelImplicitTmaWarpSpecializedSm90``: one consumer warpgroup;
+the cooperative and ping-pong schedules are refused by CUTLASS for conv). fprop and dgrad write through the
+``TmaWarpSpecialized`` epilogue (im2col TMA store) with a linear combination, any of the activations, and with
+``bias=True`` a per-channel bias (CUTLASS's ``LinCombPerColBiasEltAct``: one value per column of the implicit GEMM,
+i.e. per output channel); wgrad writes the KRSC filter gradient through the ``NoSmemWarpSpecialized`` epilogue (plain
+linear combination), as CUTLASS's own SM90 wgrad tests build it. Everything else is rejected here with a typed error
+before anything compiles (docs/sm90.md, "SM90 convolution"). The unit carries ``nvrtc_overlay.cuh`` (CUTLASS's SM90
+conv headers under NVRTC); the builder runs CUTLASS's ``to_underlying_arguments`` on the device, and the im2col descriptors it "encodes" hold the encode
+arguments, which the runtime encodes through ``cuTensorMapEncodeIm2col`` (TmaRecord.mode = im2col).
+"""
+from __future__ import annotations
+
+from importlib import resources
+
+from ...description.tile_description import TileDescription
+from ...description.types import (DataType, EpilogueScheduleType, IdentitySwizzle1, KernelScheduleType, LayoutType,
+                                   OpClass, TileSchedulerType)
+from ...emit import names
+from ...emit.abi import TmaRecord, fill_epilogue
+from ...errors import ArgumentError, DescriptionError
+from ..conv2d.operation import Conv2dOperation
+from ..conv2d.problem import Conv2dProblemSize, IteratorAlgorithm, Mode, Operator, StrideSupport
+from ..gemm.operation import check_description_types
+from ..gemm_sm90.operation import GemmOperationSm90
+from .abi import Sm90Conv2dArgs
+
+_F16, _BF16, _F32 = DataType.float16, DataType.bfloat16, DataType.float32
+_NHWC = LayoutType.TensorNHWC
+_KS, _ES, _TS = KernelScheduleType, EpilogueScheduleType, TileSchedulerType
+_CLUSTERS = ((1, 1, 1), (2, 1, 1), (1, 2, 1))
+_MAX_TENSOR_ELEMENTS = 2**31  # TMA dims and CUTLASS's int problem shape
+
+
+def overlay() -> str:
+    return resources.files(__package__).joinpath("nvrtc_overlay.cuh").read_text()
+
+
+def preambles() -> list[str]:
+    """What an SM90 conv unit puts before any include: the SM90 GEMM kind's std:: shim, then the overlay."""
+    from ..gemm_sm90.operation import _NVRTC_SHIM
+
+    return [_NVRTC_SHIM, overlay()]
+
+
+class Conv2dOperationSm90(Conv2dOperation):
+    """An SM90 implicit-GEMM fprop, dgrad or wgrad (see the module docstring for what is built).
+
+    ``bias=True`` (fprop and dgrad): D = activation(alpha * conv + bias) with a vector of one value per output
+    channel, passed as C (a 1-D vector or a broadcast view, as for Sm80 convolutions) with beta = 1."""
+
+    kind = "conv2d_sm90"
+    abi_struct_type = Sm90Conv2dArgs
+    required_backend = "nvrtc"  # the builder needs -default-device (see gemm_sm90)
+
+    def __new__(cls, *args, **kwargs):
+        return object.__new__(cls)
+
+    @staticmethod
+    def takes(tile) -> bool:
+        """Whether ``Conv2dOperation(..., 90, tile, ...)`` means this kernel: the SM90 GEMM's rule."""
+        return GemmOperationSm90.takes(tile)
+
+    def __init__(self, conv_kind, iterator_algorithm, arch, tile_description: TileDescription, A, B, C,
+                 stride_support, epilogue_functor, swizzling_functor=IdentitySwizzle1, bias: bool = False):
+        what = "Conv2dOperation(90)"
+        if arch != 90 or isinstance(arch, bool):
+            raise DescriptionError(f"{what}: Conv2dOperationSm90 is compute capability 90, got {arch!r}")
+        if not isinstance(conv_kind, Operator):
+            raise DescriptionError(f"{what}: conv_kind must be pycutlass.conv.Operator.fprop, .dgrad or .wgrad, "
+                                   f"got {conv_kind!r}")
+        if not isinstance(bias, bool):
+            raise DescriptionError(f"{what}: bias must be True (a per-output-channel bias vector, fused) or False, "
+                                   f"got {bias!r}")
+        if bias and conv_kind is Operator.wgrad:
+            raise DescriptionError(f"{what}: bias=True is for fprop and dgrad (a per-channel bias of the output "
+                                   f"activation); wgrad writes a filter gradient")
+        if not isinstance(iterator_algorithm, IteratorAlgorithm):
+            raise DescriptionError(f"{what}: iterator_algorithm must be a pycutlass.conv.IteratorAlgorithm, got "
+                                   f"{iterator_algorithm!r}")
+        if iterator_algorithm not in (IteratorAlgorithm.analytic, IteratorAlgorithm.optimized):
+            raise DescriptionError(f"{what}: SM90 convolutions read activations through TMA im2col; the "
+                                   f"{iterator_algorithm.name} iterator algorithm is Sm80-family only (pass "
+                                   f"optimized or analytic, which mean the same kernel here)")
+        if not isinstance(stride_support, StrideSupport):
+            raise DescriptionError(f"{what}: stride_support must be pycutlass.conv.StrideSupport.Strided or .Unity, "
+                                   f"got {stride_support!r}")
+        check_description_types(tile_description, A, B, C, epilogue_functor, what)
+        if swizzling_functor is not IdentitySwizzle1:
+            raise DescriptionError(f"{what}: the SM90 conv kernel rasterizes tiles itself (no threadblock swizzle); "
+                                   f"pass IdentitySwizzle1, got {getattr(swizzling_functor, 'name', swizzling_functor)!r}")
+        self.compute_capability = 90
+        self.conv_kind = conv_kind
+        self.iterator_algorithm = iterator_algorithm
+        self.stride_support = stride_support
+        self._describe(90, tile_description, A, B, C, epilogue_functor, swizzling_functor)
+        self.bias = bias
+        _check(what, conv_kind, tile_description, A, B, C, epilogue_functor, bias)
+        self.kernel_schedule = _KS.TmaWarpSpecialized
+        self.epilogue_schedule = _ES.NoSmemWarpSpecialized if conv_kind is Operator.wgrad else _ES.TmaWarpSpecialized
+
+    # --- identity -------------------------------------------------------------------------------------------
+    @property
+    def family(self) -> str:
+        return "sm90"
+
+    @property
+    def is_strided_dgrad(self) -> bool:
+        return False
+
+    @property
+    def cluster_shape(self) -> tuple[int, int, int]:
+        return self.tile_description.cluster_shape
+
+    def abi_structs(self) -> tuple:
+        return (*super().abi_structs(), TmaRecord)
+
+    def _signature(self) -> tuple:
+        tile = self.tile_description
+        return ("conv2d_sm90", self.conv_kind, tile.threadblock_shape, tile.math_instruction, tile.cluster_shape,
+                self.A, self.B, self.C, self.epilogue_functor, self.bias)
+
+    def _readable_name(self) -> str:
+        tile = self.tile_description
+        s = names.SHORT
+        m, n, k = tile.threadblock_shape
+        cm, cn, _ = tile.cluster_shape
+        return (f"conv2d_sm90_{self.conv_kind.name}_{s[self.A.element]}{s[self.C.element]}"
+                f"{s[tile.math_instruction.element_accumulator]}_nhwc_{m}x{n}x{k}_c{cm}x{cn}_ws_"
+                f"a{self.A.alignment}{self.B.alignment}{self.C.alignment}"
+                + ("_bias" if self.bias else "")
+                + (f"_{self.epilogue_functor.activation.name}" if self.epilogue_functor.activation else ""))
+
+    # --- problems ---------------------------------------------------------------------------------------------
+    def check_problem_size(self, problem_size: Conv2dProblemSize) -> None:
+        """What CUTLASS's ``ConvUniversal::can_implement`` checks (the builder runs it too), stated in Python."""
+        if not isinstance(problem_size, Conv2dProblemSize):
+            raise ArgumentError(f"{self.name}: problem_size must be a pycutlass.conv.Conv2dProblemSize, "
+                                f"got {problem_size!r}")
+        ps = problem_size
+        kind = self.conv_kind
+        where = f"{self.name} (SM90 {kind.name})"
+        if ps.split_k_slices != 1:
+            raise ArgumentError(f"{where}: CUTLASS 4.2's SM90 convolution has no split-K; split_k_slices must be 1, "
+                                f"got {ps.split_k_slices} (use an Sm80-family operation for split-K)")
+        if ps.groups != 1:
+            raise ArgumentError(f"{where}: grouped convolution is not built for SM90 (groups={ps.groups})")
+        if Mode(ps.mode) is not Mode.cross_correlation:
+            raise ArgumentError(f"{where}: only Mode.cross_correlation is built for SM90, got {Mode(ps.mode).name}")
+        if kind is Operator.dgrad and (ps.stride_h, ps.stride_w) != (1, 1):
+            # CUTLASS 4.2's SM90 dgrad maps the stride phases to the GEMM's L mode, which its im2col TMA epilogue
+            # ignores ("ignore L stride for implicit gemm"): every phase would store to the same pixels.
+            raise ArgumentError(f"{where}: SM90 dgrad is built for stride (1, 1) only, got ({ps.stride_h}, "
+                                f"{ps.stride_w}); use an Sm80-family strided dgrad operation")
+        for label, extent, alignment in (("C (input channels)", ps.C, 8), ("K (output channels)", ps.K, 8)):
+            if extent % alignment:
+                raise ArgumentError(f"{where}: TMA moves 16-byte vectors along the channels, so {label} must be a "
+                                    f"multiple of {alignment}; the problem has {extent}")
+        for label, pad in (("pad_h", ps.pad_h), ("pad_w", ps.pad_w), ("upper_pad_h", ps.upper_pad_h),
+                           ("upper_pad_w", ps.upper_pad_w)):
+            if pad > 255:
+                raise ArgumentError(f"{where}: the im2col TMA box corners are 8-bit: {label} must be at most 255, "
+                                    f"got {pad}")
+        for label, r, dilation in (("R", ps.R, ps.dilation_h), ("S", ps.S, ps.dilation_w)):
+            if (r - 1) * dilation >= 255:  # CUTLASS's can_implement: offsets in [0, 2^8 - 1)
+                raise ArgumentError(f"{where}: the im2col TMA filter offsets are 8-bit: ({label} - 1) * dilation must "
+                                    f"be at most 254, got {(r - 1) * dilation}")
+        # The im2col box corners (CUTLASS's compute_lower/upper_corner_whd); 2-D im2col takes [-128, 128).
+        for label, pad, upper_pad, r, dilation, extent, out in (
+                ("H", ps.pad_h, ps.upper_pad_h, ps.R, ps.dilation_h, ps.H, ps.P),
+                ("W", ps.pad_w, ps.upper_pad_w, ps.S, ps.dilation_w, ps.W, ps.Q)):
+            lower, upper = _corners(kind, pad, upper_pad, r, dilation, extent, out)
+            if not (-128 <= lower < 128 and -128 <= upper < 128):
+                raise ArgumentError(f"{where}: the im2col TMA box corners along {label} ({lower}, {upper}) must lie in "
+                                    f"[-128, 128) (padding {pad}, filter {r}, dilation {dilation})")
+        for label, count in (("A", ps.N * ps.H * ps.W * ps.C), ("B", ps.K * ps.R * ps.S * ps.C),
+                             ("C/D", ps.N * ps.P * ps.Q * ps.K)):
+            if count >= _MAX_TENSOR_ELEMENTS:
+                raise ArgumentError(f"{where}: tensor {label} has {count} elements; at most 2^31 - 1 here")
+
+    def make_abi_arguments(self, problem_size: Conv2dProblemSize, ptr_A: int, ptr_B: int, ptr_C: int, ptr_D: int,
+                           output_op, *unused, **unused_keywords) -> Sm90Conv2dArgs:
+        ps = problem_size
+        args = Sm90Conv2dArgs()
+        for field, value in (("n", ps.N), ("h", ps.H), ("w", ps.W), ("c", ps.C), ("k", ps.K), ("r", ps.R),
+                             ("s", ps.S), ("p", ps.P), ("q", ps.Q), ("pad_h", ps.pad_h), ("pad_w", ps.pad_w),
+                             ("stride_h", ps.stride_h), ("stride_w", ps.stride_w), ("dilation_h", ps.dilation_h),
+                             ("dilation_w", ps.dilation_w), ("mode", int(ps.mode)),
+                             ("upper_pad_h", ps.upper_pad_h), ("upper_pad_w", ps.upper_pad_w)):
+            setattr(args, field, value)
+        # Without C (beta == 0) C's im2col descriptor must still encode: it covers D (never read). With bias=True
+        # ptr_C is the bias vector: the builder makes it the fusion's bias and reads no C (beta 0 there).
+        args.ptr_A, args.ptr_B, args.ptr_D = int(ptr_A), int(ptr_B), int(ptr_D)
+        args.ptr_C = int(ptr_C) or int(ptr_D)
+        fill_epilogue(args, output_op)
+        return args
+
+    def semaphore_count(self, problem_size, split_k_mode=None) -> int:
+        return 0
+
+    def workspace_elements(self, problem_size, split_k_mode) -> int:
+        return 0
+
+    # --- emission -------------------------------------------------------------------------------------------
+    def preamble(self):
+        """The SM90 GEMM kind's std:: shim (shared with GEMM operations of the unit), then the NVRTC overlay."""
+        return preambles()
+
+    def shared_code(self) -> str:
+        return self.render("../gemm_sm90/sm90_helpers.cu.j2")
+
+    def headers(self) -> list[str]:
+        return ["cute/tensor.hpp", "cutlass/conv/collective/collective_builder.hpp",
+                "cutlass/epilogue/collective/collective_builder.hpp", "cutlass/epilogue/thread/activation.h",
+                "cutlass/conv/convnd_problem_shape.hpp", "cutlass/util/packed_stride.hpp"]
+
+    def emit_body(self) -> str:
+        tile = self.tile_description
+        functor = self.epilogue_functor
+        return self.render(
+            "conv2d_sm90.cu.j2", name=self.name, summary=self.describe(),
+            element=names.ELEMENT[self.A.element], element_c=names.ELEMENT[self.C.element],
+            element_accumulator=names.ELEMENT[tile.math_instruction.element_accumulator],
+            element_compute=names.ELEMENT[self.epilogue_functor.element_epilogue],
+            alignment_a=self.A.alignment, alignment_b=self.B.alignment, alignment_c=self.C.alignment,
+            tile_shape=tile.threadblock_shape, cluster_shape=tile.cluster_shape,
+            conv_op=_CONV_OPS[self.conv_kind], wgrad=self.conv_kind is Operator.wgrad, bias=self.bias,
+            activation=functor.activation.cpp_template if functor.activation else None,
+            activation_args=functor.activation.argument_names if functor.activation else ())
+
+    def describe(self) -> str:
+        tile = self.tile_description
+        return (f"Conv2d sm90 {self.conv_kind.name} A={self.A.element.label}/nhwc/{self.A.alignment} "
+                f"B={self.B.element.label}/nhwc/{self.B.alignment} C={self.C.element.label}/nhwc/{self.C.alignment} "
+                f"acc={tile.math_instruction.element_accumulator.label} tile={list(tile.threadblock_shape)} "
+                f"cluster={list(tile.cluster_shape)} kernel=KernelImplicitTmaWarpSpecializedSm90 "
+                f"epilogue={self.epilogue_schedule.value} epilogue_op={self.epilogue_functor.describe()}"
+                f"{' bias=per-channel' if self.bias else ''}")
+
+
+_CONV_OPS = {Operator.fprop: "kFprop", Operator.dgrad: "kDgrad", Operator.wgrad: "kWgrad"}
+
+
+def _corners(kind, pad: int, upper_pad: int, r: int, dilation: int, extent: int, out: int) -> tuple[int, int]:
+    """CUTLASS's im2col box corners along one spatial dimension (conv/collective/detail.hpp)."""
+    if kind is Operator.dgrad:
+        lower = pad - (r - 1) * dilation
+        return lower, lower + extent - out
+    return -pad, upper_pad - (r - 1) * dilation
+
+
+def _check(what, conv_kind, tile: TileDescription, A, B, C, functor, bias) -> None:
+    math = tile.math_instruction
+    if math.opcode_class is not OpClass.TensorOp:
+        raise DescriptionError(f"{what}: the SM90 convolution computes on tensor cores (OpClass.TensorOp)")
+    element = math.element_a
+    if element not in (_F16, _BF16) or math.element_b is not element:
+        raise DescriptionError(f"{what}: SM90 convolutions are built for float16 or bfloat16 operands (both the "
+                               f"same) so far, got {math.element_a.label} x {math.element_b.label}; use an Sm80 tile "
+                               f"for other types")
+    if math.element_accumulator is not _F32:
+        raise DescriptionError(f"{what}: SM90 convolutions accumulate in float32 here, got "
+                               f"{math.element_accumulator.label}")
+    for label, desc in (("A", A), ("B", B), ("C", C)):
+        if desc.layout is not _NHWC:
+            raise DescriptionError(f"{what}: {label} must be TensorNHWC on SM90, got {desc.layout.value}")
+        if desc.element is not element:
+            raise DescriptionError(f"{what}: {label} must hold {element.label} (the operands' type; other output "
+                                   f"types are not built yet), got {desc.element.label}")
+        if desc.alignment != 8:
+            raise DescriptionError(f"{what}: TMA moves 16-byte vectors, so {label}'s alignment must be 8 "
+                                   f"{element.label} elements, got {desc.alignment}")
+    if functor.element_output is not C.element or functor.alignment != C.alignment:
+        raise DescriptionError(f"{what}: the epilogue writes {functor.element_output.label} with alignment "
+                               f"{functor.alignment}; C is {C.element.label} with alignment {C.alignment}: they must "
+                               f"match")
+    if conv_kind is Operator.wgrad:
+        if functor.kind != "LinearCombination" or functor.activation is not None:
+            raise DescriptionError(f"{what}: SM90 wgrad writes through CUTLASS's NoSmemWarpSpecialized epilogue: only "
+                                   f"LinearCombination (no activation) is built, got {functor.describe()}")
+    elif functor.kind not in ("LinearCombination", "LinearCombinationGeneric"):
+        raise DescriptionError(f"{what}: the {functor.kind} epilogue is not built for SM90 convolutions; use "
+                               f"LinearCombination or LinearCombinationGeneric (any activation), optionally with "
+                               f"bias=True")
+    if functor.element_epilogue is not _F32:
+        raise DescriptionError(f"{what}: the epilogue computes in float32 here, got {functor.element_epilogue.label}")
+    m, n, k = tile.threadblock_shape
+    if m not in (64, 128):
+        raise DescriptionError(f"{what}: the SM90 conv kernel computes a tile with one consumer warpgroup: tile M "
+                               f"must be 64 or 128, got {m}")
+    if n not in (64, 128, 256):
+        raise DescriptionError(f"{what}: tile N must be 64, 128 or 256, got {n}")
+    if k != 64:
+        raise DescriptionError(f"{what}: tile K must be 64 {element.label} elements (the 128-byte TMA swizzle "
+                               f"atom), got {k}")
+    if tuple(tile.cluster_shape) not in _CLUSTERS:
+        raise DescriptionError(f"{what}: cluster_shape must be [1, 1, 1], [2, 1, 1] or [1, 2, 1], got "
+                               f"{list(tile.cluster_shape)}")
+    if tile.kernel_schedule not in (_KS.Auto, _KS.TmaWarpSpecialized):
+        raise DescriptionError(f"{what}: CUTLASS 4.2 builds SM90 convolutions with one schedule "
+                               f"(KernelImplicitTmaWarpSpecializedSm90; 'Persistent schedules not support for conv "
+                               f"yet'): kernel_schedule must be Auto or TmaWarpSpecialized, got "
+                               f"{tile.kernel_schedule.value}")
+    wanted = _ES.NoSmemWarpSpecialized if conv_kind is Operator.wgrad else _ES.TmaWarpSpecialized
+    if tile.epilogue_schedule not in (_ES.Auto, wanted):
+        raise DescriptionError(f"{what}: epilogue_schedule must be Auto or {wanted.value} for SM90 "
+                               f"{conv_kind.name}, got {tile.epilogue_schedule.value}")
+    if tile.tile_scheduler is not _TS.Default:
+        raise DescriptionError(f"{what}: SM90 convolutions have no stream-K (CUTLASS 4.2); tile_scheduler must be "
+                               f"Default, got {tile.tile_scheduler.name}")
+    if tile.stages:
+        raise DescriptionError(f"{what}: explicit stage counts are not built for SM90 convolutions yet; pass "
+                               f"stages=0 (CUTLASS's automatic count), got {tile.stages}")
+    if tile.warp_count is not None and tuple(tile.warp_count) != (4, 1, 1):
+        raise DescriptionError(f"{what}: warp_count is derived on SM90 ([4, 1, 1]: one consumer warpgroup); pass None "
+                               f"or that value, got {list(tile.warp_count)}")

@@ -1,0 +1,344 @@
+"""The conv2d_sm90 kind on a GPU (fprop, dgrad, wgrad; fused bias + activation): ``Conv2dOperation(..., 90, <SM90
+tile>, ...)`` through the public API, against float64 references, D poisoned with NaN before every run. Run with PYCUTLASS_VERIFY_PARAMS=1 (the patched
+Params of a seen problem are rebuilt and compared, im2col descriptors included). Not yet run on a GPU: see
+docs/sm90.md, "SM90 convolution"."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pycutlass as cutlass
+from pycutlass import conv as pconv
+
+from .conftest import precompile_module, relative_error
+
+try:
+    import torch
+except ImportError:  # CPU machines collect (and skip) this module; OPS stay importable for precompiling
+    torch = None
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch is None, reason="needs torch")]
+
+D = cutlass.DataType
+NHWC = cutlass.LayoutType.TensorNHWC
+TORCH = {D.float16: "float16", D.bfloat16: "bfloat16"}
+TOLERANCE = {D.float16: 2e-3, D.bfloat16: 1.5e-2}
+
+
+def sm90_conv(element, tile, cluster, kind=pconv.Operator.fprop, activation=None, bias=False):
+    math = cutlass.MathInstruction([64, tile[1], 16], element, element, D.float32, cutlass.OpClass.TensorOp)
+    tile_d = cutlass.TileDescription(list(tile), 0, None, math, cluster_shape=list(cluster))
+    desc = [cutlass.TensorDescription(element, NHWC, 8) for _ in range(3)]
+    if activation is None:
+        functor = cutlass.LinearCombination(element, 8, D.float32, D.float32)
+    else:
+        functor = cutlass.LinearCombinationGeneric(activation(D.float32), element, 8, D.float32, D.float32)
+    return cutlass.Conv2dOperation(kind, pconv.IteratorAlgorithm.optimized, 90, tile_d, *desc,
+                                   pconv.StrideSupport.Strided, functor, bias=bias)
+
+
+OPS = {"f16-128x128x64-c11": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1)),
+       "bf16-64x128x64-c21": sm90_conv(D.bfloat16, (64, 128, 64), (2, 1, 1)),
+       "f16-64x64x64-c12": sm90_conv(D.float16, (64, 64, 64), (1, 2, 1)),
+       "bf16-128x256x64-c11": sm90_conv(D.bfloat16, (128, 256, 64), (1, 1, 1))}
+DGRAD = pconv.Operator.dgrad
+WGRAD = pconv.Operator.wgrad
+DGRAD_OPS = {"f16-128x128x64-c11": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1), DGRAD),
+             "bf16-64x128x64-c21": sm90_conv(D.bfloat16, (64, 128, 64), (2, 1, 1), DGRAD)}
+WGRAD_OPS = {"f16-128x128x64-c11": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1), WGRAD),
+             "bf16-64x128x64-c12": sm90_conv(D.bfloat16, (64, 128, 64), (1, 2, 1), WGRAD)}
+FUSED_OPS = {"fprop-f16-bias-relu": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1), activation=cutlass.relu,
+                                              bias=True),
+             "fprop-bf16-silu": sm90_conv(D.bfloat16, (128, 128, 64), (2, 1, 1), activation=cutlass.silu),
+             "dgrad-f16-bias-gelu": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1), DGRAD, activation=cutlass.gelu,
+                                              bias=True)}
+ALL_OPS = [*OPS.values(), *DGRAD_OPS.values(), *WGRAD_OPS.values(), *FUSED_OPS.values()]  # tests/gpu/precompile.py
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compiled():
+    precompile_module((), ALL_OPS)
+
+
+def _problem(n, h, w, c, k, r, s, pad, stride, dilation):
+    return pconv.Conv2dProblemSize(cutlass.Tensor4DCoord(n, h, w, c), cutlass.Tensor4DCoord(k, r, s, c),
+                                   cutlass.Tensor4DCoord(pad[0], pad[1], pad[2], pad[3]),
+                                   cutlass.MatrixCoord(*stride), cutlass.MatrixCoord(*dilation),
+                                   pconv.Mode.cross_correlation, 1, 1)
+
+
+def _reference(x, wt, c, alpha, beta, pad, stride, dilation):
+    """float64 fprop in NHWC: pad (top, bottom, left, right) may be asymmetric."""
+    xt = torch.nn.functional.pad(x.double().permute(0, 3, 1, 2), (pad[2], pad[3], pad[0], pad[1]))
+    out = torch.nn.functional.conv2d(xt, wt.double().permute(0, 3, 1, 2), stride=stride, dilation=dilation)
+    out = alpha * out.permute(0, 2, 3, 1)
+    return out + beta * c.double() if c is not None else out
+
+
+SHAPES = [  # n, h, w, c, k, r, s, pad (t, b, l, r), stride, dilation
+    (1, 9, 9, 64, 128, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1)),
+    (2, 17, 13, 72, 136, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1)),       # C, K not multiples of the tile
+    (3, 23, 19, 8, 8, 1, 1, (0, 0, 0, 0), (1, 1), (1, 1)),          # C = K = 8
+    (2, 31, 29, 40, 96, 3, 5, (1, 2, 2, 1), (2, 3), (1, 1)),        # asymmetric padding, strides
+    (1, 28, 30, 24, 200, 3, 3, (2, 2, 2, 2), (1, 1), (2, 2)),       # dilation
+    (4, 14, 14, 136, 64, 5, 5, (2, 2, 2, 2), (2, 2), (1, 2)),       # stride and dilation
+    (1, 7, 300, 16, 48, 1, 7, (0, 0, 3, 3), (1, 2), (1, 1)),        # odd W
+]
+
+
+@pytest.mark.parametrize("key", list(OPS))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:7])))
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_fprop_matches_float64(key, shape, beta):
+    op = OPS[key]
+    element = op.A.element
+    n, h, w, c, k, r, s, pad, stride, dilation = shape
+    ps = _problem(*shape)
+    p, q = ps.P, ps.Q
+    dtype = getattr(torch, TORCH[element])
+    gen = torch.Generator(device="cuda").manual_seed(hash((key, shape, beta)) % 2**31)
+    x = torch.randn(n, h, w, c, device="cuda", generator=gen).to(dtype)
+    wt = torch.randn(k, r, s, c, device="cuda", generator=gen).to(dtype)
+    cc = torch.randn(n, p, q, k, device="cuda", generator=gen).to(dtype) if beta else None
+    out = torch.full((n, p, q, k), float("nan"), device="cuda", dtype=dtype)
+    alpha = 1.25
+    arguments = cutlass.Conv2dArguments(op, ps, x, wt, cc, out, output_op=op.epilogue_type(alpha, beta))
+    op.run(arguments)
+    arguments.sync()
+    reference = _reference(x, wt, cc, alpha, beta, pad, stride, dilation)
+    assert tuple(reference.shape) == (n, p, q, k)
+    error = relative_error(out.float().cpu().numpy(), reference.cpu().numpy())
+    assert error < TOLERANCE[element], (key, shape, beta, error)
+
+
+def _padded_fprop(x, wt, pad, stride, dilation):
+    """float64 fprop of NHWC x and KRSC wt, asymmetric pad (top, bottom, left, right); returns NCHW."""
+    xt = torch.nn.functional.pad(x.permute(0, 3, 1, 2), (pad[2], pad[3], pad[0], pad[1]))
+    return torch.nn.functional.conv2d(xt, wt.permute(0, 3, 1, 2), stride=stride, dilation=dilation)
+
+
+def _gradients(x, wt, dy, pad, stride, dilation):
+    """float64 dgrad (NHWC) and wgrad (KRSC) of the fprop above, for NPQK dy, through autograd: the gradients come
+    in the layouts of x and wt themselves (the permutes live inside the fprop)."""
+    x64 = x.double().requires_grad_(True)
+    w64 = wt.double().requires_grad_(True)
+    out = _padded_fprop(x64, w64, pad, stride, dilation)
+    dx, dw = torch.autograd.grad(out, (x64, w64), dy.double().permute(0, 3, 1, 2))
+    return dx.detach(), dw.detach()
+
+
+DGRAD_SHAPES = [  # n, h, w, c, k, r, s, pad (t, b, l, r), stride (1 only on SM90), dilation
+    (1, 9, 9, 64, 128, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1)),
+    (2, 17, 13, 136, 72, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1)),      # C, K not multiples of the tile
+    (3, 23, 19, 8, 8, 1, 1, (0, 0, 0, 0), (1, 1), (1, 1)),          # C = K = 8
+    (2, 31, 29, 40, 96, 3, 5, (1, 2, 2, 1), (1, 1), (1, 1)),        # asymmetric padding
+    (1, 28, 30, 24, 200, 3, 3, (2, 2, 2, 2), (1, 1), (2, 2)),       # dilation
+    (4, 14, 14, 64, 64, 5, 5, (0, 0, 0, 0), (1, 1), (1, 1)),        # no padding, 5x5
+]
+WGRAD_SHAPES = [
+    (1, 9, 9, 64, 128, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1)),
+    (2, 17, 13, 72, 136, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1)),
+    (3, 23, 19, 8, 8, 1, 1, (0, 0, 0, 0), (1, 1), (1, 1)),
+    (2, 31, 29, 40, 96, 3, 5, (1, 2, 2, 1), (2, 3), (1, 1)),        # asymmetric padding, strides
+    (1, 28, 30, 24, 200, 3, 3, (2, 2, 2, 2), (1, 1), (2, 2)),       # dilation
+    (4, 14, 14, 136, 64, 5, 5, (2, 2, 2, 2), (2, 2), (1, 2)),       # stride and dilation
+    (8, 56, 56, 64, 64, 1, 1, (0, 0, 0, 0), (1, 1), (1, 1)),        # a long GEMM K (N*P*Q = 25088)
+]
+
+
+def _random(shape, dtype, gen):
+    return torch.randn(*shape, device="cuda", generator=gen).to(dtype)
+
+
+@pytest.mark.parametrize("key", list(DGRAD_OPS))
+@pytest.mark.parametrize("shape", DGRAD_SHAPES, ids=lambda s: "x".join(map(str, s[:7])))
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_dgrad_matches_float64(key, shape, beta):
+    op = DGRAD_OPS[key]
+    element = op.A.element
+    n, h, w, c, k, r, s, pad, stride, dilation = shape
+    ps = _problem(*shape)
+    dtype = getattr(torch, TORCH[element])
+    gen = torch.Generator(device="cuda").manual_seed(hash(("dgrad", key, shape, beta)) % 2**31)
+    x = torch.zeros(n, h, w, c, device="cuda", dtype=dtype)  # shape only: dgrad does not read x
+    wt = _random((k, r, s, c), dtype, gen)
+    dy = _random((n, ps.P, ps.Q, k), dtype, gen)
+    cc = _random((n, h, w, c), dtype, gen) if beta else None
+    dx = torch.full((n, h, w, c), float("nan"), device="cuda", dtype=dtype)
+    alpha = 0.75
+    arguments = cutlass.Conv2dArguments(op, ps, dy, wt, cc, dx, output_op=op.epilogue_type(alpha, beta))
+    op.run(arguments)
+    arguments.sync()
+    reference, _ = _gradients(x, wt, dy, pad, stride, dilation)
+    reference = alpha * reference + (beta * cc.double() if cc is not None else 0)
+    error = relative_error(dx.float().cpu().numpy(), reference.cpu().numpy())
+    assert error < TOLERANCE[element], (key, shape, beta, error)
+
+
+@pytest.mark.parametrize("key", list(WGRAD_OPS))
+@pytest.mark.parametrize("shape", WGRAD_SHAPES, ids=lambda s: "x".join(map(str, s[:7])))
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_wgrad_matches_float64(key, shape, beta):
+    op = WGRAD_OPS[key]
+    element = op.A.element
+    n, h, w, c, k, r, s, pad, stride, dilation = shape
+    ps = _problem(*shape)
+    dtype = getattr(torch, TORCH[element])
+    gen = torch.Generator(device="cuda").manual_seed(hash(("wgrad", key, shape, beta)) % 2**31)
+    x = _random((n, h, w, c), dtype, gen)
+    wt = torch.zeros(k, r, s, c, device="cuda", dtype=dtype)  # shape only
+    dy = _random((n, ps.P, ps.Q, k), dtype, gen)
+    cc = _random((k, r, s, c), dtype, gen) if beta else None
+    dw = torch.full((k, r, s, c), float("nan"), device="cuda", dtype=dtype)
+    alpha = 0.75
+    arguments = cutlass.Conv2dArguments(op, ps, dy, x, cc, dw, output_op=op.epilogue_type(alpha, beta))
+    op.run(arguments)
+    arguments.sync()
+    _, reference = _gradients(x, wt, dy, pad, stride, dilation)
+    reference = alpha * reference + (beta * cc.double() if cc is not None else 0)
+    error = relative_error(dw.float().cpu().numpy(), reference.cpu().numpy())
+    assert error < TOLERANCE[element], (key, shape, beta, error)
+
+
+FUSED_SHAPES = [
+    (2, 17, 13, 72, 136, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1)),
+    (1, 28, 30, 24, 200, 3, 3, (2, 2, 2, 2), (1, 1), (2, 2)),
+]
+_ACTIVATIONS = {"relu": torch.nn.functional.relu if torch else None,
+                "silu": torch.nn.functional.silu if torch else None,
+                "gelu": torch.nn.functional.gelu if torch else None}  # CUTLASS's GELU is the erf form
+
+
+@pytest.mark.parametrize("key", list(FUSED_OPS))
+@pytest.mark.parametrize("shape", FUSED_SHAPES, ids=lambda s: "x".join(map(str, s[:7])))
+def test_fused_bias_and_activation(key, shape):
+    """D = act(alpha * conv + bias) with a per-channel bias passed as C (1-D and as a broadcast view), or
+    D = act(alpha * conv + beta * C) without bias."""
+    op = FUSED_OPS[key]
+    element = op.A.element
+    dtype = getattr(torch, TORCH[element])
+    n, h, w, c, k, r, s, pad, stride, dilation = shape
+    ps = _problem(*shape)
+    gen = torch.Generator(device="cuda").manual_seed(hash(("fused", key, shape)) % 2**31)
+    act = _ACTIVATIONS[op.epilogue_functor.activation.name]
+    alpha = 1.25
+    dgrad = op.conv_kind is DGRAD
+    x = _random((n, h, w, c), dtype, gen)
+    wt = _random((k, r, s, c), dtype, gen)
+    dy = _random((n, ps.P, ps.Q, k), dtype, gen)
+    if dgrad:
+        inputs, out_shape, channels = (dy, wt), (n, h, w, c), c
+        raw = _gradients(x, wt, dy, pad, stride, dilation)[0]
+    else:
+        inputs, out_shape, channels = (x, wt), (n, ps.P, ps.Q, k), k
+        raw = _padded_fprop(x.double(), wt.double(), pad, stride, dilation).permute(0, 2, 3, 1)
+    cases = []
+    if op.bias:
+        bias = _random((channels,), dtype, gen)
+        cases = [(bias, 1.0, bias.double()),
+                 (bias.view(1, 1, 1, channels).expand(*out_shape), 1.0, bias.double())]
+    else:
+        cc = _random(out_shape, dtype, gen)
+        cases = [(cc, 0.5, 0.5 * cc.double()), (None, 0.0, 0.0)]
+    for c_tensor, beta, added in cases:
+        out = torch.full(out_shape, float("nan"), device="cuda", dtype=dtype)
+        arguments = cutlass.Conv2dArguments(op, ps, *inputs, c_tensor, out, output_op=op.epilogue_type(alpha, beta))
+        op.run(arguments)
+        arguments.sync()
+        reference = act(alpha * raw + added)
+        error = relative_error(out.float().cpu().numpy(), reference.cpu().numpy())
+        assert error < TOLERANCE[element], (key, shape, beta, error)
+
+
+def test_sm90_dgrad_refuses_strides():
+    op = DGRAD_OPS["f16-128x128x64-c11"]
+    ps = _problem(1, 9, 9, 64, 128, 3, 3, (1, 1, 1, 1), (2, 2), (1, 1))
+    dy = torch.zeros(1, ps.P, ps.Q, 128, device="cuda", dtype=torch.float16)
+    wt = torch.zeros(128, 3, 3, 64, device="cuda", dtype=torch.float16)
+    dx = torch.zeros(1, 9, 9, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(cutlass.ArgumentError, match="stride"):
+        cutlass.Conv2dArguments(op, ps, dy, wt, None, dx)
+
+
+@pytest.mark.parametrize("kind", ["dgrad", "wgrad"])
+def test_backward_seen_problem_reuses_params_on_new_tensors(kind):
+    """Second and third Arguments for one shape take the patched-Params path (PYCUTLASS_VERIFY_PARAMS=1 rebuilds)."""
+    op = (DGRAD_OPS if kind == "dgrad" else WGRAD_OPS)["f16-128x128x64-c11"]
+    shape = (2, 17, 13, 72, 136, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1))
+    n, h, w, c, k, r, s, pad, stride, dilation = shape
+    ps = _problem(*shape)
+    for seed in range(3):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        x = _random((n, h, w, c), torch.float16, gen)
+        wt = _random((k, r, s, c), torch.float16, gen)
+        dy = _random((n, ps.P, ps.Q, k), torch.float16, gen)
+        dx_ref, dw_ref = _gradients(x, wt, dy, pad, stride, dilation)
+        if kind == "dgrad":
+            out = torch.full((n, h, w, c), float("nan"), device="cuda", dtype=torch.float16)
+            arguments = cutlass.Conv2dArguments(op, ps, dy, wt, None, out)
+            reference = dx_ref
+        else:
+            out = torch.full((k, r, s, c), float("nan"), device="cuda", dtype=torch.float16)
+            arguments = cutlass.Conv2dArguments(op, ps, dy, x, None, out)
+            reference = dw_ref
+        op.run(arguments)
+        arguments.sync()
+        assert relative_error(out.float().cpu().numpy(), reference.cpu().numpy()) < TOLERANCE[D.float16]
+
+
+def test_a_seen_problem_reuses_params_on_new_tensors():
+    """A second Arguments object for the same shape: patched Params (im2col descriptors re-encoded with the new
+    addresses through the fast path; PYCUTLASS_VERIFY_PARAMS=1 compares them with a fresh build)."""
+    op = OPS["f16-128x128x64-c11"]
+    ps = _problem(2, 17, 13, 72, 136, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1))
+    for seed in range(3):
+        torch.manual_seed(seed)
+        x = torch.randn(2, 17, 13, 72, device="cuda").half()
+        wt = torch.randn(136, 3, 3, 72, device="cuda").half()
+        out = torch.full((2, 17, 13, 136), float("nan"), device="cuda", dtype=torch.float16)
+        arguments = cutlass.Conv2dArguments(op, ps, x, wt, None, out)
+        op.run(arguments)
+        arguments.sync()
+        reference = _reference(x, wt, None, 1.0, 0.0, (1, 1, 1, 1), (1, 1), (1, 1))
+        assert relative_error(out.float().cpu().numpy(), reference.cpu().numpy()) < TOLERANCE[D.float16]
+
+
+def test_channels_last_nchw_tensors_are_accepted():
+    op = OPS["bf16-64x128x64-c21"]
+    ps = _problem(2, 10, 12, 32, 64, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1))
+    x = torch.randn(2, 32, 10, 12, device="cuda").bfloat16().to(memory_format=torch.channels_last)
+    wt = torch.randn(64, 32, 3, 3, device="cuda").bfloat16().to(memory_format=torch.channels_last)
+    out = torch.full((2, 64, 10, 12), float("nan"), device="cuda", dtype=torch.bfloat16).to(
+        memory_format=torch.channels_last)
+    arguments = cutlass.Conv2dArguments(op, ps, x, wt, None, out)
+    op.run(arguments)
+    arguments.sync()
+    reference = torch.nn.functional.conv2d(x.double(), wt.double(), padding=1)
+    assert relative_error(out.float().cpu().numpy(), reference.cpu().numpy()) < TOLERANCE[D.bfloat16]
+    assert np.isfinite(out.float().cpu().numpy()).all()
+
+
+def test_cubins_hold_real_kernels_and_no_traps():
+    """The SASS of every SM90 conv operation here: no trap instruction (NVRTC without a native __int128, or an encode
+    compiled out), and each kernel holds a warpgroup MMA and a TMA load (not an empty kernel)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    cuobjdump = shutil.which("cuobjdump")
+    if cuobjdump is None:
+        pytest.skip("cuobjdump (CUDA toolkit) is not on PATH")
+    seen = {}
+    for op in ALL_OPS:
+        kernel = cutlass.compiler.add_module([op])[0]
+        seen.setdefault(kernel.sha256, (kernel.binary, []))[1].append(op.name)
+    for binary, names in seen.values():
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+            handle.write(binary)
+            handle.flush()
+            sass = subprocess.run([cuobjdump, "-sass", handle.name], capture_output=True, text=True).stdout
+        assert "BPT" not in sass, f"trap instruction in the SASS of {names}"
+        functions = sass.split("Function : ")[1:]
+        for name in names:
+            body = next((f for f in functions if f.startswith(name + "\n") or f.startswith(name + " ")), "")
+            assert "GMMA" in body, f"{name}: no warpgroup MMA in its kernel (an empty or wrong kernel)"
+            assert "UTMALDG" in body, f"{name}: no TMA load in its kernel"
