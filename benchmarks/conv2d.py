@@ -7,7 +7,7 @@ torch: ``torch.nn.functional.conv2d`` (fprop) and ``torch.nn.grad.conv2d_input``
 wgrad, i.e. ``aten.convolution_backward``), channels_last float16 tensors, ``torch.backends.cudnn.benchmark = True``.
 pycutlass: for each layer, the best of a small grid of tiles (optimized iterators; dgrad with stride 1 runs the
 Unity kernels, with stride 2 the strided-dgrad kernels), each also with serial split-K when its tiles alone do not
-fill the GPU (not for strided dgrad, which cannot split K at stride > 1). Each candidate's output (NaN-poisoned
+fill the GPU (not for strided dgrad at stride > 1, as in the recorded results). Each candidate's output (NaN-poisoned
 first) is checked once against torch's result before it is timed; times are medians (``bench_ms``) of
 ``op.run(arguments)`` with the arguments built once. TFLOP/s = 2 * N*P*Q * K * R*S*C / time for every kind.
 

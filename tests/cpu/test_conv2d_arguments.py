@@ -223,3 +223,48 @@ def test_validation_passes_then_needs_a_gpu():
     ps = problem()
     with pytest.raises(NoGpuError):
         Conv2dArguments(op(), ps, *fprop_tensors(ps))
+
+
+def strided_dgrad_example_op():
+    """PyCUTLASS 2.11's example: tf32 dgrad, optimized, StrideSupport.Strided, 128x128x16, 3 stages, alignment 4."""
+    mi = pc.MathInstruction([16, 8, 8], pc.tfloat32, pc.tfloat32, F32, pc.OpClass.TensorOp)
+    tile = pc.TileDescription([128, 128, 16], 3, [2, 2, 1], mi)
+    t = pc.TensorDescription(F32, pc.TensorNHWC, 4)
+    return Conv2dOperation(Operator.dgrad, IteratorAlgorithm.optimized, 80, tile, t, t, t, StrideSupport.Strided,
+                           pc.LinearCombination(F32, 4, F32, F32), pc.StridedDgradIdentitySwizzle1)
+
+
+def test_strided_dgrad_serial_split_k(no_device):
+    """Serial split-K with stride > 1 (PyCUTLASS 2.11's example: stride (2, 1), 2 slices) is accepted, with one
+    semaphore per output tile; parallel split-K stays refused."""
+    dgrad = strided_dgrad_example_op()
+    ps = Conv2dProblemSize((1, 27, 27, 256), (512, 3, 3, 256), (1, 1, 1, 1), (2, 1), (1, 1),
+                           Mode.cross_correlation, 1, 1)
+    dy, w = nhwc(ps.output_extent(), np.float32), nhwc(ps.filter_extent(), np.float32)
+    dx = np.zeros(tuple(ps.activation_extent()), np.float32)
+    args = Conv2dArguments(dgrad, ps, dy, w, None, dx, dgrad.epilogue_type(1.0, 0.0), SplitKMode.Serial, 2)
+    assert no_device == [args] and args.split_k_slices == 2 and not args.parallel
+    # M tiles: ceil(1 * 14 * 27 / 128) = 3 per start filter position, times 2 x 1 positions; N: 256 / 128.
+    assert dgrad.tiled_shape(args.problem_size) == (6, 2, 2)
+    assert dgrad.semaphore_count(args.problem_size, SplitKMode.Serial) == 12
+    for split, stride in ((3, (3, 3)), (2, (2, 2))):
+        odd = Conv2dProblemSize((2, 11, 13, 12), (20, 3, 3, 12), (1, 1, 1, 1), stride, (1, 1),
+                                Mode.cross_correlation, split, 1)
+        Conv2dArguments(dgrad, odd, nhwc(odd.output_extent(), np.float32), nhwc(odd.filter_extent(), np.float32),
+                        None, np.zeros(tuple(odd.activation_extent()), np.float32))
+    with pytest.raises(ArgumentError, match="does not implement SplitKMode.Parallel"):
+        Conv2dArguments(dgrad, ps, dy, w, None, dx, dgrad.epilogue_type(1.0, 0.0), SplitKMode.Parallel, 2)
+
+
+@pytest.mark.slow
+def test_strided_dgrad_example_compiles_with_nvrtc():
+    """Split-K is a run-time value of the same kernel: the example's operation emits and compiles unchanged."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from pycutlass.compiler.backends import NvrtcBackend
+
+    dgrad = strided_dgrad_example_op()
+    source = dgrad.emit()
+    assert "DefaultConv2dDgrad" in source and "StrideSupport::kStrided" in source
+    assert "StridedDgradIdentityThreadblockSwizzle<1>" in source
+    cubin = NvrtcBackend().compile(source, 90, "strided_dgrad_example")
+    assert cubin[:4] == b"\x7fELF" and dgrad.builder_symbol.encode() in cubin

@@ -299,6 +299,9 @@ def test_check_problem_size_accepts_fitting_problems():
     make_op(algorithm=IteratorAlgorithm.few_channels, align=2).check_problem_size(problem(c=6, k=64))
     f16_dgrad_strided().check_problem_size(problem(stride=(2, 2)))
     f16_dgrad_strided().check_problem_size(problem(split_k=2))  # split-K is fine at stride 1
+    # and at stride > 1 (serial; CUTLASS's can_implement refuses it, the kernel computes it: see check_problem_size)
+    f16_dgrad_strided().check_problem_size(problem(stride=(2, 1), split_k=2))
+    f16_dgrad_strided().check_problem_size(problem(stride=(3, 3), split_k=3))
     f16_dgrad_unity().check_problem_size(problem(split_k=3))
     tf32_wgrad().check_problem_size(problem(c=4, k=4, stride=(2, 2), dilation=(2, 2), pad=(2, 2, 2, 2)))
     s8_interleaved_fprop().check_problem_size(problem(c=32, k=64))
@@ -319,7 +322,6 @@ def test_check_problem_size_accepts_fitting_problems():
     (f16_dgrad_unity, problem(s=33, w=40, pad=(0, 0, 0, 0)), r"R, S <= 32"),
     (f16_dgrad_unity, problem(stride=(2, 1)), r"Unity dgrad needs stride \(1, 1\)"),
     (f16_dgrad_strided, problem(dilation=(2, 1), pad=(2, 2, 2, 2)), "strided dgrad does not support dilation"),
-    (f16_dgrad_strided, problem(stride=(1, 2), split_k=2), "strided dgrad does not support split-K"),
     (s8_interleaved_fprop, problem(c=48, k=64), "divisible by 32"),
     (s8_interleaved_fprop, problem(c=64, k=48), "divisible by 32"),
     (f16_fprop_optimized, problem(split_k=70000), "exceeds 65535"),
@@ -355,6 +357,8 @@ def test_launch_shape_semaphores_and_workspace():
     dgrad = f16_dgrad_strided()
     ps2 = problem(n=1, h=28, w=28, c=64, k=64, stride=(2, 2))
     assert dgrad.tiled_shape(ps2) == (2 * 2 * 2, 1, 1)  # 196 rows / 128 -> 2 tiles, x 4 filter phases
+    # Serial split-K: one semaphore per (m, n) tile, filter phases included.
+    assert dgrad.semaphore_count(ps2.reset_split_k_slices(3), SplitKMode.Serial) == 8
 
 
 def test_make_abi_arguments():

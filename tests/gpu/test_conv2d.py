@@ -117,6 +117,8 @@ CONV_OPS = {
     "dgrad_f32_simt_analytic_strided": conv_op(DGRAD, ANALYTIC, "f32_simt"),
     "dgrad_f32_simt_opt_unity": conv_op(DGRAD, OPTIMIZED, "f32_simt", UNITY),
     "dgrad_f64_opt_strided": conv_op(DGRAD, OPTIMIZED, "f64"),
+    # PyCUTLASS 2.11's example (run_all_example.sh): tf32, 128x128x16, 3 stages, alignment 4, f32 output
+    "dgrad_tf32_opt_strided_s3": conv_op(DGRAD, OPTIMIZED, "tf32", stages=3),
     # wgrad (StrideSupport has no effect)
     "wgrad_f16_opt": conv_op(WGRAD, OPTIMIZED, "f16"),
     "wgrad_f16_analytic": conv_op(WGRAD, ANALYTIC, "f16", tile=[128, 64, 32]),
@@ -345,7 +347,8 @@ def test_conv(name, ps, options):
 
 
 def test_every_operation_has_a_case():
-    covered = {c[1] for c in CASES} | {"fprop_f16_relu", "fprop_s8_il_opt", "fprop_s8_il_analytic"}
+    covered = {c[1] for c in CASES} | {"fprop_f16_relu", "fprop_s8_il_opt", "fprop_s8_il_analytic",
+                                       "dgrad_tf32_opt_strided_s3"}
     assert covered == set(CONV_OPS)
 
 
@@ -379,6 +382,38 @@ def test_bias_vector_numpy():
 ], ids=["fprop", "dgrad-unity", "dgrad-strided", "wgrad", "wgrad-tf32"])
 def test_serial_split_k(name, ps):
     run_conv(CONV_OPS[name], ps, runs=2)
+
+
+# Strided dgrad with serial split-K at stride > 1 (CUTLASS's can_implement refuses it; pycutlass runs it: see
+# Conv2dOperation.check_problem_size). Odd sizes; stride 2 and 3; 2 and 3 slices; slices left without K chunks;
+# filter phases without taps (stride > filter) and without pixels (H < stride); every run twice on the same
+# arguments (the semaphores must reset themselves).
+STRIDED_SPLIT_K = [
+    ("example", "dgrad_tf32_opt_strided_s3", problem(1, 27, 27, 256, 512, 3, 3, (1, 1), (2, 1), split_k=2),
+     dict(alpha=1.0, beta=0.0, with_c=False)),  # PyCUTLASS 2.11's invocation, as it ran it
+    ("tf32-example-beta", "dgrad_tf32_opt_strided_s3", problem(1, 27, 27, 256, 512, 3, 3, (1, 1), (2, 1), split_k=3),
+     {}),
+    ("f16-opt-s2-k2", "dgrad_f16_opt_strided", problem(2, 15, 13, 24, 40, 3, 3, (1, 1), (2, 2), split_k=2), {}),
+    ("f16-opt-s3-k3", "dgrad_f16_opt_strided", problem(2, 17, 19, 16, 72, 3, 3, (1, 1), (3, 3), split_k=3), {}),
+    ("f16-opt-1x1-s3-k2", "dgrad_f16_opt_strided", problem(2, 16, 15, 32, 64, 1, 1, (0, 0), (3, 3), split_k=2),
+     {}),  # stride > filter: phases without taps write beta * C
+    ("f16-opt-h2-s32-k2", "dgrad_f16_opt_strided", problem(1, 2, 9, 16, 32, 3, 3, (1, 1), (3, 2), split_k=2),
+     dict(lib="numpy")),  # H < stride_h: phases without pixels leave early
+    ("f16-analytic-sw4-s23-k3", "dgrad_f16_analytic_strided_sw4",
+     problem(1, 20, 17, 40, 96, 5, 5, (2, 2), (2, 3), split_k=3), {}),
+    ("bf16-opt-4x4-s2-k2", "dgrad_bf16_opt_strided", problem(2, 16, 16, 32, 80, 4, 4, (1, 1), (2, 2), split_k=2),
+     {}),
+    ("f32-simt-s2-k3", "dgrad_f32_simt_analytic_strided", problem(2, 13, 12, 5, 6, 3, 3, (1, 1), (2, 2), split_k=3),
+     {}),  # K = 6 < tile K: slices 1 and 2 get no K chunk and add zeros
+    ("f64-opt-s2-k3", "dgrad_f64_opt_strided", problem(2, 11, 10, 6, 40, 3, 3, (1, 1), (2, 2), split_k=3), {}),
+]
+
+
+@pytest.mark.parametrize("name,ps,options", [c[1:] for c in STRIDED_SPLIT_K], ids=[c[0] for c in STRIDED_SPLIT_K])
+def test_strided_dgrad_serial_split_k(name, ps, options):
+    op = CONV_OPS[name]
+    assert op.is_strided_dgrad and ps.split_k_slices > 1 and max(ps.stride_h, ps.stride_w) > 1
+    run_conv(op, ps, runs=2, **options)
 
 
 @pytest.mark.parametrize("name,ps,reduction", [

@@ -184,7 +184,7 @@ class Conv2dArguments(OperationArguments):
             # never offsets D by the slice, so every slice would write its partial sum over slice 0's.
             raise ArgumentError(f"{operation.name}: the strided-dgrad kernel (dgrad with StrideSupport.Strided) "
                                 f"does not implement SplitKMode.Parallel (every slice would write the same "
-                                f"workspace slice); use SplitKMode.Serial (stride 1 only) or a StrideSupport.Unity "
+                                f"workspace slice); use SplitKMode.Serial, or a StrideSupport.Unity "
                                 f"operation for stride-1 problems")
         if self.parallel:
             if functor.activation is not None or functor.kind != "LinearCombination":

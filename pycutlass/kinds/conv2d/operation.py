@@ -16,8 +16,8 @@ Which CUTLASS specializations exist (cutlass/conv/kernel/default_conv2d_{fprop,d
   multistage and SIMT kernels it selects the epilogue's output iterator (Unity: packed row-major NPQ x K;
   Strided: a 4-D NHWC iterator). Both are accepted, as PyCUTLASS accepted them.
 * dgrad: TensorOp and SIMT, analytic / optimized, each with Unity (needs stride 1 at run time) or Strided (the
-  strided-dgrad kernel, which static_asserts a StridedDgrad* swizzle, and does not support dilation > 1 nor split-K
-  with stride > 1).
+  strided-dgrad kernel, which static_asserts a StridedDgrad* swizzle, and does not support dilation > 1 nor
+  parallel split-K; serial split-K works at any stride, see ``check_problem_size``).
 * wgrad: TensorOp and SIMT, analytic / optimized; ``StrideSupport`` has no effect.
 * swizzles: IdentitySwizzle1/2/4/8, and StridedDgradIdentitySwizzle1/4 for strided dgrad only. HorizontalSwizzle
   and StridedDgradHorizontalSwizzle do not compile with the conv kernels (no ``get_tile_offset(int)``).
@@ -284,12 +284,12 @@ class Conv2dOperation(TiledOperation):
                 if ps.dilation_h > 1 or ps.dilation_w > 1:
                     raise ArgumentError(f"{where}: strided dgrad does not support dilation > 1; the problem has "
                                         f"dilation ({ps.dilation_h}, {ps.dilation_w})")
-                if ps.split_k_slices > 1 and max(ps.stride_h, ps.stride_w) > 1:
-                    # CUTLASS's own can_implement refuses this too; a reading of the kernel says serial split-K
-                    # would be right, but nothing accepted here goes unproven on the GPU.
-                    raise ArgumentError(f"{where}: strided dgrad does not support split-K (split_k_slices="
-                                        f"{ps.split_k_slices}) when the stride ({ps.stride_h}, {ps.stride_w}) is "
-                                        f"above 1 (CUTLASS's can_implement refuses it); use split_k_slices=1")
+                # Serial split-K at stride > 1 is allowed although CUTLASS's device-level can_implement refuses
+                # it (untested there, not wrong): ImplicitGemmConvolutionStridedDgrad takes one semaphore per
+                # (m, n) tile, every m tile belongs to one start filter position whose outputs no other tile
+                # writes, its early exit (start_h >= H) is the same for all slices of a tile, and its iterators
+                # step K by tile_k * split_k_slices from slice k's offset. Parallel split-K stays refused
+                # (Conv2dArguments): that kernel never offsets D per slice.
         sizes = (("A", self.A, ps.tensor_a_size(self.conv_kind)), ("B", self.B, ps.tensor_b_size(self.conv_kind)),
                  ("C/D", self.C, ps.tensor_c_size(self.conv_kind)))
         for label, desc, count in sizes:
