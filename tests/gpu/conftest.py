@@ -61,3 +61,33 @@ def relative_error(got, reference) -> float:
         return float("inf")  # NaN poison left behind, or an overflow: never passes
     denominator = np.linalg.norm(reference)
     return float(np.linalg.norm(got - reference) / (denominator if denominator else 1.0))
+
+
+def scan_cubins(ops):
+    """Each operation's kernel has a warpgroup MMA and a TMA load, and no cubin holds a trap instruction."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    cuobjdump = shutil.which("cuobjdump")
+    if cuobjdump is None:
+        pytest.skip("cuobjdump (CUDA toolkit) is not on PATH")
+    seen = {}
+    for op in ops:
+        kernel = cutlass.compiler.add_module([op])[0]
+        seen.setdefault(kernel.sha256, (kernel.binary, []))[1].append(op.name)
+    for binary, names in seen.values():
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+            handle.write(binary)
+            handle.flush()
+            done = subprocess.run([cuobjdump, "-sass", handle.name], capture_output=True, text=True)
+        if done.returncode or "Function : " not in done.stdout:  # e.g. nvdisasm, which cuobjdump runs, is missing
+            pytest.skip(f"cuobjdump could not disassemble: {done.stderr.strip()[:300]}")
+        sass = done.stdout
+        assert "BPT" not in sass, f"trap instruction in the SASS of {names}"
+        functions = sass.split("Function : ")[1:]
+        for name in names:
+            body = next((f for f in functions if f.startswith(name + "\n") or f.startswith(name + " ")), "")
+            assert "HGMMA" in body or "QGMMA" in body or "IGMMA" in body or "GMMA" in body, \
+                f"{name}: no warpgroup MMA in its kernel (an empty or wrong kernel)"
+            assert "UTMALDG" in body, f"{name}: no TMA load in its kernel"

@@ -10,7 +10,7 @@ import pytest
 import pycutlass as cutlass
 from pycutlass import conv as pconv
 
-from .conftest import precompile_module, relative_error
+from .conftest import precompile_module, relative_error, scan_cubins
 
 try:
     import torch
@@ -320,25 +320,4 @@ def test_channels_last_nchw_tensors_are_accepted():
 def test_cubins_hold_real_kernels_and_no_traps():
     """The SASS of every SM90 conv operation here: no trap instruction (NVRTC without a native __int128, or an encode
     compiled out), and each kernel holds a warpgroup MMA and a TMA load (not an empty kernel)."""
-    import shutil
-    import subprocess
-    import tempfile
-
-    cuobjdump = shutil.which("cuobjdump")
-    if cuobjdump is None:
-        pytest.skip("cuobjdump (CUDA toolkit) is not on PATH")
-    seen = {}
-    for op in ALL_OPS:
-        kernel = cutlass.compiler.add_module([op])[0]
-        seen.setdefault(kernel.sha256, (kernel.binary, []))[1].append(op.name)
-    for binary, names in seen.values():
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
-            handle.write(binary)
-            handle.flush()
-            sass = subprocess.run([cuobjdump, "-sass", handle.name], capture_output=True, text=True).stdout
-        assert "BPT" not in sass, f"trap instruction in the SASS of {names}"
-        functions = sass.split("Function : ")[1:]
-        for name in names:
-            body = next((f for f in functions if f.startswith(name + "\n") or f.startswith(name + " ")), "")
-            assert "GMMA" in body, f"{name}: no warpgroup MMA in its kernel (an empty or wrong kernel)"
-            assert "UTMALDG" in body, f"{name}: no TMA load in its kernel"
+    scan_cubins(ALL_OPS)

@@ -15,7 +15,7 @@ from pycutlass.gemm import GemmCoord, Mode
 
 from . import test_gemm_sm90 as sm90_suite
 from .test_gemm_grouped_sm90 import ptr_array_parts
-from .conftest import precompile_module, relative_error
+from .conftest import precompile_module, relative_error, scan_cubins
 
 try:
     import torch
@@ -218,4 +218,4 @@ def test_ordinary_operations_run_array_tensors_batched():
 
 
 def test_cubins_hold_real_kernels_and_no_traps():
-    sm90_suite.scan_cubins(ARRAY_OPS.values())
+    scan_cubins(ARRAY_OPS.values())
