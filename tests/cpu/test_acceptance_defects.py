@@ -190,3 +190,76 @@ def test_strided_dgrad_rejects_parallel_split_k():
     with pytest.raises(ArgumentError, match="does not implement SplitKMode.Parallel"):
         cutlass.Conv2dArguments(op, ps, a, b, None, None, split_k_mode=cutlass.conv.SplitKMode.Parallel,
                                 split_k_slices=2)
+
+
+# --- fuzzing accepted descriptions (tools/fuzz_accept.py): static_asserts CUTLASS raised after a compile ----------
+def _gemm(element=F16, acc=F32, out=None, shape=(128, 128, 32), warps=(2, 2, 1), stages=3, layouts=("R", "C", "R"),
+          align=(8, 8, 8), opclass=TensorOp, bf16=False):
+    out = out or element
+    tile = _tile(element, acc, shape, stages, warps, opclass)
+    if bf16:
+        math = cutlass.MathInstruction([16, 8, 16], D.bfloat16, D.bfloat16, F32, TensorOp)
+        tile = cutlass.TileDescription(list(shape), stages, list(warps), math)
+        element = D.bfloat16
+    lay = {"R": cutlass.RowMajor, "C": cutlass.ColumnMajor}
+    A = cutlass.TensorDescription(element, lay[layouts[0]], align[0])
+    B = cutlass.TensorDescription(element, lay[layouts[1]], align[1])
+    C = cutlass.TensorDescription(out, lay[layouts[2]], align[2])
+    return cutlass.GemmOperationUniversal(80, tile, A, B, C, cutlass.LinearCombination(out, align[2], acc))
+
+
+def test_k_contiguous_operand_tile_k_fits_one_shared_memory_line():
+    """bf16 A/B ColumnMajor, C ColumnMajor, tile 128x64x128: 'kCrosswise should be no large than one shared memory
+    cache line' (TensorOpMultiplicandCrosswise<16, 128>)."""
+    with pytest.raises(DescriptionError, match="kCrosswise"):
+        _gemm(shape=(128, 64, 128), warps=(1, 1, 1), layouts=("C", "C", "C"), align=(8, 8, 1), out=F16, bf16=True)
+    with pytest.raises(DescriptionError, match="kCrosswise"):
+        _gemm(shape=(128, 128, 128), layouts=("R", "R", "R"))  # A RowMajor is K-contiguous
+    with pytest.raises(DescriptionError, match="kCrosswise"):
+        _conv(Operator.fprop, shape=(128, 128, 128))
+    with pytest.raises(DescriptionError, match="kCrosswise"):
+        _conv(Operator.dgrad, shape=(128, 128, 128))
+    _gemm(shape=(128, 128, 128), layouts=("C", "R", "R"), stages=2)  # both operands congruous: no limit
+    _conv(Operator.wgrad, shape=(128, 128, 128), stages=2)
+    _gemm(element=S8, acc=S32, shape=(128, 128, 128), align=(16, 16, 16), layouts=("R", "C", "R"))  # 128 bytes
+
+
+def test_simt_kernels_take_alignment_one():
+    """SIMT: 'simt epilogue must operate on scalars' and 'Vectors implied by the thread map must be divisible by the
+    access type' (kElementsPerAccess = 1)."""
+    for align in ((4, 2, 2), (2, 1, 1), (1, 1, 2)):
+        with pytest.raises(DescriptionError, match="SIMT kernels access A, B and C one element at a time"):
+            _gemm(element=F32, acc=F32, shape=(32, 64, 8), warps=(1, 2, 1), align=align, opclass=Simt)
+    with pytest.raises(DescriptionError, match="SIMT"):
+        _conv(Operator.fprop, element=F32, acc=F32, align=4, out_align=1, shape=(64, 64, 8), opclass=Simt)
+    _gemm(element=F32, acc=F32, shape=(32, 64, 8), warps=(1, 2, 1), align=(1, 1, 1), opclass=Simt)
+
+
+@pytest.mark.parametrize("out,align", [(S8, 1), (S8, 2), (F16, 4), (D.bfloat16, 2), (F16, 1)])
+def test_int32_accumulator_epilogue_alignments(out, align):
+    """DefaultIteratorsTensorOp<ElementOutput, int32_t, N>: 'ElementsPerAccess needs to be 16 or 8.' / 'ElementOutput
+    needs to be 4 or 8 bit (unsigned) int.' (int8 C alignment 2 failed to compile)."""
+    with pytest.raises(DescriptionError, match="from int32 accumulators"):
+        _gemm(element=S8, acc=S32, out=out, shape=(128, 128, 64), align=(16, 16, align))
+
+
+def test_int32_accumulator_epilogue_alignments_accepted():
+    for out, align in ((S8, 4), (S8, 8), (S8, 16), (F16, 8), (S32, 1), (S32, 8), (F32, 2)):
+        _gemm(element=S8, acc=S32, out=out, shape=(128, 128, 64), align=(16, 16, align))
+
+
+def test_thread_map_gives_every_thread_an_access():
+    """tile 128x32x32 f16 with 4x2 warps (256 threads): B is 32x32 = 128 accesses ('Number of iterations must be
+    non-zero')."""
+    with pytest.raises(DescriptionError, match="Number of iterations must be non-zero"):
+        _gemm(shape=(128, 32, 32), warps=(4, 2, 1), layouts=("R", "C", "C"), align=(2, 4, 1), out=F32)
+    _gemm(shape=(128, 64, 32), warps=(4, 2, 1), layouts=("R", "C", "C"), align=(2, 4, 1), out=F32)
+
+
+@pytest.mark.slow
+def test_fuzz_fixes_compile(tmp_path):
+    """The accepted neighbours of the rejected configurations compile."""
+    cutlass.compiler.set_target_arch(80)
+    ops = [_gemm(element=S8, acc=S32, out=S8, shape=(128, 128, 64), align=(16, 16, 4)),
+           _gemm(shape=(128, 64, 32), warps=(4, 2, 1), layouts=("R", "C", "C"), align=(2, 4, 1), out=F32)]
+    compiler.add_module(ops)

@@ -47,7 +47,7 @@ from ...epilogue.functors import EpilogueFunctor
 from ...errors import ArgumentError, DescriptionError
 from .abi import Conv2dArgs
 from ..base import TiledOperation, check_compute_capability
-from ..gemm.operation import check_operand_types
+from ..gemm.operation import check_crosswise_tile_k, check_operand_types
 
 # C++ spellings of the conv enums (kept here: only this operation uses them).
 CONV_OPERATOR = {Operator.fprop: "cutlass::conv::Operator::kFprop", Operator.dgrad: "cutlass::conv::Operator::kDgrad",
@@ -176,6 +176,12 @@ class Conv2dOperation(TiledOperation):
         elif layouts != (_NHWC, _NHWC, _NHWC):
             raise DescriptionError(f"{what}: A, B and C must all be TensorNHWC (int8 fprop may use the interleaved "
                                    f"NC32HW32/C32RSK32 layouts); got {[layout.value for layout in layouts]}")
+
+        # The implicit GEMM's K-contiguous operands (DefaultMmaCore layouts of default_conv2d_*.h): fprop reads A
+        # (NHWC activation) and B (KRSC filter) along C, dgrad reads A (NPQK output gradient) along K; wgrad none.
+        check_crosswise_tile_k(self.tile_description,
+                               (("A", self.A, self.conv_kind in (Operator.fprop, Operator.dgrad)),
+                                ("B", self.B, self.conv_kind is Operator.fprop)), what)
 
         if algorithm in (IteratorAlgorithm.fixed_channels, IteratorAlgorithm.few_channels):
             if self.conv_kind is not Operator.fprop:

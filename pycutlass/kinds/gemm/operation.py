@@ -67,6 +67,43 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
     if epilogue.element_accumulator is not math.element_accumulator:
         raise DescriptionError(f"{what}: the epilogue reads {epilogue.element_accumulator.label} accumulators but the "
                                f"math instruction accumulates in {math.element_accumulator.label}")
+    if math.opcode_class is OpClass.Simt:
+        # CUTLASS's SIMT main loops load one element per access (kElementsPerAccess = 1 in default_mma_core_simt.h
+        # and the SIMT cores of default_mma_core_sm80.h: a wider access static_asserts "Vectors implied by the
+        # thread map must be divisible by the access type"), and its SIMT epilogue stores scalars (default_gemm.h:
+        # "simt epilogue must operate on scalars"). CUTLASS's generator builds SIMT kernels with alignment 1 only.
+        for label, desc in (("A", A), ("B", B), ("C", C)):
+            if desc.alignment != 1:
+                raise DescriptionError(f"{what}: SIMT kernels access A, B and C one element at a time (CUTLASS's "
+                                       f"SIMT thread maps and epilogue), so {label} alignment must be 1, got "
+                                       f"{desc.alignment}")
+    if math.opcode_class is OpClass.TensorOp and math.element_a.bits < 64:
+        # The main loop copies each operand tile global -> shared with a warp-raked thread map of 128-bit accesses
+        # (PitchLinearWarpRakedThreadMap, cutlass/transform/pitch_linear_thread_map.h), which static_asserts "Number
+        # of iterations must be non-zero" unless every thread gets at least one access.
+        m, n, k = tile.threadblock_shape
+        per_access = 128 // math.element_a.bits
+        for label, extent, rows in (("A", "M", m), ("B", "N", n)):
+            accesses = rows * k // per_access
+            if accesses < tile.threads:
+                raise DescriptionError(
+                    f"{what}: the {label} tile ({extent} x K = {rows} x {k} {math.element_a.label}) is {accesses} "
+                    f"128-bit accesses, fewer than the {tile.threads} threads of warp_count {list(tile.warp_count)}; "
+                    f"CUTLASS's warp-raked thread map gives every thread at least one (static_assert 'Number of "
+                    f"iterations must be non-zero'). Use a larger tile or fewer warps")
+    if math.opcode_class is OpClass.TensorOp and not C.layout.is_interleaved and \
+            math.element_accumulator is DataType.int32:
+        # DefaultIteratorsTensorOp (default_epilogue_tensor_op.h) for int32 accumulators: int32 and float32 outputs
+        # take any alignment; half_t / bfloat16_t exist for 8 elements per access only; every other case falls to
+        # the 8-bit integer specialization, which static_asserts "ElementOutput needs to be 4 or 8 bit (unsigned)
+        # int." and "ElementsPerAccess needs to be 16 or 8." (4, 8 or 16).
+        allowed = {DataType.float16: (8,), DataType.bfloat16: (8,), DataType.int8: (4, 8, 16)}.get(C.element)
+        if allowed is not None and C.alignment not in allowed:
+            raise DescriptionError(
+                f"{what}: CUTLASS's tensor-op epilogue writes {C.element.label} from int32 accumulators with "
+                f"{' or '.join(map(str, allowed))} elements per access only (DefaultIteratorsTensorOp "
+                f"static_asserts otherwise); C alignment is {C.alignment}. Use C alignment {allowed[-1]}, or an "
+                f"int32 / float32 output")
     if math.opcode_class is OpClass.TensorOp and not C.layout.is_interleaved:
         problem = epilogue_thread_map_problem(tile, C)
         if problem:
@@ -86,6 +123,31 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
                 raise DescriptionError(
                     f"{what}: {label} alignment {desc.alignment} x {desc.element.bits} bits is below the 32-bit "
                     f"minimum of multistage ({tile.stages}-stage) kernels; raise the alignment or use stages=2")
+
+
+def check_crosswise_tile_k(tile: TileDescription, operands, what: str) -> None:
+    """A K-contiguous tensor-op operand must fit one tile K row in a 128-byte shared-memory line.
+
+    CUTLASS's Sm75/Sm80 tensor-op main loops (default_mma_core_sm75.h / _sm80.h) store a K-contiguous operand (GEMM
+    A RowMajor or B ColumnMajor; conv fprop A and B, dgrad A) in shared memory as
+    ``{RowMajor,ColumnMajor}TensorOpMultiplicandCrosswise<bits, Shape::kK>``, whose
+    ``kFactor = 1024 / (bits * kK)`` must be positive (tensor_op_multiplicand_sm75.h static_asserts "kCrosswise
+    should be no large than one shared memory cache line"): tile K * bits <= 1024, i.e. K <= 64 for 16-bit, 32 for
+    32-bit (tf32) and 128 for int8 operands. (64-bit operands use the 64bCrosswise layouts; SIMT and interleaved
+    layouts have no such limit.) ``operands``: (label, TensorDescription, whether K is its contiguous dimension).
+    """
+    math = tile.math_instruction
+    bits = math.element_a.bits
+    if math.opcode_class is not OpClass.TensorOp or bits == 64:
+        return
+    k = tile.threadblock_shape[2]
+    for label, desc, k_major in operands:
+        if k_major and not desc.layout.is_interleaved and k * bits > 1024:
+            raise DescriptionError(
+                f"{what}: tile K {k} x {bits}-bit {math.element_a.label} is {k * bits // 8} bytes, more than the "
+                f"128-byte shared-memory line CUTLASS's tensor-op layout for the K-contiguous operand {label} "
+                f"({desc.layout.value}) holds (TensorOpMultiplicandCrosswise static_asserts 'kCrosswise should be no "
+                f"large than one shared memory cache line'); use threadblock K <= {1024 // bits}")
 
 
 def _uses_mixed_epilogue(C: TensorDescription, accumulator: DataType) -> bool:
@@ -202,7 +264,11 @@ class GemmOperationUniversal(TiledOperation):
             for label, desc in (("A", self.A), ("B", self.B)):
                 if desc.alignment != 16:
                     raise DescriptionError(f"interleaved int8 GEMM needs {label} alignment 16, got {desc.alignment}")
-        elif math.element_a is DataType.int8 and math.opcode_class is OpClass.TensorOp:
+            return
+        check_crosswise_tile_k(self.tile_description, (("A", self.A, self.A.layout is LayoutType.RowMajor),
+                                                       ("B", self.B, self.B.layout is LayoutType.ColumnMajor)),
+                               type(self).__name__)
+        if math.element_a is DataType.int8 and math.opcode_class is OpClass.TensorOp:
             if (self.A.layout, self.B.layout) != (LayoutType.RowMajor, LayoutType.ColumnMajor):
                 raise DescriptionError("int8 tensor-op GEMM reads K-contiguous operands: A must be RowMajor and B "
                                        f"ColumnMajor, got A {self.A.layout.value}, B {self.B.layout.value}")

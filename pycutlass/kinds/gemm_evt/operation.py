@@ -16,7 +16,7 @@ from ...epilogue.visitor import BINARY_OPS, UNARY_OPS, EpilogueVisitTree, EvtDes
 from ...errors import ArgumentError, DescriptionError
 from ..base import TiledOperation, check_compute_capability
 from ..gemm import operation as gemm_operation
-from ..gemm.operation import epilogue_thread_map_problem
+from ..gemm.operation import check_crosswise_tile_k, epilogue_thread_map_problem
 from .abi import GemmEvtArgs
 
 _ROUND = "cutlass::FloatRoundStyle::round_to_nearest"
@@ -169,6 +169,8 @@ class GemmOperationEvt(TiledOperation):
             if desc.element not in allowed:
                 raise DescriptionError(f"{what}: {label}.element is {desc.element.label} but the math instruction "
                                        f"multiplies {math.element_a.label}")
+        check_crosswise_tile_k(tile_description, (("A", A, A.layout is LayoutType.RowMajor),
+                                                  ("B", B, B.layout is LayoutType.ColumnMajor)), what)
         tree = epilogue_functor
         if tree.element_output is not C.element:
             raise DescriptionError(f"{what}: the tree writes {tree.element_output.label} but C is {C.element.label}")

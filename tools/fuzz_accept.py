@@ -1,0 +1,373 @@
+"""Fuzz what the descriptions accept: draw random GEMM / conv2d configurations as a user exploring the API would,
+keep the ones whose construction succeeds, and compile a sample of them. An accepted description that does not
+compile is a defect (it must be rejected at construction with a DescriptionError, or emitted so that it compiles).
+
+    PYCUTLASS_CACHE_DIR=/tmp/fuzzcache PYTHONPATH=. python tools/fuzz_accept.py draw --count 4000 --seed 1
+    PYCUTLASS_CACHE_DIR=/tmp/fuzzcache PYTHONPATH=. python tools/fuzz_accept.py compile --sm80 30 --sm90 6 \
+        --seed 1 --out /tmp/fuzz_results.jsonl
+
+``draw`` prints rejection counts by message class; ``compile`` draws the same way, picks accepted configurations
+(Sm80-family GEMM and conv, SM90 GEMM and conv) and compiles them in small batches (a failing batch is recompiled
+one operation at a time), writing one JSON line per operation. ``--config JSON`` rebuilds one configuration.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+import re
+import sys
+import time
+import traceback
+
+import pycutlass as cutlass
+from pycutlass import DescriptionError
+from pycutlass.conv import IteratorAlgorithm, Operator, StrideSupport
+from pycutlass.description.math_instruction import VALID_MATH_INSTRUCTIONS, WARPGROUP_MATH_INSTRUCTIONS
+
+D = cutlass.DataType
+L = cutlass.LayoutType
+T = cutlass.description.types if hasattr(cutlass, "description") else None
+from pycutlass.description import types as _types  # noqa: E402
+
+SWIZZLES = {s.name: s for s in (_types.IdentitySwizzle1, _types.IdentitySwizzle2, _types.IdentitySwizzle4,
+                                _types.IdentitySwizzle8, _types.HorizontalSwizzle, _types.BatchedIdentitySwizzle,
+                                _types.StridedDgradIdentitySwizzle1, _types.StridedDgradIdentitySwizzle4,
+                                _types.StridedDgradHorizontalSwizzle)}
+ACTIVATIONS = ("identity", "relu", "leaky_relu", "tanh", "sigmoid", "silu", "hardswish", "gelu")
+EPILOGUES = ("LinearCombination", "LinearCombinationGeneric", "LinearCombinationClamp", "FastLinearCombinationClamp")
+
+
+# --- drawing -----------------------------------------------------------------------------------------------------
+def _outputs(element, acc):
+    if element is D.int8:
+        return [D.int8, D.int32, D.float32, D.float16]
+    if element.is_fp8:
+        return [D.float16, D.bfloat16, D.float32, D.float8_e4m3, D.float8_e5m2]
+    if element is D.float64:
+        return [D.float64]
+    return [element if element is not D.tfloat32 else D.float32, D.float32, D.float16, D.bfloat16]
+
+
+def _align(rng, element, wide=False):
+    bits = element.bits
+    top = 1 if element is D.float64 else (256 if wide else 128) // bits
+    return rng.choice([a for a in (1, 2, 4, 8, 16) if a <= top])
+
+
+def draw_sm80_math(rng, conv=False):
+    keys = [k for k in VALID_MATH_INSTRUCTIONS if not k[2].is_fp8]
+    opclass, shape, element, acc = rng.choice(keys)
+    op = rng.choice(VALID_MATH_INSTRUCTIONS[(opclass, shape, element, acc)])
+    return dict(inst=list(shape), element=element.name, acc=acc.name, opclass=opclass.name, math_op=op.name)
+
+
+def draw_common(rng, math, wide_c):
+    element = D[math["element"]]
+    acc = D[math["acc"]]
+    mem = D.float32 if element is D.tfloat32 else element
+    out = rng.choice(_outputs(element, acc))
+    epi = rng.choices(EPILOGUES, weights=(5, 4, 2, 1))[0]
+    if epi == "FastLinearCombinationClamp" or (epi == "LinearCombinationClamp" and rng.random() < 0.5):
+        out = D.int8 if element is D.int8 else out
+    cfg = dict(math, a_elem=mem.name, b_elem=mem.name, c_elem=out.name,
+               a_align=_align(rng, mem), b_align=_align(rng, mem), c_align=_align(rng, out, wide_c),
+               epilogue=epi, activation=rng.choice(ACTIVATIONS),
+               element_epilogue=rng.choice([None, None, None, "float32", "float16", "float64"]))
+    if rng.random() < 0.5:  # users often use one alignment for A and B
+        cfg["b_align"] = cfg["a_align"]
+    return cfg
+
+
+def draw_sm80_tile(rng):
+    return dict(tb=[rng.choice([16, 32, 64, 128, 256]), rng.choice([16, 32, 64, 128, 256]),
+                    rng.choice([8, 16, 32, 64, 128])],
+                warps=[rng.choice([1, 2, 4]), rng.choice([1, 2, 4]), rng.choices([1, 2], weights=(9, 1))[0]],
+                stages=rng.randint(2, 7))
+
+
+def draw_gemm80(rng):
+    math = draw_sm80_math(rng)
+    cfg = dict(family="gemm80", cc=rng.choice([80, 80, 90]), **draw_sm80_tile(rng), **draw_common(rng, math, True))
+    if math["element"] == "int8" and rng.random() < 0.3:
+        cfg["layouts"] = ["ColumnMajorInterleaved32", "RowMajorInterleaved32", "ColumnMajorInterleaved32"]
+    else:
+        cfg["layouts"] = [rng.choice(["RowMajor", "ColumnMajor"]) for _ in range(3)]
+    cfg["swizzle"] = rng.choice(["IdentitySwizzle1", "IdentitySwizzle2", "IdentitySwizzle4", "IdentitySwizzle8",
+                                 "BatchedIdentitySwizzle", "HorizontalSwizzle"])
+    return cfg
+
+
+def draw_conv80(rng):
+    math = draw_sm80_math(rng, conv=True)
+    cfg = dict(family="conv80", cc=rng.choice([80, 80, 90]), **draw_sm80_tile(rng), **draw_common(rng, math, False))
+    cfg["conv_kind"] = rng.choice(["fprop", "dgrad", "wgrad"])
+    cfg["algorithm"] = rng.choices(["analytic", "optimized", "fixed_channels", "few_channels"],
+                                   weights=(4, 4, 1, 1))[0]
+    cfg["stride_support"] = rng.choice(["Strided", "Unity"])
+    if math["element"] == "int8" and rng.random() < 0.3:
+        cfg["layouts"] = ["TensorNC32HW32", "TensorC32RSK32", "TensorNC32HW32"]
+    else:
+        cfg["layouts"] = ["TensorNHWC"] * 3
+    strided_dgrad = cfg["conv_kind"] == "dgrad" and cfg["stride_support"] == "Strided"
+    cfg["swizzle"] = rng.choice(["StridedDgradIdentitySwizzle1", "StridedDgradIdentitySwizzle4"] if strided_dgrad
+                                and rng.random() < 0.8 else ["IdentitySwizzle1", "IdentitySwizzle2",
+                                                             "IdentitySwizzle4", "IdentitySwizzle8"])
+    return cfg
+
+
+def draw_sm90_math(rng, elements=None):
+    keys = [k for k in WARPGROUP_MATH_INSTRUCTIONS if elements is None or k[0] in elements]
+    element, acc = rng.choice(keys)
+    k = WARPGROUP_MATH_INSTRUCTIONS[(element, acc)]
+    if rng.random() < 0.3:  # an Sm80-style shape means "the builder chooses" at 90
+        sm80 = [key for key in VALID_MATH_INSTRUCTIONS if key[2] is element and key[3] is acc and key[0].name ==
+                "TensorOp"]
+        shape = list(rng.choice(sm80)[1]) if sm80 else [64, rng.choice([64, 128, 256]), k]
+    else:
+        shape = [64, rng.choice([64, 128, 256]), k]
+    op = "multiply_add"
+    return dict(inst=shape, element=element.name, acc=acc.name, opclass="TensorOp", math_op=op)
+
+
+def draw_sm90_tile(rng, element_bits):
+    kk = 128 * 8 // element_bits
+    return dict(tb=[rng.choice([64, 128, 256]), rng.choice([64, 128, 256]), rng.choice([kk, kk, kk // 2, kk * 2])],
+                warps=rng.choice([None, None, None, [4, 1, 1], [8, 1, 1]]),
+                stages=rng.choice([0, 0, 2, 3, 4, 5, 6, 7]),
+                cluster=rng.choice([[1, 1, 1], [2, 1, 1], [1, 2, 1], [2, 2, 1]]),
+                kernel_schedule=rng.choice([s.name for s in _types.KernelScheduleType]),
+                epilogue_schedule=rng.choice([s.name for s in _types.EpilogueScheduleType]),
+                tile_scheduler=rng.choice(["Default", "StreamK"]))
+
+
+def draw_gemm90(rng):
+    math = draw_sm90_math(rng)
+    element = D[math["element"]]
+    cfg = dict(family="gemm90", cc=90, **draw_sm90_tile(rng, element.bits), **draw_common(rng, math, False))
+    for key in ("a_align", "b_align", "c_align"):  # TMA: mostly 16-byte vectors
+        elem = D[cfg[key[0] + "_elem"]]
+        if rng.random() < 0.85:
+            cfg[key] = 128 // elem.bits
+    cfg["layouts"] = [rng.choice(["RowMajor", "ColumnMajor"]) for _ in range(3)]
+    if element.bits == 8 and rng.random() < 0.7:
+        cfg["layouts"][:2] = ["RowMajor", "ColumnMajor"]
+    cfg["swizzle"] = rng.choice(["IdentitySwizzle1", "IdentitySwizzle2", "IdentitySwizzle4", "IdentitySwizzle8"])
+    cfg["bias"] = rng.choice([None, None, "row", "column"])
+    if cfg["element_epilogue"] not in (None, "float32"):
+        cfg["element_epilogue"] = None if rng.random() < 0.8 else cfg["element_epilogue"]
+    return cfg
+
+
+def draw_conv90(rng):
+    math = draw_sm90_math(rng, elements=(D.float16, D.bfloat16))
+    cfg = dict(family="conv90", cc=90, **draw_sm90_tile(rng, 16), **draw_common(rng, math, False))
+    cfg.update(a_align=8, b_align=8)
+    if rng.random() < 0.8:
+        cfg["c_elem"] = cfg["a_elem"]
+        cfg["c_align"] = 8
+    cfg["conv_kind"] = rng.choice(["fprop", "dgrad", "wgrad"])
+    cfg["algorithm"] = rng.choice(["analytic", "optimized"])
+    cfg["stride_support"] = rng.choice(["Strided", "Unity"])
+    cfg["layouts"] = ["TensorNHWC"] * 3
+    cfg["swizzle"] = "IdentitySwizzle1"
+    cfg["bias"] = rng.random() < 0.3
+    for key in ("kernel_schedule", "epilogue_schedule", "tile_scheduler"):
+        if rng.random() < 0.6:
+            cfg[key] = {"tile_scheduler": "Default"}.get(key, "Auto")
+    return cfg
+
+
+DRAWERS = {"gemm80": draw_gemm80, "conv80": draw_conv80, "gemm90": draw_gemm90, "conv90": draw_conv90}
+
+
+# --- building ------------------------------------------------------------------------------------------------------
+def _epilogue(cfg):
+    out, acc = D[cfg["c_elem"]], D[cfg["acc"]]
+    ee = D[cfg["element_epilogue"]] if cfg.get("element_epilogue") else None
+    kind = cfg["epilogue"]
+    if kind == "LinearCombination":
+        return cutlass.LinearCombination(out, cfg["c_align"], acc, ee)
+    if kind == "LinearCombinationClamp":
+        return cutlass.LinearCombinationClamp(out, cfg["c_align"], acc, ee)
+    if kind == "FastLinearCombinationClamp":
+        return cutlass.FastLinearCombinationClamp(out, cfg["c_align"])
+    activation = getattr(cutlass, cfg["activation"])(ee or (D.float64 if out is D.float64 else D.float32))
+    return cutlass.LinearCombinationGeneric(activation, out, cfg["c_align"], acc, ee)
+
+
+def build(cfg):
+    math = cutlass.MathInstruction(cfg["inst"], D[cfg["element"]], D[cfg["element"]], D[cfg["acc"]],
+                                   cutlass.OpClass[cfg["opclass"]], cutlass.MathOperation[cfg["math_op"]])
+    extra = {}
+    if "cluster" in cfg:
+        extra = dict(cluster_shape=cfg["cluster"],
+                     kernel_schedule=_types.KernelScheduleType[cfg["kernel_schedule"]],
+                     epilogue_schedule=_types.EpilogueScheduleType[cfg["epilogue_schedule"]],
+                     tile_scheduler=_types.TileSchedulerType[cfg["tile_scheduler"]])
+    tile = cutlass.TileDescription(cfg["tb"], cfg["stages"], cfg["warps"], math, **extra)
+    la, lb, lc = (L[x] for x in cfg["layouts"])
+    A = cutlass.TensorDescription(D[cfg["a_elem"]], la, cfg["a_align"])
+    B = cutlass.TensorDescription(D[cfg["b_elem"]], lb, cfg["b_align"])
+    C = cutlass.TensorDescription(D[cfg["c_elem"]], lc, cfg["c_align"])
+    epilogue = _epilogue(cfg)
+    swizzle = SWIZZLES[cfg["swizzle"]]
+    if cfg["family"].startswith("gemm"):
+        kwargs = {"bias": cfg["bias"]} if cfg.get("bias") else {}
+        op = cutlass.GemmOperationUniversal(cfg["cc"], tile, A, B, C, epilogue, swizzle, **kwargs)
+    else:
+        kwargs = {"bias": True} if cfg.get("bias") else {}
+        op = cutlass.Conv2dOperation(Operator[cfg["conv_kind"]], IteratorAlgorithm[cfg["algorithm"]], cfg["cc"],
+                                     tile, A, B, C, StrideSupport[cfg["stride_support"]], epilogue, swizzle,
+                                     **kwargs)
+    return op
+
+
+def message_class(error: BaseException) -> str:
+    text = str(error).split("\n")[0]
+    text = re.sub(r"\[[^\]]*\]", "[..]", text)
+    text = re.sub(r"\b\d+\b", "N", text)
+    text = re.sub(r"'[^']*'|\"[^\"]*\"", "'..'", text)
+    return f"{type(error).__name__}: {text[:110]}"
+
+
+def draw(rng, family):
+    """(cfg, operation or None, error class or None)."""
+    cfg = DRAWERS[family](rng)
+    try:
+        return cfg, build(cfg), None
+    except DescriptionError as error:
+        return cfg, None, message_class(error)
+    except TypeError as error:  # e.g. an unexpected keyword: also a finding (not a DescriptionError)
+        return cfg, None, "TypeError!: " + str(error)[:120]
+    except Exception as error:  # noqa: BLE001  anything but DescriptionError at construction is a finding
+        return cfg, None, f"UNEXPECTED {type(error).__name__}: {str(error)[:120]}"
+
+
+def cmd_draw(args):
+    rng = random.Random(args.seed)
+    for family in args.families.split(","):
+        rejected = collections.Counter()
+        accepted = []
+        for _ in range(args.count):
+            cfg, op, error = draw(rng, family)
+            if op is None:
+                rejected[error] += 1
+            else:
+                accepted.append(cfg)
+        print(f"== {family}: drawn {args.count}, accepted {len(accepted)}, rejected {sum(rejected.values())}")
+        for msg, n in rejected.most_common(args.top):
+            print(f"  {n:6d}  {msg}")
+        if args.save:
+            with open(f"{args.save}.{family}.jsonl", "w") as f:
+                for cfg in accepted:
+                    f.write(json.dumps(cfg) + "\n")
+
+
+def _compile(ops, nvrtc):
+    from pycutlass.compiler.manager import Compiler
+    compiler = Compiler.of()
+    backend = compiler.backend
+    if nvrtc:
+        cutlass.compiler.nvrtc()
+    try:
+        return compiler.add_module(ops, errors="report", jobs=1)
+    finally:
+        cutlass.compiler.use(backend)
+
+
+def cmd_compile(args):
+    rng = random.Random(args.seed)
+    picked = []
+    want = {"gemm80": args.sm80 - args.sm80 // 2, "conv80": args.sm80 // 2,
+            "gemm90": args.sm90 - args.sm90 // 3, "conv90": args.sm90 // 3}
+    for family, n in want.items():
+        seen = set()
+        tries = 0
+        while n and tries < 20000:
+            tries += 1
+            cfg, op, error = draw(rng, family)
+            if op is None or op.name in seen:
+                continue
+            seen.add(op.name)
+            picked.append((cfg, op))
+            n -= 1
+    out = open(args.out, "a")
+    sm80 = [(c, o) for c, o in picked if o.family == "sm80"]
+    sm90 = [(c, o) for c, o in picked if o.family != "sm80"]
+    batches = []
+    for i in range(0, len(sm80), args.batch):
+        chunk = sm80[i:i + args.batch]
+        batches.append((chunk, 80, i // args.batch % 3 == 2))  # every third batch with NVRTC
+    for item in sm90:
+        batches.append(([item], 90, False))
+    for chunk, arch, nvrtc in batches:
+        cutlass.compiler.set_target_arch(arch)
+        start = time.time()
+        ops = [o for _, o in chunk]
+        report = _compile(ops, nvrtc)
+        failed = {o.name: err for unit, err in report.failures for o in unit}
+        if failed and len(ops) > 1:  # find the culprit(s) one at a time
+            failed = {}
+            for op in ops:
+                single = _compile([op], nvrtc)
+                for unit, err in single.failures:
+                    failed[op.name] = err
+        for cfg, op in chunk:
+            err = failed.get(op.name)
+            record = dict(cfg=cfg, name=op.name, describe=op.describe(), nvrtc=nvrtc or op.family != "sm80",
+                          ok=err is None, error=None if err is None else _error_summary(err))
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+            print(("OK  " if err is None else "FAIL") + f" {op.describe()}", flush=True)
+            if err is not None:
+                print("     " + record["error"][:1500].replace("\n", "\n     "), flush=True)
+        print(f"   batch of {len(ops)} ({'nvrtc' if nvrtc else 'default'}, sm{arch}) {time.time() - start:.0f} s",
+              flush=True)
+
+
+def _error_summary(err) -> str:
+    log = getattr(err, "log", "") or str(err)
+    lines = [ln for ln in log.splitlines() if "error" in ln.lower() or "static assert" in ln.lower()
+             or "static_assert" in ln.lower()]
+    return "\n".join(lines[:12]) or log[-1500:]
+
+
+def cmd_config(args):
+    cfg = json.loads(args.json)
+    op = build(cfg)
+    print(op.describe())
+    if args.compile:
+        cutlass.compiler.set_target_arch(90 if op.family != "sm80" else 80)
+        report = _compile([op], args.nvrtc)
+        for unit, err in report.failures:
+            print(getattr(err, "log", str(err))[-6000:])
+        print("OK" if not report.failures else "FAIL")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("draw")
+    p.add_argument("--count", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--families", default="gemm80,conv80,gemm90,conv90")
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--save", default=None, help="prefix of .<family>.jsonl files of accepted configurations")
+    p = sub.add_parser("compile")
+    p.add_argument("--sm80", type=int, default=30)
+    p.add_argument("--sm90", type=int, default=6)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--out", default="/tmp/fuzz_results.jsonl")
+    p = sub.add_parser("config")
+    p.add_argument("json")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--nvrtc", action="store_true")
+    args = parser.parse_args(argv)
+    {"draw": cmd_draw, "compile": cmd_compile, "config": cmd_config}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
