@@ -263,3 +263,13 @@ def test_fuzz_fixes_compile(tmp_path):
     ops = [_gemm(element=S8, acc=S32, out=S8, shape=(128, 128, 64), align=(16, 16, 4)),
            _gemm(shape=(128, 64, 32), warps=(4, 2, 1), layouts=("R", "C", "C"), align=(2, 4, 1), out=F32)]
     compiler.add_module(ops)
+
+
+def test_sm80_conv_refuses_the_sm90_bias_keyword_with_a_description_error():
+    """Conv2dOperation(..., bias=True) with an Sm80 tile raised a TypeError (the Sm80 kernel had no such keyword)."""
+    tile = _tile(F16, F32, (128, 128, 32), 3, (2, 2, 1), TensorOp)
+    A = C = cutlass.TensorDescription(F16, NHWC, 8)
+    for arch in (80, 90):  # at 90 a tile with a warp arrangement keeps the Sm80-family kernel
+        with pytest.raises(DescriptionError, match="bias=True fuses a bias vector in the SM90 convolution"):
+            Conv2dOperation(Operator.fprop, IteratorAlgorithm.optimized, arch, tile, A, A, C, StrideSupport.Strided,
+                            cutlass.LinearCombination(F16, 8, F32), cutlass.IdentitySwizzle1, bias=True)

@@ -106,8 +106,13 @@ class Conv2dOperation(TiledOperation):
     def __init__(self, conv_kind: Operator, iterator_algorithm: IteratorAlgorithm, arch: int,
                  tile_description: TileDescription, A: TensorDescription, B: TensorDescription, C: TensorDescription,
                  stride_support: StrideSupport, epilogue_functor: EpilogueFunctor,
-                 swizzling_functor: SwizzlingFunctor = IdentitySwizzle1):
+                 swizzling_functor: SwizzlingFunctor = IdentitySwizzle1, bias: bool = False):
         what = "Conv2dOperation"
+        if bias is not False:  # (the SM90 kind's keyword; an Sm80 tile at 90 lands here)
+            raise DescriptionError(f"{what}: bias=True fuses a bias vector in the SM90 convolution (compute capability "
+                                   f"90 with an SM90 tile); the Sm80-family kernel this tile builds takes a bias as C "
+                                   f"(a per-channel vector broadcast, beta = 1: Conv2dArguments(..., C=bias) or "
+                                   f"bias=...), so leave bias out here; got bias={bias!r}")
         if not isinstance(conv_kind, Operator):
             raise DescriptionError(f"{what}: conv_kind must be pycutlass.conv.Operator.fprop, .dgrad or .wgrad, "
                                    f"got {conv_kind!r}")
