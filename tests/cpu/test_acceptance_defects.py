@@ -257,9 +257,9 @@ def test_thread_map_gives_every_thread_an_access():
 
 
 @pytest.mark.slow
-def test_fuzz_fixes_compile(tmp_path):
-    """The accepted neighbours of the rejected configurations compile."""
-    cutlass.compiler.set_target_arch(80)
+def test_fuzz_fixes_compile(compiler_state):
+    """The accepted neighbours of the rejected configurations compile (in a session of the test's own: the default
+    session is left untouched)."""
     ops = [_gemm(element=S8, acc=S32, out=S8, shape=(128, 128, 64), align=(16, 16, 4)),
            _gemm(shape=(128, 64, 32), warps=(4, 2, 1), layouts=("R", "C", "C"), align=(2, 4, 1), out=F32)]
     compiler.add_module(ops)
@@ -273,3 +273,16 @@ def test_sm80_conv_refuses_the_sm90_bias_keyword_with_a_description_error():
         with pytest.raises(DescriptionError, match="bias=True fuses a bias vector in the SM90 convolution"):
             Conv2dOperation(Operator.fprop, IteratorAlgorithm.optimized, arch, tile, A, A, C, StrideSupport.Strided,
                             cutlass.LinearCombination(F16, 8, F32), cutlass.IdentitySwizzle1, bias=True)
+
+
+def test_float64_tensor_op_needs_two_warps():
+    """tools/fuzz_run.py on an H100: f64 tensor op 16x16x16 on one warp failed to compile ('This specialization
+    requires at least two warps.'); 32x32x16 on 2x2x1 warps (PyCUTLASS's f64 example) stays accepted."""
+    math = cutlass.MathInstruction([8, 8, 4], D.float64, D.float64, D.float64, TensorOp)
+    f64 = cutlass.TensorDescription(D.float64, cutlass.ColumnMajor, 1)
+    epilogue = cutlass.LinearCombination(D.float64, 1, D.float64)
+    one_warp = cutlass.TileDescription([16, 16, 16], 3, [1, 1, 1], math)
+    with pytest.raises(DescriptionError, match="at least two warps"):
+        cutlass.GemmOperationUniversal(80, one_warp, f64, f64, f64, epilogue)
+    cutlass.GemmOperationUniversal(80, cutlass.TileDescription([32, 32, 16], 3, [2, 2, 1], math), f64, f64, f64,
+                                   epilogue)

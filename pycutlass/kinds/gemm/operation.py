@@ -77,6 +77,11 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
                 raise DescriptionError(f"{what}: SIMT kernels access A, B and C one element at a time (CUTLASS's "
                                        f"SIMT thread maps and epilogue), so {label} alignment must be 1, got "
                                        f"{desc.alignment}")
+    if math.opcode_class is OpClass.TensorOp and math.element_a is DataType.float64 and tile.threads < 64:
+        # CUTLASS's f64 tensor-op epilogue (found by tools/fuzz_run.py: a 16x16x16 tile on one warp) static_asserts
+        # "This specialization requires at least two warps." / "This tile iterator requires at least two warps."
+        raise DescriptionError(f"{what}: CUTLASS's float64 tensor-op epilogue needs at least two warps, got "
+                               f"warp_count {list(tile.warp_count)}")
     if math.opcode_class is OpClass.TensorOp and math.element_a.bits < 64:
         # The main loop copies each operand tile global -> shared with a warp-raked thread map of 128-bit accesses
         # (PitchLinearWarpRakedThreadMap, cutlass/transform/pitch_linear_thread_map.h), which static_asserts "Number
