@@ -286,3 +286,23 @@ def test_float64_tensor_op_needs_two_warps():
         cutlass.GemmOperationUniversal(80, one_warp, f64, f64, f64, epilogue)
     cutlass.GemmOperationUniversal(80, cutlass.TileDescription([32, 32, 16], 3, [2, 2, 1], math), f64, f64, f64,
                                    epilogue)
+
+
+def test_simt_multistage_padding_must_divide_by_the_lane_tile():
+    """tools/fuzz_run.py: SIMT f64 64x64x32 on 2x1x1 warps, 6 stages, A and B ColumnMajor failed to compile ('Padding
+    must be divisible by Lane'). Checked by compiles on this machine: f32 64x64x32 on 2x2x1 warps, A and B
+    ColumnMajor, 3 stages fails the same way (rejected); 64x64x64 on 1x4x1 warps compiles (accepted)."""
+    def simt(element, shape, warps, stages, la, lb):
+        math = cutlass.MathInstruction([1, 1, 1], element, element, element, Simt)
+        desc = [cutlass.TensorDescription(element, layout, 1) for layout in (la, lb, cutlass.RowMajor)]
+        return cutlass.GemmOperationUniversal(80, cutlass.TileDescription(list(shape), stages, list(warps), math),
+                                              *desc, cutlass.LinearCombination(element, 1, element))
+    CM, RM = cutlass.ColumnMajor, cutlass.RowMajor
+    for args in ((D.float64, (64, 64, 32), (2, 1, 1), 6, CM, CM), (D.float32, (64, 64, 32), (2, 2, 1), 3, CM, CM),
+                 (D.float32, (64, 64, 32), (2, 2, 1), 3, RM, RM)):
+        with pytest.raises(DescriptionError, match="Padding must be divisible by Lane"):
+            simt(*args)
+    simt(D.float32, (64, 64, 64), (1, 4, 1), 3, CM, CM)
+    simt(D.float32, (64, 64, 32), (2, 2, 1), 3, CM, RM)  # no K-contiguous operand: no padding
+    simt(D.float32, (64, 64, 32), (2, 2, 1), 2, CM, CM)  # two stages: the other main loop
+    simt(D.float32, (128, 128, 8), (4, 2, 1), 4, RM, CM)  # K < 32

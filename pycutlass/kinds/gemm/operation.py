@@ -77,6 +77,8 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
                 raise DescriptionError(f"{what}: SIMT kernels access A, B and C one element at a time (CUTLASS's "
                                        f"SIMT thread maps and epilogue), so {label} alignment must be 1, got "
                                        f"{desc.alignment}")
+    if math.opcode_class is OpClass.Simt and tile.stages >= 3 and A.layout in _PLAIN and B.layout in _PLAIN:
+        _check_simt_multistage_padding(tile, A, B, what)
     if math.opcode_class is OpClass.TensorOp and math.element_a is DataType.float64 and tile.threads < 64:
         # CUTLASS's f64 tensor-op epilogue (found by tools/fuzz_run.py: a 16x16x16 tile on one warp) static_asserts
         # "This specialization requires at least two warps." / "This tile iterator requires at least two warps."
@@ -128,6 +130,26 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
                 raise DescriptionError(
                     f"{what}: {label} alignment {desc.alignment} x {desc.element.bits} bits is below the 32-bit "
                     f"minimum of multistage ({tile.stages}-stage) kernels; raise the alignment or use stages=2")
+
+
+def _check_simt_multistage_padding(tile: TileDescription, A: TensorDescription, B: TensorDescription,
+                                   what: str) -> None:
+    """CUTLASS's multistage SIMT main loop (default_mma_core_sm80.h, stages >= 3) pads a K-contiguous operand in
+    shared memory by K / 32 elements, which must be a multiple of that operand's lane tile: LaneM = min(128 / bits,
+    warp M / 4) for A, LaneN = min(128 / bits, warp N / 8) for B; a K-contiguous A is RowMajor, a K-contiguous B
+    ColumnMajor ("Padding must be divisible by Lane"; found by tools/fuzz_run.py: f64 64x64x32 on 2x1x1 warps)."""
+    m, n, k = tile.threadblock_shape
+    wm, wn, _ = tile.warp_count
+    math = tile.math_instruction
+    lanes = (("A", A.layout is LayoutType.RowMajor, min(128 // math.element_a.bits, max(m // wm // 4, 1))),
+             ("B", B.layout is LayoutType.ColumnMajor, min(128 // math.element_b.bits, max(n // wn // 8, 1))))
+    for label, k_major, lane in lanes:
+        if k_major and (k // 32) % lane:
+            raise DescriptionError(
+                f"{what}: CUTLASS's multistage SIMT main loop pads the K-contiguous operand {label} by K / 32 = "
+                f"{k // 32} elements in shared memory, which must be a multiple of its lane tile ({lane}; "
+                f"static_assert 'Padding must be divisible by Lane'). Use threadblock K < 32 or a multiple of "
+                f"{32 * lane}, other warps, or stages=2")
 
 
 def check_crosswise_tile_k(tile: TileDescription, operands, what: str) -> None:
