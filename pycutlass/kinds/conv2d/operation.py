@@ -81,6 +81,19 @@ _MAX_TENSOR_BYTES = 2**31  # cutlass::conv::device::ImplicitGemmConvolution::can
 _MAX_GRID_YZ = 65535
 
 
+def check_conv_enums(conv_kind, iterator_algorithm, stride_support, what: str) -> None:
+    """The conv kinds' enum arguments have the enum types (both the Sm80-family and the SM90 kind)."""
+    if not isinstance(conv_kind, Operator):
+        raise DescriptionError(f"{what}: conv_kind must be pycutlass.conv.Operator.fprop, .dgrad or .wgrad, "
+                               f"got {conv_kind!r}")
+    if not isinstance(iterator_algorithm, IteratorAlgorithm):
+        raise DescriptionError(f"{what}: iterator_algorithm must be a pycutlass.conv.IteratorAlgorithm "
+                               f"({', '.join(a.name for a in IteratorAlgorithm)}), got {iterator_algorithm!r}")
+    if not isinstance(stride_support, StrideSupport):
+        raise DescriptionError(f"{what}: stride_support must be pycutlass.conv.StrideSupport.Strided or .Unity, "
+                               f"got {stride_support!r}")
+
+
 class Conv2dOperation(TiledOperation):
     """A 2-D convolution as an implicit GEMM; the PyCUTLASS constructor.
 
@@ -113,15 +126,7 @@ class Conv2dOperation(TiledOperation):
                                    f"90 with an SM90 tile); the Sm80-family kernel this tile builds takes a bias as C "
                                    f"(a per-channel vector broadcast, beta = 1: Conv2dArguments(..., C=bias) or "
                                    f"bias=...), so leave bias out here; got bias={bias!r}")
-        if not isinstance(conv_kind, Operator):
-            raise DescriptionError(f"{what}: conv_kind must be pycutlass.conv.Operator.fprop, .dgrad or .wgrad, "
-                                   f"got {conv_kind!r}")
-        if not isinstance(iterator_algorithm, IteratorAlgorithm):
-            raise DescriptionError(f"{what}: iterator_algorithm must be a pycutlass.conv.IteratorAlgorithm "
-                                   f"({', '.join(a.name for a in IteratorAlgorithm)}), got {iterator_algorithm!r}")
-        if not isinstance(stride_support, StrideSupport):
-            raise DescriptionError(f"{what}: stride_support must be pycutlass.conv.StrideSupport.Strided or .Unity, "
-                                   f"got {stride_support!r}")
+        check_conv_enums(conv_kind, iterator_algorithm, stride_support, what)
         self.compute_capability = check_compute_capability(arch)
         check_operand_types(tile_description, A, B, C, epilogue_functor, what)
         if swizzling_functor not in CONV_SWIZZLES:

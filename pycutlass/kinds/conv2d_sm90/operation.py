@@ -25,8 +25,8 @@ from ...description.types import (DataType, EpilogueScheduleType, IdentitySwizzl
 from ...emit import names
 from ...emit.abi import TmaRecord, fill_epilogue
 from ...errors import ArgumentError, DescriptionError
-from ..conv2d.operation import Conv2dOperation
-from ..conv2d.problem import Conv2dProblemSize, IteratorAlgorithm, Mode, Operator, StrideSupport
+from ..conv2d.operation import Conv2dOperation, check_conv_enums
+from ..conv2d.problem import Conv2dProblemSize, IteratorAlgorithm, Mode, Operator
 from ..gemm.operation import check_description_types
 from ..gemm_sm90.operation import GemmOperationSm90
 from .abi import Sm90Conv2dArgs
@@ -72,25 +72,17 @@ class Conv2dOperationSm90(Conv2dOperation):
         what = "Conv2dOperation(90)"
         if arch != 90 or isinstance(arch, bool):
             raise DescriptionError(f"{what}: Conv2dOperationSm90 is compute capability 90, got {arch!r}")
-        if not isinstance(conv_kind, Operator):
-            raise DescriptionError(f"{what}: conv_kind must be pycutlass.conv.Operator.fprop, .dgrad or .wgrad, "
-                                   f"got {conv_kind!r}")
+        check_conv_enums(conv_kind, iterator_algorithm, stride_support, what)
         if not isinstance(bias, bool):
             raise DescriptionError(f"{what}: bias must be True (a per-output-channel bias vector, fused) or False, "
                                    f"got {bias!r}")
         if bias and conv_kind is Operator.wgrad:
             raise DescriptionError(f"{what}: bias=True is for fprop and dgrad (a per-channel bias of the output "
                                    f"activation); wgrad writes a filter gradient")
-        if not isinstance(iterator_algorithm, IteratorAlgorithm):
-            raise DescriptionError(f"{what}: iterator_algorithm must be a pycutlass.conv.IteratorAlgorithm, got "
-                                   f"{iterator_algorithm!r}")
         if iterator_algorithm not in (IteratorAlgorithm.analytic, IteratorAlgorithm.optimized):
             raise DescriptionError(f"{what}: SM90 convolutions read activations through TMA im2col; the "
                                    f"{iterator_algorithm.name} iterator algorithm is Sm80-family only (pass "
                                    f"optimized or analytic, which mean the same kernel here)")
-        if not isinstance(stride_support, StrideSupport):
-            raise DescriptionError(f"{what}: stride_support must be pycutlass.conv.StrideSupport.Strided or .Unity, "
-                                   f"got {stride_support!r}")
         check_description_types(tile_description, A, B, C, epilogue_functor, what)
         if swizzling_functor is not IdentitySwizzle1:
             raise DescriptionError(f"{what}: the SM90 conv kernel rasterizes tiles itself (no threadblock swizzle); "
