@@ -820,6 +820,11 @@ def _fill_rows(report: OptimizeReport, choices: list) -> dict[int, dict]:
 # (which layers call torch directly) and keeps the fastest.
 _E2E_MIN_GAIN = 1.10  # "selective": a kernel this much faster than torch (GPU time) is worth its host cost
 _E2E_TUNED, _E2E_SELECTIVE, _E2E_TORCH, _E2E_EAGER = "tuned", "selective", "torch", "eager"
+# "traced": the model as torch.fx traced it, with no pycutlass layer (the fastest pure-torch form: no per-layer
+# dispatch check, and fx flattens nested modules' calls). A kernel placement must beat it by _E2E_MARGIN, the
+# check's own timing noise on a busy host, or the traced model is returned: ties go to torch.
+_E2E_TRACED = "traced"
+_E2E_MARGIN = 0.02
 _E2E_MOVED = "torch (end-to-end)"
 
 
@@ -862,7 +867,7 @@ def _place_calls(sites: list[_Site], on_torch: frozenset) -> None:
             site.module.eager_shapes.discard(site.shape)
 
 
-def _time_interleaved(entries: dict[str, tuple[Callable, Callable]], sync: Callable[[], None], *, rounds: int = 5,
+def _time_interleaved(entries: dict[str, tuple[Callable, Callable]], sync: Callable[[], None], *, rounds: int = 7,
                       round_s: float = 0.025, budget_s: float = 2.0) -> dict[str, float]:
     """Median ms per forward of each entry (``(prepare, forward)``), over ``rounds`` interleaved rounds (a drifting
     host hits every entry alike); a round runs ``prepare`` then as many forwards as last about ``round_s``,
@@ -902,24 +907,37 @@ def _cuda_sync(example_inputs: tuple, gm: nn.Module) -> Callable[[], None]:
 
 
 def _choose_end_to_end(gm: fx.GraphModule, model: nn.Module, example_inputs: tuple, sites: list[_Site], *,
-                       timer: Callable | None = None) -> tuple[dict, frozenset]:
-    """Times ``model`` (eager) and ``gm`` under each candidate placement on ``example_inputs`` and leaves ``gm``
-    with the fastest; returns the record (``OptimizeReport.end_to_end``) and the calls the choice moved to torch.
-    ``timer(entries, sync) -> {name: ms}`` (default ``_time_interleaved``) is injectable for tests."""
+                       traced: fx.GraphModule | None = None, timer: Callable | None = None) -> tuple[dict, frozenset]:
+    """Times ``model`` (eager), ``traced`` (the untouched trace, if given) and ``gm`` under each candidate placement
+    on ``example_inputs`` and leaves ``gm`` with the fastest placement; returns the record
+    (``OptimizeReport.end_to_end``; ``chosen == "traced"`` means the caller should return ``traced``) and the calls
+    the choice moved to torch (every call for "traced"). ``timer(entries, sync) -> {name: ms}`` (default
+    ``_time_interleaved``) is injectable for tests."""
     candidates = _end_to_end_candidates(sites)
     tuned = candidates[_E2E_TUNED]
     entries: dict[str, tuple[Callable, Callable]] = {_E2E_EAGER: (lambda: None, lambda: model(*example_inputs))}
     for name, on_torch in candidates.items():
         entries[name] = (lambda on_torch=on_torch: _place_calls(sites, on_torch), lambda: gm(*example_inputs))
+    if traced is not None:
+        entries[_E2E_TRACED] = (lambda: None, lambda: traced(*example_inputs))
     chosen = _E2E_TUNED
     try:
         with _Evaluating(model), _Evaluating(gm), torch.no_grad():
-            medians = (timer or _time_interleaved)(entries, _cuda_sync(example_inputs, gm))
+            if traced is not None:
+                with _Evaluating(traced):
+                    medians = (timer or _time_interleaved)(entries, _cuda_sync(example_inputs, gm))
+            else:
+                medians = (timer or _time_interleaved)(entries, _cuda_sync(example_inputs, gm))
         chosen = min(candidates, key=lambda name: medians[name])  # ties: the earlier (fewer layers moved)
+        if traced is not None and medians[chosen] > medians[_E2E_TRACED] * (1 - _E2E_MARGIN):
+            chosen = _E2E_TRACED
     finally:  # (also on Ctrl-C: the model is left as tuned)
-        _place_calls(sites, candidates[chosen])
-    record = {"eager_ms": medians[_E2E_EAGER], "candidates": {name: medians[name] for name in candidates},
+        _place_calls(sites, candidates.get(chosen, tuned))
+    timed = list(candidates) + ([_E2E_TRACED] if traced is not None else [])
+    record = {"eager_ms": medians[_E2E_EAGER], "candidates": {name: medians[name] for name in timed},
               "chosen": chosen}
+    if chosen == _E2E_TRACED:
+        return record, frozenset(site.on_torch for site in sites) - tuned
     return record, candidates[chosen] - tuned
 
 
@@ -935,7 +953,10 @@ def _record_end_to_end(report: OptimizeReport, rows: dict[int, dict], sites: lis
     report.notes.append("end-to-end check (median ms per forward on the example inputs): eager " + f"{eager:.3f}, " +
                         ", ".join(f"{name} {ms:.3f}" for name, ms in times.items()) +
                         f"; kept {record['chosen']!r} ({eager / chosen:.2f}x eager" +
-                        (f", {len(moved)} more call(s) on torch)" if moved else ")"))
+                        (f", {len(moved)} more call(s) on torch)" if moved else ")") +
+                        ("; no placement of the kernels beat the traced torch model by "
+                         f"{_E2E_MARGIN:.0%}, so the result runs torch only" if record["chosen"] == _E2E_TRACED
+                         else ""))
 
 
 # --- the public API -------------------------------------------------------------------------------------------------
@@ -952,7 +973,9 @@ def optimize(model: nn.Module, example_inputs, *, tune: bool = True, fold_batchn
     ``dispatch``: the :class:`~pycutlass.torch.dispatch.Dispatch` to tune with (default: the current session's).
     ``end_to_end`` (after tuning on CUDA): time whole forwards of ``model`` and of the result with a few placements
     of its layers (as tuned, only clear wins on kernels, all on torch) on ``example_inputs`` and keep the fastest,
-    so a host-bound model is not slower than torch's; the report's ``end_to_end`` records the times.
+    so a host-bound model is not slower than torch's; the report's ``end_to_end`` records the times. When no
+    placement beats the plain ``torch.fx`` trace of ``model`` by 2%, that trace (torch only, no pycutlass layer) is
+    returned instead (``end_to_end["chosen"] == "traced"``).
     """
     if not isinstance(end_to_end, bool):
         raise ArgumentError(f"end_to_end must be True or False, got {end_to_end!r}")
@@ -991,7 +1014,11 @@ def optimize(model: nn.Module, example_inputs, *, tune: bool = True, fold_batchn
         choices, sites = _tune(gm, example_inputs, _dispatch(dispatch), jobs, progress, prefer_faster)
         rows = _fill_rows(report, choices)
         if end_to_end and sites:
-            _record_end_to_end(report, rows, sites, *_choose_end_to_end(gm, model, example_inputs, sites))
+            traced = _trace(model)
+            record, moved = _choose_end_to_end(gm, model, example_inputs, sites, traced=traced)
+            _record_end_to_end(report, rows, sites, record, moved)
+            if record["chosen"] == _E2E_TRACED:
+                gm = traced
     gm.pycutlass_report = report
     return gm
 

@@ -551,9 +551,9 @@ def tuned_on_cuda(monkeypatch, model, x, times=None, **kwargs):
     optimized_modules = []
     real_choose = module._choose_end_to_end
 
-    def choose(gm, model, example_inputs, sites):
+    def choose(gm, model, example_inputs, sites, **kwargs):
         optimized_modules.extend(m for m in gm.modules() if isinstance(m, CutlassLinear))
-        return real_choose(gm, model, example_inputs, sites, timer=timer)
+        return real_choose(gm, model, example_inputs, sites, timer=timer, **kwargs)
 
     monkeypatch.setattr(module, "_choose_end_to_end", choose)
     dispatch = FakeDispatch(by_layer=TOWER_CHOICES)
@@ -567,20 +567,22 @@ def eager_layers(model) -> set[str]:
 
 def test_end_to_end_candidates_and_their_placements(monkeypatch):
     x = torch.randn(4, 16)
-    times = {"eager": 1.0, "tuned": 1.2, "selective": 1.1, "torch": 1.05}
+    times = {"eager": 1.0, "tuned": 1.2, "selective": 1.1, "torch": 1.05, "traced": 1.2}
     optimized, seen = tuned_on_cuda(monkeypatch, Tower().eval(), x, times)
     shape = {(4, 16), (4, 32)}
-    assert list(seen) == ["eager", "tuned", "selective", "torch"]  # the original model first, then each placement
+    # the original model first, then each placement, then the plain trace
+    assert list(seen) == ["eager", "tuned", "selective", "torch", "traced"]
     on_torch = {name: {layer for layer, shapes in placed.items() if shapes} for name, placed in seen.items()
-                if name != "eager"}
+                if name not in ("eager", "traced")}
     assert on_torch == {"tuned": {"fc4"}, "selective": {"fc3", "fc4"}, "torch": {"fc1", "fc2", "fc3", "fc4"}}
     assert all(shapes <= shape for placed in seen.values() for shapes in placed.values())
 
 
 @pytest.mark.parametrize("times,chosen,layers", [
-    ({"eager": 1.0, "tuned": 1.2, "selective": 1.1, "torch": 1.05}, "torch", {"fc1", "fc2", "fc3", "fc4"}),
-    ({"eager": 1.0, "tuned": 0.8, "selective": 0.9, "torch": 1.05}, "tuned", {"fc4"}),
-    ({"eager": 1.0, "tuned": 0.9, "selective": 0.85, "torch": 1.05}, "selective", {"fc3", "fc4"}),
+    ({"eager": 1.0, "tuned": 1.2, "selective": 1.1, "torch": 1.05, "traced": 1.2}, "torch",
+     {"fc1", "fc2", "fc3", "fc4"}),
+    ({"eager": 1.0, "tuned": 0.8, "selective": 0.9, "torch": 1.05, "traced": 1.0}, "tuned", {"fc4"}),
+    ({"eager": 1.0, "tuned": 0.9, "selective": 0.85, "torch": 1.05, "traced": 1.0}, "selective", {"fc3", "fc4"}),
 ])
 def test_end_to_end_keeps_the_fastest_placement_and_reports_it(monkeypatch, tmp_path, times, chosen, layers):
     model = Tower().eval()
@@ -605,6 +607,32 @@ def test_end_to_end_keeps_the_fastest_placement_and_reports_it(monkeypatch, tmp_
     save(optimized, tmp_path, dispatch=FakeDispatch())
     loaded = load(tmp_path, dispatch=FakeDispatch())
     assert report(loaded).end_to_end == found.end_to_end and eager_layers(loaded) == layers
+
+
+@pytest.mark.parametrize("times", [
+    {"eager": 1.0, "tuned": 0.99, "selective": 1.0, "torch": 1.05, "traced": 1.0},  # within the 2% margin
+    {"eager": 1.0, "tuned": 1.2, "selective": 1.1, "torch": 1.05, "traced": 0.9},
+])
+def test_end_to_end_returns_the_plain_trace_when_no_placement_clearly_beats_it(monkeypatch, tmp_path, times):
+    model = Tower().eval()
+    x = torch.randn(4, 16)
+    optimized, _ = tuned_on_cuda(monkeypatch, model, x, times)
+    assert isinstance(optimized, torch.fx.GraphModule)
+    assert not any(isinstance(m, CutlassLinear) for m in optimized.modules())  # torch only
+    assert optimized.fc1 is model.fc1  # the trace shares the model's layers
+    with torch.no_grad():
+        assert_close(optimized(x), model(x))
+    found = report(optimized)
+    assert found.end_to_end["chosen"] == "traced" and found.end_to_end["candidates"]["traced"] == times["traced"]
+    assert {row["layer"]: row["kernel"] for row in found.rows} == {"fc1": "torch (end-to-end)",
+                                                                   "fc2": "torch (end-to-end)",
+                                                                   "fc3": "torch (end-to-end)", "fc4": "torch"}
+    assert "kept 'traced'" in found.notes[-1] and "torch only" in found.notes[-1]
+    save(optimized, tmp_path, dispatch=FakeDispatch())
+    loaded = load(tmp_path, dispatch=FakeDispatch())
+    assert report(loaded).end_to_end == found.end_to_end
+    with torch.no_grad():
+        assert_close(loaded(x), model(x))
 
 
 def test_end_to_end_false_skips_the_check(monkeypatch):
