@@ -402,6 +402,7 @@ def bench_model(args, timer: Timer, section: str, label: str, model, inputs, mod
             text = str(rep)
             print(f"\n### optimize report: {label} {row['input']}\n{text}", flush=True)
             variants["pycutlass"]["report"] = [dict(r) for r in getattr(rep, "rows", [])]
+            variants["pycutlass"]["end_to_end"] = getattr(rep, "end_to_end", None)
             reports.append({"model": label, "input": row["input"], "table": text})
         except Exception as error:  # noqa: BLE001
             variants["pycutlass"]["report_error"] = error_text(error)
@@ -488,6 +489,7 @@ def table_row(row: dict, compile_modes) -> dict:
     for mode in compile_modes:
         t[f"compile:{mode} ms"] = fmt(v.get(f"compile:{mode}", {}).get("ms"))
     t["pycutlass ms"] = fmt(v["pycutlass"].get("ms"))
+    t["kept"] = (v["pycutlass"].get("end_to_end") or {}).get("chosen", "-")  # the end-to-end check's placement
     t["x eager"] = fmt(row["speedup_vs_eager"])
     t["latency x eager"] = fmt(row.get("latency_speedup_vs_eager"))
     if "pycutlass+graphs" in v:
