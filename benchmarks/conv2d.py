@@ -15,7 +15,7 @@ SM90 column: CUTLASS 3.x implicit-GEMM kernels (``Conv2dOperation(..., 90, <SM90
 small candidate set per kind (``SM90_TILES``), checked and timed the same way. CUTLASS 4.2's SM90 conv has no
 split-K, and its dgrad runs stride 1 only (strided dgrad layers show no SM90 result). "best" is the faster of the
 two families per layer. A 1x1 stride-1 convolution is a GEMM over the NHWC tensors viewed as matrices, so for
-those layers the SM90 column also tries pycutlass's SM90 GEMM with the stream-K scheduler (``SM90_GEMM``, labelled
+those layers the SM90 column also tries pycutlass's SM90 GEMM (``SM90_GEMM``: stream-K for the long GEMM K, wide persistent tiles for fprop; labelled
 "sm90 GEMM"; it splits the long GEMM K of wgrad, which the conv kernels cannot).
 Targets (issue 10), geomean of best/cuDNN: fprop >= 0.9x, wgrad >= 0.8x, dgrad >= 1.0x.
 """
@@ -65,7 +65,7 @@ MAX_SPLIT_K = 16
 # the 16-core GPU host (an SM90 conv operation is ~30 s of one core there, ~80 s on the 2-core dev machine).
 SM90_TILES = {
     "fprop": [((128, 128, 64), (1, 1, 1)), ((128, 256, 64), (1, 1, 1)), ((128, 128, 64), (2, 1, 1)),
-              ((64, 128, 64), (1, 1, 1))],
+              ((64, 128, 64), (1, 1, 1)), ((128, 64, 64), (1, 1, 1)), ((128, 64, 64), (2, 1, 1))],
     "dgrad": [((128, 128, 64), (1, 1, 1)), ((128, 256, 64), (1, 1, 1)), ((128, 128, 64), (2, 1, 1))],
     "wgrad": [((128, 128, 64), (1, 1, 1)), ((128, 256, 64), (1, 1, 1)), ((64, 128, 64), (1, 1, 1))],
 }
@@ -130,15 +130,24 @@ def sm90_grid(kinds=None) -> dict[str, list[Conv2dOperation]]:
 # wgrad  dw[K, C]   = dy[NPQ, K]^T @ x[NPQ, C] A column-major (dy^T), B row-major; GEMM K = N*P*Q
 SM90_GEMM_LAYOUTS = {"fprop": ("RowMajor", "ColumnMajor"), "dgrad": ("RowMajor", "RowMajor"),
                      "wgrad": ("ColumnMajor", "RowMajor")}
-SM90_GEMM = ((128, 128, 64), (1, 1, 1))  # cooperative, stream-K
+# (tile, cluster, schedule, tile scheduler). wgrad's GEMM K is N*P*Q (long): stream-K splits it. fprop's 1x1 layers
+# are short-K, memory-bound GEMMs: wide tiles read the activations once, persistent (non-stream-K) scheduling.
+_COOP, _PINGPONG = "TmaWarpSpecializedCooperative", "TmaWarpSpecializedPingpong"
+SM90_GEMM = {
+    "fprop": [((128, 128, 64), (1, 1, 1), _COOP, "StreamK"), ((128, 256, 64), (1, 1, 1), _COOP, "Default"),
+              ((256, 128, 64), (1, 1, 1), _COOP, "Default"), ((128, 128, 64), (2, 1, 1), _COOP, "Default"),
+              ((64, 128, 64), (1, 1, 1), _PINGPONG, "Default"), ((128, 64, 64), (1, 1, 1), _PINGPONG, "Default")],
+    "dgrad": [((128, 128, 64), (1, 1, 1), _COOP, "StreamK")],
+    "wgrad": [((128, 128, 64), (1, 1, 1), _COOP, "StreamK")],
+}
 
 
-def _sm90_gemm_op(kind: str):
-    (shape, cluster), (layout_a, layout_b) = SM90_GEMM, SM90_GEMM_LAYOUTS[kind]
+def _sm90_gemm_op(kind: str, shape, cluster, schedule: str, scheduler: str):
+    layout_a, layout_b = SM90_GEMM_LAYOUTS[kind]
     math_inst = cutlass.MathInstruction([64, shape[1], 16], D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp)
     tile = cutlass.TileDescription(list(shape), 0, None, math_inst, cluster_shape=list(cluster),
-                                   kernel_schedule=cutlass.KernelScheduleType.TmaWarpSpecializedCooperative,
-                                   tile_scheduler=cutlass.TileSchedulerType.StreamK)
+                                   kernel_schedule=getattr(cutlass.KernelScheduleType, schedule),
+                                   tile_scheduler=getattr(cutlass.TileSchedulerType, scheduler))
     A = cutlass.TensorDescription(D.float16, getattr(cutlass, layout_a), ALIGN)
     B = cutlass.TensorDescription(D.float16, getattr(cutlass, layout_b), ALIGN)
     C = cutlass.TensorDescription(D.float16, cutlass.RowMajor, ALIGN)
@@ -147,7 +156,7 @@ def _sm90_gemm_op(kind: str):
 
 
 def sm90_gemm_grid(kinds=None) -> dict[str, list]:
-    return {name: [_sm90_gemm_op(name)] for name in kinds or KINDS}
+    return {name: [_sm90_gemm_op(name, *config) for config in SM90_GEMM[name]] for name in kinds or KINDS}
 
 
 def sm90_operations() -> list:
@@ -175,8 +184,11 @@ def _gemm_views(kind: str, ps, A, B, out):
 
 def _label(op, split: int) -> str:
     if _is_gemm(op):
-        (m, n, k), (cm, cn, _) = op.tile_description.threadblock_shape, op.tile_description.cluster_shape
-        return f"sm90 GEMM {m}x{n}x{k} c{cm}x{cn} coop stream-K"
+        tile = op.tile_description
+        (m, n, k), (cm, cn, _) = tile.threadblock_shape, tile.cluster_shape
+        schedule = "pingpong" if "Pingpong" in tile.kernel_schedule.name else "coop"
+        scheduler = " stream-K" if tile.tile_scheduler.name == "StreamK" else ""
+        return f"sm90 GEMM {m}x{n}x{k} c{cm}x{cn} {schedule}{scheduler}"
     if getattr(op, "family", None) == "sm90":
         (m, n, k), (cm, cn, _) = op.tile_description.threadblock_shape, op.tile_description.cluster_shape
         return f"sm90 {m}x{n}x{k} c{cm}x{cn}"

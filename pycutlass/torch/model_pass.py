@@ -820,9 +820,10 @@ def _fill_rows(report: OptimizeReport, choices: list) -> dict[int, dict]:
 # (which layers call torch directly) and keeps the fastest.
 _E2E_MIN_GAIN = 1.10  # "selective": a kernel this much faster than torch (GPU time) is worth its host cost
 _E2E_TUNED, _E2E_SELECTIVE, _E2E_TORCH, _E2E_EAGER = "tuned", "selective", "torch", "eager"
-# "traced": the model as torch.fx traced it, with no pycutlass layer (the fastest pure-torch form: no per-layer
-# dispatch check, and fx flattens nested modules' calls). A kernel placement must beat it by _E2E_MARGIN, the
-# check's own timing noise on a busy host, or the traced model is returned: ties go to torch.
+# The pure-torch fallbacks: "eager" (the model itself, returned as a shallow copy) and "traced" (the model as
+# torch.fx traced it: no per-layer dispatch check, nested modules' calls flattened, but fx's call wrapper costs a few
+# microseconds). Each step away from eager must win by _E2E_MARGIN, the check's own timing noise on a busy host:
+# traced must beat eager, and a kernel placement must beat the better of the two. Ties go to torch.
 _E2E_TRACED = "traced"
 _E2E_MARGIN = 0.02
 _E2E_MOVED = "torch (end-to-end)"
@@ -928,17 +929,30 @@ def _choose_end_to_end(gm: fx.GraphModule, model: nn.Module, example_inputs: tup
                     medians = (timer or _time_interleaved)(entries, _cuda_sync(example_inputs, gm))
             else:
                 medians = (timer or _time_interleaved)(entries, _cuda_sync(example_inputs, gm))
+        fallback = _E2E_EAGER
+        if traced is not None and medians[_E2E_TRACED] < medians[_E2E_EAGER] * (1 - _E2E_MARGIN):
+            fallback = _E2E_TRACED
         chosen = min(candidates, key=lambda name: medians[name])  # ties: the earlier (fewer layers moved)
-        if traced is not None and medians[chosen] > medians[_E2E_TRACED] * (1 - _E2E_MARGIN):
-            chosen = _E2E_TRACED
+        if medians[chosen] >= medians[fallback] * (1 - _E2E_MARGIN):
+            chosen = fallback
     finally:  # (also on Ctrl-C: the model is left as tuned)
         _place_calls(sites, candidates.get(chosen, tuned))
     timed = list(candidates) + ([_E2E_TRACED] if traced is not None else [])
     record = {"eager_ms": medians[_E2E_EAGER], "candidates": {name: medians[name] for name in timed},
               "chosen": chosen}
-    if chosen == _E2E_TRACED:
+    if chosen in (_E2E_TRACED, _E2E_EAGER):
         return record, frozenset(site.on_torch for site in sites) - tuned
     return record, candidates[chosen] - tuned
+
+
+def _shallow_copy(model: nn.Module) -> nn.Module:
+    """A new module of ``model``'s class sharing its layers, parameters and buffers (so it costs what ``model`` costs
+    per call), whose own attributes (a report, added or replaced submodules, hooks) do not touch ``model``."""
+    twin = copy.copy(model)
+    for name, value in vars(model).items():
+        if isinstance(value, (dict, set, list)):  # _modules, _parameters, _buffers, the hook tables, ...
+            twin.__dict__[name] = copy.copy(value)
+    return twin
 
 
 def _record_end_to_end(report: OptimizeReport, rows: dict[int, dict], sites: list[_Site], record: dict,
@@ -949,14 +963,14 @@ def _record_end_to_end(report: OptimizeReport, rows: dict[int, dict], sites: lis
         if row is not None and site.on_torch in moved:
             row.update(kernel=_E2E_MOVED, tuned_kernel=site.choice.kernel)
     eager, times = record["eager_ms"], record["candidates"]
-    chosen = times[record["chosen"]]
+    chosen = eager if record["chosen"] == _E2E_EAGER else times[record["chosen"]]
     report.notes.append("end-to-end check (median ms per forward on the example inputs): eager " + f"{eager:.3f}, " +
                         ", ".join(f"{name} {ms:.3f}" for name, ms in times.items()) +
                         f"; kept {record['chosen']!r} ({eager / chosen:.2f}x eager" +
                         (f", {len(moved)} more call(s) on torch)" if moved else ")") +
-                        ("; no placement of the kernels beat the traced torch model by "
-                         f"{_E2E_MARGIN:.0%}, so the result runs torch only" if record["chosen"] == _E2E_TRACED
-                         else ""))
+                        (f"; no placement of the kernels beat torch by {_E2E_MARGIN:.0%}, so the result runs torch "
+                         "only" + (" (the model itself)" if record["chosen"] == _E2E_EAGER else " (fx-traced)")
+                         if record["chosen"] in (_E2E_TRACED, _E2E_EAGER) else ""))
 
 
 # --- the public API -------------------------------------------------------------------------------------------------
@@ -974,8 +988,9 @@ def optimize(model: nn.Module, example_inputs, *, tune: bool = True, fold_batchn
     ``end_to_end`` (after tuning on CUDA): time whole forwards of ``model`` and of the result with a few placements
     of its layers (as tuned, only clear wins on kernels, all on torch) on ``example_inputs`` and keep the fastest,
     so a host-bound model is not slower than torch's; the report's ``end_to_end`` records the times. When no
-    placement beats the plain ``torch.fx`` trace of ``model`` by 2%, that trace (torch only, no pycutlass layer) is
-    returned instead (``end_to_end["chosen"] == "traced"``).
+    placement beats torch by 2%, the result runs torch only: ``model`` itself as a shallow copy (a module of its
+    class sharing its layers; ``end_to_end["chosen"] == "eager"``) or, where that was 2% faster, its plain
+    ``torch.fx`` trace (``"traced"``).
     """
     if not isinstance(end_to_end, bool):
         raise ArgumentError(f"end_to_end must be True or False, got {end_to_end!r}")
@@ -1019,6 +1034,8 @@ def optimize(model: nn.Module, example_inputs, *, tune: bool = True, fold_batchn
             _record_end_to_end(report, rows, sites, record, moved)
             if record["chosen"] == _E2E_TRACED:
                 gm = traced
+            elif record["chosen"] == _E2E_EAGER:
+                gm = _shallow_copy(model)
     gm.pycutlass_report = report
     return gm
 

@@ -372,7 +372,8 @@ def test_optimized_layers_skip_the_dispatcher_and_torch_layers_call_torch(monkey
         x = randn(1, 64, 256, dtype=torch.bfloat16, seed=170)
         with torch.no_grad():
             expected = model(x)
-            fast = pct.optimize(model, (x,), tune=True, progress=False)
+            # end_to_end=False: this host-bound model may be handed back to torch whole; here the layers are tested
+            fast = pct.optimize(model, (x,), tune=True, progress=False, end_to_end=False)
 
             def dispatcher(*args, **kwargs):
                 raise AssertionError("an inference call of a model's layer went through torch.ops")
@@ -424,11 +425,14 @@ def test_optimize_end_to_end_check_keeps_the_fastest_placement():
         assert record is not None and record["eager_ms"] > 0 and "tuned" in record["candidates"]
         times = record["candidates"]
         placements = {name: ms for name, ms in times.items() if name != "traced"}
-        if record["chosen"] == "traced":  # no placement beat the plain trace by 2%
-            assert min(placements.values()) > 0.98 * times["traced"]
+        eager_ms = record["eager_ms"]
+        fallback = times["traced"] if times["traced"] < 0.98 * eager_ms else eager_ms  # traced must win by 2% too
+        if record["chosen"] in ("traced", "eager"):  # no placement beat torch by 2%: torch only
+            assert min(placements.values()) >= 0.98 * fallback
             assert not any(isinstance(m, CutlassLinear) for m in fast.modules())
+            assert isinstance(fast, type(model)) == (record["chosen"] == "eager")
         else:
-            assert times[record["chosen"]] == min(placements.values()) <= 0.98 * times["traced"]
+            assert times[record["chosen"]] == min(placements.values()) < 0.98 * fallback
         assert any(note.startswith("end-to-end check") for note in report.notes)
         assert OptimizeReport.from_dict(report.to_dict()).end_to_end == record
         kernels = {row["layer"]: row["kernel"] for row in report.rows}
