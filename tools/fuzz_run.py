@@ -310,6 +310,9 @@ def prepare(entry, pool=True):
         raise RuntimeError(f"the cfg rebuilds as {op.name}, not {entry['name']} (drawing is not reproducible)")
     select(entry["backend"], entry["arch"])
     cutlass.session.current().set_option("progress", False)
+    if entry.get("preload", True):  # from the cache the parent filled; a compile here means a miss (recorded)
+        report = cutlass.compiler.add_module([op])
+        entry["child_compiled"] = report.compiled
     if pool:
         cutlass.get_memory_pool(2**26, 2**33)
     return op
@@ -332,7 +335,7 @@ def cases(entry, op, emit):
                 problem, seed = plan[0]
             else:
                 problem, seed = draw_problem(cfg, op, rng, attempt), rng.randint(0, 2**31 - 1)
-            print(START_MARK + json.dumps(problem), flush=True)
+            print(START_MARK + json.dumps(dict(problem=problem, case_seed=seed)), flush=True)
             record = run_case(cfg, op, problem, seed)
             emit(record)
             if record["status"] == "ERROR":
@@ -347,9 +350,12 @@ def child_main(payload: str) -> None:
     entry = json.loads(payload)
 
     def emit(record):
+        if entry.get("child_compiled"):
+            record["child_compiled"] = entry["child_compiled"]  # not found in the cache: compiled by the child
         print(CASE_MARK + json.dumps(record), flush=True)
 
     try:
+        print(START_MARK + json.dumps(dict(problem=None, phase="rebuild and load the operation")), flush=True)
         op = prepare(entry, pool=entry.get("pool", True))
         cases(entry, op, emit)
     except Exception as error:  # noqa: BLE001  (rebuilding or setting up failed)
@@ -393,23 +399,49 @@ def _signal_name(code):
         return f"signal {-code}"
 
 
+_LIVE = set()  # children running now (killed if the parent is interrupted)
+_LIVE_LOCK = threading.Lock()
+_STOP = threading.Event()
+
+
+def _kill(process):
+    try:
+        os.killpg(process.pid, signal.SIGKILL)  # the child's own process group (its sanitizer included)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill_children():
+    _STOP.set()
+    with _LIVE_LOCK:
+        for process in list(_LIVE):
+            _kill(process)
+
+
 def run_child(entry, command, timeout, env=None):
     """Run one entry's child; return its case records plus, where it died, hung or the sanitizer objected, one
-    record saying so."""
+    record saying so. None if the run was interrupted first."""
+    if _STOP.is_set():
+        return None
     args = command + ["--one", json.dumps(entry)]
     start = time.perf_counter()
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
                                start_new_session=True, env=env)
+    with _LIVE_LOCK:
+        _LIVE.add(process)
     hung = False
     try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        hung = True
         try:
-            os.killpg(process.pid, signal.SIGKILL)  # the child's own process group (its sanitizer included)
-        except ProcessLookupError:
-            pass
-        stdout, stderr = process.communicate()
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            hung = True
+            _kill(process)
+            stdout, stderr = process.communicate()
+    finally:
+        with _LIVE_LOCK:
+            _LIVE.discard(process)
+    if _STOP.is_set():
+        return None
     elapsed = round(time.perf_counter() - start, 1)
     records, other, running, done = [], [], None, False
     for line in stdout.splitlines():
@@ -423,25 +455,27 @@ def run_child(entry, command, timeout, env=None):
             try:
                 running = json.loads(line[len(START_MARK):])
             except json.JSONDecodeError:
-                running = line[len(START_MARK):]
+                running = dict(problem=line[len(START_MARK):])
         elif line.strip() == DONE_MARK:
             done = True
         else:
             other.append(line)
     rc = process.returncode
+    how = _signal_name(rc) if rc < 0 else f"exit status {rc}"
     tails = dict(stderr_tail=stderr[-3000:], stdout_tail="\n".join(other)[-3000:], exit=rc, child_seconds=elapsed)
+    if not isinstance(running, dict) or "problem" not in running:  # what it was running: {problem, case_seed}
+        running = dict(problem=running)
     extra = None
     if hung:
-        extra = dict(status="HANG", error=f"no exit within {timeout} s (killed)", problem=running)
+        extra = dict(status="HANG", error=f"no exit within {timeout} s (killed)", **running)
     elif rc == SANITIZER_EXIT or (rc != 0 and "ERROR SUMMARY:" in stdout and "ERROR SUMMARY: 0 errors" not in stdout):
-        extra = dict(status="MEMCHECK", error="compute-sanitizer memcheck reported errors", problem=running)
+        extra = dict(status="MEMCHECK", error="compute-sanitizer memcheck reported errors", **running)
     elif rc != 0 and not done:
-        how = _signal_name(rc) if rc < 0 else f"exit status {rc}"
-        extra = dict(status="CRASH", error=f"the child died ({how}) while running a case", problem=running)
+        extra = dict(status="CRASH", error=f"the child died ({how}) while running a case", **running)
     elif not records:
-        extra = dict(status="CRASH", error=f"the child printed no case (exit status {rc})", problem=running)
+        extra = dict(status="CRASH", error=f"the child printed no case ({how})", **running)
     elif rc != 0 and not any(r["status"] in DEFECTS for r in records):
-        extra = dict(status="CRASH", error=f"the child exited with status {rc} after its cases", problem=None)
+        extra = dict(status="CRASH", error=f"the child ended with {how} after its cases", problem=None)
     if extra is not None:
         records.append(dict(extra, **tails))
     elif rc != 0 or any(r["status"] in DEFECTS for r in records):
@@ -489,22 +523,23 @@ def _problem_text(problem) -> str:
             f"stride={p['stride']} dilation={p['dilation']}")
 
 
-def summarize(records, out=sys.stdout):
+def summarize(records, out=None):
     """The count table (family x status) and one line per defect configuration."""
+    out = out or sys.stdout
     counts = collections.defaultdict(collections.Counter)
     for record in records:
         counts[record["family"]][record["status"]] += 1
     columns = [s for s in STATUSES if any(c[s] for c in counts.values())]
-    width = max([len(s) for s in columns] + [5])
+    widths = [max(len(s), 5) + 2 for s in columns]
     print("\nsummary (cases; COMPILE-FAIL, CRASH, HANG and MEMCHECK count configurations):", file=out)
-    print("  " + "family".ljust(8) + "".join(s.rjust(width + 2) for s in columns), file=out)
+    print("  " + "family".ljust(8) + "".join(s.rjust(w) for s, w in zip(columns, widths)), file=out)
     total = collections.Counter()
     for family in FAMILIES:
         if family in counts:
             total.update(counts[family])
-            print("  " + family.ljust(8) + "".join(str(counts[family][s]).rjust(width + 2) for s in columns),
+            print("  " + family.ljust(8) + "".join(str(counts[family][s]).rjust(w) for s, w in zip(columns, widths)),
                   file=out)
-    print("  " + "all".ljust(8) + "".join(str(total[s]).rjust(width + 2) for s in columns), file=out)
+    print("  " + "all".ljust(8) + "".join(str(total[s]).rjust(w) for s, w in zip(columns, widths)), file=out)
     defects = collections.OrderedDict()
     for record in records:
         if record["status"] in DEFECTS:
@@ -518,6 +553,10 @@ def summarize(records, out=sys.stdout):
         print(f"        {first['name']}" + (f"  at {_problem_text(problem)}" if problem else ""), file=out)
         print(f"        {(first.get('error') or '').splitlines()[0][:200] if first.get('error') else ''}", file=out)
     return total
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def orchestrate(args, plan):
@@ -562,7 +601,11 @@ def orchestrate(args, plan):
         else:
             runs.append(dict(entry, sizes=args.sizes, retries=args.retries, pool=not args.sanitize))
     start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.parallel))
+    previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() \
+        else None
+    interrupted = False
+    try:
         futures = {pool.submit(run_child, entry, command, args.timeout, env): entry for entry in runs}
         for future in concurrent.futures.as_completed(futures):
             entry = futures[future]
@@ -570,9 +613,21 @@ def orchestrate(args, plan):
                 found = future.result()
             except Exception as error:  # noqa: BLE001  (the orchestration itself: record, go on)
                 found = [dict(status="CRASH", error=f"starting the child failed: {type(error).__name__}: {error}")]
-            keep(entry, found)
+            if found is not None:
+                keep(entry, found)
+    except KeyboardInterrupt:
+        interrupted = True
+        kill_children()  # no child outlives the run (they are in their own sessions: Ctrl-C does not reach them)
+        print("interrupted: children killed; the summary covers the configurations that finished", flush=True)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        _STOP.clear()
     out.close()
-    print(f"ran {len(runs)} configurations in {time.perf_counter() - start:.0f} s; records in {args.out}", flush=True)
+    print(f"ran {len({r['index'] for r in records})} of {len(plan)} configurations in "
+          f"{time.perf_counter() - start:.0f} s{' (interrupted)' if interrupted else ''}; records in {args.out}",
+          flush=True)
     records.sort(key=lambda r: r["index"])
     summarize(records)
     return records
@@ -591,11 +646,11 @@ def run_config(args):
     entry.setdefault("seed", args.seed)
     if not entry.get("problem"):
         entry.pop("problem", None)
+    entry["preload"] = not args.no_compile
+    print(describe(cfg), flush=True)
     op = prepare(entry, pool=not os.environ.get("FUZZ_RUN_NO_POOL"))
-    print(describe(cfg))
-    print(op.name, flush=True)
-    if not args.no_compile:
-        cutlass.compiler.add_module([op])
+    print(op.name + (f" (compiled here: {entry['child_compiled']})" if entry.get("child_compiled") else ""),
+          flush=True)
 
     def emit(record):
         print(json.dumps(dict(record, name=op.name)), flush=True)
