@@ -1,17 +1,63 @@
-"""Run what the descriptions accept on a GPU: draw random GEMM configurations (tools/fuzz_accept.py's drawing),
-keep the accepted ones, compile them in parallel and run each on random aligned problem sizes against a float64
-reference with NaN-poisoned outputs (the GPU suite's ``run_case``). Every compile failure, crash or wrong result is
-a defect; an ArgumentError for a problem the operation cannot take is recorded, not counted.
+"""Run what the descriptions accept on a GPU: draw random GEMM and conv2d configurations (tools/fuzz_accept.py's
+drawing, deterministic by --seed), keep the accepted ones, compile them all in parallel into the cache, then run
+each configuration's cases in its own subprocess (several at once, sharing the GPU) on random problem sizes against a
+float64 reference with NaN-poisoned outputs. A configuration that kills its process (CUDA_ERROR_ILLEGAL_ADDRESS, a
+signal) or hangs is recorded against itself alone: the other configurations run in other CUDA contexts.
 
-    PYCUTLASS_CACHE_DIR=/tmp/fuzzcache python tools/fuzz_run.py --sm80 48 --sm90 32 --seed 3 --jobs 16 --out F.jsonl
+    # the full run (GPU host; 16 cores): GEMM Sm80-family / SM90 and conv Sm80-family / SM90
+    PYCUTLASS_CACHE_DIR=/tmp/fuzzcache python tools/fuzz_run.py --sm80 48 --sm90 32 --conv80 32 --conv90 16 \\
+        --seed 3 --jobs 16 --parallel 8 --timeout 120 --out fuzz-run.jsonl 2>&1 | tee fuzz-run.log
+    # what would be drawn (no compile, no GPU): one line per configuration, each rebuilt and checked
+    python tools/fuzz_run.py --sm80 48 --sm90 32 --conv80 32 --conv90 16 --seed 3 --dry-run
+    # rerun one configuration in this process (a "cfg" object, or a whole JSONL record: then its exact problem
+    # size and data seed), optionally under compute-sanitizer's memcheck
+    PYCUTLASS_CACHE_DIR=/tmp/fuzzcache python tools/fuzz_run.py --config "$(sed -n 17p fuzz-run.jsonl)" --sanitize
+    # every child under compute-sanitizer (slow: the timeout becomes 900 s unless --timeout says otherwise)
+    PYCUTLASS_CACHE_DIR=/tmp/fuzzcache python tools/fuzz_run.py ... --sanitize --parallel 4
+
+With --seed 3, --sm80 48 and --sm90 32 draw the GEMM configurations of the first GPU run (docs/known-defects.md;
+its illegal address is #11, pycutlass_gemm_sm80_tensorop_f16f16f32_nnn_64x64x32_1x4x1_s4_a224_db881f83d1); the conv
+families are drawn after them, and each configuration's problem sizes come from its own seed.
+
+Families: ``gemm80`` (--sm80; nvcc; target sm_80, or sm_90 where the drawn cc is 90), ``gemm90`` (--sm90; NVRTC;
+sm_90), ``conv80`` (--conv80; nvcc) and ``conv90`` (--conv90; NVRTC). The parent compiles each (backend, arch)
+group with ``add_module(ops, jobs=--jobs)`` (a failing batch is recompiled one operation at a time, to attribute
+the failures), then starts ``fuzz_run.py --one '<json>'`` per configuration (``--parallel`` at a time, each with
+``--timeout`` seconds). The child rebuilds the operation from its cfg (``fuzz_accept.build``; the name must be the
+one the parent compiled), sets the same target arch and backend, loads it from the same cache (PYCUTLASS_CACHE_DIR
+is inherited), runs ``--sizes`` problem sizes (an ArgumentError is recorded as argument-rejected and another size is
+drawn, up to ``--retries`` times) and prints one ``FUZZ-CASE {json}`` line per case on stdout.
+
+Statuses: ``ok``; ``argument-rejected`` (the operation refused the problem with ArgumentError: not a defect);
+defects: ``COMPILE-FAIL``, ``WRONG`` (beyond the tolerance, or NaN poison left), ``ERROR`` (an exception in the
+child, e.g. a CUDA error: the child stops there), ``CRASH`` (the child died: signal, nonzero exit, or no JSON; with
+its stderr tail and the problem it was running), ``HANG`` (killed after --timeout), ``MEMCHECK`` (--sanitize:
+compute-sanitizer reported errors). The JSONL (--out) holds one record per case; a summary table and one line per
+defect configuration end the log.
+
+References: GEMMs use the GPU suite's ``tests/gpu/test_gemm_sm90.py::run_case`` (float64 numpy reference), convs
+``tests/gpu/test_conv2d.py::run_conv`` (float64 torch reference ``conv_reference``; it serves SM90 operations too:
+``Conv2dArguments`` hands them the SM90 arguments class, and their fused bias is C as a vector with beta = 1). The
+tolerance is this script's (``tolerance``, recorded per case): from the operand type and math operation, the
+accumulator, the output type, a float16 epilogue compute type and the approximate activations. Not run: interleaved
+int8 layouts (GEMM ColumnMajorInterleaved32, conv TensorNC32HW32 / TensorC32RSK32: the runners have no reference for
+them) and GEMMs with FastLinearCombinationClamp (exact only for K <= 256; convs with it run, larger K is refused with
+ArgumentError).
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import concurrent.futures
 import json
+import os
 import random
+import shlex
+import shutil
+import signal
+import subprocess
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -23,100 +69,656 @@ import fuzz_accept  # noqa: E402
 
 import pycutlass as cutlass  # noqa: E402
 
+CASE_MARK = "FUZZ-CASE "    # a case's JSON record on the child's stdout
+START_MARK = "FUZZ-START "  # the problem a child is about to run (so a crash or hang can name it)
+DONE_MARK = "FUZZ-DONE"     # the child finished its cases (what follows is teardown)
+DEFECTS = ("COMPILE-FAIL", "WRONG", "ERROR", "CRASH", "HANG", "MEMCHECK")
+STATUSES = ("ok", "argument-rejected") + DEFECTS
+FAMILIES = ("gemm80", "gemm90", "conv80", "conv90")
+D = cutlass.DataType
 
-def _runnable(cfg) -> bool:
-    """What run_case's reference models: dense (not interleaved) GEMMs; the fast clamp only where its K rule holds."""
-    return "Interleaved" not in "".join(cfg["layouts"]) and cfg["epilogue"] != "FastLinearCombinationClamp"
+
+# --- drawing (parent) ---------------------------------------------------------------------------------------------
+def runnable(cfg) -> bool:
+    """What the runners' references model: no interleaved layouts; for GEMMs no FastLinearCombinationClamp."""
+    layouts = "".join(cfg["layouts"])
+    if "Interleaved" in layouts or "32" in layouts:  # ColumnMajorInterleaved32, TensorNC32HW32, TensorC32RSK32
+        return False
+    return not (cfg["family"].startswith("gemm") and cfg["epilogue"] == "FastLinearCombinationClamp")
 
 
-def _accepted(rng, family, count, tries=20000):
-    found = []
-    for _ in range(tries):
+def target_of(cfg) -> tuple[str, int]:
+    """(backend, arch) the parent compiles a configuration with, and its child loads it with."""
+    return ("nvrtc" if cfg["family"].endswith("90") else "nvcc"), (90 if cfg["cc"] == 90 else 80)
+
+
+def accepted(rng, family, count, tries=20000):
+    found, names = [], set()
+    for _ in range(tries if count else 0):
         cfg, op, _ = fuzz_accept.draw(rng, family)
-        if op is not None and _runnable(cfg) and op.name not in {o.name for _, o in found}:
+        if op is not None and runnable(cfg) and op.name not in names:
+            names.add(op.name)
             found.append((cfg, op))
             if len(found) == count:
                 break
     return found
 
 
-def _compile(ops, backend, jobs):
+def draw_plan(seed, counts):
+    """[(entry, op)]: entry = {index, family, backend, arch, name, seed, cfg}. The families are drawn in FAMILIES'
+    order from one Random(seed) (so --sm80/--sm90 with the same seed draw the GEMMs earlier runs drew), then each
+    configuration gets the seed of its cases."""
+    rng = random.Random(seed)
+    drawn = [(family, cfg, op) for family in FAMILIES for cfg, op in accepted(rng, family, counts.get(family, 0))]
+    plan = []
+    for index, (family, cfg, op) in enumerate(drawn):
+        backend, arch = target_of(cfg)
+        plan.append((dict(index=index, family=family, backend=backend, arch=arch, name=op.name,
+                          seed=rng.randint(0, 2**31 - 1), cfg=cfg), op))
+    return plan
+
+
+def select(backend, arch):
     cutlass.compiler.nvrtc() if backend == "nvrtc" else cutlass.compiler.nvcc()
+    cutlass.compiler.set_target_arch(arch)
+
+
+def compile_all(plan, jobs):
+    """{name: error text} of the operations that do not compile; the others are in the cache."""
+    groups = collections.defaultdict(list)
+    for entry, op in plan:
+        groups[(entry["backend"], entry["arch"])].append(op)
     failed = {}
-    try:
-        cutlass.compiler.add_module(ops, jobs=jobs)
-    except cutlass.CompilationError:
-        for op in ops:  # which ones
-            try:
-                cutlass.compiler.add_module([op])
-            except cutlass.CompilationError as error:
-                failed[op.name] = str(error)[-1500:]
+    for (backend, arch), ops in groups.items():
+        start = time.perf_counter()
+        select(backend, arch)
+        before = len(failed)
+        try:
+            cutlass.compiler.add_module(ops, jobs=jobs)
+        except Exception as error:  # noqa: BLE001  (CompilationError, or anything else the batch raised)
+            print(f"  the batch failed ({type(error).__name__}); compiling one at a time", flush=True)
+            for op in ops:  # which ones
+                try:
+                    cutlass.compiler.add_module([op])
+                except cutlass.CompilationError as error:
+                    failed[op.name] = fuzz_accept._error_summary(error)[-1500:]
+                except Exception as error:  # noqa: BLE001
+                    failed[op.name] = f"{type(error).__name__}: {str(error)[-1500:]}"
+        print(f"compile {backend} sm_{arch}: {len(ops)} operations in {time.perf_counter() - start:.0f} s, "
+              f"{len(failed) - before} failed", flush=True)
     return failed
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sm80", type=int, default=48)
-    parser.add_argument("--sm90", type=int, default=32)
-    parser.add_argument("--seed", type=int, default=3)
-    parser.add_argument("--jobs", type=int, default=16)
-    parser.add_argument("--sizes", type=int, default=2, help="random problem sizes per operation")
-    parser.add_argument("--out", default="fuzz_run.jsonl")
-    args = parser.parse_args()
-    from tests.gpu import test_gemm_sm90 as suite  # the GPU suite's runner and float64 reference
-    suite.TORCH.setdefault(cutlass.DataType.float64, "float64")  # (that suite has no f64: the Sm80 family does)
-    suite.TOLERANCE.setdefault(cutlass.DataType.float64, 1e-12)
-    run_case = suite.run_case
+# --- checking (child) ---------------------------------------------------------------------------------------------
+_APPROXIMATE = ("tanh", "sigmoid", "silu", "gelu", "hardswish")
 
+
+def tolerance(op) -> float:
+    """Relative (Frobenius) error a correct kernel stays below, for float outputs."""
+    math = op.tile_description.math_instruction
+    operand, acc, out = math.element_a, math.element_accumulator, op.C.element
+    functor = op.epilogue_functor
+    if operand is D.float64:
+        tol = 1e-12
+    elif operand is D.tfloat32:
+        tol = 5e-3
+    elif operand is D.float32 and math.opcode_class is cutlass.OpClass.TensorOp:
+        tol = {"multiply_add_fast_f32": 1e-4, "multiply_add_fast_bf16": 2e-2}.get(math.math_operation.name, 5e-3)
+    else:  # f32 SIMT; f16 / bf16 / int8 / fp8 values are exact in the accumulator
+        tol = 1e-5
+    if acc is D.float16:
+        tol = max(tol, 1e-2)
+    tol = max(tol, {D.float16: 2e-3, D.bfloat16: 2e-2, D.float8_e4m3: 8e-2, D.float8_e5m2: 1.5e-1}.get(out, 0.0))
+    compute = getattr(functor, "element_epilogue", None)
+    if compute is D.float16 and acc is not D.float16:
+        tol = max(tol, 4e-3)
+    activation = getattr(functor, "activation", None)
+    if activation is not None and activation.name in _APPROXIMATE and compute is not D.float64:
+        tol = max(tol, 2e-3)  # CUTLASS's fast tanh / exp approximations
+    return tol
+
+
+class Measured:
+    """What the last check measured (recorded with the case); ``checked``: the comparison was reached (an
+    AssertionError before it is an ERROR, not a WRONG result)."""
+    error = None
+    tolerance = None
+    checked = False
+
+
+def check(op, got, reference):
+    """Integers: equal to the rounded, saturated reference within 1 (float epilogue math ties), more for a float16
+    epilogue; floats: relative error below ``tolerance(op)`` and no NaN poison left."""
+    import numpy as np
+
+    Measured.checked = True
+    got = np.asarray(got, dtype=np.float64)
+    reference = np.asarray(reference, dtype=np.float64)
+    assert got.shape == reference.shape, f"shape {got.shape} != reference {reference.shape}"
+    out = op.C.element
+    if out.is_integer:
+        info = np.iinfo(np.int8 if out is D.int8 else np.int32)
+        expected = np.clip(np.rint(reference), info.min, info.max)
+        limit = 1.0 + (np.abs(expected) * 2.0**-9 if op.epilogue_functor.element_epilogue is D.float16 else 0.0)
+        diff = np.abs(got - expected)
+        Measured.error, Measured.tolerance = float(diff.max(initial=0.0)), 1.0
+        assert np.all(np.isfinite(got)) and np.all(diff <= limit), f"max |difference| {diff.max(initial=0)}"
+        return
+    from tests.gpu.conftest import relative_error
+
+    Measured.error, Measured.tolerance = relative_error(got, reference), tolerance(op)
+    assert Measured.error < Measured.tolerance, \
+        f"relative error {Measured.error:.3e} (tolerance {Measured.tolerance:.1e})"
+
+
+# --- running (child) ----------------------------------------------------------------------------------------------
+def _suites():
+    from tests.gpu import test_conv2d as conv_suite
+    from tests.gpu import test_gemm_sm90 as gemm_suite  # the GPU suites' runners and float64 references
+
+    gemm_suite.TORCH.setdefault(D.float64, "float64")  # (that suite has no f64: the Sm80 family does)
+    gemm_suite.TOLERANCE.setdefault(D.float64, 1e-12)
+    gemm_suite._check = check  # run_case and run_conv look these up at call time: our tolerances, measured
+    conv_suite.assert_close = lambda op, got, reference, tol=None: check(op, got, reference)
+    return gemm_suite, conv_suite
+
+
+def _activation_args(cfg):
+    return (0.1,) if cfg["epilogue"] == "LinearCombinationGeneric" and cfg["activation"] == "leaky_relu" else ()
+
+
+def draw_problem(cfg, op, rng, attempt):
+    """A random problem within what the operation's alignments allow (later attempts: stride and dilation 1)."""
+    if cfg["family"].startswith("gemm"):
+        return dict(m=rng.randint(1, 24) * 16, n=rng.randint(1, 24) * 16, k=rng.randint(1, 24) * 16)
+    sm90 = cfg["family"] == "conv90"
+    align = max(op.A.alignment, op.B.alignment, op.C.alignment, 8 if sm90 else 1)
+    kind, algorithm = cfg["conv_kind"], cfg["algorithm"]
+    big = rng.random() < 0.25  # now and then channels over several tiles
+    channels, extent = (136, 40) if big else (40, 20)
+    if algorithm == "fixed_channels":
+        c = op.A.alignment
+    elif algorithm == "few_channels":
+        c = align * rng.randint(1, 3)
+    else:
+        c = align * rng.randint(1, max(2, channels // align))
+    k = align * rng.randint(1, max(2, channels // align))
+    r, s = rng.choice([1, 1, 2, 3, 3, 5]), rng.choice([1, 1, 2, 3, 3, 5])
+    safe = attempt >= 2
+    stride = [1, 1] if safe else [rng.choice([1, 1, 2, 3]) for _ in range(2)]
+    dilation = [1, 1] if safe else [rng.choice([1, 1, 1, 2]) for _ in range(2)]
+    if kind == "dgrad" and (sm90 or cfg["stride_support"] == "Unity"):
+        stride = [1, 1]
+    if kind == "dgrad" and not sm90 and cfg["stride_support"] == "Strided":
+        dilation = [1, 1]  # the strided-dgrad kernel has no dilation
+    if kind == "wgrad" and cfg.get("bias"):
+        r = s = 1  # a bias vector is C of the 1x1 filter gradient only
+    ph, pw = rng.randint(0, min(2, r)), rng.randint(0, min(2, s))
+    pad = [ph, ph, pw, pw]
+    if kind == "fprop" and rng.random() < 0.3:
+        pad = [rng.randint(0, 2) for _ in range(4)]
+    n = rng.randint(1, 3)
+    h = max(rng.randint(1, extent), dilation[0] * (r - 1) + 1 - pad[0] - pad[1])
+    w = max(rng.randint(1, extent), dilation[1] * (s - 1) + 1 - pad[2] - pad[3])
+    return dict(n=n, h=h, w=w, c=c, k=k, r=r, s=s, pad=pad, stride=stride, dilation=dilation)
+
+
+def run_problem(cfg, op, problem, seed):
+    """Run one case; raises what the runner raises."""
+    gemm_suite, conv_suite = _suites()
+    if cfg["family"].startswith("gemm"):
+        gemm_suite.run_case(op, problem["m"], problem["n"], problem["k"], seed=seed, bias=bool(cfg.get("bias")),
+                            activation_args=_activation_args(cfg))
+        return
+    p = problem
+    ps = conv_suite.problem(p["n"], p["h"], p["w"], p["c"], p["k"], p["r"], p["s"], tuple(p["pad"]),
+                            tuple(p["stride"]), tuple(p["dilation"]))
+    out = op.C.element
+    alpha, beta = (1.0, 1.0) if out is D.int32 else (0.25, 1.0) if out is D.int8 else (1.25, -0.5)
+    bias = None
+    if cfg.get("bias"):  # the SM90 fused bias: C is one value per output channel, added once
+        bias, beta = "vector", 1.0
+    conv_suite.run_conv(op, ps, alpha=alpha, beta=beta, bias=bias, activation_args=_activation_args(cfg), seed=seed)
+
+
+def run_case(cfg, op, problem, seed):
+    """One case as a record: status ok / argument-rejected / WRONG / ERROR."""
+    record = dict(problem=problem, case_seed=seed)
+    Measured.error = Measured.tolerance = None
+    Measured.checked = False
+    start = time.perf_counter()
+    try:
+        run_problem(cfg, op, problem, seed)
+        record["status"] = "ok"
+    except cutlass.ArgumentError as error:
+        record.update(status="argument-rejected", error=str(error)[:400])
+    except AssertionError as error:
+        if Measured.checked:
+            record.update(status="WRONG", error=str(error)[:400])
+        else:
+            record.update(status="ERROR", error=f"AssertionError before the comparison: {str(error)[:400]}",
+                          trace=traceback.format_exc()[-2000:])
+    except Exception as error:  # noqa: BLE001
+        record.update(status="ERROR", error=f"{type(error).__name__}: {str(error)[:400]}",
+                      trace=traceback.format_exc()[-2000:])
+    record["seconds"] = round(time.perf_counter() - start, 3)
+    if Measured.error is not None:
+        record.update(measured=Measured.error, tolerance=Measured.tolerance)
+    return record
+
+
+def prepare(entry, pool=True):
+    """The operation of ``entry`` rebuilt, with the backend and target the parent compiled it with."""
+    op = fuzz_accept.build(entry["cfg"])
+    if entry.get("name") and op.name != entry["name"]:
+        raise RuntimeError(f"the cfg rebuilds as {op.name}, not {entry['name']} (drawing is not reproducible)")
+    select(entry["backend"], entry["arch"])
     cutlass.session.current().set_option("progress", False)
-    cutlass.get_memory_pool(2**28, 2**34)
-    rng = random.Random(args.seed)
-    groups = {"nvcc": _accepted(rng, "gemm80", args.sm80), "nvrtc": _accepted(rng, "gemm90", args.sm90)}
-    counts = collections.Counter()
-    with open(args.out, "w") as out:
-        for backend, entries in groups.items():
-            start = time.perf_counter()
-            by_arch = collections.defaultdict(list)
-            for cfg, op in entries:
-                by_arch[90 if cfg["cc"] == 90 else 80].append(op)
-            failed = {}
-            for arch, ops in by_arch.items():
-                cutlass.compiler.set_target_arch(arch)
-                failed.update(_compile(ops, backend, args.jobs))
-            print(f"{backend}: compiled {len(entries)} in {time.perf_counter() - start:.0f} s, {len(failed)} failed",
-                  flush=True)
-            for cfg, op in entries:
-                record = {"backend": backend, "name": op.name, "cfg": cfg}
-                if op.name in failed:
-                    record.update(status="COMPILE-FAIL", error=failed[op.name])
-                    counts["COMPILE-FAIL"] += 1
-                    out.write(json.dumps(record) + "\n")
-                    print("COMPILE-FAIL", op.name, flush=True)
-                    continue
-                cutlass.compiler.set_target_arch(90 if cfg["cc"] == 90 else 80)
-                cutlass.compiler.nvrtc() if backend == "nvrtc" else cutlass.compiler.nvcc()
-                for _ in range(args.sizes):
-                    m, n, k = (rng.randint(1, 24) * 16 for _ in range(3))
-                    leaky = (0.1,) if cfg["epilogue"] == "LinearCombinationGeneric" and \
-                        cfg["activation"] == "leaky_relu" else ()
-                    case = dict(record, m=m, n=n, k=k)
-                    try:
-                        run_case(op, m, n, k, seed=rng.randint(0, 2**31), bias=bool(cfg.get("bias")),
-                                 activation_args=leaky)
-                        case["status"] = "ok"
-                    except cutlass.ArgumentError as error:
-                        case.update(status="argument-rejected", error=str(error)[:300])
-                    except AssertionError as error:
-                        case.update(status="WRONG", error=str(error)[:300])
-                    except Exception as error:  # noqa: BLE001
-                        case.update(status="ERROR", error=f"{type(error).__name__}: {str(error)[:300]}",
-                                    trace=traceback.format_exc()[-1500:])
-                    counts[case["status"]] += 1
-                    out.write(json.dumps(case) + "\n")
-                    if case["status"] not in ("ok", "argument-rejected"):
-                        print(case["status"], op.name, (m, n, k), case.get("error", "")[:200], flush=True)
-    print("summary:", dict(counts), flush=True)
+    if entry.get("preload", True):  # from the cache the parent filled; a compile here means a miss (recorded)
+        report = cutlass.compiler.add_module([op])
+        entry["child_compiled"] = report.compiled
+    if pool:
+        cutlass.get_memory_pool(2**26, 2**33)
+    return op
+
+
+def cases(entry, op, emit):
+    """Run the entry's cases (or its one recorded problem), handing each record to ``emit``; stop after an ERROR
+    (the CUDA context may be gone)."""
+    cfg = entry["cfg"]
+    if entry.get("problem") is not None:
+        plan = [(entry["problem"], entry.get("case_seed", 0))]
+        retries = 0
+    else:
+        rng = random.Random(entry["seed"])
+        plan = None
+        retries = entry.get("retries", 3)
+    for index in range(1 if plan else entry.get("sizes", 2)):
+        for attempt in range(retries + 1):
+            if plan:
+                problem, seed = plan[0]
+            else:
+                problem, seed = draw_problem(cfg, op, rng, attempt), rng.randint(0, 2**31 - 1)
+            print(START_MARK + json.dumps(dict(problem=problem, case_seed=seed)), flush=True)
+            record = run_case(cfg, op, problem, seed)
+            emit(record)
+            if record["status"] == "ERROR":
+                return
+            if record["status"] != "argument-rejected":
+                break
+
+
+def child_main(payload: str) -> None:
+    """``--one``: one configuration's cases, one FUZZ-CASE line each; leaves with os._exit (no teardown of a CUDA
+    context a kernel may have broken)."""
+    entry = json.loads(payload)
+
+    def emit(record):
+        if entry.get("child_compiled"):
+            record["child_compiled"] = entry["child_compiled"]  # not found in the cache: compiled by the child
+        print(CASE_MARK + json.dumps(record), flush=True)
+
+    try:
+        print(START_MARK + json.dumps(dict(problem=None, phase="rebuild and load the operation")), flush=True)
+        op = prepare(entry, pool=entry.get("pool", True))
+        cases(entry, op, emit)
+    except Exception as error:  # noqa: BLE001  (rebuilding or setting up failed)
+        emit(dict(status="ERROR", error=f"{type(error).__name__}: {str(error)[:400]}",
+                  trace=traceback.format_exc()[-2000:]))
+    print(DONE_MARK, flush=True)
+    sys.stderr.flush()
+    os._exit(0)
+
+
+# --- orchestration (parent) ---------------------------------------------------------------------------------------
+def sanitizer_path():
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home and os.access(Path(home) / "bin" / "compute-sanitizer", os.X_OK):
+            return str(Path(home) / "bin" / "compute-sanitizer")
+    return None
+
+
+SANITIZER_EXIT = 86
+
+
+def sanitizer_prefix():
+    path = sanitizer_path()
+    if path is None:
+        raise SystemExit("--sanitize: compute-sanitizer is neither on PATH nor in $CUDA_HOME/bin or "
+                         "/usr/local/cuda/bin")
+    return [path, "--tool", "memcheck", "--error-exitcode", str(SANITIZER_EXIT), "--print-limit", "30"]
+
+
+def sanitizer_env():
+    """Allocations the sanitizer can see: no torch caching allocator (and the child skips the RMM pool)."""
+    return dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
+
+
+def _signal_name(code):
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+_LIVE = set()  # children running now (killed if the parent is interrupted)
+_LIVE_LOCK = threading.Lock()
+_STOP = threading.Event()
+
+
+def _kill(process):
+    try:
+        os.killpg(process.pid, signal.SIGKILL)  # the child's own process group (its sanitizer included)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill_children():
+    _STOP.set()
+    with _LIVE_LOCK:
+        for process in list(_LIVE):
+            _kill(process)
+
+
+def run_child(entry, command, timeout, env=None):
+    """Run one entry's child; return its case records plus, where it died, hung or the sanitizer objected, one
+    record saying so. None if the run was interrupted first."""
+    if _STOP.is_set():
+        return None
+    args = command + ["--one", json.dumps(entry)]
+    start = time.perf_counter()
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+                               start_new_session=True, env=env)
+    with _LIVE_LOCK:
+        _LIVE.add(process)
+    hung = False
+    try:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            hung = True
+            _kill(process)
+            stdout, stderr = process.communicate()
+    finally:
+        with _LIVE_LOCK:
+            _LIVE.discard(process)
+    if _STOP.is_set():
+        return None
+    elapsed = round(time.perf_counter() - start, 1)
+    records, other, running, done = [], [], None, False
+    for line in stdout.splitlines():
+        if line.startswith(CASE_MARK):
+            try:
+                records.append(json.loads(line[len(CASE_MARK):]))
+            except json.JSONDecodeError:
+                other.append(line)
+            running = None
+        elif line.startswith(START_MARK):
+            try:
+                running = json.loads(line[len(START_MARK):])
+            except json.JSONDecodeError:
+                running = dict(problem=line[len(START_MARK):])
+        elif line.strip() == DONE_MARK:
+            done = True
+        else:
+            other.append(line)
+    rc = process.returncode
+    how = _signal_name(rc) if rc < 0 else f"exit status {rc}"
+    tails = dict(stderr_tail=stderr[-3000:], stdout_tail="\n".join(other)[-3000:], exit=rc, child_seconds=elapsed)
+    if not isinstance(running, dict) or "problem" not in running:  # what it was running: {problem, case_seed}
+        running = dict(problem=running)
+    extra = None
+    if hung:
+        extra = dict(status="HANG", error=f"no exit within {timeout} s (killed)", **running)
+    elif rc == SANITIZER_EXIT or (rc != 0 and "ERROR SUMMARY:" in stdout and "ERROR SUMMARY: 0 errors" not in stdout):
+        extra = dict(status="MEMCHECK", error="compute-sanitizer memcheck reported errors", **running)
+    elif rc != 0 and not done:
+        extra = dict(status="CRASH", error=f"the child died ({how}) while running a case", **running)
+    elif not records:
+        extra = dict(status="CRASH", error=f"the child printed no case ({how})", **running)
+    elif rc != 0 and not any(r["status"] in DEFECTS for r in records):
+        extra = dict(status="CRASH", error=f"the child ended with {how} after its cases", problem=None)
+    if extra is not None:
+        records.append(dict(extra, **tails))
+    elif rc != 0 or any(r["status"] in DEFECTS for r in records):
+        for record in records:
+            if record["status"] in DEFECTS:
+                record.update(tails)
+    return records
+
+
+def describe(cfg) -> str:
+    """One readable line: family, cc, class, types, layouts, tile, warps, stages, alignments, epilogue."""
+    short = {"RowMajor": "T", "ColumnMajor": "N", "TensorNHWC": "NHWC"}
+    types = f"{cfg['a_elem']}*{cfg['b_elem']}->{cfg['c_elem']} (math {cfg['element']}, acc {cfg['acc']}" + \
+        ("" if cfg["math_op"] == "multiply_add" else f", {cfg['math_op']}") + ")"
+    layouts = "/".join(short.get(x, x) for x in cfg["layouts"])
+    if len(set(cfg["layouts"])) == 1 and cfg["layouts"][0] == "TensorNHWC":
+        layouts = "NHWC"
+    parts = [cfg["family"], f"cc{cfg['cc']}", cfg["opclass"], types, layouts]
+    if cfg["family"].startswith("conv"):
+        parts.append(f"{cfg['conv_kind']} {cfg['algorithm']} {cfg['stride_support']}")
+    warps = "x".join(map(str, cfg["warps"])) if cfg.get("warps") else "auto"
+    parts += [f"tile {'x'.join(map(str, cfg['tb']))}", f"warps {warps}", f"stages {cfg['stages'] or 'auto'}",
+              f"inst {'x'.join(map(str, cfg['inst']))}", f"align {cfg['a_align']}/{cfg['b_align']}/{cfg['c_align']}"]
+    if "cluster" in cfg:
+        parts.append(f"cluster {'x'.join(map(str, cfg['cluster']))} {cfg['kernel_schedule']}/"
+                     f"{cfg['epilogue_schedule']}/{cfg['tile_scheduler']}")
+    epilogue = cfg["epilogue"]
+    if epilogue == "LinearCombinationGeneric":
+        epilogue += f"({cfg['activation']})"
+    if cfg.get("element_epilogue"):
+        epilogue += f" compute {cfg['element_epilogue']}"
+    if cfg.get("bias"):
+        epilogue += f" bias {cfg['bias'] if isinstance(cfg['bias'], str) else 'vector'}"
+    parts += [epilogue, f"swizzle {cfg['swizzle']}"]
+    return ", ".join(parts)
+
+
+def _problem_text(problem) -> str:
+    if not isinstance(problem, dict):
+        return "" if problem is None else str(problem)
+    if "m" in problem:
+        return f"M={problem['m']} N={problem['n']} K={problem['k']}"
+    p = problem
+    return (f"N={p['n']} H={p['h']} W={p['w']} C={p['c']} K={p['k']} R={p['r']} S={p['s']} pad={p['pad']} "
+            f"stride={p['stride']} dilation={p['dilation']}")
+
+
+def summarize(records, out=None):
+    """The count table (family x status) and one line per defect configuration."""
+    out = out or sys.stdout
+    counts = collections.defaultdict(collections.Counter)
+    for record in records:
+        counts[record["family"]][record["status"]] += 1
+    columns = [s for s in STATUSES if any(c[s] for c in counts.values())]
+    widths = [max(len(s), 5) + 2 for s in columns]
+    print("\nsummary (cases; COMPILE-FAIL, CRASH, HANG and MEMCHECK count configurations):", file=out)
+    print("  " + "family".ljust(8) + "".join(s.rjust(w) for s, w in zip(columns, widths)), file=out)
+    total = collections.Counter()
+    for family in FAMILIES:
+        if family in counts:
+            total.update(counts[family])
+            print("  " + family.ljust(8) + "".join(str(counts[family][s]).rjust(w) for s, w in zip(columns, widths)),
+                  file=out)
+    print("  " + "all".ljust(8) + "".join(str(total[s]).rjust(w) for s, w in zip(columns, widths)), file=out)
+    defects = collections.OrderedDict()
+    for record in records:
+        if record["status"] in DEFECTS:
+            defects.setdefault(record["index"], []).append(record)
+    print(f"\ndefect configurations: {len(defects)}", file=out)
+    for index, found in defects.items():
+        first = found[0]
+        statuses = ",".join(sorted({r["status"] for r in found}))
+        problem = next((r.get("problem") for r in found if r.get("problem")), None)
+        print(f"  [{index}] {statuses}: {describe(first['cfg'])}", file=out)
+        print(f"        {first['name']}" + (f"  at {_problem_text(problem)}" if problem else ""), file=out)
+        print(f"        {(first.get('error') or '').splitlines()[0][:200] if first.get('error') else ''}", file=out)
+    return total
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def orchestrate(args, plan):
+    counts = {"gemm80": args.sm80, "gemm90": args.sm90, "conv80": args.conv80, "conv90": args.conv90}
+    for family in FAMILIES:
+        got = sum(1 for entry, _ in plan if entry["family"] == family)
+        if got < counts[family]:
+            print(f"warning: only {got} of {counts[family]} {family} configurations drawn", flush=True)
+    failed = {} if args.no_compile else compile_all(plan, args.jobs)
+    command = shlex.split(args.child_cmd) if args.child_cmd else [sys.executable, str(Path(__file__).resolve())]
+    env = None
+    if args.sanitize:
+        command = sanitizer_prefix() + command
+        env = sanitizer_env()
+    lock = threading.Lock()
+    records = []
+    out = open(args.out, "w")
+
+    def keep(entry, found):
+        with lock:
+            for found_record in found:
+                record = dict(index=entry["index"], family=entry["family"], backend=entry["backend"],
+                              arch=entry["arch"], name=entry["name"])
+                record.update(found_record)
+                record["cfg"] = entry["cfg"]
+                records.append(record)
+                out.write(json.dumps(record) + "\n")
+            out.flush()
+            statuses = collections.Counter(r["status"] for r in found)
+            marks = " ".join(f"{s}={n}" for s, n in statuses.items())
+            done = len({r["index"] for r in records})
+            print(f"[{done}/{len(plan)}] #{entry['index']} {entry['name']}: {marks}", flush=True)
+            for record in found:
+                if record["status"] in DEFECTS:
+                    print(f"    {record['status']} {_problem_text(record.get('problem'))} "
+                          f"{(record.get('error') or '')[:300]}", flush=True)
+
+    runs = []
+    for entry, _ in plan:
+        if entry["name"] in failed:
+            keep(entry, [dict(status="COMPILE-FAIL", error=failed[entry["name"]])])
+        else:
+            runs.append(dict(entry, sizes=args.sizes, retries=args.retries, pool=not args.sanitize))
+    start = time.perf_counter()
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.parallel))
+    previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() \
+        else None
+    interrupted = False
+    try:
+        futures = {pool.submit(run_child, entry, command, args.timeout, env): entry for entry in runs}
+        for future in concurrent.futures.as_completed(futures):
+            entry = futures[future]
+            try:
+                found = future.result()
+            except Exception as error:  # noqa: BLE001  (the orchestration itself: record, go on)
+                found = [dict(status="CRASH", error=f"starting the child failed: {type(error).__name__}: {error}")]
+            if found is not None:
+                keep(entry, found)
+    except KeyboardInterrupt:
+        interrupted = True
+        kill_children()  # no child outlives the run (they are in their own sessions: Ctrl-C does not reach them)
+        print("interrupted: children killed; the summary covers the configurations that finished", flush=True)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        _STOP.clear()
+    out.close()
+    print(f"ran {len({r['index'] for r in records})} of {len(plan)} configurations in "
+          f"{time.perf_counter() - start:.0f} s{' (interrupted)' if interrupted else ''}; records in {args.out}",
+          flush=True)
+    records.sort(key=lambda r: r["index"])
+    summarize(records)
+    return records
+
+
+def run_config(args):
+    """--config: one configuration in this process (a cfg, or a JSONL record: then its exact problem and seed)."""
+    text = args.config
+    if not text.lstrip().startswith("{") and Path(text).is_file():
+        text = Path(text).read_text()
+    given = json.loads(text)
+    cfg = given.get("cfg", given)
+    backend, arch = target_of(cfg)
+    entry = dict(given if "cfg" in given else {}, cfg=cfg, backend=given.get("backend", backend),
+                 arch=given.get("arch", arch), sizes=args.sizes, retries=args.retries)
+    entry.setdefault("seed", args.seed)
+    if not entry.get("problem"):
+        entry.pop("problem", None)
+    entry["preload"] = not args.no_compile
+    print(describe(cfg), flush=True)
+    op = prepare(entry, pool=not os.environ.get("FUZZ_RUN_NO_POOL"))
+    print(op.name + (f" (compiled here: {entry['child_compiled']})" if entry.get("child_compiled") else ""),
+          flush=True)
+
+    def emit(record):
+        print(json.dumps(dict(record, name=op.name)), flush=True)
+
+    cases(entry, op, emit)
+
+
+def parse(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sm80", type=int, default=48, help="Sm80-family GEMM configurations (gemm80)")
+    parser.add_argument("--sm90", type=int, default=32, help="SM90 GEMM configurations (gemm90)")
+    parser.add_argument("--conv80", type=int, default=32, help="Sm80-family conv2d configurations (conv80)")
+    parser.add_argument("--conv90", type=int, default=16, help="SM90 conv2d configurations (conv90)")
+    parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--jobs", type=int, default=16, help="parallel compile units")
+    parser.add_argument("--parallel", type=int, default=8, help="child processes at once (sharing the GPU)")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds per child, beyond which it is a HANG "
+                                                                     "(default 120; 900 with --sanitize)")
+    parser.add_argument("--sizes", type=int, default=2, help="random problem sizes per configuration")
+    parser.add_argument("--retries", type=int, default=3, help="new sizes after an argument-rejected one")
+    parser.add_argument("--out", default="fuzz_run.jsonl")
+    parser.add_argument("--dry-run", action="store_true", help="draw, rebuild and list the configurations; no "
+                                                               "compile, no GPU")
+    parser.add_argument("--no-compile", action="store_true", help="skip the parent's compile step (the cache is "
+                                                                  "warm, or children compile what they miss)")
+    parser.add_argument("--config", default=None, help="rerun one configuration in this process: a cfg object or "
+                                                       "a JSONL record (JSON text or a file)")
+    parser.add_argument("--sanitize", action="store_true", help="run children (or --config) under "
+                                                                "compute-sanitizer --tool memcheck")
+    parser.add_argument("--child-cmd", default=None, help=argparse.SUPPRESS)  # tests: a fake child
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: one entry's cases
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse(argv)
+    if args.timeout is None:
+        args.timeout = 900.0 if args.sanitize else 120.0
+    if args.one is not None:
+        child_main(args.one)
+    if args.config is not None:
+        if args.sanitize:  # the same command, under the sanitizer, without the RMM pool or torch's cache
+            argv = list(sys.argv[1:] if argv is None else argv)
+            argv.remove("--sanitize")
+            command = sanitizer_prefix() + [sys.executable, str(Path(__file__).resolve())] + argv
+            env = dict(sanitizer_env(), FUZZ_RUN_NO_POOL="1")
+            os.execvpe(command[0], command, env)
+        run_config(args)
+        return 0
+    counts = {"gemm80": args.sm80, "gemm90": args.sm90, "conv80": args.conv80, "conv90": args.conv90}
+    plan = draw_plan(args.seed, counts)
+    if args.dry_run:
+        for entry, op in plan:
+            again = fuzz_accept.build(entry["cfg"])
+            same = "" if again.name == op.name else f"   REBUILDS AS {again.name}"
+            print(f"#{entry['index']} {entry['backend']} sm_{entry['arch']} {op.name}{same}\n"
+                  f"    {describe(entry['cfg'])}")
+        by_family = collections.Counter(entry["family"] for entry, _ in plan)
+        print(f"{len(plan)} configurations: {dict(by_family)}")
+        return 0
+    orchestrate(args, plan)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""tools/fuzz_run.py's orchestration without a GPU: fake children (and a fake compute-sanitizer) that pass, fail,
+die by a signal, exit nonzero, hang, print nothing or break at teardown; the parent's JSONL statuses and summary.
+Also the conv drawing (every drawn configuration rebuilds under the same name) and the real child's protocol on a
+machine without CUDA (it reports an ERROR for its case, not a crash)."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
+sys.path.insert(0, str(TOOLS))
+
+import fuzz_run  # noqa: E402
+
+# index % 8 -> what the fake child does
+MODES = ["ok", "wrong", "segv", "exit", "hang", "silent", "error", "teardown"]
+FAKE_CHILD = """
+import json, os, signal, sys, time
+entry = json.loads(sys.argv[sys.argv.index("--one") + 1])
+assert entry["sizes"] == 2 and entry["cfg"]["family"] == "gemm80" and entry["name"].startswith("pycutlass_")
+mode = MODES[entry["index"] % len(MODES)]
+
+def start(m):
+    print(START + json.dumps({"problem": {"m": m, "n": 16, "k": 16}, "case_seed": 5}), flush=True)
+
+def case(status, m=16, **extra):
+    print(CASE + json.dumps(dict(status=status, problem={"m": m, "n": 16, "k": 16}, case_seed=7, **extra)), flush=True)
+
+print("some other output on stdout")
+if mode == "ok":
+    start(16); case("argument-rejected", error="no"); start(32); case("ok", m=32); start(48); case("ok", m=48)
+elif mode == "wrong":
+    start(16); case("ok"); start(32); case("WRONG", m=32, error="relative error 1.0e+00 (tolerance 2.0e-03)")
+elif mode == "segv":
+    start(16); case("ok"); start(80)
+    sys.stderr.write("CUDA_ERROR_ILLEGAL_ADDRESS somewhere\\n"); sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGSEGV)
+elif mode == "exit":
+    sys.stderr.write("Traceback: boom\\n"); sys.exit(3)
+elif mode == "hang":
+    start(16); case("ok"); start(96); time.sleep(60)
+elif mode == "silent":
+    sys.exit(0)
+elif mode == "error":
+    start(16); case("ERROR", error="CudaError: CUDA_ERROR_ILLEGAL_ADDRESS"); print(DONE, flush=True); sys.exit(1)
+elif mode == "teardown":
+    start(16); case("ok"); start(32); case("ok", m=32); print(DONE, flush=True); os.abort()
+print(DONE, flush=True)
+"""
+FAKE_SANITIZER = """#!/bin/sh
+# compute-sanitizer --tool memcheck --error-exitcode N --print-limit 30 <command...>
+[ "$1" = "--tool" ] && [ "$2" = "memcheck" ] && [ "$3" = "--error-exitcode" ] || exit 90
+code=$4
+shift 6
+[ "$PYTORCH_NO_CUDA_MEMORY_CACHING" = "1" ] || exit 91
+"$@"
+rc=$?
+case "$*" in
+  *'"index": 0,'*) echo "========= Invalid __global__ read of size 4 bytes"; echo "========= ERROR SUMMARY: 1 error";
+                   exit $code;;
+esac
+echo "========= ERROR SUMMARY: 0 errors"
+exit $rc
+"""
+
+
+def _fake_child(tmp_path):
+    script = tmp_path / "fake_child.py"
+    script.write_text(f"MODES = {MODES!r}\nSTART = {fuzz_run.START_MARK!r}\nCASE = {fuzz_run.CASE_MARK!r}\n"
+                      f"DONE = {fuzz_run.DONE_MARK!r}\n" + FAKE_CHILD)
+    return f"{sys.executable} {script}"
+
+
+def _records(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def test_children_statuses_and_summary(tmp_path, capsys):
+    out = tmp_path / "run.jsonl"
+    fuzz_run.main(["--sm80", str(len(MODES)), "--sm90", "0", "--conv80", "0", "--conv90", "0", "--seed", "3",
+                   "--no-compile", "--child-cmd", _fake_child(tmp_path), "--timeout", "2", "--parallel",
+                   str(len(MODES)), "--sizes", "2", "--out", str(out)])
+    printed = capsys.readouterr().out
+    records = _records(out)
+    by_index = {}
+    for record in records:
+        by_index.setdefault(record["index"], []).append(record)
+        assert record["family"] == "gemm80" and record["cfg"]["family"] == "gemm80"
+        assert record["backend"] == "nvcc" and record["arch"] in (80, 90)
+    assert sorted(by_index) == list(range(len(MODES)))
+    statuses = {i: [r["status"] for r in by_index[i]] for i in by_index}
+    assert statuses[0] == ["argument-rejected", "ok", "ok"]
+    assert statuses[1] == ["ok", "WRONG"]
+    assert statuses[2] == ["ok", "CRASH"]
+    crash = by_index[2][1]
+    assert "SIGSEGV" in crash["error"] and crash["problem"]["m"] == 80 and "ILLEGAL_ADDRESS" in crash["stderr_tail"]
+    assert crash["case_seed"] == 5  # what --config needs to rerun the case that died
+    assert statuses[3] == ["CRASH"] and "exit status 3" in by_index[3][0]["error"]
+    assert "boom" in by_index[3][0]["stderr_tail"]
+    assert statuses[4] == ["ok", "HANG"] and by_index[4][1]["problem"]["m"] == 96
+    assert statuses[5] == ["CRASH"] and "no case" in by_index[5][0]["error"]
+    assert statuses[6] == ["ERROR"] and by_index[6][0]["exit"] == 1  # no extra CRASH: the ERROR says it
+    assert statuses[7] == ["ok", "ok", "CRASH"] and "after its cases" in by_index[7][2]["error"]
+    assert "some other output" in by_index[1][1]["stdout_tail"]
+    # the summary: counts per family and status, then one line per defect configuration
+    assert "defect configurations: 7" in printed
+    row = next(line for line in printed.splitlines() if line.strip().startswith("gemm80"))
+    header = next(line for line in printed.splitlines() if line.strip().startswith("family"))
+    counts = dict(zip(header.split()[1:], map(int, row.split()[1:])))
+    assert counts == {"ok": 7, "argument-rejected": 1, "WRONG": 1, "ERROR": 1, "CRASH": 4, "HANG": 1}
+    defect_lines = [line for line in printed.splitlines() if line.startswith("  [")]
+    assert len(defect_lines) == 7 and all("gemm80, cc" in line and "tile " in line for line in defect_lines)
+    assert any(line.startswith("  [4] HANG") for line in defect_lines)
+
+
+def test_sanitize_wraps_children(tmp_path, capsys, monkeypatch):
+    sanitizer = tmp_path / "bin" / "compute-sanitizer"
+    sanitizer.parent.mkdir()
+    sanitizer.write_text(FAKE_SANITIZER)
+    sanitizer.chmod(sanitizer.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{sanitizer.parent}{os.pathsep}{os.environ['PATH']}")
+    assert fuzz_run.sanitizer_path() == str(sanitizer)
+    out = tmp_path / "run.jsonl"
+    fuzz_run.main(["--sm80", "2", "--sm90", "0", "--conv80", "0", "--conv90", "0", "--seed", "3", "--no-compile",
+                   "--child-cmd", _fake_child(tmp_path), "--timeout", "5", "--sanitize", "--out", str(out)])
+    records = _records(out)
+    assert [r["status"] for r in records if r["index"] == 0] == ["argument-rejected", "ok", "ok", "MEMCHECK"]
+    assert "Invalid __global__ read" in records[-1]["stdout_tail"] or any(
+        "Invalid __global__ read" in r.get("stdout_tail", "") for r in records)
+    assert [r["status"] for r in records if r["index"] == 1] == ["ok", "WRONG"]
+    assert "defect configurations: 2" in capsys.readouterr().out
+
+
+def test_conv_configurations_draw_and_rebuild(capsys):
+    fuzz_run.main(["--sm80", "2", "--sm90", "2", "--conv80", "6", "--conv90", "3", "--seed", "11", "--dry-run"])
+    printed = capsys.readouterr().out
+    assert "13 configurations: {'gemm80': 2, 'gemm90': 2, 'conv80': 6, 'conv90': 3}" in printed
+    assert "REBUILDS AS" not in printed
+    plan = fuzz_run.draw_plan(11, {"conv80": 6, "conv90": 3})
+    assert [e["index"] for e, _ in plan] == list(range(9))
+    assert all(fuzz_run.runnable(e["cfg"]) for e, _ in plan)
+    assert {(e["family"], e["backend"]) for e, _ in plan} == {("conv80", "nvcc"), ("conv90", "nvrtc")}
+    again = fuzz_run.draw_plan(11, {"conv80": 6, "conv90": 3})  # deterministic by seed
+    assert [e for e, _ in again] == [e for e, _ in plan]
+    import random
+    for entry, op in plan:  # problems the operations take (channel alignment, SM90 dgrad stride 1, ...)
+        problem = fuzz_run.draw_problem(entry["cfg"], op, random.Random(entry["seed"]), 0)
+        from pycutlass.conv import Conv2dProblemSize, Mode
+        p = problem
+        ps = Conv2dProblemSize((p["n"], p["h"], p["w"], p["c"]), (p["k"], p["r"], p["s"], p["c"]), tuple(p["pad"]),
+                               tuple(p["stride"]), tuple(p["dilation"]), Mode.cross_correlation, 1, 1)
+        op.check_problem_size(ps)
+
+
+def test_real_child_without_cuda_reports_an_error_not_a_crash():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the child would compile and run for real")
+    (entry, _), = fuzz_run.draw_plan(3, {"gemm80": 1})
+    records = fuzz_run.run_child(dict(entry, sizes=1, retries=0, pool=False, preload=False),
+                                 [sys.executable, str(TOOLS / "fuzz_run.py")], 60)
+    assert [r["status"] for r in records] == ["ERROR"]
+    assert "CUDA" in records[0]["error"] and set(records[0]["problem"]) == {"m", "n", "k"}
+
+
+def test_tolerance_and_check():
+    import numpy as np
+
+    plan = fuzz_run.draw_plan(3, {"gemm80": 30, "conv80": 10})
+    for entry, op in plan:
+        tol = fuzz_run.tolerance(op)
+        assert 0 < tol <= 0.15
+        reference = np.linspace(-3, 3, 64).reshape(8, 8)
+        fuzz_run.check(op, reference if op.C.element.is_float else np.rint(reference), reference)
+        poisoned = reference.copy()
+        poisoned[0, 0] = np.nan
+        with pytest.raises(AssertionError):
+            fuzz_run.check(op, poisoned, reference)
