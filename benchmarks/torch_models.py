@@ -22,7 +22,9 @@ the run goes on; the JSON is rewritten after every section, so a run cut short k
 - gpt2: benchmarks/models.py's GPT2Stack (12 GPT-2-small decoder blocks on hidden states), bf16, the same variants.
 
 Every model variant: median milliseconds by benchmarks/common.bench_ms over --model-rounds interleaved rounds (the
-goals use these), end-to-end latency per call from ``Timer.paired_ms`` (one synchronized call of each variant in
+variants' order alternates between rounds); "x eager" (the goals use it) is the median over rounds of eager's time
+over pycutlass's in the same round (paired: the host's drift between rounds cancels), "x eager (ratio of
+medians)" the ratio of the two medians; the overhead section's "x torch.mm" is paired the same way. End-to-end latency per call from ``Timer.paired_ms`` (one synchronized call of each variant in
 turn: the "latency x eager" column), and, unless --no-graphs, eager and pycutlass each replayed from CUDA graphs
 (``pycutlass.torch.cuda_graphed``: the GPU work without the host's per-layer cost; "graphs x eager+graphs"), the
 first call's seconds (compilation and tuning), and its output against eager's: max |out - eager| / max |eager| (also eager's own error against a float32
@@ -271,17 +273,22 @@ def overhead_section(args, timer: Timer, out: dict) -> None:
         details[name] = {"first_call_s": seconds, "rel_err_vs_fp32": relative_error(result, reference)}
         log(f"overhead: {name}: first call {seconds:.3f} s, error {details[name]['rel_err_vs_fp32']:.2g}")
     samples = {name: [] for name in variants}
-    for _ in range(args.overhead_rounds):  # interleaved rounds: drifting clocks hit every variant alike
-        for name, fn in variants.items():
-            samples[name].append(host_us(fn, repeats=args.host_repeats))
+    names = list(variants)
+    for round_index in range(args.overhead_rounds):  # interleaved rounds: drifting clocks hit every variant alike
+        for name in names if round_index % 2 == 0 else reversed(names):  # alternating order: no position bias
+            samples[name].append(host_us(variants[name], repeats=args.host_repeats))
             timer.sync()
     rows = []
     mm_us = statistics.median(samples["torch.mm"])
     for name, fn in variants.items():
         us = statistics.median(samples[name])
         gpu_us = timer.ms(fn) * 1e3
-        row = {"call": name, "host us": us, "x torch.mm": us / mm_us, "GPU us": gpu_us,
-               "first call s": details[name]["first_call_s"], "rel err": details[name]["rel_err_vs_fp32"]}
+        # "x torch.mm": the median over rounds of the ratio within each round (paired: the host's speed, which
+        # drifts by tens of percent between rounds here, cancels); the ratio of the medians is shown too.
+        paired = statistics.median(mine / mm for mine, mm in zip(samples[name], samples["torch.mm"]))
+        row = {"call": name, "host us": us, "x torch.mm": paired, "x torch.mm (ratio of medians)": us / mm_us,
+               "GPU us": gpu_us, "first call s": details[name]["first_call_s"],
+               "rel err": details[name]["rel_err_vs_fp32"]}
         rows.append(row)
         print(row, flush=True)
     print_table(f"host cost per call, {size}x{size}x{size} f16, cache hit", rows)
@@ -290,6 +297,7 @@ def overhead_section(args, timer: Timer, out: dict) -> None:
     deco = next(r for r in rows if r["call"].startswith("custom_op decorator (CustomOpDef"))
     out.update(rows=rows, samples_us=samples, shape=[size, size, size], dtype="float16",
                note="host us: median over rounds of host_us (median per-call time of batches of queued calls); "
+                    "x torch.mm: median over rounds of the per-round ratio (rounds alternate the variants' order); "
                     "when 'host us' is close to 'GPU us' the host number may be bounded by the GPU",
                summary={"pycutlass.torch.ops.gemm / torch.mm": api["x torch.mm"],
                         "torch.ops.pycutlass.gemm / torch.mm": op["x torch.mm"],
@@ -434,8 +442,10 @@ def bench_model(args, timer: Timer, section: str, label: str, model, inputs, mod
     unbound_before = dict(Dispatch.current().unbound_calls)
     rounds = {name: [] for name in timed}
     with torch.no_grad():
-        for _ in range(args.model_rounds):  # interleaved: a drifting host hits every variant alike
-            for name, fn in timed.items():
+        names = list(timed)
+        for round_index in range(args.model_rounds):  # interleaved: a drifting host hits every variant alike
+            for name in names if round_index % 2 == 0 else reversed(names):  # alternating: no position bias
+                fn = timed[name]
                 try:
                     rounds[name].append(timer.ms(fn))
                 except Exception as error:  # noqa: BLE001
@@ -467,7 +477,11 @@ def bench_model(args, timer: Timer, section: str, label: str, model, inputs, mod
     mine = variants["pycutlass"].get("ms")
     row["tolerance"] = tolerance
     row["ok"] = bool(mine) and variants["pycutlass"].get("within_tolerance", False)
-    row["speedup_vs_eager"] = eager_ms / mine if mine and eager_ms else None
+    row["speedup_vs_eager_ratio_of_medians"] = eager_ms / mine if mine and eager_ms else None
+    # "x eager": the median over rounds of eager's time / pycutlass's time in the same round (paired: this host's
+    # speed drifts by up to 2x between rounds on host-bound rows, and that drift cancels within a round)
+    pairs = list(zip(variants["eager"].get("ms_rounds", []), variants["pycutlass"].get("ms_rounds", [])))
+    row["speedup_vs_eager"] = statistics.median(e / p for e, p in pairs) if pairs and mine else None
     mine_latency, eager_latency = variants["pycutlass"].get("latency_ms"), variants["eager"].get("latency_ms")
     row["latency_speedup_vs_eager"] = eager_latency / mine_latency if mine_latency and eager_latency else None
     mine_graphs, eager_graphs = (variants.get(n, {}).get("ms") for n in ("pycutlass+graphs", "eager+graphs"))
@@ -491,6 +505,7 @@ def table_row(row: dict, compile_modes) -> dict:
     t["pycutlass ms"] = fmt(v["pycutlass"].get("ms"))
     t["kept"] = (v["pycutlass"].get("end_to_end") or {}).get("chosen", "-")  # the end-to-end check's placement
     t["x eager"] = fmt(row["speedup_vs_eager"])
+    t["x eager (ratio of medians)"] = fmt(row.get("speedup_vs_eager_ratio_of_medians"))
     t["latency x eager"] = fmt(row.get("latency_speedup_vs_eager"))
     if "pycutlass+graphs" in v:
         t["eager+graphs ms"] = fmt(v.get("eager+graphs", {}).get("ms"))
@@ -638,7 +653,7 @@ def parse_args(argv=None):
                         help="skip the CUDA-graph variants (eager and pycutlass through pycutlass.torch.cuda_graphed)")
     parser.add_argument("--model-rounds", type=int, default=None,
                         help="interleaved timing rounds per model and input (default 3; 1 quick)")
-    parser.add_argument("--overhead-rounds", type=int, default=None, help="interleaved rounds (default 5; 2 quick)")
+    parser.add_argument("--overhead-rounds", type=int, default=None, help="interleaved rounds (default 9; 2 quick)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                         help="cpu: run the script's code paths without a GPU (numbers meaningless)")
@@ -674,7 +689,7 @@ def parse_args(argv=None):
     args.warmup_ms = args.warmup_ms if args.warmup_ms is not None else (10 if quick else 50)
     args.rep_ms = args.rep_ms if args.rep_ms is not None else (50 if quick else 300)
     args.host_repeats = args.host_repeats or (200 if quick else 2000)
-    args.overhead_rounds = args.overhead_rounds or (2 if quick else 5)
+    args.overhead_rounds = args.overhead_rounds or (2 if quick else 9)
     args.model_rounds = args.model_rounds or (1 if quick else 3)
     return args
 
