@@ -152,6 +152,14 @@ def _check_simt_multistage_padding(tile: TileDescription, A: TensorDescription, 
                 f"{32 * lane}, other warps, or stages=2")
 
 
+def kernel_congruous(A: TensorDescription, B: TensorDescription, C: TensorDescription) -> tuple[bool, bool]:
+    """(the kernel's A is contiguous along M, its B along N). A ColumnMajor C is computed as D^T = B^T A^T, so the
+    kernel's A is B^T (along M where B is RowMajor) and its B is A^T (along N where A is ColumnMajor)."""
+    if C.layout is LayoutType.ColumnMajor:
+        return B.layout is LayoutType.RowMajor, A.layout is LayoutType.ColumnMajor
+    return A.layout is LayoutType.ColumnMajor, B.layout is LayoutType.RowMajor
+
+
 def check_crosswise_tile_k(tile: TileDescription, operands, what: str) -> None:
     """A K-contiguous tensor-op operand must fit one tile K row in a 128-byte shared-memory line.
 
@@ -175,6 +183,40 @@ def check_crosswise_tile_k(tile: TileDescription, operands, what: str) -> None:
                 f"128-byte shared-memory line CUTLASS's tensor-op layout for the K-contiguous operand {label} "
                 f"({desc.layout.value}) holds (TensorOpMultiplicandCrosswise static_asserts 'kCrosswise should be no "
                 f"large than one shared memory cache line'); use threadblock K <= {1024 // bits}")
+
+
+def check_narrow_warp_tiles(tile: TileDescription, C: TensorDescription, a_along_m: bool, b_along_n: bool,
+                            what: str) -> None:
+    """Warp tiles CUTLASS's Sm80-family tensor-op kernels compute wrongly (found by tools/fuzz_run.py on an H100,
+    each confirmed on its own and on its transposed twin; CUTLASS's generator emits none of them).
+
+    ``a_along_m`` / ``b_along_n``: the kernel's A is contiguous along M / its B along N (the "congruous" shared-memory
+    layouts; for a GEMM with ColumnMajor C these are the transposed problem's operands).
+    - 16-bit operands: a congruous operand needs a warp tile of at least 32 along its contiguous dimension. At 16 the
+      warp's ldmatrix reads run past its tile (compute-sanitizer: "Invalid __shared__ read of size 16 bytes"; an
+      illegal address or a wrong result, with A or B, f16 or bf16, any C).
+    - The epilogue needs at least 4 of C's vector accesses per warp-tile row (warp N / C alignment >= 4) for 16-bit
+      and wider outputs: with 2 (f32 x 8 or bf16 x 8 on a 16-wide warp tile, f16 x 16 on a 32-wide one) some problem
+      sizes come out wrong.
+    """
+    math = tile.math_instruction
+    if math.opcode_class is not OpClass.TensorOp:
+        return
+    warp_m, warp_n, _ = tile.warp_shape
+    if math.element_a.bits == 16:
+        for label, along, extent, congruous in (("A", "M", warp_m, a_along_m), ("B", "N", warp_n, b_along_n)):
+            if congruous and extent < 32:
+                raise DescriptionError(
+                    f"{what}: the kernel's {label} operand is contiguous along {along}, and its warp tile "
+                    f"{list(tile.warp_shape)} is {extent} along {along}; CUTLASS's 16-bit tensor-op warp iterators "
+                    f"read past such a tile (wrong results or an illegal address on an H100). Use at least 32 along "
+                    f"{along} per warp (fewer warps or a larger tile), or a {label} contiguous along K")
+    if not C.layout.is_interleaved and C.element.bits >= 16 and warp_n // C.alignment < 4:
+        raise DescriptionError(
+            f"{what}: the warp tile is {warp_n} wide in N, {warp_n // C.alignment} of C's {C.alignment}-element "
+            f"accesses; CUTLASS's tensor-op epilogue needs at least 4 per warp row (with fewer, some problem sizes "
+            f"come out wrong on an H100). Use a C alignment of at most {max(1, warp_n // 4)} or a warp tile at "
+            f"least {4 * C.alignment} wide")
 
 
 def _uses_mixed_epilogue(C: TensorDescription, accumulator: DataType) -> bool:
@@ -295,6 +337,8 @@ class GemmOperationUniversal(TiledOperation):
         check_crosswise_tile_k(self.tile_description, (("A", self.A, self.A.layout is LayoutType.RowMajor),
                                                        ("B", self.B, self.B.layout is LayoutType.ColumnMajor)),
                                type(self).__name__)
+        check_narrow_warp_tiles(self.tile_description, self.C, *kernel_congruous(self.A, self.B, self.C),
+                                type(self).__name__)
         if math.element_a is DataType.int8 and math.opcode_class is OpClass.TensorOp:
             if (self.A.layout, self.B.layout) != (LayoutType.RowMajor, LayoutType.ColumnMajor):
                 raise DescriptionError("int8 tensor-op GEMM reads K-contiguous operands: A must be RowMajor and B "
