@@ -47,7 +47,7 @@ from ...epilogue.functors import EpilogueFunctor
 from ...errors import ArgumentError, DescriptionError
 from .abi import Conv2dArgs
 from ..base import TiledOperation, check_compute_capability
-from ..gemm.operation import check_crosswise_tile_k, check_operand_types
+from ..gemm.operation import check_congruous_tile, check_crosswise_tile_k, check_operand_types
 
 # C++ spellings of the conv enums (kept here: only this operation uses them).
 CONV_OPERATOR = {Operator.fprop: "cutlass::conv::Operator::kFprop", Operator.dgrad: "cutlass::conv::Operator::kDgrad",
@@ -192,6 +192,12 @@ class Conv2dOperation(TiledOperation):
         check_crosswise_tile_k(self.tile_description,
                                (("A", self.A, self.conv_kind in (Operator.fprop, Operator.dgrad)),
                                 ("B", self.B, self.conv_kind is Operator.fprop)), what)
+        # The M- or N-contiguous ones: dgrad B (KRSC filter along C), wgrad A (NPQK gradient along K) and B (NHWC
+        # activation along C).
+        m, n, _ = self.tile_description.threadblock_shape
+        check_congruous_tile(self.tile_description,
+                             [("A", "M", m)] * (self.conv_kind is Operator.wgrad)
+                             + [("B", "N", n)] * (self.conv_kind in (Operator.dgrad, Operator.wgrad)), what)
 
         if algorithm in (IteratorAlgorithm.fixed_channels, IteratorAlgorithm.few_channels):
             if self.conv_kind is not Operator.fprop:
