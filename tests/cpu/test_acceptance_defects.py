@@ -355,6 +355,47 @@ def test_simt_two_stage_padding_must_divide_by_the_lane_tile():
     _fuzz_gemm(F32, Simt, "TNT", (64, 64, 8), (4, 4, 1), 2)
 
 
+def test_conv_simt_padding_and_lanes():
+    """The SIMT conv kernels build the same DefaultMmaCore (fprop A RowMajor / B ColumnMajor, dgrad A and B
+    RowMajor, wgrad A ColumnMajor / B RowMajor), with its padding and lane static_asserts."""
+    simt = dict(element=F32, acc=F32, align=1, opclass=Simt, stride_support=StrideSupport.Unity)
+    for kind, shape, warps, stages in ((Operator.fprop, (64, 64, 32), (2, 2, 1), 3),
+                                       (Operator.fprop, (64, 64, 16), (2, 2, 1), 2),
+                                       (Operator.dgrad, (64, 64, 32), (2, 2, 1), 3)):
+        with pytest.raises(DescriptionError, match="Padding must be divisible by Lane"):
+            _conv(kind, shape=shape, warps=warps, stages=stages, **simt)
+    with pytest.raises(DescriptionError, match="WarpShape must be divisible by ThreadTile shape"):
+        _conv(Operator.fprop, shape=(32, 32, 8), warps=(4, 8, 1), **simt)
+    _conv(Operator.fprop, shape=(64, 64, 8), warps=(2, 2, 1), stages=2, **simt)
+    _conv(Operator.wgrad, shape=(64, 64, 32), warps=(2, 2, 1), **simt)  # no K-contiguous operand
+
+
+def test_conv_k_contiguous_iterators_take_one_access_along_k():
+    """tools/fuzz_accept.py (seed 101): f64 tensor-op fprop 32x32x32 on 2x2x1 warps, 5 stages, did not compile: the
+    K-contiguous operands' conv iterators static_assert 'Require Iterations::kContiguous == 1', and the f64 thread
+    map rakes 16 x 2 over (K, M)."""
+    f64 = dict(element=F64, acc=F64, align=1, stride_support=StrideSupport.Unity)
+    for kind, algorithm, stages in ((Operator.fprop, IteratorAlgorithm.optimized, 5),
+                                    (Operator.fprop, IteratorAlgorithm.analytic, 3),
+                                    (Operator.dgrad, IteratorAlgorithm.optimized, 3)):
+        with pytest.raises(DescriptionError, match="Require Iterations::kContiguous == 1"):
+            _conv(kind, algorithm, shape=(32, 32, 32), stages=stages, **f64)
+    simt = dict(element=F32, acc=F32, align=1, opclass=Simt, stride_support=StrideSupport.Unity, stages=2)
+    with pytest.raises(DescriptionError, match="Require Iterations::kContiguous == 1"):
+        _conv(Operator.fprop, shape=(64, 32, 64), warps=(1, 1, 1), **simt)  # 32 threads, K = 64
+    _conv(Operator.fprop, IteratorAlgorithm.optimized, shape=(32, 32, 16), stages=5, **f64)
+    _conv(Operator.wgrad, IteratorAlgorithm.optimized, shape=(32, 32, 32), **f64)  # no K-contiguous operand
+    _conv(Operator.fprop, shape=(64, 32, 64), warps=(2, 1, 1), **simt)
+
+
+def test_simt_k_contiguous_operand_is_stored_transposed():
+    """TransposePitchLinearThreadMapSimt: a K-contiguous SIMT operand needs threadblock K <= threads ('Strided
+    iteration has to be one to reuse the same shared store function with those that don't need transpose')."""
+    with pytest.raises(DescriptionError, match="Strided iteration has to be one"):
+        _fuzz_gemm(F32, Simt, "TNT", (16, 32, 64), (1, 1, 1), 2)
+    _fuzz_gemm(F32, Simt, "NTT", (16, 32, 64), (1, 1, 1), 2)
+
+
 def test_simt_warp_tile_must_divide_by_the_lanes():
     """The multistage SIMT main loop arranges lanes 4 x 8, the two-stage one 8 x 4 when warp M > warp N ('WarpShape
     must be divisible by ThreadTile shape.')."""

@@ -39,7 +39,7 @@ from .problem import Conv2dProblemSize, IteratorAlgorithm, Operator, SplitKMode,
 from ...description.tensor_description import TensorDescription
 from ...description.tile_description import TileDescription
 from ...description.types import (CONV_SWIZZLES, DataType, IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4,
-                                 IdentitySwizzle8, LayoutType, OpClass, StridedDgradIdentitySwizzle1,
+                                 IdentitySwizzle8, LayoutType, MathOperation, OpClass, StridedDgradIdentitySwizzle1,
                                  StridedDgradIdentitySwizzle4, SwizzlingFunctor)
 from ...emit import names
 from ...emit.abi import fill_epilogue
@@ -47,7 +47,8 @@ from ...epilogue.functors import EpilogueFunctor
 from ...errors import ArgumentError, DescriptionError
 from .abi import Conv2dArgs
 from ..base import TiledOperation, check_compute_capability
-from ..gemm.operation import check_congruous_tile, check_crosswise_tile_k, check_operand_types
+from ..gemm.operation import (check_congruous_tile, check_crosswise_tile_k, check_operand_types,
+                              check_simt_warp_tile, thread_map_problem)
 
 # C++ spellings of the conv enums (kept here: only this operation uses them).
 CONV_OPERATOR = {Operator.fprop: "cutlass::conv::Operator::kFprop", Operator.dgrad: "cutlass::conv::Operator::kDgrad",
@@ -195,6 +196,31 @@ class Conv2dOperation(TiledOperation):
         # The M- or N-contiguous ones: dgrad B (KRSC filter along C), wgrad A (NPQK gradient along K) and B (NHWC
         # activation along C).
         m, n, _ = self.tile_description.threadblock_shape
+        if math.opcode_class is OpClass.Simt:
+            # default_conv2d_{fprop,dgrad,wgrad}.h build the SIMT DefaultMmaCore with A RowMajor / B ColumnMajor
+            # (fprop), A and B RowMajor (dgrad), A ColumnMajor / B RowMajor (wgrad).
+            row, col = LayoutType.RowMajor, LayoutType.ColumnMajor
+            layout_a = col if self.conv_kind is Operator.wgrad else row
+            layout_b = col if self.conv_kind is Operator.fprop else row
+            check_simt_warp_tile(self.tile_description, (("A", self.A, layout_a), ("B", self.B, layout_b)), what)
+        # The main loops copy with DefaultMmaCore's thread maps; the iterators of the K-contiguous operands (fprop A
+        # and B, dgrad A: conv2d_fprop_{activation,filter}_tile_access_iterator_*.h, conv2d_dgrad_output_gradient_
+        # tile_access_iterator_*.h) also static_assert "Require Iterations::kContiguous == 1".
+        k_major = {"A": self.conv_kind in (Operator.fprop, Operator.dgrad), "B": self.conv_kind is Operator.fprop}
+        fast_f16 = (element is DataType.float32 and self.tile_description.stages == 2
+                    and math.cutlass_math_operation is MathOperation.multiply_add_fast_f16)
+
+        def one_contiguous_access(label, desc, is_k_major, per_access, iterations, where):
+            if is_k_major and iterations[0] != 1:
+                return (f"CUTLASS's convolution iterator for {where} takes one access along K per thread "
+                        f"(static_assert 'Require Iterations::kContiguous == 1'), but its thread map gives "
+                        f"{iterations[0]}; use a smaller tile K or more warps")
+            return None
+        problem = thread_map_problem(self.tile_description,
+                                     (("A", self.A, "M", m, k_major["A"]), ("B", self.B, "N", n, k_major["B"])),
+                                     fast_f16, one_contiguous_access)
+        if problem:
+            raise DescriptionError(f"{what}: {problem}")
         check_congruous_tile(self.tile_description,
                              [("A", "M", m)] * (self.conv_kind is Operator.wgrad)
                              + [("B", "N", n)] * (self.conv_kind in (Operator.dgrad, Operator.wgrad)), what)

@@ -169,8 +169,7 @@ def kernel_operands(A: TensorDescription, B: TensorDescription, C: TensorDescrip
     return (("A", A, A.layout), ("B", B, B.layout))
 
 
-def _check_simt_warp_tile(tile: TileDescription, A: TensorDescription, B: TensorDescription,
-                          C: TensorDescription, what: str) -> None:
+def check_simt_warp_tile(tile: TileDescription, operands, what: str) -> None:
     """CUTLASS's SIMT main loops arrange a warp's lanes WarpNumThreadsM x WarpNumThreadsN over the warp tile and
     pad a K-contiguous operand in shared memory by a number of elements that must be a multiple of that operand's
     lane tile (static_asserts "WarpShape must be divisible by ThreadTile shape." and "Padding must be divisible by
@@ -181,7 +180,9 @@ def _check_simt_warp_tile(tile: TileDescription, A: TensorDescription, B: Tensor
     - three or more stages (default_mma_core_sm80.h): lanes 4 x 8; padding K / 32.
 
     LaneM = min(128 / bits, warp M / lanes M) for the kernel's A, LaneN = min(128 / bits, warp N / lanes N) for its
-    B; the kernel's A is K-contiguous when RowMajor, its B when ColumnMajor (see :func:`kernel_operands`).
+    B; the kernel's A is K-contiguous when RowMajor, its B when ColumnMajor. ``operands``: the kernel's A and B as
+    (label, TensorDescription, layout) (:func:`kernel_operands` for GEMM; conv2d passes the layouts of its
+    DefaultMmaCore).
     """
     m, n, k = tile.threadblock_shape
     wm, wn, _ = tile.warp_shape
@@ -194,7 +195,7 @@ def _check_simt_warp_tile(tile: TileDescription, A: TensorDescription, B: Tensor
             f"{lanes_m} x {lanes_n} over the warp tile {wm} x {wn}, which must be a multiple of that (DefaultMmaCore's "
             f"static_assert 'WarpShape must be divisible by ThreadTile shape.', and the warp-level MmaSimt's "
             f"'Divisibility'); change warp_count")
-    (label_a, desc_a, layout_a), (label_b, desc_b, layout_b) = kernel_operands(A, B, C)
+    (label_a, desc_a, layout_a), (label_b, desc_b, layout_b) = operands
     for label, desc, k_major, warp_extent, lanes in ((label_a, desc_a, layout_a is LayoutType.RowMajor, wm, lanes_m),
                                                      (label_b, desc_b, layout_b is LayoutType.ColumnMajor, wn,
                                                       lanes_n)):
@@ -217,9 +218,10 @@ def _check_simt_warp_tile(tile: TileDescription, A: TensorDescription, B: Tensor
 
 
 def _pitch_linear_iterations(kind: str, contiguous: int, strided: int, threads: int, arrangement, per_access: int):
-    """Iterations::kCount of CUTLASS's pitch-linear thread map (cutlass/transform/pitch_linear_thread_map.h), or
-    the static_assert it fails as a string. ``kind``: "raked" (PitchLinearWarpRakedThreadMap), "striped"
-    (PitchLinearWarpStripedThreadMap) or "stripmined" (PitchLinearStripminedThreadMap)."""
+    """Iterations (contiguous, strided) of CUTLASS's pitch-linear thread map (cutlass/transform/
+    pitch_linear_thread_map.h), or the static_assert it fails as a string. ``kind``: "raked"
+    (PitchLinearWarpRakedThreadMap), "striped" (PitchLinearWarpStripedThreadMap) or "stripmined"
+    (PitchLinearStripminedThreadMap)."""
     if contiguous % per_access:
         return "Shape must be divisible by vector length."
     vec_c, vec_s = contiguous // per_access, strided
@@ -228,8 +230,8 @@ def _pitch_linear_iterations(kind: str, contiguous: int, strided: int, threads: 
             return "Shape must be divisible by number of iterations of each thread."
         if threads >= vec_c:
             rows = threads // vec_c
-            return (vec_s + rows - 1) // rows
-        return vec_c // threads * vec_s
+            return 1, (vec_s + rows - 1) // rows
+        return vec_c // threads, vec_s
     arr_c, arr_s = arrangement
     if arr_c <= 0 or arr_s <= 0:
         return "the warp's thread arrangement is empty (division by zero)"
@@ -245,60 +247,93 @@ def _pitch_linear_iterations(kind: str, contiguous: int, strided: int, threads: 
         warps_c = (iter_c // warps_s if warps_s else 0) if warp_count > iter_s else 1
     if not warps_s or not warps_c or not (iter_c // warps_c) * (iter_s // warps_s):
         return "Number of iterations must be non-zero"
-    return (iter_c // warps_c) * (iter_s // warps_s)
+    return iter_c // warps_c, iter_s // warps_s
 
 
-def mainloop_thread_map_problem(tile: TileDescription, A: TensorDescription, B: TensorDescription,
-                                C: TensorDescription) -> str | None:
-    """Why CUTLASS's Sm80-family main loop cannot copy A or B global -> shared with this tile, or None.
-
-    Mirrors the global-memory thread maps of the DefaultMmaCore that DefaultMma picks (cutlass/gemm/threadblock/):
-    tensor ops below 64 bits use PitchLinearWarpRakedThreadMap with 128-bit accesses (default_mma_core_sm75.h for
-    two stages, default_mma_core_sm80.h for more; float32 operands at two stages take default_mma.h's float
-    specialization, OpMultiplyAddFastF16 cores with 256-bit accesses), arranged min(extent / access, 8) x ... over a
-    contiguous M or N and K / access x ... over a contiguous K; float64 tensor ops use 64-bit accesses arranged
-    16 x 2, raked over a contiguous K and striped over a contiguous M or N (default_mma_core_sm80.h); SIMT uses
-    PitchLinearStripminedThreadMap with one element per access. The thread map's static_asserts, then
-    PredicatedTileAccessIterator's (predicated_tile_access_iterator.h): its predicates, Iterations::kCount x
-    (elements per access / alignment), fill at most four 32-bit words of 4 bits a byte ("Too many predicates.",
-    at most 64).
-    """
+def operand_thread_map(tile: TileDescription, k_major: bool, extent: int, fast_f16: bool = False):
+    """The global -> shared thread map of one main-loop operand in the DefaultMmaCore that DefaultMma picks
+    (cutlass/gemm/threadblock/default_mma_core_{sm75,sm80,simt}.h), as (kind, (contiguous, strided), arrangement,
+    elements per access) for :func:`_pitch_linear_iterations`: tensor ops below 64 bits use
+    PitchLinearWarpRakedThreadMap with 128-bit accesses (256-bit in GEMM's two-stage float32 main loop,
+    ``fast_f16``: default_mma.h's OpMultiplyAddFastF16 cores), warps arranged min(extent / access, 8) x 32 / that
+    over a contiguous M or N and K / access x 32 / that over a contiguous K; float64 tensor ops use 64-bit accesses
+    arranged 16 x 2, raked over a contiguous K and striped over a contiguous M or N; SIMT uses
+    PitchLinearStripminedThreadMap with one element per access. ``extent``: the operand's threadblock M or N."""
     math = tile.math_instruction
-    m, n, k = tile.threadblock_shape
-    threads = tile.threads
+    k = tile.threadblock_shape[2]
     bits = math.element_a.bits
     simt = math.opcode_class is OpClass.Simt
-    fast_f16 = not simt and math.element_a is DataType.float32 and tile.stages == 2
     per_access = 1 if simt or bits == 64 else (256 if fast_f16 else 128) // bits
-    (label_a, desc_a, layout_a), (label_b, desc_b, layout_b) = kernel_operands(A, B, C)
-    for label, desc, extent, k_major, axis in ((label_a, desc_a, m, layout_a is LayoutType.RowMajor, "M"),
-                                               (label_b, desc_b, n, layout_b is LayoutType.ColumnMajor, "N")):
-        if simt:
-            kind, arrangement = "stripmined", None
-        elif bits == 64:
-            kind, arrangement = ("raked" if k_major else "striped"), (16, 2)
-        elif k_major:
-            kind, arrangement = "raked", (k // per_access, 32 // max(k // per_access, 1))
-        elif fast_f16:
-            kind, arrangement = "raked", (8, 4)
-        else:
-            contiguous = min(extent // per_access, 8)
-            kind, arrangement = "raked", (contiguous, 32 // max(contiguous, 1))
-        shape = (k, extent) if k_major else (extent, k)
-        iterations = _pitch_linear_iterations(kind, *shape, threads, arrangement, per_access)
-        where = (f"the {axis} x K = {extent} x {k} {desc.element.label} tile of operand {label}, "
-                 f"{'K' if k_major else axis}-contiguous, over {threads} threads")
+    if simt:
+        kind, arrangement = "stripmined", None
+    elif bits == 64:
+        kind, arrangement = ("raked" if k_major else "striped"), (16, 2)
+    elif k_major:
+        kind, arrangement = "raked", (k // per_access, 32 // max(k // per_access, 1))
+    elif fast_f16:
+        kind, arrangement = "raked", (8, 4)
+    else:
+        contiguous = min(extent // per_access, 8)
+        kind, arrangement = "raked", (contiguous, 32 // max(contiguous, 1))
+    return kind, ((k, extent) if k_major else (extent, k)), arrangement, per_access
+
+
+def _thread_map_where(tile, label, desc, axis, extent, k_major) -> str:
+    return (f"the {axis} x K = {extent} x {tile.threadblock_shape[2]} {desc.element.label} tile of operand {label}, "
+            f"{'K' if k_major else axis}-contiguous, over {tile.threads} threads")
+
+
+def thread_map_problem(tile: TileDescription, operands, fast_f16: bool = False,
+                       iterations_check=None) -> str | None:
+    """Why one of ``operands`` (label, TensorDescription, axis "M"/"N", threadblock extent, K-contiguous) has no
+    main-loop thread map (:func:`operand_thread_map`'s static_asserts), or None. ``iterations_check(label, desc,
+    k_major, per_access, (iter_c, iter_s), where)`` adds the iterator's own limits (a message, or None)."""
+    for label, desc, axis, extent, k_major in operands:
+        kind, shape, arrangement, per_access = operand_thread_map(tile, k_major, extent, fast_f16)
+        iterations = _pitch_linear_iterations(kind, *shape, tile.threads, arrangement, per_access)
+        where = _thread_map_where(tile, label, desc, axis, extent, k_major)
         if isinstance(iterations, str):
             return (f"CUTLASS's main-loop thread map cannot copy {where} ({per_access} element(s) per access"
                     f"{'' if arrangement is None else f', warps arranged {arrangement[0]} x {arrangement[1]}'}; "
                     f"static_assert '{iterations}'); use a larger tile or fewer warps")
-        predicates = iterations * (per_access // desc.alignment)
-        if predicates > 64:
-            return (f"CUTLASS's main-loop iterator needs {iterations} accesses x {per_access // desc.alignment} "
-                    f"vectors of alignment {desc.alignment} = {predicates} predicates per thread for {where}, more "
-                    f"than its 64 (static_assert 'Too many predicates.'); raise {label[0]}'s alignment, use a smaller "
-                    f"tile or more warps")
+        if iterations_check is not None:
+            problem = iterations_check(label, desc, k_major, per_access, iterations, where)
+            if problem:
+                return problem
     return None
+
+
+def mainloop_thread_map_problem(tile: TileDescription, A: TensorDescription, B: TensorDescription,
+                                C: TensorDescription) -> str | None:
+    """Why CUTLASS's Sm80-family GEMM main loop cannot copy A or B global -> shared with this tile, or None.
+
+    The thread maps of :func:`operand_thread_map` for the kernel's operands (:func:`kernel_operands`), then
+    PredicatedTileAccessIterator's (transform/threadblock/predicated_tile_access_iterator.h): its predicates,
+    Iterations::kCount x (elements per access / alignment), fill at most four 32-bit words of 4 bits a byte
+    ("Too many predicates.", at most 64); and the SIMT cores' TransposePitchLinearThreadMapSimt for a K-contiguous
+    operand needs Iterations::kContiguous == 1 (pitch_linear_thread_map.h).
+    """
+    math = tile.math_instruction
+    m, n, _ = tile.threadblock_shape
+    fast_f16 = math.opcode_class is OpClass.TensorOp and math.element_a is DataType.float32 and tile.stages == 2
+    (label_a, desc_a, layout_a), (label_b, desc_b, layout_b) = kernel_operands(A, B, C)
+
+    def predicates(label, desc, k_major, per_access, iterations, where):
+        if math.opcode_class is OpClass.Simt and k_major and iterations[0] != 1:
+            # The SIMT cores store a K-contiguous operand transposed (TransposePitchLinearThreadMapSimt).
+            return (f"CUTLASS's SIMT main loop stores {where} transposed, one access along K per thread "
+                    f"(TransposePitchLinearThreadMapSimt's static_assert 'Strided iteration has to be one ...'), "
+                    f"but its thread map gives {iterations[0]}; use threadblock K <= the {tile.threads} threads")
+        count = iterations[0] * iterations[1] * (per_access // desc.alignment)
+        if count > 64:
+            return (f"CUTLASS's main-loop iterator needs {iterations[0] * iterations[1]} accesses x "
+                    f"{per_access // desc.alignment} vectors of alignment {desc.alignment} = {count} predicates per "
+                    f"thread for {where}, more than its 64 (static_assert 'Too many predicates.'); raise {label[0]}'s "
+                    f"alignment, use a smaller tile or more warps")
+        return None
+    return thread_map_problem(tile, ((label_a, desc_a, "M", m, layout_a is LayoutType.RowMajor),
+                                     (label_b, desc_b, "N", n, layout_b is LayoutType.ColumnMajor)),
+                              fast_f16, predicates)
 
 
 def check_crosswise_tile_k(tile: TileDescription, operands, what: str) -> None:
@@ -493,7 +528,7 @@ class GemmOperationUniversal(TiledOperation):
                              + [(label_b, "N", n)] * (layout_b is LayoutType.RowMajor), what,
                              fast_f16=math.element_a is DataType.float32 and self.tile_description.stages == 2)
         if math.opcode_class is OpClass.Simt:
-            _check_simt_warp_tile(self.tile_description, self.A, self.B, self.C, what)
+            check_simt_warp_tile(self.tile_description, kernel_operands(self.A, self.B, self.C), what)
         problem = mainloop_thread_map_problem(self.tile_description, self.A, self.B, self.C)
         if problem:
             raise DescriptionError(f"{what}: {problem}")
