@@ -388,6 +388,27 @@ def test_conv_k_contiguous_iterators_take_one_access_along_k():
     _conv(Operator.fprop, shape=(64, 32, 64), warps=(2, 1, 1), **simt)
 
 
+def test_conv_two_stage_float32_tensor_op_needs_fast_f16():
+    """tools/fuzz_accept.py (seed 13 differential): a two-stage f32 fprop with multiply_add_fast_bf16 did not compile
+    (ImplicitGemmPipelined calls MmaTensorOp without transforming float fragments to bf16/tf32)."""
+    F32_OPS = (cutlass.MathOperation.multiply_add, cutlass.MathOperation.multiply_add_fast_f32,
+               cutlass.MathOperation.multiply_add_fast_bf16, cutlass.MathOperation.multiply_add_fast_f16)
+
+    def conv(kind, op, stages=2, element=F32):
+        math = cutlass.MathInstruction([16, 8, 8], element, element, F32, TensorOp, op)
+        tile = cutlass.TileDescription([64, 64, 32], stages, [1, 2, 1], math)
+        A = C = cutlass.TensorDescription(F32, NHWC, 4)
+        return Conv2dOperation(kind, IteratorAlgorithm.optimized, 80, tile, A, A, C, StrideSupport.Unity,
+                               cutlass.LinearCombination(F32, 4, F32))
+    for kind, op in ((Operator.fprop, F32_OPS[0]), (Operator.fprop, F32_OPS[1]), (Operator.fprop, F32_OPS[2]),
+                     (Operator.wgrad, F32_OPS[2]), (Operator.dgrad, F32_OPS[2])):
+        with pytest.raises(DescriptionError, match="two-stage convolution main loop cannot feed float32"):
+            conv(kind, op)
+    conv(Operator.fprop, F32_OPS[3])
+    conv(Operator.fprop, F32_OPS[2], stages=3)
+    conv(Operator.fprop, cutlass.MathOperation.multiply_add, element=D.tfloat32)
+
+
 def test_simt_k_contiguous_operand_is_stored_transposed():
     """TransposePitchLinearThreadMapSimt: a K-contiguous SIMT operand needs threadblock K <= threads ('Strided
     iteration has to be one to reuse the same shared store function with those that don't need transpose')."""

@@ -203,6 +203,17 @@ class Conv2dOperation(TiledOperation):
             layout_a = col if self.conv_kind is Operator.wgrad else row
             layout_b = col if self.conv_kind is Operator.fprop else row
             check_simt_warp_tile(self.tile_description, (("A", self.A, layout_a), ("B", self.B, layout_b)), what)
+        if (math.opcode_class is OpClass.TensorOp and element is DataType.float32
+                and self.tile_description.stages == 2
+                and math.cutlass_math_operation is not MathOperation.multiply_add_fast_f16):
+            # The two-stage ImplicitGemmPipelined (conv/threadblock/implicit_gemm_pipelined.h) calls warp_mma on the
+            # fragments as loaded, but float operands reach a tf32 / bf16 / 3xTF32 mma through MmaTensorOp's
+            # TransformedFragment (gemm/warp/mma_tensor_op.h): "cannot be called with the given argument list".
+            # multiply_add_fast_f16 takes the OpMultiplyAddFastF16 core (half_t in shared memory) instead.
+            raise DescriptionError(
+                f"{what}: CUTLASS's two-stage convolution main loop cannot feed float32 operands to the "
+                f"{math.math_operation.name} tensor-op mma (it does not transform the fragments); use stages >= 3, "
+                f"tfloat32 operands, or multiply_add_fast_f16")
         # The main loops copy with DefaultMmaCore's thread maps; the iterators of the K-contiguous operands (fprop A
         # and B, dgrad A: conv2d_fprop_{activation,filter}_tile_access_iterator_*.h, conv2d_dgrad_output_gradient_
         # tile_access_iterator_*.h) also static_assert "Require Iterations::kContiguous == 1".
