@@ -409,6 +409,19 @@ def test_conv_two_stage_float32_tensor_op_needs_fast_f16():
     conv(Operator.fprop, cutlass.MathOperation.multiply_add, element=D.tfloat32)
 
 
+def test_conv_optimized_filter_iterator_predicate_bits():
+    """conv2d_{fprop,dgrad}_filter_tile_access_iterator_optimized.h keep a predicate bit per load in 32 bits per
+    access of a vector (a CPU differential sample: f64 SIMT dgrad 128x64x64 on 1x2x1 warps at cc 90 did not compile)."""
+    simt = dict(align=1, opclass=Simt, stride_support=StrideSupport.Unity, stages=2)
+    for kind, element, shape, warps in ((Operator.dgrad, F64, (64, 64, 64), (1, 2, 1)),
+                                        (Operator.fprop, F32, (64, 128, 8), (1, 1, 1))):
+        with pytest.raises(DescriptionError, match="number of loads per iteration is limited"):
+            _conv(kind, IteratorAlgorithm.optimized, element=element, acc=element, shape=shape, warps=warps, **simt)
+        _conv(kind, IteratorAlgorithm.analytic, element=element, acc=element, shape=shape, warps=warps, **simt)
+    _conv(Operator.fprop, IteratorAlgorithm.optimized, element=F32, acc=F32, shape=(64, 128, 8), warps=(2, 1, 1),
+          **simt)
+
+
 def test_simt_k_contiguous_operand_is_stored_transposed():
     """TransposePitchLinearThreadMapSimt: a K-contiguous SIMT operand needs threadblock K <= threads ('Strided
     iteration has to be one to reuse the same shared store function with those that don't need transpose')."""

@@ -221,11 +221,25 @@ class Conv2dOperation(TiledOperation):
         fast_f16 = (element is DataType.float32 and self.tile_description.stages == 2
                     and math.cutlass_math_operation is MathOperation.multiply_add_fast_f16)
 
+        # The optimized filter iterators keep one bit per load in uint32_t predicates_[kAccessesPerVector]
+        # (conv2d_fprop_filter_tile_access_iterator_optimized.h: Iterations::kStrided < its bits; conv2d_dgrad_
+        # filter_tile_access_iterator_optimized.h: Iterations::kStrided * kContiguous < its bits).
+        filter_mask = (self.iterator_algorithm is IteratorAlgorithm.optimized
+                       and self.conv_kind in (Operator.fprop, Operator.dgrad))
+
         def one_contiguous_access(label, desc, is_k_major, per_access, iterations, where):
             if is_k_major and iterations[0] != 1:
                 return (f"CUTLASS's convolution iterator for {where} takes one access along K per thread "
                         f"(static_assert 'Require Iterations::kContiguous == 1'), but its thread map gives "
                         f"{iterations[0]}; use a smaller tile K or more warps")
+            if label == "B" and filter_mask:
+                loads = iterations[1] * (iterations[0] if self.conv_kind is Operator.dgrad else 1)
+                bits = 32 * (per_access // desc.alignment)
+                if loads >= bits:
+                    return (f"CUTLASS's optimized {self.conv_kind.name} filter iterator packs one predicate bit per "
+                            f"load into {bits} bits, which must outnumber the {loads} loads of {where} (static_assert "
+                            f"'Currently, the number of loads per iteration is limited by the size of the "
+                            f"predicates container.'); use more warps, a smaller tile or the analytic iterators")
             return None
         problem = thread_map_problem(self.tile_description,
                                      (("A", self.A, "M", m, k_major["A"]), ("B", self.B, "N", n, k_major["B"])),
