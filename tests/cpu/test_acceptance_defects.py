@@ -304,5 +304,207 @@ def test_simt_multistage_padding_must_divide_by_the_lane_tile():
             simt(*args)
     simt(D.float32, (64, 64, 64), (1, 4, 1), 3, CM, CM)
     simt(D.float32, (64, 64, 32), (2, 2, 1), 3, CM, RM)  # no K-contiguous operand: no padding
-    simt(D.float32, (64, 64, 32), (2, 2, 1), 2, CM, CM)  # two stages: the other main loop
+    simt(D.float32, (64, 64, 8), (2, 2, 1), 2, CM, CM)  # two stages: padding 32 / K = 4, the lane tile 4
     simt(D.float32, (128, 128, 8), (4, 2, 1), 4, RM, CM)  # K < 32
+
+
+# --- tools/fuzz_run.py's accepted configurations that did not compile (docs/known-defects.md) ------------------------
+# Layouts are A/B/C with T = RowMajor and N = ColumnMajor; a ColumnMajor C is computed as the transposed problem, so
+# the kernel's A is the user's B. Every accepted neighbour below was compiled (nvcc; NVRTC for the Congruous<16, 16>
+# case) and every rejected configuration failed to compile with its rule taken out.
+def _fuzz_gemm(element, opclass, layouts, shape, warps, stages, align=(1, 1, 1), out=None, inst=None, cc=80):
+    memory = F32 if element is D.tfloat32 else element
+    out = out or (F32 if element in (D.float16, D.bfloat16, D.tfloat32) else element)
+    acc = element if element in (F32, F64) else F32
+    if inst is None:
+        inst = [1, 1, 1] if opclass is Simt else {F64: [8, 8, 4], D.tfloat32: [16, 8, 8], F32: [16, 8, 8]}.get(
+            element, [16, 8, 16])
+    math = cutlass.MathInstruction(inst, element, element, acc, opclass)
+    tile = cutlass.TileDescription(list(shape), stages, list(warps), math)
+    lay = {"T": cutlass.RowMajor, "N": cutlass.ColumnMajor}
+    A, B = (cutlass.TensorDescription(memory, lay[x], a) for x, a in zip(layouts[:2], align[:2]))
+    C = cutlass.TensorDescription(out, lay[layouts[2]], align[2])
+    return cutlass.GemmOperationUniversal(cc, tile, A, B, C, cutlass.LinearCombination(out, align[2], acc))
+
+
+def test_mainloop_iterator_predicates_fit_four_words():
+    """PredicatedTileAccessIterator: Iterations::kCount x (elements per access / alignment) <= 64 ('Too many
+    predicates.'), counted on the thread map DefaultMmaCore picks for the kernel's operands."""
+    BF16 = D.bfloat16
+    for args in ((F16, TensorOp, "TTN", (16, 64, 64), (1, 1, 1), 2, (1, 2, 2), None, None, 90),
+                 (F16, TensorOp, "NTN", (128, 64, 128), (1, 1, 1), 3, (4, 2, 4)),
+                 (BF16, TensorOp, "NTN", (128, 64, 128), (1, 1, 1), 3, (4, 2, 4)),
+                 (F16, TensorOp, "NTN", (128, 64, 128), (1, 1, 1), 3, (4, 4, 4)),  # 128 predicates
+                 (F64, Simt, "NNT", (16, 128, 32), (1, 1, 1), 2, (1, 1, 1), None, None, 90)):
+        with pytest.raises(DescriptionError, match="Too many predicates"):
+            _fuzz_gemm(*args)
+    # compiles, but its kernel A (B^T, contiguous along M) has a 16-row warp tile: computed wrongly on an H100
+    # (test_narrow_warp_tiles.py), so rejected for that reason instead
+    with pytest.raises(DescriptionError, match="read past"):
+        _fuzz_gemm(F16, TensorOp, "TTN", (16, 64, 64), (1, 1, 1), 2, (8, 2, 2), cc=90)
+    _fuzz_gemm(F16, TensorOp, "TNN", (16, 64, 64), (1, 1, 1), 2, (8, 2, 2), cc=90)  # kernel A K-contiguous
+    _fuzz_gemm(F16, TensorOp, "NTN", (128, 64, 128), (1, 1, 1), 3, (4, 8, 4))  # exactly 64 predicates
+    _fuzz_gemm(F64, Simt, "NNT", (16, 128, 32), (1, 2, 1), 2, cc=90)  # exactly 64 predicates
+
+
+def test_simt_two_stage_padding_must_divide_by_the_lane_tile():
+    """default_mma_core_simt.h: the two-stage SIMT main loop pads a K-contiguous operand by 32 / K / (bits / 32)
+    elements, a multiple of its lane tile ('Padding must be divisible by Lane')."""
+    for args in ((F32, Simt, "TNN", (16, 256, 16), (4, 1, 1), 2, (1, 1, 1), D.bfloat16),
+                 (F32, Simt, "TNT", (64, 64, 32), (4, 4, 1), 2),
+                 (F64, Simt, "TNT", (64, 32, 16), (2, 2, 1), 2)):
+        with pytest.raises(DescriptionError, match="Padding must be divisible by Lane"):
+            _fuzz_gemm(*args)
+    _fuzz_gemm(F32, Simt, "TNN", (16, 256, 8), (4, 1, 1), 2, out=D.bfloat16)
+    _fuzz_gemm(F32, Simt, "TNT", (64, 64, 8), (4, 4, 1), 2)
+
+
+def test_conv_simt_padding_and_lanes():
+    """The SIMT conv kernels build the same DefaultMmaCore (fprop A RowMajor / B ColumnMajor, dgrad A and B
+    RowMajor, wgrad A ColumnMajor / B RowMajor), with its padding and lane static_asserts."""
+    simt = dict(element=F32, acc=F32, align=1, opclass=Simt, stride_support=StrideSupport.Unity)
+    for kind, shape, warps, stages in ((Operator.fprop, (64, 64, 32), (2, 2, 1), 3),
+                                       (Operator.fprop, (64, 64, 16), (2, 2, 1), 2),
+                                       (Operator.dgrad, (64, 64, 32), (2, 2, 1), 3)):
+        with pytest.raises(DescriptionError, match="Padding must be divisible by Lane"):
+            _conv(kind, shape=shape, warps=warps, stages=stages, **simt)
+    with pytest.raises(DescriptionError, match="WarpShape must be divisible by ThreadTile shape"):
+        _conv(Operator.fprop, shape=(32, 32, 8), warps=(4, 8, 1), **simt)
+    _conv(Operator.fprop, shape=(64, 64, 8), warps=(2, 2, 1), stages=2, **simt)
+    _conv(Operator.wgrad, shape=(64, 64, 32), warps=(2, 2, 1), **simt)  # no K-contiguous operand
+
+
+def test_conv_k_contiguous_iterators_take_one_access_along_k():
+    """tools/fuzz_accept.py (seed 101): f64 tensor-op fprop 32x32x32 on 2x2x1 warps, 5 stages, did not compile: the
+    K-contiguous operands' conv iterators static_assert 'Require Iterations::kContiguous == 1', and the f64 thread
+    map rakes 16 x 2 over (K, M)."""
+    f64 = dict(element=F64, acc=F64, align=1, stride_support=StrideSupport.Unity)
+    for kind, algorithm, stages in ((Operator.fprop, IteratorAlgorithm.optimized, 5),
+                                    (Operator.fprop, IteratorAlgorithm.analytic, 3),
+                                    (Operator.dgrad, IteratorAlgorithm.optimized, 3)):
+        with pytest.raises(DescriptionError, match="Require Iterations::kContiguous == 1"):
+            _conv(kind, algorithm, shape=(32, 32, 32), stages=stages, **f64)
+    simt = dict(element=F32, acc=F32, align=1, opclass=Simt, stride_support=StrideSupport.Unity, stages=2)
+    with pytest.raises(DescriptionError, match="Require Iterations::kContiguous == 1"):
+        _conv(Operator.fprop, shape=(64, 32, 64), warps=(1, 1, 1), **simt)  # 32 threads, K = 64
+    _conv(Operator.fprop, IteratorAlgorithm.optimized, shape=(32, 32, 16), stages=5, **f64)
+    _conv(Operator.wgrad, IteratorAlgorithm.optimized, shape=(32, 32, 32), **f64)  # no K-contiguous operand
+    _conv(Operator.fprop, shape=(64, 32, 64), warps=(2, 1, 1), **simt)
+
+
+def test_conv_two_stage_float32_tensor_op_needs_fast_f16():
+    """tools/fuzz_accept.py (seed 13 differential): a two-stage f32 fprop with multiply_add_fast_bf16 did not compile
+    (ImplicitGemmPipelined calls MmaTensorOp without transforming float fragments to bf16/tf32)."""
+    F32_OPS = (cutlass.MathOperation.multiply_add, cutlass.MathOperation.multiply_add_fast_f32,
+               cutlass.MathOperation.multiply_add_fast_bf16, cutlass.MathOperation.multiply_add_fast_f16)
+
+    def conv(kind, op, stages=2, element=F32):
+        math = cutlass.MathInstruction([16, 8, 8], element, element, F32, TensorOp, op)
+        tile = cutlass.TileDescription([64, 64, 32], stages, [1, 2, 1], math)
+        A = C = cutlass.TensorDescription(F32, NHWC, 4)
+        return Conv2dOperation(kind, IteratorAlgorithm.optimized, 80, tile, A, A, C, StrideSupport.Unity,
+                               cutlass.LinearCombination(F32, 4, F32))
+    for kind, op in ((Operator.fprop, F32_OPS[0]), (Operator.fprop, F32_OPS[1]), (Operator.fprop, F32_OPS[2]),
+                     (Operator.wgrad, F32_OPS[2]), (Operator.dgrad, F32_OPS[2])):
+        with pytest.raises(DescriptionError, match="two-stage convolution main loop cannot feed float32"):
+            conv(kind, op)
+    conv(Operator.fprop, F32_OPS[3])
+    conv(Operator.fprop, F32_OPS[2], stages=3)
+    conv(Operator.fprop, cutlass.MathOperation.multiply_add, element=D.tfloat32)
+
+
+def test_conv_optimized_filter_iterator_predicate_bits():
+    """conv2d_{fprop,dgrad}_filter_tile_access_iterator_optimized.h keep a predicate bit per load in 32 bits per
+    access of a vector (a CPU differential sample: f64 SIMT dgrad 128x64x64 on 1x2x1 warps at cc 90 did not compile)."""
+    simt = dict(align=1, opclass=Simt, stride_support=StrideSupport.Unity, stages=2)
+    for kind, element, shape, warps in ((Operator.dgrad, F64, (64, 64, 64), (1, 2, 1)),
+                                        (Operator.fprop, F32, (64, 128, 8), (1, 1, 1))):
+        with pytest.raises(DescriptionError, match="number of loads per iteration is limited"):
+            _conv(kind, IteratorAlgorithm.optimized, element=element, acc=element, shape=shape, warps=warps, **simt)
+        _conv(kind, IteratorAlgorithm.analytic, element=element, acc=element, shape=shape, warps=warps, **simt)
+    _conv(Operator.fprop, IteratorAlgorithm.optimized, element=F32, acc=F32, shape=(64, 128, 8), warps=(2, 1, 1),
+          **simt)
+
+
+def test_simt_k_contiguous_operand_is_stored_transposed():
+    """TransposePitchLinearThreadMapSimt: a K-contiguous SIMT operand needs threadblock K <= threads ('Strided
+    iteration has to be one to reuse the same shared store function with those that don't need transpose')."""
+    with pytest.raises(DescriptionError, match="Strided iteration has to be one"):
+        _fuzz_gemm(F32, Simt, "TNT", (16, 32, 64), (1, 1, 1), 2)
+    _fuzz_gemm(F32, Simt, "NTT", (16, 32, 64), (1, 1, 1), 2)
+
+
+def test_simt_warp_tile_must_divide_by_the_lanes():
+    """The multistage SIMT main loop arranges lanes 4 x 8, the two-stage one 8 x 4 when warp M > warp N ('WarpShape
+    must be divisible by ThreadTile shape.')."""
+    with pytest.raises(DescriptionError, match="WarpShape must be divisible by ThreadTile shape"):
+        _fuzz_gemm(F32, Simt, "NTT", (32, 32, 8), (4, 8, 1), 3)  # warp tile 8 x 4
+    _fuzz_gemm(F32, Simt, "NTT", (32, 32, 8), (4, 8, 1), 2)
+
+
+def test_simt_epilogue_needs_32_columns():
+    """DefaultThreadMapSimt: Iterations::kColumn = threadblock N / 32 ('ThreadMap::Iterations::kColumn must be >
+    0'), for GEMM and conv."""
+    for args in ((F32, Simt, "TNN", (64, 16, 8), (4, 1, 1), 4), (F64, Simt, "TTT", (32, 16, 8), (2, 1, 1), 2),
+                 (F64, Simt, "TNT", (64, 16, 16), (2, 2, 1), 2, (1, 1, 1), None, None, 90)):
+        with pytest.raises(DescriptionError, match="Iterations::kColumn must be > 0"):
+            _fuzz_gemm(*args)
+    with pytest.raises(DescriptionError, match="Iterations::kColumn must be > 0"):
+        _conv(Operator.fprop, element=F32, acc=F32, align=1, shape=(64, 16, 8), warps=(2, 1, 1), opclass=Simt)
+    _fuzz_gemm(F32, Simt, "TNN", (64, 32, 8), (4, 1, 1), 4)
+    _fuzz_gemm(F64, Simt, "TTT", (32, 32, 8), (2, 1, 1), 2)
+    _conv(Operator.fprop, element=F32, acc=F32, align=1, shape=(64, 32, 8), warps=(2, 1, 1), opclass=Simt)
+
+
+def test_float64_tensor_op_tile_k_8_and_two_stages():
+    """f64 tensor ops: a K-contiguous operand is raked 16 x 2 over (K, M or N), so K = 8 fails ('ShapeInAccesses
+    must be divisible by WarpThreadArrangement.', 'Number of iterations must be non-zero'); two stages match two
+    DefaultMmaCore specializations (ambiguous), for GEMM and conv."""
+    for args in ((F64, TensorOp, "TNN", (32, 128, 8), (1, 2, 1), 3),
+                 (F64, TensorOp, "TNT", (32, 128, 8), (1, 4, 1), 6)):
+        with pytest.raises(DescriptionError, match="ShapeInAccesses must be divisible by WarpThreadArrangement"):
+            _fuzz_gemm(*args)
+    with pytest.raises(DescriptionError, match="no two-stage float64 tensor-op main loop"):
+        _fuzz_gemm(F64, TensorOp, "NNT", (64, 64, 16), (2, 2, 1), 2)
+    with pytest.raises(DescriptionError, match="no two-stage float64 tensor-op main loop"):
+        _conv(Operator.fprop, element=F64, acc=F64, align=1, shape=(64, 64, 16), stages=2)
+    _fuzz_gemm(F64, TensorOp, "TNN", (32, 128, 16), (1, 2, 1), 3)
+    _fuzz_gemm(F64, TensorOp, "TNT", (32, 128, 16), (1, 4, 1), 6)
+    _fuzz_gemm(F64, TensorOp, "NTT", (32, 128, 8), (1, 2, 1), 3)  # no K-contiguous operand
+    _fuzz_gemm(F64, TensorOp, "NNT", (64, 64, 16), (2, 2, 1), 3)
+
+
+def test_congruous_operand_needs_a_warp_iterator():
+    """An M- or N-contiguous tensor-op operand is stored as TensorOpMultiplicandCongruous<bits, min(128 bytes,
+    extent)>: 32-bit ones need extent >= 32 (an incomplete type otherwise), 16-bit ones 16, 32 or >= 64, and
+    Congruous<16, 16> cannot be read with a K = 8 instruction ('the size of an array must be greater than zero')."""
+    BF16, TF32 = D.bfloat16, D.tfloat32
+    with pytest.raises(DescriptionError, match="size of an array must be greater than zero"):
+        _fuzz_gemm(BF16, TensorOp, "NTN", (16, 32, 32), (1, 1, 1), 4, (8, 8, 8), BF16, [16, 8, 8])
+    for layouts in ("NNT", "NTT"):
+        with pytest.raises(DescriptionError, match="incomplete type"):
+            _fuzz_gemm(TF32, TensorOp, layouts, (16, 32, 32), (1, 1, 1), 4, (4, 4, 1))
+    with pytest.raises(DescriptionError, match="incomplete type"):
+        _fuzz_gemm(F16, TensorOp, "NTT", (48, 64, 32), (1, 1, 1), 3, (8, 8, 4))
+    for kind, shape in ((Operator.wgrad, (16, 64, 32)), (Operator.dgrad, (64, 16, 32))):
+        with pytest.raises(DescriptionError, match="incomplete type"):
+            _conv(kind, element=F32, acc=F32, align=4, shape=shape, warps=(1, 1, 1),
+                  stride_support=StrideSupport.Unity)
+    with pytest.raises(DescriptionError, match="read past"):  # compiles; the 16-row warp tile computes wrongly
+        _fuzz_gemm(BF16, TensorOp, "NTN", (16, 32, 32), (1, 1, 1), 4, (8, 8, 8), BF16, [16, 8, 16])
+    _fuzz_gemm(BF16, TensorOp, "NTN", (32, 32, 32), (1, 1, 1), 4, (8, 8, 8), BF16, [16, 8, 16])
+    _fuzz_gemm(F16, TensorOp, "NTT", (32, 64, 32), (1, 1, 1), 3, (8, 8, 4), inst=[16, 8, 8])
+    for layouts in ("TNT", "TTT"):
+        _fuzz_gemm(TF32, TensorOp, layouts, (16, 32, 32), (1, 1, 1), 4, (4, 4, 1))
+    _conv(Operator.wgrad, element=F32, acc=F32, align=4, shape=(32, 64, 32), warps=(1, 1, 1))
+
+
+@pytest.mark.slow
+def test_fuzz_rule_neighbours_compile(compiler_state):
+    """A few accepted neighbours at the rules' boundaries compile (exactly 64 predicates; a two-stage SIMT padding
+    equal to the lane tile; a 32-wide SIMT epilogue; float64 tile K = 8 without a K-contiguous operand)."""
+    ops = [_fuzz_gemm(F16, TensorOp, "NTN", (128, 64, 128), (1, 1, 1), 3, (4, 8, 4)),
+           _fuzz_gemm(F32, Simt, "TNT", (64, 64, 8), (4, 4, 1), 2),
+           _fuzz_gemm(F32, Simt, "TNN", (64, 32, 8), (4, 1, 1), 4),
+           _fuzz_gemm(F64, TensorOp, "NTT", (32, 128, 8), (1, 2, 1), 3)]
+    compiler.add_module(ops)

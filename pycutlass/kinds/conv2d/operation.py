@@ -39,7 +39,7 @@ from .problem import Conv2dProblemSize, IteratorAlgorithm, Operator, SplitKMode,
 from ...description.tensor_description import TensorDescription
 from ...description.tile_description import TileDescription
 from ...description.types import (CONV_SWIZZLES, DataType, IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4,
-                                 IdentitySwizzle8, LayoutType, OpClass, StridedDgradIdentitySwizzle1,
+                                 IdentitySwizzle8, LayoutType, MathOperation, OpClass, StridedDgradIdentitySwizzle1,
                                  StridedDgradIdentitySwizzle4, SwizzlingFunctor)
 from ...emit import names
 from ...emit.abi import fill_epilogue
@@ -47,7 +47,8 @@ from ...epilogue.functors import EpilogueFunctor
 from ...errors import ArgumentError, DescriptionError
 from .abi import Conv2dArgs
 from ..base import TiledOperation, check_compute_capability
-from ..gemm.operation import check_crosswise_tile_k, check_narrow_warp_tiles, check_operand_types
+from ..gemm.operation import (check_congruous_tile, check_crosswise_tile_k, check_narrow_warp_tiles,
+                              check_operand_types, check_simt_warp_tile, thread_map_problem)
 
 # C++ spellings of the conv enums (kept here: only this operation uses them).
 CONV_OPERATOR = {Operator.fprop: "cutlass::conv::Operator::kFprop", Operator.dgrad: "cutlass::conv::Operator::kDgrad",
@@ -192,8 +193,63 @@ class Conv2dOperation(TiledOperation):
         check_crosswise_tile_k(self.tile_description,
                                (("A", self.A, self.conv_kind in (Operator.fprop, Operator.dgrad)),
                                 ("B", self.B, self.conv_kind is Operator.fprop)), what)
-        # The others are contiguous along M or N: dgrad's B (KRSC filter, along C = N), wgrad's A (NPQK output
-        # gradient, along K = M) and B (NHWC activation, along C = N).
+        # The M- or N-contiguous ones: dgrad B (KRSC filter along C), wgrad A (NPQK gradient along K) and B (NHWC
+        # activation along C).
+        m, n, _ = self.tile_description.threadblock_shape
+        if math.opcode_class is OpClass.Simt:
+            # default_conv2d_{fprop,dgrad,wgrad}.h build the SIMT DefaultMmaCore with A RowMajor / B ColumnMajor
+            # (fprop), A and B RowMajor (dgrad), A ColumnMajor / B RowMajor (wgrad).
+            row, col = LayoutType.RowMajor, LayoutType.ColumnMajor
+            layout_a = col if self.conv_kind is Operator.wgrad else row
+            layout_b = col if self.conv_kind is Operator.fprop else row
+            check_simt_warp_tile(self.tile_description, (("A", self.A, layout_a), ("B", self.B, layout_b)), what)
+        if (math.opcode_class is OpClass.TensorOp and element is DataType.float32
+                and self.tile_description.stages == 2
+                and math.cutlass_math_operation is not MathOperation.multiply_add_fast_f16):
+            # The two-stage ImplicitGemmPipelined (conv/threadblock/implicit_gemm_pipelined.h) calls warp_mma on the
+            # fragments as loaded, but float operands reach a tf32 / bf16 / 3xTF32 mma through MmaTensorOp's
+            # TransformedFragment (gemm/warp/mma_tensor_op.h): "cannot be called with the given argument list".
+            # multiply_add_fast_f16 takes the OpMultiplyAddFastF16 core (half_t in shared memory) instead.
+            raise DescriptionError(
+                f"{what}: CUTLASS's two-stage convolution main loop cannot feed float32 operands to the "
+                f"{math.math_operation.name} tensor-op mma (it does not transform the fragments); use stages >= 3, "
+                f"tfloat32 operands, or multiply_add_fast_f16")
+        # The main loops copy with DefaultMmaCore's thread maps; the iterators of the K-contiguous operands (fprop A
+        # and B, dgrad A: conv2d_fprop_{activation,filter}_tile_access_iterator_*.h, conv2d_dgrad_output_gradient_
+        # tile_access_iterator_*.h) also static_assert "Require Iterations::kContiguous == 1".
+        k_major = {"A": self.conv_kind in (Operator.fprop, Operator.dgrad), "B": self.conv_kind is Operator.fprop}
+        fast_f16 = (element is DataType.float32 and self.tile_description.stages == 2
+                    and math.cutlass_math_operation is MathOperation.multiply_add_fast_f16)
+
+        # The optimized filter iterators keep one bit per load in uint32_t predicates_[kAccessesPerVector]
+        # (conv2d_fprop_filter_tile_access_iterator_optimized.h: Iterations::kStrided < its bits; conv2d_dgrad_
+        # filter_tile_access_iterator_optimized.h: Iterations::kStrided * kContiguous < its bits).
+        filter_mask = (self.iterator_algorithm is IteratorAlgorithm.optimized
+                       and self.conv_kind in (Operator.fprop, Operator.dgrad))
+
+        def one_contiguous_access(label, desc, is_k_major, per_access, iterations, where):
+            if is_k_major and iterations[0] != 1:
+                return (f"CUTLASS's convolution iterator for {where} takes one access along K per thread "
+                        f"(static_assert 'Require Iterations::kContiguous == 1'), but its thread map gives "
+                        f"{iterations[0]}; use a smaller tile K or more warps")
+            if label == "B" and filter_mask:
+                loads = iterations[1] * (iterations[0] if self.conv_kind is Operator.dgrad else 1)
+                bits = 32 * (per_access // desc.alignment)
+                if loads >= bits:
+                    return (f"CUTLASS's optimized {self.conv_kind.name} filter iterator packs one predicate bit per "
+                            f"load into {bits} bits, which must outnumber the {loads} loads of {where} (static_assert "
+                            f"'Currently, the number of loads per iteration is limited by the size of the "
+                            f"predicates container.'); use more warps, a smaller tile or the analytic iterators")
+            return None
+        problem = thread_map_problem(self.tile_description,
+                                     (("A", self.A, "M", m, k_major["A"]), ("B", self.B, "N", n, k_major["B"])),
+                                     fast_f16, one_contiguous_access)
+        if problem:
+            raise DescriptionError(f"{what}: {problem}")
+        check_congruous_tile(self.tile_description,
+                             [("A", "M", m)] * (self.conv_kind is Operator.wgrad)
+                             + [("B", "N", n)] * (self.conv_kind in (Operator.dgrad, Operator.wgrad)), what)
+        # Warp tiles the H100 fuzz runs found wrong (the same congruous operands; the epilogue's accesses).
         check_narrow_warp_tiles(self.tile_description, self.C, self.conv_kind is Operator.wgrad,
                                 self.conv_kind in (Operator.dgrad, Operator.wgrad), what)
 

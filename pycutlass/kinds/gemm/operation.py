@@ -77,8 +77,9 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
                 raise DescriptionError(f"{what}: SIMT kernels access A, B and C one element at a time (CUTLASS's "
                                        f"SIMT thread maps and epilogue), so {label} alignment must be 1, got "
                                        f"{desc.alignment}")
-    if math.opcode_class is OpClass.Simt and tile.stages >= 3 and A.layout in _PLAIN and B.layout in _PLAIN:
-        _check_simt_multistage_padding(tile, A, B, what)
+    if math.opcode_class is OpClass.Simt:
+        check_simt_epilogue_width(tile, what)
+    check_f64_tensor_op_stages(tile, what)
     if math.opcode_class is OpClass.TensorOp and math.element_a is DataType.float64 and tile.threads < 64:
         # CUTLASS's f64 tensor-op epilogue (found by tools/fuzz_run.py: a 16x16x16 tile on one warp) static_asserts
         # "This specialization requires at least two warps." / "This tile iterator requires at least two warps."
@@ -132,32 +133,207 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
                     f"minimum of multistage ({tile.stages}-stage) kernels; raise the alignment or use stages=2")
 
 
-def _check_simt_multistage_padding(tile: TileDescription, A: TensorDescription, B: TensorDescription,
-                                   what: str) -> None:
-    """CUTLASS's multistage SIMT main loop (default_mma_core_sm80.h, stages >= 3) pads a K-contiguous operand in
-    shared memory by K / 32 elements, which must be a multiple of that operand's lane tile: LaneM = min(128 / bits,
-    warp M / 4) for A, LaneN = min(128 / bits, warp N / 8) for B; a K-contiguous A is RowMajor, a K-contiguous B
-    ColumnMajor ("Padding must be divisible by Lane"; found by tools/fuzz_run.py: f64 64x64x32 on 2x1x1 warps)."""
-    m, n, k = tile.threadblock_shape
-    wm, wn, _ = tile.warp_count
+def check_f64_tensor_op_stages(tile: TileDescription, what: str) -> None:
+    """float64 tensor ops need a multistage main loop: at two stages both DefaultMmaCore<..., double, ...,
+    OpClassTensorOp, Stages, ...> (default_mma_core_sm80.h) and the two-stage DefaultMmaCore<..., ElementA, ...,
+    OpClassTensorOp, 2, ...> (default_mma_core_sm75.h) match, which nvcc rejects ("more than one partial
+    specialization matches", default_mma.h). Shared by GEMM, grouped GEMM and conv2d."""
     math = tile.math_instruction
-    lanes = (("A", A.layout is LayoutType.RowMajor, min(128 // math.element_a.bits, max(m // wm // 4, 1))),
-             ("B", B.layout is LayoutType.ColumnMajor, min(128 // math.element_b.bits, max(n // wn // 8, 1))))
-    for label, k_major, lane in lanes:
-        if k_major and (k // 32) % lane:
-            raise DescriptionError(
-                f"{what}: CUTLASS's multistage SIMT main loop pads the K-contiguous operand {label} by K / 32 = "
-                f"{k // 32} elements in shared memory, which must be a multiple of its lane tile ({lane}; "
-                f"static_assert 'Padding must be divisible by Lane'). Use threadblock K < 32 or a multiple of "
-                f"{32 * lane}, other warps, or stages=2")
+    if math.opcode_class is OpClass.TensorOp and math.element_a is DataType.float64 and tile.stages < 3:
+        raise DescriptionError(f"{what}: CUTLASS has no two-stage float64 tensor-op main loop (two DefaultMmaCore "
+                               f"specializations match and the compile fails as ambiguous); use stages >= 3")
 
 
-def kernel_congruous(A: TensorDescription, B: TensorDescription, C: TensorDescription) -> tuple[bool, bool]:
-    """(the kernel's A is contiguous along M, its B along N). A ColumnMajor C is computed as D^T = B^T A^T, so the
-    kernel's A is B^T (along M where B is RowMajor) and its B is A^T (along N where A is ColumnMajor)."""
+def check_simt_epilogue_width(tile: TileDescription, what: str) -> None:
+    """The SIMT epilogue (DefaultThreadMapSimt -> OutputTileOptimalThreadMap, default_thread_map_simt.h) lays a
+    warp's 32 lanes along the tile's N, one element each: Iterations::kColumn = threadblock N / 32, which the output
+    iterators (epilogue/threadblock/predicated_tile_iterator*.h) static_assert "ThreadMap::Iterations::kColumn must
+    be > 0". Shared by GEMM, grouped GEMM and conv2d (whose SIMT epilogues use the same thread map)."""
+    if tile.threadblock_shape[1] < 32:
+        raise DescriptionError(f"{what}: CUTLASS's SIMT epilogue stores threadblock N / 32 columns per lane, so the "
+                               f"threadblock tile must be at least 32 wide in N (static_assert 'ThreadMap::"
+                               f"Iterations::kColumn must be > 0'); got {list(tile.threadblock_shape)}")
+
+
+def kernel_operands(A: TensorDescription, B: TensorDescription, C: TensorDescription):
+    """The (label, TensorDescription, layout) of the A and B operands CUTLASS's kernel reads.
+
+    A ColumnMajor C is computed as the transposed problem D^T = B^T A^T with a RowMajor output (``emit_body``, and
+    CUTLASS's kInternalTranspose for grouped GEMM): the kernel's A is the user's B with the transposed layout and
+    its B the user's A, while the threadblock and warp tiles stay as given.
+    """
     if C.layout is LayoutType.ColumnMajor:
-        return B.layout is LayoutType.RowMajor, A.layout is LayoutType.ColumnMajor
-    return A.layout is LayoutType.ColumnMajor, B.layout is LayoutType.RowMajor
+        note = "the kernel's {}; a ColumnMajor C is computed as the transposed problem"
+        return ((f"B ({note.format('A')})", B, names.TRANSPOSED[B.layout]),
+                (f"A ({note.format('B')})", A, names.TRANSPOSED[A.layout]))
+    return (("A", A, A.layout), ("B", B, B.layout))
+
+
+def check_simt_warp_tile(tile: TileDescription, operands, what: str) -> None:
+    """CUTLASS's SIMT main loops arrange a warp's lanes WarpNumThreadsM x WarpNumThreadsN over the warp tile and
+    pad a K-contiguous operand in shared memory by a number of elements that must be a multiple of that operand's
+    lane tile (static_asserts "WarpShape must be divisible by ThreadTile shape." and "Padding must be divisible by
+    Lane"):
+
+    - two stages (default_mma_core_simt.h): lanes 8 x 4 when warp M > warp N, else 4 x 8; padding
+      ``simt_transpose_padding(32, K, bits)`` = 32 / K / (bits / 32) (integer division, 0 when K > 32);
+    - three or more stages (default_mma_core_sm80.h): lanes 4 x 8; padding K / 32.
+
+    LaneM = min(128 / bits, warp M / lanes M) for the kernel's A, LaneN = min(128 / bits, warp N / lanes N) for its
+    B; the kernel's A is K-contiguous when RowMajor, its B when ColumnMajor. ``operands``: the kernel's A and B as
+    (label, TensorDescription, layout) (:func:`kernel_operands` for GEMM; conv2d passes the layouts of its
+    DefaultMmaCore).
+    """
+    m, n, k = tile.threadblock_shape
+    wm, wn, _ = tile.warp_shape
+    two_stage = tile.stages == 2
+    lanes_m = (8 if wm > wn else 4) if two_stage else 4
+    lanes_n = 32 // lanes_m
+    if wm % lanes_m or wn % lanes_n:
+        raise DescriptionError(
+            f"{what}: CUTLASS's {'two-stage' if two_stage else 'multistage'} SIMT main loop arranges a warp's lanes "
+            f"{lanes_m} x {lanes_n} over the warp tile {wm} x {wn}, which must be a multiple of that (DefaultMmaCore's "
+            f"static_assert 'WarpShape must be divisible by ThreadTile shape.', and the warp-level MmaSimt's "
+            f"'Divisibility'); change warp_count")
+    (label_a, desc_a, layout_a), (label_b, desc_b, layout_b) = operands
+    for label, desc, k_major, warp_extent, lanes in ((label_a, desc_a, layout_a is LayoutType.RowMajor, wm, lanes_m),
+                                                     (label_b, desc_b, layout_b is LayoutType.ColumnMajor, wn,
+                                                      lanes_n)):
+        if not k_major:
+            continue
+        bits = desc.element.bits
+        lane = min(128 // bits, warp_extent // lanes)
+        if two_stage:
+            padding = 32 // k // (bits // 32)
+            formula = f"32 / K / (bits / 32) = 32 / {k} / {bits // 32}"
+        else:
+            padding = k // 32
+            formula = f"K / 32 = {k} / 32"
+        if padding % lane:
+            raise DescriptionError(
+                f"{what}: CUTLASS's {'two-stage' if two_stage else 'multistage'} SIMT main loop pads the "
+                f"K-contiguous operand {label} by {formula} = {padding} elements in shared memory, which must be a "
+                f"multiple of its lane tile (min(128 / bits, warp tile / lanes) = {lane}; static_assert 'Padding "
+                f"must be divisible by Lane'); use another threadblock K, other warps or another stage count")
+
+
+def _pitch_linear_iterations(kind: str, contiguous: int, strided: int, threads: int, arrangement, per_access: int):
+    """Iterations (contiguous, strided) of CUTLASS's pitch-linear thread map (cutlass/transform/
+    pitch_linear_thread_map.h), or the static_assert it fails as a string. ``kind``: "raked"
+    (PitchLinearWarpRakedThreadMap), "striped" (PitchLinearWarpStripedThreadMap) or "stripmined"
+    (PitchLinearStripminedThreadMap)."""
+    if contiguous % per_access:
+        return "Shape must be divisible by vector length."
+    vec_c, vec_s = contiguous // per_access, strided
+    if kind == "stripmined":
+        if not ((threads < vec_c and vec_c % threads == 0) or threads % vec_c == 0):
+            return "Shape must be divisible by number of iterations of each thread."
+        if threads >= vec_c:
+            rows = threads // vec_c
+            return 1, (vec_s + rows - 1) // rows
+        return vec_c // threads, vec_s
+    arr_c, arr_s = arrangement
+    if arr_c <= 0 or arr_s <= 0:
+        return "the warp's thread arrangement is empty (division by zero)"
+    warp_count = threads // (arr_c * arr_s)
+    if kind == "raked" and (vec_c % arr_c or vec_s % arr_s):
+        return "ShapeInAccesses must be divisible by WarpThreadArrangement."
+    iter_c, iter_s = vec_c // arr_c, vec_s // arr_s
+    if kind == "raked":
+        warps_s = warp_count if iter_s >= warp_count else iter_s
+        warps_c = (warp_count // warps_s if warps_s else 0) if warp_count > iter_s else 1
+    else:
+        warps_s = warp_count if iter_s >= warp_count else (warp_count // iter_s if iter_s else 0)
+        warps_c = (iter_c // warps_s if warps_s else 0) if warp_count > iter_s else 1
+    if not warps_s or not warps_c or not (iter_c // warps_c) * (iter_s // warps_s):
+        return "Number of iterations must be non-zero"
+    return iter_c // warps_c, iter_s // warps_s
+
+
+def operand_thread_map(tile: TileDescription, k_major: bool, extent: int, fast_f16: bool = False):
+    """The global -> shared thread map of one main-loop operand in the DefaultMmaCore that DefaultMma picks
+    (cutlass/gemm/threadblock/default_mma_core_{sm75,sm80,simt}.h), as (kind, (contiguous, strided), arrangement,
+    elements per access) for :func:`_pitch_linear_iterations`: tensor ops below 64 bits use
+    PitchLinearWarpRakedThreadMap with 128-bit accesses (256-bit in GEMM's two-stage float32 main loop,
+    ``fast_f16``: default_mma.h's OpMultiplyAddFastF16 cores), warps arranged min(extent / access, 8) x 32 / that
+    over a contiguous M or N and K / access x 32 / that over a contiguous K; float64 tensor ops use 64-bit accesses
+    arranged 16 x 2, raked over a contiguous K and striped over a contiguous M or N; SIMT uses
+    PitchLinearStripminedThreadMap with one element per access. ``extent``: the operand's threadblock M or N."""
+    math = tile.math_instruction
+    k = tile.threadblock_shape[2]
+    bits = math.element_a.bits
+    simt = math.opcode_class is OpClass.Simt
+    per_access = 1 if simt or bits == 64 else (256 if fast_f16 else 128) // bits
+    if simt:
+        kind, arrangement = "stripmined", None
+    elif bits == 64:
+        kind, arrangement = ("raked" if k_major else "striped"), (16, 2)
+    elif k_major:
+        kind, arrangement = "raked", (k // per_access, 32 // max(k // per_access, 1))
+    elif fast_f16:
+        kind, arrangement = "raked", (8, 4)
+    else:
+        contiguous = min(extent // per_access, 8)
+        kind, arrangement = "raked", (contiguous, 32 // max(contiguous, 1))
+    return kind, ((k, extent) if k_major else (extent, k)), arrangement, per_access
+
+
+def _thread_map_where(tile, label, desc, axis, extent, k_major) -> str:
+    return (f"the {axis} x K = {extent} x {tile.threadblock_shape[2]} {desc.element.label} tile of operand {label}, "
+            f"{'K' if k_major else axis}-contiguous, over {tile.threads} threads")
+
+
+def thread_map_problem(tile: TileDescription, operands, fast_f16: bool = False,
+                       iterations_check=None) -> str | None:
+    """Why one of ``operands`` (label, TensorDescription, axis "M"/"N", threadblock extent, K-contiguous) has no
+    main-loop thread map (:func:`operand_thread_map`'s static_asserts), or None. ``iterations_check(label, desc,
+    k_major, per_access, (iter_c, iter_s), where)`` adds the iterator's own limits (a message, or None)."""
+    for label, desc, axis, extent, k_major in operands:
+        kind, shape, arrangement, per_access = operand_thread_map(tile, k_major, extent, fast_f16)
+        iterations = _pitch_linear_iterations(kind, *shape, tile.threads, arrangement, per_access)
+        where = _thread_map_where(tile, label, desc, axis, extent, k_major)
+        if isinstance(iterations, str):
+            return (f"CUTLASS's main-loop thread map cannot copy {where} ({per_access} element(s) per access"
+                    f"{'' if arrangement is None else f', warps arranged {arrangement[0]} x {arrangement[1]}'}; "
+                    f"static_assert '{iterations}'); use a larger tile or fewer warps")
+        if iterations_check is not None:
+            problem = iterations_check(label, desc, k_major, per_access, iterations, where)
+            if problem:
+                return problem
+    return None
+
+
+def mainloop_thread_map_problem(tile: TileDescription, A: TensorDescription, B: TensorDescription,
+                                C: TensorDescription) -> str | None:
+    """Why CUTLASS's Sm80-family GEMM main loop cannot copy A or B global -> shared with this tile, or None.
+
+    The thread maps of :func:`operand_thread_map` for the kernel's operands (:func:`kernel_operands`), then
+    PredicatedTileAccessIterator's (transform/threadblock/predicated_tile_access_iterator.h): its predicates,
+    Iterations::kCount x (elements per access / alignment), fill at most four 32-bit words of 4 bits a byte
+    ("Too many predicates.", at most 64); and the SIMT cores' TransposePitchLinearThreadMapSimt for a K-contiguous
+    operand needs Iterations::kContiguous == 1 (pitch_linear_thread_map.h).
+    """
+    math = tile.math_instruction
+    m, n, _ = tile.threadblock_shape
+    fast_f16 = math.opcode_class is OpClass.TensorOp and math.element_a is DataType.float32 and tile.stages == 2
+    (label_a, desc_a, layout_a), (label_b, desc_b, layout_b) = kernel_operands(A, B, C)
+
+    def predicates(label, desc, k_major, per_access, iterations, where):
+        if math.opcode_class is OpClass.Simt and k_major and iterations[0] != 1:
+            # The SIMT cores store a K-contiguous operand transposed (TransposePitchLinearThreadMapSimt).
+            return (f"CUTLASS's SIMT main loop stores {where} transposed, one access along K per thread "
+                    f"(TransposePitchLinearThreadMapSimt's static_assert 'Strided iteration has to be one ...'), "
+                    f"but its thread map gives {iterations[0]}; use threadblock K <= the {tile.threads} threads")
+        count = iterations[0] * iterations[1] * (per_access // desc.alignment)
+        if count > 64:
+            return (f"CUTLASS's main-loop iterator needs {iterations[0] * iterations[1]} accesses x "
+                    f"{per_access // desc.alignment} vectors of alignment {desc.alignment} = {count} predicates per "
+                    f"thread for {where}, more than its 64 (static_assert 'Too many predicates.'); raise {label[0]}'s "
+                    f"alignment, use a smaller tile or more warps")
+        return None
+    return thread_map_problem(tile, ((label_a, desc_a, "M", m, layout_a is LayoutType.RowMajor),
+                                     (label_b, desc_b, "N", n, layout_b is LayoutType.ColumnMajor)),
+                              fast_f16, predicates)
 
 
 def check_crosswise_tile_k(tile: TileDescription, operands, what: str) -> None:
@@ -185,7 +361,44 @@ def check_crosswise_tile_k(tile: TileDescription, operands, what: str) -> None:
                 f"large than one shared memory cache line'); use threadblock K <= {1024 // bits}")
 
 
-def check_narrow_warp_tiles(tile: TileDescription, C: TensorDescription, a_along_m: bool, b_along_n: bool,
+def check_congruous_tile(tile: TileDescription, operands, what: str, fast_f16: bool = False) -> None:
+    """A tensor-op operand contiguous along M or N must have a warp-level shared-memory iterator.
+
+    CUTLASS's Sm75/Sm80 tensor-op main loops store an M- or N-contiguous operand (GEMM A ColumnMajor or B RowMajor
+    of the kernel's problem; conv dgrad B, wgrad A and B) as ``TensorOpMultiplicandCongruous<bits, Crosswise>`` with
+    ``Crosswise = min(128 bytes / element bytes, threadblock extent)`` (default_mma_core_sm75.h / _sm80.h). The
+    warp-level MmaTensorOpMultiplicandTileIterator (gemm/warp/mma_tensor_op_tile_iterator.h) exists for
+    Congruous<16, 16>, <16, 32>, <16, 64> and <32, 32> only (any other is an "incomplete type"), and the
+    Congruous<16, 16> one keeps TileShape 8 / (4 / (instruction K / 8)) / kFactor 4 pointers: none with a K = 8
+    instruction ("the size of an array must be greater than zero" under NVRTC; nvcc builds a zero-length array
+    indexed ``c % 0``). ``operands``: (label, axis, threadblock extent) of the congruous operands. ``fast_f16``:
+    GEMM's two-stage float32 main loop, which stages float as half_t in Congruous<16, 64> (default_mma.h).
+    """
+    math = tile.math_instruction
+    bits = math.element_a.bits
+    if math.opcode_class is not OpClass.TensorOp or bits not in (16, 32) or fast_f16:
+        return
+    line = 1024 // bits
+    for label, axis, extent in operands:
+        crosswise = min(line, extent)
+        allowed = (16, 32, 64) if bits == 16 else (32,)
+        if crosswise not in allowed:
+            need = "16, 32 or at least 64" if bits == 16 else "at least 32"
+            raise DescriptionError(
+                f"{what}: operand {label} is contiguous along {axis}, which CUTLASS's tensor-op main loop stores as "
+                f"TensorOpMultiplicandCongruous<{bits}, min({line}, threadblock {axis} = {extent}) = {crosswise}>, "
+                f"a layout its warp-level iterator (MmaTensorOpMultiplicandTileIterator) does not have (an "
+                f"incomplete type); use threadblock {axis} {need}")
+        if bits == 16 and crosswise == 16 and math.instruction_shape[2] == 8:
+            raise DescriptionError(
+                f"{what}: operand {label} is contiguous along {axis} with threadblock {axis} = 16, which CUTLASS's "
+                f"warp-level iterator for TensorOpMultiplicandCongruous<16, 16> cannot read with a K = 8 "
+                f"instruction (its pointer array has 8 / 4 / 4 = 0 entries: 'the size of an array must be greater "
+                f"than zero'); use the {list(math.instruction_shape[:2]) + [16]} instruction or threadblock "
+                f"{axis} >= 32")
+
+
+def check_narrow_warp_tiles(tile: TileDescription, C: TensorDescription | None, a_along_m: bool, b_along_n: bool,
                             what: str) -> None:
     """Warp tiles CUTLASS's Sm80-family tensor-op kernels compute wrongly (found by tools/fuzz_run.py on an H100,
     each confirmed on its own and on its transposed twin; CUTLASS's generator emits none of them).
@@ -197,7 +410,7 @@ def check_narrow_warp_tiles(tile: TileDescription, C: TensorDescription, a_along
       illegal address or a wrong result, with A or B, f16 or bf16, any C).
     - The epilogue needs at least 4 of C's vector accesses per warp-tile row (warp N / C alignment >= 4) for 16-bit
       and wider outputs: with 2 (f32 x 8 or bf16 x 8 on a 16-wide warp tile, f16 x 16 on a 32-wide one) some problem
-      sizes come out wrong.
+      sizes come out wrong. (``C`` None: a kernel with another epilogue, e.g. the visitor tree; main loop only.)
     """
     math = tile.math_instruction
     if math.opcode_class is not OpClass.TensorOp:
@@ -211,7 +424,7 @@ def check_narrow_warp_tiles(tile: TileDescription, C: TensorDescription, a_along
                     f"{list(tile.warp_shape)} is {extent} along {along}; CUTLASS's 16-bit tensor-op warp iterators "
                     f"read past such a tile (wrong results or an illegal address on an H100). Use at least 32 along "
                     f"{along} per warp (fewer warps or a larger tile), or a {label} contiguous along K")
-    if not C.layout.is_interleaved and C.element.bits >= 16 and warp_n // C.alignment < 4:
+    if C is not None and not C.layout.is_interleaved and C.element.bits >= 16 and warp_n // C.alignment < 4:
         raise DescriptionError(
             f"{what}: the warp tile is {warp_n} wide in N, {warp_n // C.alignment} of C's {C.alignment}-element "
             f"accesses; CUTLASS's tensor-op epilogue needs at least 4 per warp row (with fewer, some problem sizes "
@@ -337,12 +550,25 @@ class GemmOperationUniversal(TiledOperation):
         check_crosswise_tile_k(self.tile_description, (("A", self.A, self.A.layout is LayoutType.RowMajor),
                                                        ("B", self.B, self.B.layout is LayoutType.ColumnMajor)),
                                type(self).__name__)
-        check_narrow_warp_tiles(self.tile_description, self.C, *kernel_congruous(self.A, self.B, self.C),
-                                type(self).__name__)
         if math.element_a is DataType.int8 and math.opcode_class is OpClass.TensorOp:
             if (self.A.layout, self.B.layout) != (LayoutType.RowMajor, LayoutType.ColumnMajor):
                 raise DescriptionError("int8 tensor-op GEMM reads K-contiguous operands: A must be RowMajor and B "
                                        f"ColumnMajor, got A {self.A.layout.value}, B {self.B.layout.value}")
+        what = type(self).__name__
+        m, n, _ = self.tile_description.threadblock_shape
+        (label_a, _, layout_a), (label_b, _, layout_b) = kernel_operands(self.A, self.B, self.C)
+        check_congruous_tile(self.tile_description,
+                             [(label_a, "M", m)] * (layout_a is LayoutType.ColumnMajor)
+                             + [(label_b, "N", n)] * (layout_b is LayoutType.RowMajor), what,
+                             fast_f16=math.element_a is DataType.float32 and self.tile_description.stages == 2)
+        if math.opcode_class is OpClass.Simt:
+            check_simt_warp_tile(self.tile_description, kernel_operands(self.A, self.B, self.C), what)
+        problem = mainloop_thread_map_problem(self.tile_description, self.A, self.B, self.C)
+        if problem:
+            raise DescriptionError(f"{what}: {problem}")
+        # (after the rules for what does not compile: those are reported first)
+        check_narrow_warp_tiles(self.tile_description, self.C, layout_a is LayoutType.ColumnMajor,
+                                layout_b is LayoutType.RowMajor, what)
 
     # --- identity -------------------------------------------------------------------------------------------
     def _signature(self) -> tuple:

@@ -16,7 +16,8 @@ from ...epilogue.visitor import BINARY_OPS, UNARY_OPS, EpilogueVisitTree, EvtDes
 from ...errors import ArgumentError, DescriptionError
 from ..base import TiledOperation, check_compute_capability
 from ..gemm import operation as gemm_operation
-from ..gemm.operation import check_crosswise_tile_k, epilogue_thread_map_problem
+from ..gemm.operation import (check_congruous_tile, check_crosswise_tile_k, check_f64_tensor_op_stages,
+                              check_narrow_warp_tiles, epilogue_thread_map_problem, mainloop_thread_map_problem)
 from .abi import GemmEvtArgs
 
 _ROUND = "cutlass::FloatRoundStyle::round_to_nearest"
@@ -171,6 +172,17 @@ class GemmOperationEvt(TiledOperation):
                                        f"multiplies {math.element_a.label}")
         check_crosswise_tile_k(tile_description, (("A", A, A.layout is LayoutType.RowMajor),
                                                   ("B", B, B.layout is LayoutType.ColumnMajor)), what)
+        # The main loop is DefaultGemmUniversal's (default_gemm_universal_with_visitor.h), C RowMajor: the GEMM's rules.
+        m, n, _ = tile_description.threadblock_shape
+        check_f64_tensor_op_stages(tile_description, what)
+        check_congruous_tile(tile_description, [("A", "M", m)] * (A.layout is LayoutType.ColumnMajor)
+                             + [("B", "N", n)] * (B.layout is LayoutType.RowMajor), what,
+                             fast_f16=math.element_a is DataType.float32 and tile_description.stages == 2)
+        problem = mainloop_thread_map_problem(tile_description, A, B, C)
+        if problem:
+            raise DescriptionError(f"{what}: {problem}")
+        check_narrow_warp_tiles(tile_description, None, A.layout is LayoutType.ColumnMajor,
+                                B.layout is LayoutType.RowMajor, what)
         tree = epilogue_functor
         if tree.element_output is not C.element:
             raise DescriptionError(f"{what}: the tree writes {tree.element_output.label} but C is {C.element.label}")
