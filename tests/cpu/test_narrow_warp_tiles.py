@@ -103,3 +103,16 @@ def test_grouped_gemm_and_conv_follow_the_same_rules():
         conv(Operator.wgrad, (4, 1, 1))
     conv(Operator.fprop, (1, 4, 1))  # fprop reads both along K (crosswise)
     conv(Operator.dgrad, (4, 1, 1))
+
+
+def test_simt_tile_n_must_be_a_multiple_of_32():
+    """The SIMT epilogue's one-row thread map writes N / 32 groups of 32 columns (integer division): N = 48 would
+    leave 16 columns unwritten (read from output_tile_thread_map.h; N below 32 does not compile at all)."""
+    math = cutlass.MathInstruction([1, 1, 1], D.float32, D.float32, D.float32, cutlass.OpClass.Simt)
+    f32 = cutlass.TensorDescription(D.float32, R, 1)
+    epilogue = cutlass.LinearCombination(D.float32, 1, D.float32)
+    with pytest.raises(DescriptionError, match="unwritten"):
+        cutlass.GemmOperationUniversal(80, cutlass.TileDescription([32, 48, 8], 2, [1, 1, 1], math), f32,
+                                       cutlass.TensorDescription(D.float32, C, 1), f32, epilogue)
+    cutlass.GemmOperationUniversal(80, cutlass.TileDescription([64, 96, 8], 2, [2, 3, 1], math), f32, f32, f32,
+                                   epilogue)

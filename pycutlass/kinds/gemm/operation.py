@@ -153,6 +153,13 @@ def check_simt_epilogue_width(tile: TileDescription, what: str) -> None:
         raise DescriptionError(f"{what}: CUTLASS's SIMT epilogue stores threadblock N / 32 columns per lane, so the "
                                f"threadblock tile must be at least 32 wide in N (static_assert 'ThreadMap::"
                                f"Iterations::kColumn must be > 0'); got {list(tile.threadblock_shape)}")
+    if tile.threadblock_shape[1] % 32:
+        # The same map's one-row arrangement (RowArrangement<..., false> in output_tile_thread_map.h) steps 32
+        # columns at a time, N / 32 times (integer division): the last N % 32 columns would never be written.
+        raise DescriptionError(f"{what}: CUTLASS's SIMT epilogue writes the tile's N columns 32 at a time, N / 32 "
+                               f"times, so a threadblock N that is not a multiple of 32 leaves its last "
+                               f"{tile.threadblock_shape[1] % 32} columns unwritten; got "
+                               f"{list(tile.threadblock_shape)}. Use N = 32, 64, 96, 128, ...")
 
 
 def kernel_operands(A: TensorDescription, B: TensorDescription, C: TensorDescription):
