@@ -7,6 +7,7 @@ inputs. ``save`` / ``load`` keep the model together with the tuning decisions, s
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import json
@@ -923,12 +924,9 @@ def _choose_end_to_end(gm: fx.GraphModule, model: nn.Module, example_inputs: tup
         entries[_E2E_TRACED] = (lambda: None, lambda: traced(*example_inputs))
     chosen = _E2E_TUNED
     try:
-        with _Evaluating(model), _Evaluating(gm), torch.no_grad():
-            if traced is not None:
-                with _Evaluating(traced):
-                    medians = (timer or _time_interleaved)(entries, _cuda_sync(example_inputs, gm))
-            else:
-                medians = (timer or _time_interleaved)(entries, _cuda_sync(example_inputs, gm))
+        with _Evaluating(model), _Evaluating(gm), torch.no_grad(), \
+                (_Evaluating(traced) if traced is not None else contextlib.nullcontext()):
+            medians = (timer or _time_interleaved)(entries, _cuda_sync(example_inputs, gm))
         fallback = _E2E_EAGER
         if traced is not None and medians[_E2E_TRACED] < medians[_E2E_EAGER] * (1 - _E2E_MARGIN):
             fallback = _E2E_TRACED

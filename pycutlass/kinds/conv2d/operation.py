@@ -246,12 +246,10 @@ class Conv2dOperation(TiledOperation):
                                      fast_f16, one_contiguous_access)
         if problem:
             raise DescriptionError(f"{what}: {problem}")
-        check_congruous_tile(self.tile_description,
-                             [("A", "M", m)] * (self.conv_kind is Operator.wgrad)
-                             + [("B", "N", n)] * (self.conv_kind in (Operator.dgrad, Operator.wgrad)), what)
+        a_along_m, b_along_n = self.conv_kind is Operator.wgrad, self.conv_kind in (Operator.dgrad, Operator.wgrad)
+        check_congruous_tile(self.tile_description, [("A", "M", m)] * a_along_m + [("B", "N", n)] * b_along_n, what)
         # Warp tiles the H100 fuzz runs found wrong (the same congruous operands; the epilogue's accesses).
-        check_narrow_warp_tiles(self.tile_description, self.C, self.conv_kind is Operator.wgrad,
-                                self.conv_kind in (Operator.dgrad, Operator.wgrad), what)
+        check_narrow_warp_tiles(self.tile_description, self.C, a_along_m, b_along_n, what)
 
         if algorithm in (IteratorAlgorithm.fixed_channels, IteratorAlgorithm.few_channels):
             if self.conv_kind is not Operator.fprop:

@@ -563,19 +563,18 @@ class GemmOperationUniversal(TiledOperation):
                                        f"ColumnMajor, got A {self.A.layout.value}, B {self.B.layout.value}")
         what = type(self).__name__
         m, n, _ = self.tile_description.threadblock_shape
-        (label_a, _, layout_a), (label_b, _, layout_b) = kernel_operands(self.A, self.B, self.C)
-        check_congruous_tile(self.tile_description,
-                             [(label_a, "M", m)] * (layout_a is LayoutType.ColumnMajor)
-                             + [(label_b, "N", n)] * (layout_b is LayoutType.RowMajor), what,
-                             fast_f16=math.element_a is DataType.float32 and self.tile_description.stages == 2)
+        operands = kernel_operands(self.A, self.B, self.C)
+        (label_a, _, layout_a), (label_b, _, layout_b) = operands
+        a_along_m, b_along_n = layout_a is LayoutType.ColumnMajor, layout_b is LayoutType.RowMajor
+        check_congruous_tile(self.tile_description, [(label_a, "M", m)] * a_along_m + [(label_b, "N", n)] * b_along_n,
+                             what, fast_f16=math.element_a is DataType.float32 and self.tile_description.stages == 2)
         if math.opcode_class is OpClass.Simt:
-            check_simt_warp_tile(self.tile_description, kernel_operands(self.A, self.B, self.C), what)
+            check_simt_warp_tile(self.tile_description, operands, what)
         problem = mainloop_thread_map_problem(self.tile_description, self.A, self.B, self.C)
         if problem:
             raise DescriptionError(f"{what}: {problem}")
         # (after the rules for what does not compile: those are reported first)
-        check_narrow_warp_tiles(self.tile_description, self.C, layout_a is LayoutType.ColumnMajor,
-                                layout_b is LayoutType.RowMajor, what)
+        check_narrow_warp_tiles(self.tile_description, self.C, a_along_m, b_along_n, what)
 
     # --- identity -------------------------------------------------------------------------------------------
     def _signature(self) -> tuple:

@@ -175,14 +175,13 @@ class GemmOperationEvt(TiledOperation):
         # The main loop is DefaultGemmUniversal's (default_gemm_universal_with_visitor.h), C RowMajor: the GEMM's rules.
         m, n, _ = tile_description.threadblock_shape
         check_f64_tensor_op_stages(tile_description, what)
-        check_congruous_tile(tile_description, [("A", "M", m)] * (A.layout is LayoutType.ColumnMajor)
-                             + [("B", "N", n)] * (B.layout is LayoutType.RowMajor), what,
+        a_along_m, b_along_n = A.layout is LayoutType.ColumnMajor, B.layout is LayoutType.RowMajor
+        check_congruous_tile(tile_description, [("A", "M", m)] * a_along_m + [("B", "N", n)] * b_along_n, what,
                              fast_f16=math.element_a is DataType.float32 and tile_description.stages == 2)
         problem = mainloop_thread_map_problem(tile_description, A, B, C)
         if problem:
             raise DescriptionError(f"{what}: {problem}")
-        check_narrow_warp_tiles(tile_description, None, A.layout is LayoutType.ColumnMajor,
-                                B.layout is LayoutType.RowMajor, what)
+        check_narrow_warp_tiles(tile_description, None, a_along_m, b_along_n, what)
         tree = epilogue_functor
         if tree.element_output is not C.element:
             raise DescriptionError(f"{what}: the tree writes {tree.element_output.label} but C is {C.element.label}")
