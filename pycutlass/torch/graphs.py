@@ -79,6 +79,11 @@ class CUDAGraphed(nn.Module):
             self._graphs.popitem(last=False)
         return captured
 
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_graphs"], state["_pool"] = collections.OrderedDict(), None  # graphs live in this process only
+        return state
+
     def reset(self) -> None:
         """Drop every captured graph (after replacing parameters, say); the next calls capture again."""
         self._graphs.clear()

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from ..errors import ArgumentError, NoGpuError
 from . import ops, reference
 from .dispatch import TORCH
+from .graphs import CUDAGraphed
 
 __all__ = ["optimize", "report", "save", "load", "OptimizeReport", "CutlassLinear", "CutlassConv2d"]
 
@@ -943,6 +944,27 @@ def _choose_end_to_end(gm: fx.GraphModule, model: nn.Module, example_inputs: tup
     return record, candidates[chosen] - tuned
 
 
+def _choose_graphs(chosen: nn.Module, example_inputs: tuple, *, timer: Callable | None = None
+                   ) -> tuple[nn.Module, dict]:
+    """``chosen`` or, where replaying it from a CUDA graph (:class:`CUDAGraphed`) was ``_E2E_MARGIN`` faster on
+    ``example_inputs``, the graphed module; and the record (``OptimizeReport.end_to_end["graphs"]``). A module that
+    cannot be captured stays as it is (the record says why)."""
+    graphed = CUDAGraphed(chosen)
+    entries = {"plain": (lambda: None, lambda: chosen(*example_inputs)),
+               "graphed": (lambda: None, lambda: graphed(*example_inputs))}
+    try:
+        with _Evaluating(chosen), torch.no_grad():
+            medians = (timer or _time_interleaved)(entries, _cuda_sync(example_inputs, chosen))
+    except Exception as exc:  # not capturable (a host sync, a CPU tensor made inside, ...): keep it unreplayed
+        return chosen, {"kept": False, "why": f"capture failed ({type(exc).__name__}: {str(exc)[:200]})"}
+    kept = medians["graphed"] < medians["plain"] * (1 - _E2E_MARGIN)
+    record = {"plain_ms": medians["plain"], "graphed_ms": medians["graphed"], "kept": kept}
+    if not kept:
+        graphed.reset()  # frees the captured graph's memory
+        return chosen, record
+    return graphed, record
+
+
 def _shallow_copy(model: nn.Module) -> nn.Module:
     """A new module of ``model``'s class sharing its layers, parameters and buffers (so it costs what ``model`` costs
     per call), whose own attributes (a report, added or replaced submodules, hooks) do not touch ``model``."""
@@ -971,10 +993,25 @@ def _record_end_to_end(report: OptimizeReport, rows: dict[int, dict], sites: lis
                          if record["chosen"] in (_E2E_TRACED, _E2E_EAGER) else ""))
 
 
+def _graph_if_faster(gm: nn.Module, model: nn.Module, example_inputs: tuple, report: OptimizeReport) -> nn.Module:
+    if model.training:
+        report.end_to_end["graphs"] = {"kept": False, "why": "the model is in training mode"}
+    else:
+        gm, report.end_to_end["graphs"] = _choose_graphs(gm, example_inputs)
+    graphs = report.end_to_end["graphs"]
+    if "why" in graphs:
+        report.notes.append(f"cuda_graphs: not replayed from CUDA graphs: {graphs['why']}")
+    else:
+        report.notes.append(f"cuda_graphs: replayed {graphs['graphed_ms']:.3f} ms vs {graphs['plain_ms']:.3f} ms per "
+                            "forward; " + ("kept the CUDA-graph replay" if graphs["kept"] else
+                                           f"not {_E2E_MARGIN:.0%} faster, kept the plain module"))
+    return gm
+
+
 # --- the public API -------------------------------------------------------------------------------------------------
 def optimize(model: nn.Module, example_inputs, *, tune: bool = True, fold_batchnorm: bool = True,
              prefer_faster: bool = True, jobs: int | None = None, progress: bool = True,
-             dispatch=None, end_to_end: bool = True) -> fx.GraphModule:
+             dispatch=None, end_to_end: bool = True, cuda_graphs: bool = False) -> nn.Module:
     """Traces ``model``, fuses its Linear/Conv2d (+ BatchNorm2d) (+ activation) into pycutlass ops and tunes them.
 
     Returns a ``torch.fx.GraphModule`` computing what ``model`` computes; ``report(result)`` (also
@@ -989,9 +1026,15 @@ def optimize(model: nn.Module, example_inputs, *, tune: bool = True, fold_batchn
     placement beats torch by 2%, the result runs torch only: ``model`` itself as a shallow copy (a module of its
     class sharing its layers; ``end_to_end["chosen"] == "eager"``) or, where that was 2% faster, its plain
     ``torch.fx`` trace (``"traced"``).
+    ``cuda_graphs`` (with ``end_to_end``, an eval-mode model on CUDA): also time the chosen result replayed from CUDA
+    graphs (:func:`~pycutlass.torch.cuda_graphed`: one capture per input signature, inputs copied in, outputs
+    copied out) and return that :class:`~pycutlass.torch.CUDAGraphed` where it was 2% faster (a host-bound model:
+    small batches, many layers); ``end_to_end["graphs"]`` records both times. The graphs replay only for calls
+    without autograd (``torch.no_grad()`` / ``torch.inference_mode()``); other calls run the module directly.
     """
-    if not isinstance(end_to_end, bool):
-        raise ArgumentError(f"end_to_end must be True or False, got {end_to_end!r}")
+    for name, value in (("end_to_end", end_to_end), ("cuda_graphs", cuda_graphs)):
+        if not isinstance(value, bool):
+            raise ArgumentError(f"{name} must be True or False, got {value!r}")
     example_inputs = _tuple(example_inputs)
     gm = _trace(model)
     shapes = _Shapes(gm)
@@ -1034,6 +1077,11 @@ def optimize(model: nn.Module, example_inputs, *, tune: bool = True, fold_batchn
                 gm = traced
             elif record["chosen"] == _E2E_EAGER:
                 gm = _shallow_copy(model)
+            if cuda_graphs:
+                gm = _graph_if_faster(gm, model, example_inputs, report)
+    if cuda_graphs and not isinstance(gm, CUDAGraphed) and not (report.end_to_end or {}).get("graphs"):
+        report.notes.append("cuda_graphs: not tried (it needs the end-to-end check: a tuned model on CUDA with "
+                            "end_to_end=True)")
     gm.pycutlass_report = report
     return gm
 

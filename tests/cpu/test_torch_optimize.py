@@ -697,3 +697,70 @@ def test_the_interleaved_timer_runs_every_entry_each_round():
     assert set(medians) == {"a", "b"} and all(ms > 0 for ms in medians.values())
     assert calls["a"][0] == calls["b"][0] == 4  # once for the warm-up, then once per round
     assert calls["a"][1] >= 2 + 3 and syncs
+
+
+# --- cuda_graphs: the chosen result replayed from CUDA graphs where that is faster
+def graphs_timed(monkeypatch, graph_times):
+    """Makes optimize's CUDA-graph check use a fake timer returning ``graph_times``; returns what it was shown."""
+    module = _model_pass()
+    real_choose = module._choose_graphs
+    shown = []
+
+    def timer(entries, sync):
+        shown.append(list(entries))
+        if isinstance(graph_times, Exception):
+            raise graph_times
+        return dict(graph_times)
+
+    monkeypatch.setattr(module, "_choose_graphs",
+                        lambda chosen, example_inputs: real_choose(chosen, example_inputs, timer=timer))
+    return shown
+
+
+@pytest.mark.parametrize("graph_times,kept", [({"plain": 1.0, "graphed": 0.5}, True),
+                                              ({"plain": 1.0, "graphed": 0.99}, False)])  # within 2%: not kept
+def test_cuda_graphs_keeps_the_replay_only_when_it_is_faster(monkeypatch, tmp_path, graph_times, kept):
+    from pycutlass.torch import CUDAGraphed
+
+    model = Tower().eval()
+    x = torch.randn(4, 16)
+    shown = graphs_timed(monkeypatch, graph_times)
+    times = {"eager": 1.0, "tuned": 0.8, "selective": 0.9, "torch": 1.05, "traced": 1.0}
+    optimized, _ = tuned_on_cuda(monkeypatch, model, x, times, cuda_graphs=True)
+    assert shown == [["plain", "graphed"]]
+    assert isinstance(optimized, CUDAGraphed) is kept
+    found = report(optimized)
+    assert found.end_to_end["chosen"] == "tuned"
+    assert found.end_to_end["graphs"] == {"plain_ms": graph_times["plain"], "graphed_ms": graph_times["graphed"],
+                                          "kept": kept}
+    assert found.notes[-1].startswith("cuda_graphs: replayed")
+    with torch.no_grad():  # CPU tensors: the graphed module runs the tuned model itself
+        assert_close(optimized(x), model(x))
+    inner = optimized.module if kept else optimized
+    assert eager_layers(inner) == {"fc4"}  # the placement the end-to-end check chose is what gets replayed
+    save(optimized, tmp_path, dispatch=FakeDispatch())  # a graphed model saves without its graphs
+    loaded = load(tmp_path, dispatch=FakeDispatch())
+    assert isinstance(loaded, CUDAGraphed) is kept and report(loaded).end_to_end == found.end_to_end
+    with torch.no_grad():
+        assert_close(loaded(x), model(x))
+
+
+def test_cuda_graphs_not_tried_for_training_mode_failed_captures_or_untuned_models(monkeypatch):
+    from pycutlass.torch import CUDAGraphed
+
+    x = torch.randn(4, 16)
+    times = {"eager": 1.0, "tuned": 0.8, "selective": 0.9, "torch": 1.05, "traced": 1.0}
+    shown = graphs_timed(monkeypatch, RuntimeError("operation not permitted when stream is capturing"))
+    with monkeypatch.context() as patched:
+        optimized, _ = tuned_on_cuda(patched, Tower().eval(), x, times, cuda_graphs=True)
+    assert shown and not isinstance(optimized, CUDAGraphed)
+    graphs = report(optimized).end_to_end["graphs"]
+    assert not graphs["kept"] and "capture failed (RuntimeError: operation not permitted" in graphs["why"]
+    shown.clear()
+    with monkeypatch.context() as patched:
+        optimized, _ = tuned_on_cuda(patched, Tower().train(), x, times, cuda_graphs=True)
+    assert not shown and report(optimized).end_to_end["graphs"]["why"] == "the model is in training mode"
+    untuned = optimize(Tower().eval(), x, tune=False, cuda_graphs=True)
+    assert not isinstance(untuned, CUDAGraphed) and "cuda_graphs: not tried" in report(untuned).notes[-1]
+    with pytest.raises(ArgumentError, match="cuda_graphs must be True or False"):
+        optimize(Tower().eval(), x, tune=False, cuda_graphs="yes")

@@ -469,6 +469,32 @@ def test_cuda_graphed_optimized_model_replays_with_new_inputs():
         assert out.requires_grad and fast.captures == 2
 
 
+def test_optimize_with_cuda_graphs_replays_the_chosen_model_with_new_inputs():
+    """optimize(..., cuda_graphs=True) on a host-bound stack (one short sequence, two decoder blocks): the graph
+    replay is kept exactly when it timed 2% faster, and the result computes the model on new inputs (NaN-poisoned
+    outputs before each call), outputs not aliased between calls."""
+    models = _benchmark_models()
+    session = pycutlass.Session()
+    with session.activate():
+        model = models.GPT2Stack(2, 256, 4).cuda().to(torch.bfloat16).eval()
+        x = randn(1, 16, 256, dtype=torch.bfloat16, seed=190)
+        with torch.no_grad():
+            fast = pct.optimize(model, (x,), tune=True, progress=False, cuda_graphs=True)
+            graphs = pct.report(fast).end_to_end["graphs"]
+            assert graphs["kept"] == (graphs["graphed_ms"] < graphs["plain_ms"] * 0.98)
+            assert isinstance(fast, pct.CUDAGraphed) == graphs["kept"]
+            outs, expected = [], []
+            for seed in (191, 192):
+                x2 = randn(1, 16, 256, dtype=torch.bfloat16, seed=seed)
+                expected.append(model(x2))
+                poison(tuple(expected[-1].shape), torch.bfloat16)
+                outs.append(fast(x2))
+            for out, want in zip(outs, expected):
+                assert relative_error(out, want) < 3e-2
+            if graphs["kept"]:
+                assert fast.captures == 1
+
+
 def test_optimize_resnet50_f16_channels_last():
     models = _benchmark_models()
     session = pycutlass.Session()
