@@ -142,6 +142,44 @@ SM90_GEMM = {
 }
 
 
+# wgrad's 1x1 layers also run as parallel split-K: f32 partial products of K slices (the SM90 GEMM's L mode over
+# N*P*Q), then one reduction into dw. Stream-K's serial fix-up chain is long when few output tiles share a very long
+# K (two 128x128 tiles over N*P*Q = 100352); the slices here are independent and the reduction is one pass.
+SM90_SPLITK = [((128, 128, 64), (1, 1, 1), _COOP), ((64, 128, 64), (1, 1, 1), _PINGPONG)]
+
+
+def _sm90_splitk_op(shape, cluster, schedule: str):
+    layout_a, layout_b = SM90_GEMM_LAYOUTS["wgrad"]
+    math_inst = cutlass.MathInstruction([64, shape[1], 16], D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp)
+    tile = cutlass.TileDescription(list(shape), 0, None, math_inst, cluster_shape=list(cluster),
+                                   kernel_schedule=getattr(cutlass.KernelScheduleType, schedule))
+    A = cutlass.TensorDescription(D.float16, getattr(cutlass, layout_a), ALIGN)
+    B = cutlass.TensorDescription(D.float16, getattr(cutlass, layout_b), ALIGN)
+    C = cutlass.TensorDescription(D.float32, cutlass.RowMajor, 4)
+    return cutlass.GemmOperationUniversal(90, tile, A, B, C, cutlass.LinearCombination(D.float32, 4, D.float32,
+                                                                                         D.float32))
+
+
+def splitk_reduction():
+    """Sums the f32 partial products into dw (f16): the second kernel of the parallel split-K candidates."""
+    return cutlass.ReductionOperation(cutlass.MatrixCoord(4, 32 * 8), cutlass.TensorDescription(D.float16,
+                                      cutlass.RowMajor, 8), D.float32, D.float32, D.float32, count=8)
+
+
+def _parallel_slices(op, m: int, n: int, gemm_k: int, sm_count: int) -> list[int]:
+    """K slices that fill about one and two waves of SMs, each a divisor of gemm_k with a 16-byte aligned start
+    (a multiple of 8 halves) and at least 4 K-tiles long."""
+    tm, tn, tk = op.tile_description.threadblock_shape
+    tiles = -(-m // tm) * -(-n // tn)
+    valid = [s for s in range(2, gemm_k // (4 * tk) + 1) if gemm_k % s == 0 and (gemm_k // s) % ALIGN == 0]
+    found = []
+    for waves in (1, 2):
+        if valid:
+            want = waves * sm_count / tiles
+            found.append(min(valid, key=lambda s: abs(s - want)))
+    return sorted(set(found))
+
+
 def _sm90_gemm_op(kind: str, shape, cluster, schedule: str, scheduler: str):
     layout_a, layout_b = SM90_GEMM_LAYOUTS[kind]
     math_inst = cutlass.MathInstruction([64, shape[1], 16], D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp)
@@ -159,9 +197,14 @@ def sm90_gemm_grid(kinds=None) -> dict[str, list]:
     return {name: [_sm90_gemm_op(name, *config) for config in SM90_GEMM[name]] for name in kinds or KINDS}
 
 
+def sm90_splitk_ops(kinds=None) -> list:
+    return [_sm90_splitk_op(*config) for config in SM90_SPLITK] if "wgrad" in (kinds or KINDS) else []
+
+
 def sm90_operations() -> list:
     """Every benchmarked SM90 operation (NVRTC; tests/gpu/precompile.py compiles them ahead of time)."""
-    return [op for ops in sm90_grid().values() for op in ops] + [op for ops in sm90_gemm_grid().values() for op in ops]
+    return [op for ops in sm90_grid().values() for op in ops] + [op for ops in sm90_gemm_grid().values() for op in ops] \
+        + sm90_splitk_ops()
 
 
 def _is_gemm(op) -> bool:
@@ -175,6 +218,8 @@ def _gemm_views(kind: str, ps, A, B, out):
     def rows(t, channels):  # (N, C, H, W) channels_last -> (N*H*W, C), a view
         return t.permute(0, 2, 3, 1).reshape(-1, channels)
 
+    if A is None:  # the sizes only
+        return {"fprop": (npq, ps.K, ps.C), "dgrad": (npq, ps.C, ps.K), "wgrad": (ps.K, ps.C, npq)}[kind], None, None, None
     if kind == "fprop":  # A = x, B = w
         return (npq, ps.K, ps.C), rows(A, ps.C), B.reshape(ps.K, ps.C).t(), rows(out, ps.K)
     if kind == "dgrad":  # A = dy, B = w
@@ -188,6 +233,8 @@ def _label(op, split: int) -> str:
         (m, n, k), (cm, cn, _) = tile.threadblock_shape, tile.cluster_shape
         schedule = "pingpong" if "Pingpong" in tile.kernel_schedule.name else "coop"
         scheduler = " stream-K" if tile.tile_scheduler.name == "StreamK" else ""
+        if op.C.element is D.float32:  # the parallel split-K candidates: partial products, then a reduction
+            return f"sm90 GEMM {m}x{n}x{k} c{cm}x{cn} {schedule} parallel splitK{split} + reduction"
         return f"sm90 GEMM {m}x{n}x{k} c{cm}x{cn} {schedule}{scheduler}"
     if getattr(op, "family", None) == "sm90":
         (m, n, k), (cm, cn, _) = op.tile_description.threadblock_shape, op.tile_description.cluster_shape
@@ -204,6 +251,9 @@ def _problem(layer, batch: int, split_k: int = 1) -> Conv2dProblemSize:
 
 def _split_k_choices(op, ps, sm_count: int) -> list[int]:
     """1, plus a split-K that brings the op's tile count near one wave when the tiles alone leave SMs idle."""
+    if _is_gemm(op) and op.C.element is D.float32:
+        (m, n, gemm_k) = _gemm_views("wgrad", ps, None, None, None)[0]
+        return _parallel_slices(op, m, n, gemm_k, sm_count)
     if _is_gemm(op) or getattr(op, "family", None) == "sm90" or \
             (op.is_strided_dgrad and max(ps.stride_h, ps.stride_w) > 1):
         return [1]  # CUTLASS 4.2's SM90 conv has no split-K
@@ -227,7 +277,7 @@ def _relative_error(got, reference) -> float:
 
 
 def run_layer(kind: str, layer: str, batch: int, ops_by_stride: dict, args, sm_count: int,
-              sm90_ops=(), sm90_gemm_ops=()) -> tuple[dict, list]:
+              sm90_ops=(), sm90_gemm_ops=(), reduction=None) -> tuple[dict, list]:
     import torch
     import torch.nn.functional as F
 
@@ -268,7 +318,17 @@ def run_layer(kind: str, layer: str, batch: int, ops_by_stride: dict, args, sm_c
         for split in _split_k_choices(op, ps, sm_count):
             label = _label(op, split)
             try:
-                if _is_gemm(op):
+                reduce = None
+                if _is_gemm(op) and op.C.element is D.float32:  # parallel split-K, then the reduction
+                    (m, n, gk), ga, gb, gd = _gemm_views(kind, ps, A, B, out)
+                    arguments = cutlass.GemmArguments(op, cutlass.gemm.GemmCoord(m, n, gk), ga, gb, None, gd,
+                                                      gemm_mode=cutlass.gemm.Mode.GemmSplitKParallel,
+                                                      split_k_slices=split)
+                    reduction_args = cutlass.ReductionArguments(reduction, [m, n], split, arguments, gd)
+
+                    def reduce(reduction_args=reduction_args):
+                        reduction.run(reduction_args)
+                elif _is_gemm(op):
                     (m, n, gk), ga, gb, gd = _gemm_views(kind, ps, A, B, out)
                     arguments = cutlass.GemmArguments(op, cutlass.gemm.GemmCoord(m, n, gk), ga, gb, None, gd)
                 else:
@@ -277,12 +337,17 @@ def run_layer(kind: str, layer: str, batch: int, ops_by_stride: dict, args, sm_c
                 rows.append({"kind": kind, "layer": layer, "batch": batch, "config": label,
                              "error": str(error)[:160]})
                 continue
+            def launch(op=op, arguments=arguments, reduce=reduce):
+                op.run(arguments)
+                if reduce is not None:
+                    reduce()
+
             out.fill_(float("nan"))
-            op.run(arguments)
-            arguments.sync()
+            launch()
+            torch.cuda.synchronize()
             error = _relative_error(out, reference)
             ok = error < TOLERANCE
-            ms = bench_ms(lambda: op.run(arguments), args.warmup_ms, args.rep_ms) if ok else float("nan")
+            ms = bench_ms(launch, args.warmup_ms, args.rep_ms) if ok else float("nan")
             row = {"kind": kind, "layer": layer, "batch": batch, "config": label, "ms": ms,
                    "TFLOP/s": flops / ms / 1e9 if ok else 0.0, "rel_err": error, "correct": ok}
             rows.append(row)
@@ -345,6 +410,11 @@ def main() -> None:
     print(f"grid compile/load: {time.perf_counter() - start:.1f} s ({cutlass.compiler.last_report()})", flush=True)
     sm90_by_kind = {} if args.no_sm90 else sm90_grid(args.kinds)
     sm90_gemm_by_kind = {} if args.no_sm90 else sm90_gemm_grid(args.kinds)
+    reduction = None
+    if not args.no_sm90 and "wgrad" in args.kinds:
+        sm90_gemm_by_kind["wgrad"] = sm90_gemm_by_kind.get("wgrad", []) + sm90_splitk_ops()
+        reduction = splitk_reduction()
+        cutlass.compiler.add_module([reduction], jobs=1)
     if sm90_by_kind:
         start = time.perf_counter()
         cutlass.compiler.add_module([op for ops in (*sm90_by_kind.values(), *sm90_gemm_by_kind.values()) for op in ops],
@@ -361,7 +431,8 @@ def main() -> None:
         for batch in batches:
             for layer in layers:
                 summary, layer_rows = run_layer(kind, layer, batch, ops_by_stride, args, sm_count,
-                                                sm90_by_kind.get(kind, ()), sm90_gemm_by_kind.get(kind, ()))
+                                                sm90_by_kind.get(kind, ()), sm90_gemm_by_kind.get(kind, ()),
+                                                reduction)
                 summaries.append(summary)
                 rows += layer_rows
             torch.cuda.empty_cache()

@@ -282,3 +282,71 @@ def test_nvrtc_compiles_an_int8_clamp_operation_with_a_bias(tmp_path):
     kernel = compiler.add_module([op])[0]
     assert kernel.target == "sm_90a" and op.builder_symbol.encode() in kernel.binary
     assert len(kernel.binary) > 100_000  # a real kernel, not an empty stub
+
+
+class _FakeDevice:
+    """Stands in for device memory: inputs at one aligned address, the workspace at another."""
+
+    def address(self, info, is_output=False):
+        return 0x100000
+
+    def allocate(self, nbytes):
+        self.workspace_bytes = nbytes
+        return 0x900000
+
+
+@pytest.mark.parametrize("layouts,stride_a,stride_b", [((R, CM), 128, 128), ((CM, R), 128 * 96, 128 * 80),
+                                                       ((R, R), 128, 128 * 80), ((CM, CM), 128 * 96, 128)])
+def test_parallel_split_k_binds_the_l_mode_over_k_slices(monkeypatch, layouts, stride_a, stride_b):
+    """Slice i of the workspace holds A[:, i*K/s:(i+1)*K/s] @ B[i*K/s:(i+1)*K/s, :]: the L mode with K/s and batch
+    strides that step along K in each operand's own layout."""
+    import numpy as np
+
+    from pycutlass.gemm import GemmCoord, Mode
+    from pycutlass.kinds.gemm_sm90.arguments import GemmArgumentsSm90
+
+    device = _FakeDevice()
+
+    def materialize(self):
+        self.tensors = device
+        self._allocate()
+
+    monkeypatch.setattr(GemmArgumentsSm90, "_materialize", materialize)
+    m, n, k, slices = 96, 80, 512, 4
+    op = sm90(layouts=(*layouts, R), out=D.float32)
+    A = np.zeros((m, k), np.float16) if layouts[0] is R else np.zeros((k, m), np.float16).T
+    B = np.zeros((k, n), np.float16) if layouts[1] is R else np.zeros((n, k), np.float16).T
+    C = np.zeros((m, n), np.float16)
+    args = cutlass.GemmArguments(op, GemmCoord(m, n, k), A, B, C, C.copy(), gemm_mode=Mode.GemmSplitKParallel,
+                                 split_k_slices=slices, sm_count=132)
+    bound = args.bind()
+    assert (bound.m, bound.n, bound.k, bound.l, bound.splits) == (m, n, k // slices, slices, 1)
+    assert (bound.batch_stride_A, bound.batch_stride_B) == (stride_a, stride_b)
+    assert bound.ptr_D == args.ptr_D == 0x900000 and bound.batch_stride_D == m * n and bound.ldd == n
+    assert device.workspace_bytes == slices * m * n * 4  # f32 partial sums, one M x N slice per K slice
+    assert (bound.alpha, bound.beta) == (1.0, 0.0)  # raw sums: the reduction applies alpha and beta
+
+
+def test_parallel_split_k_rules():
+    import numpy as np
+
+    from pycutlass.gemm import GemmCoord, Mode
+
+    A = np.zeros((64, 520), np.float16)
+    B = np.zeros((64, 520), np.float16).T
+    C = np.zeros((64, 64), np.float32)
+    parallel = dict(gemm_mode=Mode.GemmSplitKParallel)
+    with pytest.raises(cutlass.ArgumentError, match="K must be a multiple of split_k_slices"):
+        cutlass.GemmArguments(sm90(out=D.float32), GemmCoord(64, 64, 520), A, B, C, C, split_k_slices=3, **parallel)
+    with pytest.raises(cutlass.ArgumentError, match=r"16-byte aligned for TMA.*multiple of 8"):
+        cutlass.GemmArguments(sm90(out=D.float32), GemmCoord(64, 64, 520), A, B, C, C, split_k_slices=10, **parallel)
+    with pytest.raises(cutlass.ArgumentError, match="Default tile scheduler"):
+        cutlass.GemmArguments(sm90(out=D.float32, scheduler=TS.StreamK), GemmCoord(64, 64, 520), A, B, C, C,
+                              split_k_slices=5, **parallel)
+    with pytest.raises(cutlass.ArgumentError, match="without bias="):
+        cutlass.GemmArguments(sm90(out=D.float32, bias="row"), GemmCoord(64, 64, 520), A, B, C, C,
+                              split_k_slices=5, bias=np.zeros(64, np.float32), **parallel)
+    with pytest.raises(cutlass.ArgumentError, match="raw partial sums"):  # as for Sm80 operations
+        relu = cutlass.LinearCombinationGeneric(cutlass.relu(D.float32), D.float32, 4, D.float32, D.float32)
+        cutlass.GemmArguments(sm90(out=D.float32, functor=relu), GemmCoord(64, 64, 520), A, B, C, C,
+                              split_k_slices=5, **parallel)

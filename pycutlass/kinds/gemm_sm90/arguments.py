@@ -31,7 +31,10 @@ class GemmArgumentsSm90(GemmArguments):
       dimension is split that many ways; ``decomposition`` ("heuristic", "data_parallel", "split_k", "stream_k").
     - Mode.Batched runs the L mode; so does Mode.Array with tensors holding the batch (PyCUTLASS's form: the
       arguments then say Mode.Batched). Lists of matrices need an operation built with ``array=True`` (the
-      pointer-array kernel, kinds/gemm_array_sm90). Parallel split-K is not built for SM90 (use stream-K).
+      pointer-array kernel, kinds/gemm_array_sm90).
+    - Mode.GemmSplitKParallel (PyCUTLASS's parallel split-K, then a ReductionOperation over ``ptr_D``): runs the L
+      mode over ``split_k_slices`` equal K slices (K must divide evenly, each slice 16-byte aligned), one partial
+      product per slice into a workspace of C's element; on an operation with the Default tile scheduler.
     """
 
     def __init__(self, operation, problem_size, A, B, C, D, *positional, bias=None, raster_order=None, swizzle=None,
@@ -72,9 +75,7 @@ class GemmArgumentsSm90(GemmArguments):
             raise ArgumentError(f"GemmArgumentsSm90 needs an SM90 GemmOperationUniversal, got {type(operation).__name__}")
         mode = gemm_mode if isinstance(gemm_mode, Mode) else None
         if mode is Mode.GemmSplitKParallel:
-            raise ArgumentError(f"{mode.name} mode is not built for SM90 operations; use Mode.Gemm (split-K through a "
-                                f"stream-K operation), Mode.Batched, or an Sm80-family operation (compute capability "
-                                f"80)")
+            self._check_parallel_split_k(operation, problem_size, split_k_slices)
         if mode is Mode.Array and not operation.array:
             lists = [label for label, x in zip("ABCD", (A, B, C, D)) if isinstance(x, (list, tuple))]
             if lists:
@@ -84,7 +85,8 @@ class GemmArgumentsSm90(GemmArguments):
                                     f"tensors holding the batch (they run batched on this operation)")
             # PyCUTLASS's Array form with tensors (its pointer arrays were base + i * batch stride) is the L mode.
             gemm_mode = Mode.Batched
-        if split_k_slices not in (1, UNSET) and operation.tile_scheduler.name != "StreamK":
+        if split_k_slices not in (1, UNSET) and operation.tile_scheduler.name != "StreamK" and \
+                mode is not Mode.GemmSplitKParallel:
             raise ArgumentError(f"split_k_slices={split_k_slices} needs an SM90 operation with the stream-K tile "
                                 f"scheduler (TileDescription(..., tile_scheduler=TileSchedulerType.StreamK))")
         self.workspace, self.workspace_bytes = 0, 0
@@ -99,6 +101,36 @@ class GemmArgumentsSm90(GemmArguments):
                                 f"the persistent grid needs at least one whole cluster")
         super()._validate_and_prepare(operation, problem_size, A, B, C, D, output_op, gemm_mode, split_k_slices,
                                       batch, stream, device, session, bias, reordered)
+
+    def _check_parallel_split_k(self, operation, problem_size, split_k_slices) -> None:
+        """Parallel split-K runs the L mode: slice i multiplies the i-th K/split_k_slices columns of A by the same
+        rows of B into slice i of the workspace (TMA needs every slice to start 16-byte aligned)."""
+        if operation.array:
+            raise ArgumentError("GemmSplitKParallel is not built for the pointer-array kernel (array=True); use an "
+                                "ordinary SM90 operation")
+        if self._stream_k:
+            raise ArgumentError("GemmSplitKParallel needs an SM90 operation with the Default tile scheduler (a "
+                                "stream-K operation splits K itself: use Mode.Gemm with split_k_slices)")
+        if operation.bias is not None:
+            raise ArgumentError("GemmSplitKParallel writes raw partial sums: build the operation without bias= and "
+                                "add the bias after the ReductionOperation")
+        slices = 1 if split_k_slices is UNSET else split_k_slices
+        try:
+            k = int(problem_size[2]) if not hasattr(problem_size, "k") else int(problem_size.k())
+        except (TypeError, IndexError, ValueError):
+            return  # GemmArguments' own problem-size check says what is wrong
+        if isinstance(slices, bool) or not isinstance(slices, int) or slices < 1:
+            return  # likewise for split_k_slices
+        if k % slices:
+            raise ArgumentError(f"GemmSplitKParallel on an SM90 operation splits K={k} into {slices} equal slices "
+                                f"(the L mode): K must be a multiple of split_k_slices")
+        chunk = k // slices
+        for label, desc in (("A", operation.A), ("B", operation.B)):
+            k_contiguous = desc.layout.name == ("RowMajor" if label == "A" else "ColumnMajor")
+            if k_contiguous and chunk * desc.element.bits % 128:
+                raise ArgumentError(f"GemmSplitKParallel: each K slice of {label} ({chunk} {desc.element.label} "
+                                    f"values) must start 16-byte aligned for TMA; choose split_k_slices so that "
+                                    f"K / split_k_slices is a multiple of {128 // desc.element.bits}")
 
     def _describe_operand(self, label, tensor, rows, cols, layout, element, batch):
         found = super()._describe_operand(label, tensor, rows, cols, layout, element, batch)
@@ -158,6 +190,11 @@ class GemmArgumentsSm90(GemmArguments):
         a.lda, a.ldb, a.ldc, a.ldd = (self.lds[x] for x in "ABCD")
         a.batch_stride_A, a.batch_stride_B, a.batch_stride_C, a.batch_stride_D = (self.batch_strides[x] for x in "ABCD")
         a.batch_stride_bias = getattr(self, "_bias_batch_stride", 0)
+        if self.gemm_mode is Mode.GemmSplitKParallel:  # the L mode over K slices, into the workspace's slices
+            chunk = k // self.split_k_slices
+            a.k, a.l, a.splits = chunk, self.split_k_slices, 1
+            a.batch_stride_A = chunk if self.operation.A.layout.name == "RowMajor" else chunk * a.lda
+            a.batch_stride_B = chunk if self.operation.B.layout.name == "ColumnMajor" else chunk * a.ldb
         fill_epilogue(a, self.output_op)
         return a
 
