@@ -109,20 +109,12 @@ CLAMP_OPS = {
     "bf16_clamp_pp_biascolumn": sm90_op(D.bfloat16, (CM, R, CM), tile=(64, 128, 64),
                                         kernel=KS.TmaWarpSpecializedPingpong, bias="column", clamp=True),
 }
-# Parallel split-K (PyCUTLASS's GemmSplitKParallel): f32 partial sums per K slice, then a ReductionOperation.
-SPLITK_OPS = {f"{e.name}_{''.join('t' if x is R else 'n' for x in lay)}": sm90_op(e, (*lay, R), out=D.float32, **kw)
-              for e, lay, kw in ((D.float16, (R, CM), {}), (D.float16, (R, R), {"tile": (64, 128, 64)}),
-                                 (D.float16, (CM, CM), {"kernel": KS.TmaWarpSpecializedPingpong, "tile": (64, 128, 64)}),
-                                 (D.bfloat16, (CM, R), {"cluster": (2, 1, 1)}))}
-REDUCTIONS = {out: cutlass.ReductionOperation(cutlass.MatrixCoord(4, 32 * 8), cutlass.TensorDescription(out, R, 8),
-                                              D.float32, D.float32, D.float32, count=8)
-              for out in (D.float16, D.bfloat16)}
-OPS = {**LAYOUT_OPS, **TYPE_OPS, **EPILOGUE_OPS, **CLAMP_OPS, **SPLITK_OPS}
+OPS = {**LAYOUT_OPS, **TYPE_OPS, **EPILOGUE_OPS, **CLAMP_OPS}
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _compiled():
-    precompile_module(REDUCTIONS.values(), OPS.values())
+    precompile_module((), OPS.values())
 
 
 # --- helpers -------------------------------------------------------------------------------------------------
@@ -268,32 +260,6 @@ def test_batched_and_no_c():
     run_case(op, 300, 200, 64, use_c=False)
     run_case(op, 0, 200, 64)  # an empty problem launches nothing
     run_case(op, 64, 0, 64)
-
-
-@pytest.mark.parametrize("name", sorted(SPLITK_OPS))
-@pytest.mark.parametrize("size,slices", [((264, 136, 2048), 4), ((1000, 72, 4096), 16), ((8, 256, 1040), 5),
-                                         ((130, 264, 64), 1)], ids=lambda v: "x".join(map(str, v)) if
-                         isinstance(v, tuple) else str(v))
-def test_parallel_split_k_then_reduction(name, size, slices):
-    """The L mode over K slices into the workspace, then D = 1.5 * sum + (-0.5) * C by the reduction."""
-    op = SPLITK_OPS[name]
-    m, n, k = size
-    element = op.A.element
-    generator = torch.Generator().manual_seed(slices)
-    A, A64 = _matrix(m, k, op.A.layout, element, generator)
-    B, B64 = _matrix(k, n, op.B.layout, element, generator)
-    C, C64 = _matrix(m, n, R, element, generator)
-    D_ = _poisoned(m, n, R, element)
-    arguments = cutlass.GemmArguments(op, GemmCoord(m, n, k), A, B, C, D_, gemm_mode=Mode.GemmSplitKParallel,
-                                      split_k_slices=slices)
-    op.run(arguments)
-    reduction = REDUCTIONS[element]
-    reduction_args = cutlass.ReductionArguments(reduction, [m, n], slices, arguments, D_, C,
-                                                reduction.epilogue_type(1.5, -0.5))
-    reduction.run(reduction_args)
-    reduction_args.sync()
-    error = relative_error(_logical(D_, R)[0], 1.5 * (A64[0] @ B64[0]) - 0.5 * C64[0])
-    assert error < TOLERANCE[element], f"relative error {error}"
 
 
 @pytest.mark.parametrize("raster,swizzle,sm_count", [("along_m", 1, None), ("along_n", 4, None),
