@@ -28,7 +28,7 @@ medians)" the ratio of the two medians; the overhead section's "x torch.mm" is p
 turn: the "latency x eager" column), and, unless --no-graphs, eager and pycutlass each replayed from CUDA graphs
 (``pycutlass.torch.cuda_graphed``: the GPU work without the host's per-layer cost; "graphs x eager+graphs"), the
 ``optimize(..., cuda_graphs=True)`` unless --no-optimize-graphs (the end-to-end check's choice, replayed from CUDA
-graphs where that timed 2% faster: "x eager (cuda_graphs=True)", with its own goal lines), the
+graphs where that timed 10% faster: "x eager (cuda_graphs=True)", with its own goal lines), the
 first call's seconds (compilation and tuning), and its output against eager's: max |out - eager| / max |eager| (also eager's own error against a float32
 copy of the model, TF32 off, as the data type's noise floor). The optimized output counts as correct when its error
 against eager is <= --tol-f16 / --tol-bf16, or else when its error against float32 is at most twice eager's own (a

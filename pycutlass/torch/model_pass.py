@@ -829,6 +829,10 @@ _E2E_TUNED, _E2E_SELECTIVE, _E2E_TORCH, _E2E_EAGER = "tuned", "selective", "torc
 _E2E_TRACED = "traced"
 _E2E_MARGIN = 0.02
 _E2E_MOVED = "torch (end-to-end)"
+# A CUDA-graph replay changes how the result behaves (autograd calls bypass it, a new input shape captures again),
+# and its own cost (input copy, replay, output copy) is host time that varies from round to round as much as a tiny
+# model's: it must win clearly. Where it matters (many layers, small inputs) it wins by 2x or more.
+_GRAPHS_MARGIN = 0.10
 
 
 def _saves_a_launch(module: nn.Module) -> bool:
@@ -946,7 +950,7 @@ def _choose_end_to_end(gm: fx.GraphModule, model: nn.Module, example_inputs: tup
 
 def _choose_graphs(chosen: nn.Module, example_inputs: tuple, *, timer: Callable | None = None
                    ) -> tuple[nn.Module, dict]:
-    """``chosen`` or, where replaying it from a CUDA graph (:class:`CUDAGraphed`) was ``_E2E_MARGIN`` faster on
+    """``chosen`` or, where replaying it from a CUDA graph (:class:`CUDAGraphed`) was ``_GRAPHS_MARGIN`` faster on
     ``example_inputs``, the graphed module; and the record (``OptimizeReport.end_to_end["graphs"]``). A module that
     cannot be captured stays as it is (the record says why)."""
     graphed = CUDAGraphed(chosen)
@@ -957,7 +961,7 @@ def _choose_graphs(chosen: nn.Module, example_inputs: tuple, *, timer: Callable 
             medians = (timer or _time_interleaved)(entries, _cuda_sync(example_inputs, chosen))
     except Exception as exc:  # not capturable (a host sync, a CPU tensor made inside, ...): keep it unreplayed
         return chosen, {"kept": False, "why": f"capture failed ({type(exc).__name__}: {str(exc)[:200]})"}
-    kept = medians["graphed"] < medians["plain"] * (1 - _E2E_MARGIN)
+    kept = medians["graphed"] < medians["plain"] * (1 - _GRAPHS_MARGIN)
     record = {"plain_ms": medians["plain"], "graphed_ms": medians["graphed"], "kept": kept}
     if not kept:
         graphed.reset()  # frees the captured graph's memory
@@ -1004,7 +1008,7 @@ def _graph_if_faster(gm: nn.Module, model: nn.Module, example_inputs: tuple, rep
     else:
         report.notes.append(f"cuda_graphs: replayed {graphs['graphed_ms']:.3f} ms vs {graphs['plain_ms']:.3f} ms per "
                             "forward; " + ("kept the CUDA-graph replay" if graphs["kept"] else
-                                           f"not {_E2E_MARGIN:.0%} faster, kept the plain module"))
+                                           f"not {_GRAPHS_MARGIN:.0%} faster, kept the plain module"))
     return gm
 
 
@@ -1028,7 +1032,7 @@ def optimize(model: nn.Module, example_inputs, *, tune: bool = True, fold_batchn
     ``torch.fx`` trace (``"traced"``).
     ``cuda_graphs`` (with ``end_to_end``, an eval-mode model on CUDA): also time the chosen result replayed from CUDA
     graphs (:func:`~pycutlass.torch.cuda_graphed`: one capture per input signature, inputs copied in, outputs
-    copied out) and return that :class:`~pycutlass.torch.CUDAGraphed` where it was 2% faster (a host-bound model:
+    copied out) and return that :class:`~pycutlass.torch.CUDAGraphed` where it was 10% faster (a host-bound model:
     small batches, many layers); ``end_to_end["graphs"]`` records both times. The graphs replay only for calls
     without autograd (``torch.no_grad()`` / ``torch.inference_mode()``); other calls run the module directly.
     """

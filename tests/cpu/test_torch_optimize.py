@@ -718,7 +718,7 @@ def graphs_timed(monkeypatch, graph_times):
 
 
 @pytest.mark.parametrize("graph_times,kept", [({"plain": 1.0, "graphed": 0.5}, True),
-                                              ({"plain": 1.0, "graphed": 0.99}, False)])  # within 2%: not kept
+                                              ({"plain": 1.0, "graphed": 0.91}, False)])  # within 10%: not kept
 def test_cuda_graphs_keeps_the_replay_only_when_it_is_faster(monkeypatch, tmp_path, graph_times, kept):
     from pycutlass.torch import CUDAGraphed
 

@@ -471,7 +471,7 @@ def test_cuda_graphed_optimized_model_replays_with_new_inputs():
 
 def test_optimize_with_cuda_graphs_replays_the_chosen_model_with_new_inputs():
     """optimize(..., cuda_graphs=True) on a host-bound stack (one short sequence, two decoder blocks): the graph
-    replay is kept exactly when it timed 2% faster, and the result computes the model on new inputs (NaN-poisoned
+    replay is kept exactly when it timed 10% faster, and the result computes the model on new inputs (NaN-poisoned
     outputs before each call), outputs not aliased between calls."""
     models = _benchmark_models()
     session = pycutlass.Session()
@@ -481,7 +481,7 @@ def test_optimize_with_cuda_graphs_replays_the_chosen_model_with_new_inputs():
         with torch.no_grad():
             fast = pct.optimize(model, (x,), tune=True, progress=False, cuda_graphs=True)
             graphs = pct.report(fast).end_to_end["graphs"]
-            assert graphs["kept"] == (graphs["graphed_ms"] < graphs["plain_ms"] * 0.98)
+            assert graphs["kept"] == (graphs["graphed_ms"] < graphs["plain_ms"] * 0.90)
             assert isinstance(fast, pct.CUDAGraphed) == graphs["kept"]
             outs, expected = [], []
             for seed in (191, 192):
