@@ -52,9 +52,39 @@ WRONG_OR_CRASHED = {
         math_op=cutlass.MathOperation.multiply_add_fast_bf16),
     "f16 C x 16 on a 32-wide warp tile": dict(shape=(256, 32, 32), warps=(2, 1, 1), layouts=(C, R, R),
                                               aligns=(2, 4, 16), stages=4, inst=[16, 8, 8]),
+    # f32 operands multiplied in f16 / bf16, warp M 16: every size wrong (seed 21, then 16 bisecting variants, 2026-11-24)
+    "f32 fast-f16 warp 16x64 (seed 21)": dict(
+        element=D.float32, shape=(32, 128, 16), warps=(2, 2, 1), layouts=(R, C, R), aligns=(1, 2, 4), stages=7,
+        out=D.bfloat16, math_op=cutlass.MathOperation.multiply_add_fast_f16),
+    "f32 fast-f16 warp 16x64, A ColumnMajor, tile K 32": dict(
+        element=D.float32, shape=(32, 128, 32), warps=(2, 2, 1), layouts=(C, C, R), aligns=(1, 2, 4), stages=7,
+        out=D.bfloat16, math_op=cutlass.MathOperation.multiply_add_fast_f16),
+    "f32 fast-f16 warp 16x64, f32 C": dict(
+        element=D.float32, shape=(32, 128, 16), warps=(2, 2, 1), layouts=(R, C, R), aligns=(1, 2, 4), stages=7,
+        math_op=cutlass.MathOperation.multiply_add_fast_f16),
+    "f32 fast-f16 warp 16x32": dict(
+        element=D.float32, shape=(32, 64, 16), warps=(2, 2, 1), layouts=(R, C, R), aligns=(1, 2, 4), stages=7,
+        out=D.bfloat16, math_op=cutlass.MathOperation.multiply_add_fast_f16),
+    "f32 fast-f16 warp 16x64, B RowMajor": dict(
+        element=D.float32, shape=(32, 128, 16), warps=(2, 2, 1), layouts=(R, R, R), aligns=(1, 2, 4), stages=7,
+        out=D.bfloat16, math_op=cutlass.MathOperation.multiply_add_fast_f16),
+    "f32 fast-bf16 warp 16x32": dict(
+        element=D.float32, shape=(32, 64, 32), warps=(2, 2, 1), layouts=(R, C, R), aligns=(1, 2, 4), stages=7,
+        out=D.bfloat16, math_op=cutlass.MathOperation.multiply_add_fast_bf16),
 }
 
 PASSED = {
+    "f32 fast-f16 warp 32x64": dict(element=D.float32, shape=(32, 128, 16), warps=(1, 2, 1), layouts=(R, C, R),
+                                    aligns=(1, 2, 4), stages=7, out=D.bfloat16,
+                                    math_op=cutlass.MathOperation.multiply_add_fast_f16),
+    "f32 fast-f16 warp 64x16, C ColumnMajor": dict(element=D.float32, shape=(64, 32, 16), warps=(1, 2, 1),
+                                                   layouts=(R, C, C), aligns=(1, 2, 4), stages=7, out=D.bfloat16,
+                                                   math_op=cutlass.MathOperation.multiply_add_fast_f16),
+    "f32 3xTF32 warp 16x64": dict(element=D.float32, shape=(32, 128, 16), warps=(2, 2, 1), layouts=(R, C, R),
+                                  aligns=(1, 2, 4), stages=7, out=D.bfloat16,
+                                  math_op=cutlass.MathOperation.multiply_add_fast_f32),
+    "tf32 warp 16x64": dict(element=D.float32, shape=(32, 128, 16), warps=(2, 2, 1), layouts=(R, C, R),
+                            aligns=(1, 2, 4), stages=7, out=D.bfloat16),
     "f16 B RowMajor warp 64x32": dict(shape=(64, 128, 32), warps=(1, 4, 1)),
     "f16 B ColumnMajor warp 64x16 (crosswise)": dict(warps=(1, 4, 1), layouts=(R, C, R), aligns=(8, 8, 4)),
     "tf32 B RowMajor warp 64x16": dict(element=D.tfloat32, warps=(1, 4, 1), aligns=(4, 4, 4)),

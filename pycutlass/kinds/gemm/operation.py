@@ -418,11 +418,21 @@ def check_narrow_warp_tiles(tile: TileDescription, C: TensorDescription | None, 
     - The epilogue needs at least 4 of C's vector accesses per warp-tile row (warp N / C alignment >= 4) for 16-bit
       and wider outputs: with 2 (f32 x 8 or bf16 x 8 on a 16-wide warp tile, f16 x 16 on a 32-wide one) some problem
       sizes come out wrong. (``C`` None: a kernel with another epilogue, e.g. the visitor tree; main loop only.)
+    - f32 operands multiplied in f16 or bf16 (``multiply_add_fast_f16`` / ``_fast_bf16``) need a warp tile of at
+      least 32 along M: at 16 every problem size comes out wrong, for either A layout, any B layout, C type or
+      epilogue (3xTF32, ``multiply_add_fast_f32``, and plain TF32 compute correctly at 16).
     """
     math = tile.math_instruction
     if math.opcode_class is not OpClass.TensorOp:
         return
     warp_m, warp_n, _ = tile.warp_shape
+    fast_16 = math.math_operation.name in ("multiply_add_fast_f16", "multiply_add_fast_bf16")
+    if fast_16 and math.element_a.bits == 32 and warp_m < 32:
+        raise DescriptionError(
+            f"{what}: f32 operands multiplied in {math.math_operation.name.rsplit('_', 1)[1]} "
+            f"({math.math_operation.name}) with a warp tile {list(tile.warp_shape)} only {warp_m} along M: CUTLASS "
+            f"computes every problem wrongly so (H100). Use at least 32 along M per warp (fewer warps along M or a "
+            f"larger tile), or multiply_add / multiply_add_fast_f32")
     if math.element_a.bits == 16:
         for label, along, extent, congruous in (("A", "M", warp_m, a_along_m), ("B", "N", warp_n, b_along_n)):
             if congruous and extent < 32:
