@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pycutlass as cutlass  # noqa: E402
 from common import bench_ms, device_name, print_table, write_json  # noqa: E402
-from pycutlass.conv import Conv2dProblemSize, IteratorAlgorithm, Mode, Operator, StrideSupport  # noqa: E402
+from pycutlass.conv import Conv2dProblemSize, IteratorAlgorithm, Mode, Operator, SplitKMode, StrideSupport  # noqa: E402
 from pycutlass.kinds.conv2d.operation import Conv2dOperation  # noqa: E402
 
 D = cutlass.DataType
@@ -71,16 +71,28 @@ SM90_TILES = {
 }
 
 
-def _op(kind: Operator, stride_support: StrideSupport, shape, stages, warps) -> Conv2dOperation:
+# Sm80-family wgrad also as parallel split-K (f32 partial sums per slice, then the reduction): its GEMM K is N*P*Q,
+# long, and its output K x RSC small, so the output tiles alone leave most SMs idle.
+PARALLEL_TILES = [([128, 128, 32], 3, [2, 2, 1]), ([64, 128, 32], 4, [2, 2, 1])]
+MAX_PARALLEL_SPLIT = 128
+
+
+def _op(kind: Operator, stride_support: StrideSupport, shape, stages, warps, partials=False) -> Conv2dOperation:
     math_inst = cutlass.MathInstruction([16, 8, 16], D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp,
                                         cutlass.MathOperation.multiply_add)
     tile = cutlass.TileDescription(shape, stages, warps, math_inst)
     tensor = cutlass.TensorDescription(D.float16, cutlass.TensorNHWC, ALIGN)
-    epilogue = cutlass.LinearCombination(D.float16, ALIGN, D.float32, D.float32)
+    out = D.float32 if partials else D.float16
+    epilogue = cutlass.LinearCombination(out, 4 if partials else ALIGN, D.float32, D.float32)
     strided_dgrad = kind is Operator.dgrad and stride_support is StrideSupport.Strided
     swizzle = cutlass.StridedDgradIdentitySwizzle1 if strided_dgrad else cutlass.IdentitySwizzle4
-    return Conv2dOperation(kind, IteratorAlgorithm.optimized, 80, tile, tensor, tensor, tensor, stride_support,
+    output = cutlass.TensorDescription(D.float32, cutlass.TensorNHWC, 4) if partials else tensor
+    return Conv2dOperation(kind, IteratorAlgorithm.optimized, 80, tile, tensor, tensor, output, stride_support,
                            epilogue, swizzle)
+
+
+def parallel_wgrad_ops() -> list[Conv2dOperation]:
+    return [_op(Operator.wgrad, StrideSupport.Strided, *config, partials=True) for config in PARALLEL_TILES]
 
 
 def grid(kinds=None) -> dict[tuple[str, int], list[Conv2dOperation]]:
@@ -105,7 +117,7 @@ def grid(kinds=None) -> dict[tuple[str, int], list[Conv2dOperation]]:
 
 def operations() -> list[Conv2dOperation]:
     """Every benchmarked Sm80-family operation (tests/gpu/precompile.py compiles them ahead of time)."""
-    return list(dict.fromkeys(op for ops in grid().values() for op in ops))
+    return list(dict.fromkeys(op for ops in grid().values() for op in ops)) + parallel_wgrad_ops()
 
 
 def _sm90_op(kind: Operator, shape, cluster) -> Conv2dOperation:
@@ -239,6 +251,8 @@ def _label(op, split: int) -> str:
     if getattr(op, "family", None) == "sm90":
         (m, n, k), (cm, cn, _) = op.tile_description.threadblock_shape, op.tile_description.cluster_shape
         return f"sm90 {m}x{n}x{k} c{cm}x{cn}"
+    if op.C.element is D.float32:
+        return f"{op.tile_description.procedural_name()} parallel splitK{split} + reduction"
     return f"{op.tile_description.procedural_name()}" + (f" splitK{split}" if split > 1 else "")
 
 
@@ -254,6 +268,11 @@ def _split_k_choices(op, ps, sm_count: int) -> list[int]:
     if _is_gemm(op) and op.C.element is D.float32:
         (m, n, gemm_k) = _gemm_views("wgrad", ps, None, None, None)[0]
         return _parallel_slices(op, m, n, gemm_k, sm_count)
+    if not _is_gemm(op) and op.C.element is D.float32:  # Sm80-family parallel split-K: about 1 and 2 waves
+        m, n, _ = op.tiled_shape(ps)
+        k_tiles = -(-ps.implicit_gemm_size(op.conv_kind).k() // op.tile_description.threadblock_shape[2])
+        most = min(MAX_PARALLEL_SPLIT, max(1, k_tiles // 8))  # >= 8 K-steps per slice
+        return sorted({min(most, max(2, round(waves * sm_count / (m * n)))) for waves in (1, 2)} - {1})
     if _is_gemm(op) or getattr(op, "family", None) == "sm90" or \
             (op.is_strided_dgrad and max(ps.stride_h, ps.stride_w) > 1):
         return [1]  # CUTLASS 4.2's SM90 conv has no split-K
@@ -325,6 +344,16 @@ def run_layer(kind: str, layer: str, batch: int, ops_by_stride: dict, args, sm_c
                                                       gemm_mode=cutlass.gemm.Mode.GemmSplitKParallel,
                                                       split_k_slices=split)
                     reduction_args = cutlass.ReductionArguments(reduction, [m, n], split, arguments, gd)
+
+                    def reduce(reduction_args=reduction_args):
+                        reduction.run(reduction_args)
+                elif op.C.element is D.float32:  # Sm80-family conv parallel split-K, then the reduction
+                    arguments = cutlass.Conv2dArguments(op, ps, A, B, None, None, split_k_mode=SplitKMode.Parallel,
+                                                        split_k_slices=split)
+                    m, n = arguments.reduction_problem_size
+                    reduction_args = cutlass.ReductionArguments(reduction, [m, n], split, arguments,
+                                                                out.permute(0, 2, 3, 1).reshape(m, n),  # a view
+                                                                partition_stride=arguments.partition_stride)
 
                     def reduce(reduction_args=reduction_args):
                         reduction.run(reduction_args)
@@ -405,16 +434,20 @@ def main() -> None:
     torch.backends.cudnn.benchmark = True
     cutlass.get_memory_pool(2**30, 2**36)
     by_key = grid(args.kinds)
+    if "wgrad" in args.kinds:
+        for stride in (1, 2):  # one list serves both strides (the same object): extend it once
+            if parallel_wgrad_ops()[0] not in by_key["wgrad", stride]:
+                by_key["wgrad", stride] += parallel_wgrad_ops()
     start = time.perf_counter()
     cutlass.compiler.add_module(list(dict.fromkeys(op for ops in by_key.values() for op in ops)), jobs=args.jobs)
     print(f"grid compile/load: {time.perf_counter() - start:.1f} s ({cutlass.compiler.last_report()})", flush=True)
     sm90_by_kind = {} if args.no_sm90 else sm90_grid(args.kinds)
     sm90_gemm_by_kind = {} if args.no_sm90 else sm90_gemm_grid(args.kinds)
-    reduction = None
+    reduction = splitk_reduction() if "wgrad" in args.kinds else None
+    if reduction is not None:
+        cutlass.compiler.add_module([reduction], jobs=1)
     if not args.no_sm90 and "wgrad" in args.kinds:
         sm90_gemm_by_kind["wgrad"] = sm90_gemm_by_kind.get("wgrad", []) + sm90_splitk_ops()
-        reduction = splitk_reduction()
-        cutlass.compiler.add_module([reduction], jobs=1)
     if sm90_by_kind:
         start = time.perf_counter()
         cutlass.compiler.add_module([op for ops in (*sm90_by_kind.values(), *sm90_gemm_by_kind.values()) for op in ops],
