@@ -184,7 +184,18 @@ def test_fingerprint(clean_env, tmp_path):
     (tmp_path / "cutlass" / "include" / "cutlass" / "new.h").write_text("// new\n")
     assert toolchain.fingerprint("nvcc") == first
     toolchain.reset()
-    assert toolchain.fingerprint("nvcc")["cutlass"]["headers_sha256"] != first["cutlass"]["headers_sha256"]
+    changed = toolchain.fingerprint("nvcc")
+    assert changed["cutlass"]["headers_sha256"] != first["cutlass"]["headers_sha256"]
+    # The same contents with other mtimes (the same wheel installed elsewhere) keep it: a cache filled on one
+    # machine serves another.
+    for path in (tmp_path / "cutlass").rglob("*.h"):
+        os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**12))
+    toolchain.reset()
+    assert toolchain.fingerprint("nvcc") == changed
+    # ... and a header edited in place to the same size changes it
+    (tmp_path / "cutlass" / "include" / "cutlass" / "new.h").write_text("// NEW\n")
+    toolchain.reset()
+    assert toolchain.fingerprint("nvcc")["cutlass"]["headers_sha256"] != changed["cutlass"]["headers_sha256"]
     with pytest.raises(ValueError):
         toolchain.fingerprint("clang")
 
