@@ -876,9 +876,10 @@ def _place_calls(sites: list[_Site], on_torch: frozenset) -> None:
 
 def _time_interleaved(entries: dict[str, tuple[Callable, Callable]], sync: Callable[[], None], *, rounds: int = 7,
                       round_s: float = 0.025, budget_s: float = 2.0) -> dict[str, float]:
-    """Median ms per forward of each entry (``(prepare, forward)``), over ``rounds`` interleaved rounds (a drifting
-    host hits every entry alike); a round runs ``prepare`` then as many forwards as last about ``round_s``,
-    synchronized (``sync``) so the GPU's time counts too. Rounds stop early once ``budget_s`` is spent."""
+    """Median ms per forward of each entry (``(prepare, forward)``), over ``rounds`` interleaved rounds in alternating
+    order (a drifting host hits every entry alike, and none always runs first); a round runs ``prepare`` then as
+    many forwards as last about ``round_s``, synchronized (``sync``) so the GPU's time counts too. Rounds stop early
+    once ``budget_s`` is spent."""
     per_round = {}
     for name, (prepare, forward) in entries.items():
         prepare()
@@ -890,8 +891,10 @@ def _time_interleaved(entries: dict[str, tuple[Callable, Callable]], sync: Calla
         per_round[name] = max(1, min(1000, int(round_s / max(time.perf_counter() - start, 1e-6))))
     samples: dict[str, list[float]] = {name: [] for name in entries}
     deadline = time.perf_counter() + budget_s
-    for _ in range(rounds):
-        for name, (prepare, forward) in entries.items():
+    names = list(entries)
+    for index in range(rounds):
+        for name in names if index % 2 == 0 else reversed(names):  # alternating: no entry always runs first
+            prepare, forward = entries[name]
             prepare()
             sync()
             start = time.perf_counter()
