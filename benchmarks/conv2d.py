@@ -215,8 +215,7 @@ def sm90_splitk_ops(kinds=None) -> list:
 
 def sm90_operations() -> list:
     """Every benchmarked SM90 operation (NVRTC; tests/gpu/precompile.py compiles them ahead of time)."""
-    return [op for ops in sm90_grid().values() for op in ops] + [op for ops in sm90_gemm_grid().values() for op in ops] \
-        + sm90_splitk_ops()
+    return [op for ops in (*sm90_grid().values(), *sm90_gemm_grid().values()) for op in ops] + sm90_splitk_ops()
 
 
 def _is_gemm(op) -> bool:
@@ -231,7 +230,8 @@ def _gemm_views(kind: str, ps, A, B, out):
         return t.permute(0, 2, 3, 1).reshape(-1, channels)
 
     if A is None:  # the sizes only
-        return {"fprop": (npq, ps.K, ps.C), "dgrad": (npq, ps.C, ps.K), "wgrad": (ps.K, ps.C, npq)}[kind], None, None, None
+        sizes = {"fprop": (npq, ps.K, ps.C), "dgrad": (npq, ps.C, ps.K), "wgrad": (ps.K, ps.C, npq)}
+        return sizes[kind], None, None, None
     if kind == "fprop":  # A = x, B = w
         return (npq, ps.K, ps.C), rows(A, ps.C), B.reshape(ps.K, ps.C).t(), rows(out, ps.K)
     if kind == "dgrad":  # A = dy, B = w
