@@ -438,8 +438,11 @@ def test_simt_warp_tile_must_divide_by_the_lanes():
     """The multistage SIMT main loop arranges lanes 4 x 8, the two-stage one 8 x 4 when warp M > warp N ('WarpShape
     must be divisible by ThreadTile shape.')."""
     with pytest.raises(DescriptionError, match="WarpShape must be divisible by ThreadTile shape"):
-        _fuzz_gemm(F32, Simt, "NTT", (32, 32, 8), (4, 8, 1), 3)  # warp tile 8 x 4
-    _fuzz_gemm(F32, Simt, "NTT", (32, 32, 8), (4, 8, 1), 2)
+        _fuzz_gemm(F32, Simt, "NTT", (8, 32, 32), (1, 8, 1), 3)  # warp tile 8 x 4
+    _fuzz_gemm(F32, Simt, "NTT", (8, 32, 32), (1, 8, 1), 2)
+    # (32 x 32 x 8 on 4 x 8 warps has the same warp tile, but its 1024 threads overrun the 32 x 8 operand tiles)
+    with pytest.raises(DescriptionError, match="writes rows past the tile"):
+        _fuzz_gemm(F32, Simt, "NTT", (32, 32, 8), (4, 8, 1), 2)
 
 
 def test_simt_epilogue_needs_32_columns():

@@ -144,5 +144,19 @@ def test_simt_tile_n_must_be_a_multiple_of_32():
     with pytest.raises(DescriptionError, match="unwritten"):
         cutlass.GemmOperationUniversal(80, cutlass.TileDescription([32, 48, 8], 2, [1, 1, 1], math), f32,
                                        cutlass.TensorDescription(D.float32, C, 1), f32, epilogue)
-    cutlass.GemmOperationUniversal(80, cutlass.TileDescription([64, 96, 8], 2, [2, 3, 1], math), f32, f32, f32,
+    cutlass.GemmOperationUniversal(80, cutlass.TileDescription([96, 96, 8], 2, [1, 3, 1], math), f32, f32, f32,
                                    epilogue)
+
+
+def test_simt_thread_map_rows_must_divide_the_tile():
+    """Seed 23 on an H100: SIMT f64, 64x32x8 on 4x4 warps, A and B RowMajor: an illegal address. B's 32 x 8 tile
+    (N-contiguous) over 512 threads: 16 rows of 32 at a time for 8 rows, so CUTLASS's stripmined map rounds up to a
+    pass that writes 8 rows past the tile. The same warps on a 64x32x16 tile (16 rows, ColumnMajor C) passed."""
+    math = cutlass.MathInstruction([1, 1, 1], D.float64, D.float64, D.float64, cutlass.OpClass.Simt)
+    f64 = {layout: cutlass.TensorDescription(D.float64, layout, 1) for layout in (R, C)}
+    epilogue = cutlass.LinearCombination(D.float64, 1, D.float64)
+    with pytest.raises(DescriptionError, match="writes rows past the tile"):
+        cutlass.GemmOperationUniversal(80, cutlass.TileDescription([64, 32, 8], 4, [4, 4, 1], math), f64[R], f64[R],
+                                       f64[R], epilogue)
+    cutlass.GemmOperationUniversal(80, cutlass.TileDescription([64, 32, 16], 7, [4, 4, 1], math), f64[R], f64[C],
+                                   f64[C], epilogue)

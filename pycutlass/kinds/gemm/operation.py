@@ -224,6 +224,10 @@ def check_simt_warp_tile(tile: TileDescription, operands, what: str) -> None:
                 f"must be divisible by Lane'); use another threadblock K, other warps or another stage count")
 
 
+class _Overrun(str):
+    """A thread map CUTLASS accepts (no static_assert) but whose accesses run past the tile."""
+
+
 def _pitch_linear_iterations(kind: str, contiguous: int, strided: int, threads: int, arrangement, per_access: int):
     """Iterations (contiguous, strided) of CUTLASS's pitch-linear thread map (cutlass/transform/
     pitch_linear_thread_map.h), or the static_assert it fails as a string. ``kind``: "raked"
@@ -237,7 +241,13 @@ def _pitch_linear_iterations(kind: str, contiguous: int, strided: int, threads: 
             return "Shape must be divisible by number of iterations of each thread."
         if threads >= vec_c:
             rows = threads // vec_c
-            return 1, (vec_s + rows - 1) // rows
+            if vec_s % rows:
+                # Not a static_assert: CUTLASS rounds the iterations up, and the rows past the tile land past its
+                # shared-memory stage (the next stage's data, or past the buffer: an illegal address on an H100).
+                return _Overrun(f"its {threads} threads cover {rows} rows of {vec_c} accesses at a time, which does "
+                                f"not divide the tile's {vec_s} rows: the rounded-up pass writes rows past the tile "
+                                f"in shared memory (an illegal address on an H100)")
+            return 1, vec_s // rows
         return vec_c // threads, vec_s
     arr_c, arr_s = arrangement
     if arr_c <= 0 or arr_s <= 0:
@@ -299,6 +309,9 @@ def thread_map_problem(tile: TileDescription, operands, fast_f16: bool = False,
         kind, shape, arrangement, per_access = operand_thread_map(tile, k_major, extent, fast_f16)
         iterations = _pitch_linear_iterations(kind, *shape, tile.threads, arrangement, per_access)
         where = _thread_map_where(tile, label, desc, axis, extent, k_major)
+        if isinstance(iterations, _Overrun):
+            return (f"CUTLASS's main-loop thread map cannot copy {where} ({per_access} element(s) per access): "
+                    f"{iterations}; use fewer warps or a tile whose rows the threads divide")
         if isinstance(iterations, str):
             return (f"CUTLASS's main-loop thread map cannot copy {where} ({per_access} element(s) per access"
                     f"{'' if arrangement is None else f', warps arranged {arrangement[0]} x {arrangement[1]}'}; "
