@@ -344,6 +344,27 @@ def within_tolerance(found: dict, eager_vs_fp32, tolerance: float) -> tuple[bool
                    + (f" and vs fp32 {vs32:.3g} > 2 x eager's {eager_vs_fp32:.3g}" if vs32 is not None else ""))
 
 
+def optimized_variant(args, timer: Timer, model, inputs, errors, eager_vs_fp32, tolerance: float, **options):
+    """``pycutlass.torch.optimize`` on a copy of ``model`` (with ``options``), its first call checked against eager:
+    (the optimized model, its variant record)."""
+    import torch
+
+    from pycutlass.torch import optimize
+
+    start = time.perf_counter()
+    with torch.no_grad():
+        optimized = optimize(copy.deepcopy(model), inputs, tune=not args.no_tune, prefer_faster=True, **options)
+    timer.sync()
+    build_s = time.perf_counter() - start
+    with torch.no_grad():
+        result, first = timer.first_call(lambda: first_tensor(optimized(*inputs)).clone())
+    found = errors(result)
+    del result
+    ok, why = within_tolerance(found, eager_vs_fp32, tolerance)
+    return optimized, {"optimize_s": build_s, "first_call_s": first, **found, "within_tolerance": ok,
+                       "tolerance_rule": why}
+
+
 def bench_model(args, timer: Timer, section: str, label: str, model, inputs, model32, inputs32, tolerance: float,
                 compile_modes, out_rows: list, reports: list) -> dict:
     """Eager, torch.compile per mode and pycutlass.torch.optimize on one model and input; one summary row.
@@ -392,20 +413,10 @@ def bench_model(args, timer: Timer, section: str, label: str, model, inputs, mod
 
     optimized = None
     try:
-        from pycutlass.torch import optimize, report
+        from pycutlass.torch import report
 
-        start = time.perf_counter()
-        with torch.no_grad():
-            optimized = optimize(copy.deepcopy(model), inputs, tune=not args.no_tune, prefer_faster=True)
-        timer.sync()
-        build_s = time.perf_counter() - start
-        with torch.no_grad():
-            result, first = timer.first_call(lambda: first_tensor(optimized(*inputs)).clone())
-        found = errors(result)
-        del result
-        ok, why = within_tolerance(found, variants["eager"].get("rel_err_vs_fp32"), tolerance)
-        variants["pycutlass"] = {"optimize_s": build_s, "first_call_s": first, **found, "within_tolerance": ok,
-                                 "tolerance_rule": why}
+        optimized, variants["pycutlass"] = optimized_variant(args, timer, model, inputs, errors,
+                                                             variants["eager"].get("rel_err_vs_fp32"), tolerance)
         timed["pycutlass"] = lambda: optimized(*inputs)
         try:
             rep = report(optimized)
@@ -424,23 +435,14 @@ def bench_model(args, timer: Timer, section: str, label: str, model, inputs, mod
     if args.optimize_graphs and optimized is not None:  # optimize(..., cuda_graphs=True): the replay where it wins
         name = "pycutlass:cuda_graphs"
         try:
-            from pycutlass.torch import CUDAGraphed, optimize, report
+            from pycutlass.torch import CUDAGraphed, report
 
-            start = time.perf_counter()
-            with torch.no_grad():  # the tuning decisions are the dispatch's: this call re-times, it does not re-tune
-                optimized_graphs = optimize(copy.deepcopy(model), inputs, tune=not args.no_tune, prefer_faster=True,
-                                            cuda_graphs=True)
-            timer.sync()
-            build_s = time.perf_counter() - start
-            with torch.no_grad():
-                result, first = timer.first_call(lambda: first_tensor(optimized_graphs(*inputs)).clone())
-            found = errors(result)
-            del result
-            ok, why = within_tolerance(found, variants["eager"].get("rel_err_vs_fp32"), tolerance)
-            e2e = report(optimized_graphs).end_to_end or {}
-            variants[name] = {"optimize_s": build_s, "first_call_s": first, **found, "within_tolerance": ok,
-                              "tolerance_rule": why, "end_to_end": e2e,
-                              "graphed": isinstance(optimized_graphs, CUDAGraphed)}
+            # the tuning decisions are the dispatch's: this call re-times, it does not re-tune
+            optimized_graphs, variants[name] = optimized_variant(args, timer, model, inputs, errors,
+                                                                 variants["eager"].get("rel_err_vs_fp32"), tolerance,
+                                                                 cuda_graphs=True)
+            variants[name].update(end_to_end=report(optimized_graphs).end_to_end or {},
+                                  graphed=isinstance(optimized_graphs, CUDAGraphed))
             timed[name] = lambda: optimized_graphs(*inputs)
         except Exception as error:  # noqa: BLE001
             variants[name] = {"error": error_text(error)}
