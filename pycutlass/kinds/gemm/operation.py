@@ -264,6 +264,12 @@ def _pitch_linear_iterations(kind: str, contiguous: int, strided: int, threads: 
         warps_c = (iter_c // warps_s if warps_s else 0) if warp_count > iter_s else 1
     if not warps_s or not warps_c or not (iter_c // warps_c) * (iter_s // warps_s):
         return "Number of iterations must be non-zero"
+    if warps_c * warps_s != warp_count:
+        # Not a static_assert either: the striped map's warp arrangement (contiguous iterations / warps along the
+        # strided dimension) can place fewer warps than there are; the rest start past the tile.
+        return _Overrun(f"it arranges {warps_c} x {warps_s} of its {warp_count} warps over the tile, and the other "
+                        f"{warp_count - warps_c * warps_s} start past it (they read and write outside the tile: wrong "
+                        f"results on an H100)")
     return iter_c // warps_c, iter_s // warps_s
 
 
