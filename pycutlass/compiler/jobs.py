@@ -68,8 +68,10 @@ def _compile_in_worker(children: _Children, backend, source: str, target, unit_n
         detail = json.loads(err.decode(errors="replace") or "{}")
         raise CompilationError(detail.get("message", f"{backend.name} failed compiling {unit_name}"),
                                log=detail.get("log", ""), source=source)
+    killed = (" (SIGKILL: usually the kernel's out-of-memory killer; compile with fewer jobs or free memory, "
+              "an SM90 operation takes up to ~3 GB)" if proc.returncode == -9 else "")
     raise CompilationError(f"the compile worker for {unit_name} ({backend.name}, sm_{arch}) exited with "
-                           f"{proc.returncode}", log=err.decode(errors="replace")[-20000:], source=source)
+                           f"{proc.returncode}{killed}", log=err.decode(errors="replace")[-20000:], source=source)
 
 
 def run_units(units, backend, jobs: int, progress: bool | None):
