@@ -329,6 +329,13 @@ def thread_map_problem(tile: TileDescription, operands, fast_f16: bool = False,
     return None
 
 
+def gemm_fast_f16_core(tile: TileDescription) -> bool:
+    """Whether a GEMM's main loop uses default_mma.h's OpMultiplyAddFastF16 core (half_t in shared memory): its
+    two-stage specialization for float32 tensor-op operands, whatever the math operation."""
+    math = tile.math_instruction
+    return math.opcode_class is OpClass.TensorOp and math.element_a is DataType.float32 and tile.stages == 2
+
+
 def mainloop_thread_map_problem(tile: TileDescription, A: TensorDescription, B: TensorDescription,
                                 C: TensorDescription) -> str | None:
     """Why CUTLASS's Sm80-family GEMM main loop cannot copy A or B global -> shared with this tile, or None.
@@ -341,7 +348,7 @@ def mainloop_thread_map_problem(tile: TileDescription, A: TensorDescription, B: 
     """
     math = tile.math_instruction
     m, n, _ = tile.threadblock_shape
-    fast_f16 = math.opcode_class is OpClass.TensorOp and math.element_a is DataType.float32 and tile.stages == 2
+    fast_f16 = gemm_fast_f16_core(tile)
     (label_a, desc_a, layout_a), (label_b, desc_b, layout_b) = kernel_operands(A, B, C)
 
     def predicates(label, desc, k_major, per_access, iterations, where):
@@ -596,7 +603,7 @@ class GemmOperationUniversal(TiledOperation):
         (label_a, _, layout_a), (label_b, _, layout_b) = operands
         a_along_m, b_along_n = layout_a is LayoutType.ColumnMajor, layout_b is LayoutType.RowMajor
         check_congruous_tile(self.tile_description, [(label_a, "M", m)] * a_along_m + [(label_b, "N", n)] * b_along_n,
-                             what, fast_f16=math.element_a is DataType.float32 and self.tile_description.stages == 2)
+                             what, fast_f16=gemm_fast_f16_core(self.tile_description))
         if math.opcode_class is OpClass.Simt:
             check_simt_warp_tile(self.tile_description, operands, what)
         problem = mainloop_thread_map_problem(self.tile_description, self.A, self.B, self.C)

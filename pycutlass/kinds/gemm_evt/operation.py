@@ -17,7 +17,8 @@ from ...errors import ArgumentError, DescriptionError
 from ..base import TiledOperation, check_compute_capability
 from ..gemm import operation as gemm_operation
 from ..gemm.operation import (check_congruous_tile, check_crosswise_tile_k, check_f64_tensor_op_stages,
-                              check_narrow_warp_tiles, epilogue_thread_map_problem, mainloop_thread_map_problem)
+                              check_narrow_warp_tiles, epilogue_thread_map_problem, gemm_fast_f16_core,
+                              mainloop_thread_map_problem)
 from .abi import GemmEvtArgs
 
 _ROUND = "cutlass::FloatRoundStyle::round_to_nearest"
@@ -177,7 +178,7 @@ class GemmOperationEvt(TiledOperation):
         check_f64_tensor_op_stages(tile_description, what)
         a_along_m, b_along_n = A.layout is LayoutType.ColumnMajor, B.layout is LayoutType.RowMajor
         check_congruous_tile(tile_description, [("A", "M", m)] * a_along_m + [("B", "N", n)] * b_along_n, what,
-                             fast_f16=math.element_a is DataType.float32 and tile_description.stages == 2)
+                             fast_f16=gemm_fast_f16_core(tile_description))
         problem = mainloop_thread_map_problem(tile_description, A, B, C)
         if problem:
             raise DescriptionError(f"{what}: {problem}")
