@@ -179,7 +179,34 @@ def draw_conv90(rng):
     return cfg
 
 
-DRAWERS = {"gemm80": draw_gemm80, "conv80": draw_conv80, "gemm90": draw_gemm90, "conv90": draw_conv90}
+def draw_grouped80(rng):
+    """A GemmOperationGrouped at 80 (or 90 with an Sm80 tile): the GEMM drawing plus a scheduler mode."""
+    cfg = draw_gemm80(rng)
+    cfg["family"] = "grouped80"
+    if "Interleaved" in cfg["layouts"][0] and rng.random() < 0.8:
+        cfg["layouts"] = [rng.choice(["RowMajor", "ColumnMajor"]) for _ in range(3)]
+    cfg["precompute_mode"] = rng.choice(["Host", "Device"])
+    return cfg
+
+
+def draw_grouped90(rng):
+    """A GemmOperationGrouped(90) with an SM90 tile (the pointer-array kernel): the SM90 GEMM drawing, a per-group
+    bias now and then."""
+    cfg = draw_gemm90(rng)
+    cfg["family"] = "grouped90"
+    if rng.random() < 0.5:  # the grouped kernel's own schedules and scheduler
+        cfg["tile_scheduler"] = "Default"
+        cfg["kernel_schedule"] = rng.choice(["Auto", "TmaWarpSpecializedCooperative", "TmaWarpSpecializedPingpong",
+                                             "TmaWarpSpecializedCooperativeFP8FastAccum",
+                                             "TmaWarpSpecializedPingpongFP8FastAccum"])
+        cfg["epilogue_schedule"] = "Auto"
+    cfg["precompute_mode"] = "Device"
+    cfg["bias"] = rng.choice([None, None, "column", "row"])
+    return cfg
+
+
+DRAWERS = {"gemm80": draw_gemm80, "conv80": draw_conv80, "gemm90": draw_gemm90, "conv90": draw_conv90,
+           "grouped80": draw_grouped80, "grouped90": draw_grouped90}
 
 
 # --- building ------------------------------------------------------------------------------------------------------
@@ -216,6 +243,10 @@ def build(cfg):
     if cfg["family"].startswith("gemm"):
         kwargs = {"bias": cfg["bias"]} if cfg.get("bias") else {}
         op = cutlass.GemmOperationUniversal(cfg["cc"], tile, A, B, C, epilogue, swizzle, **kwargs)
+    elif cfg["family"].startswith("grouped"):
+        kwargs = {"bias": cfg["bias"]} if cfg.get("bias") else {}
+        op = cutlass.GemmOperationGrouped(cfg["cc"], tile, A, B, C, epilogue, swizzle,
+                                          cutlass.SchedulerMode[cfg["precompute_mode"]], **kwargs)
     else:
         kwargs = {"bias": True} if cfg.get("bias") else {}
         op = cutlass.Conv2dOperation(Operator[cfg["conv_kind"]], IteratorAlgorithm[cfg["algorithm"]], cfg["cc"],

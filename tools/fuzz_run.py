@@ -20,7 +20,9 @@ its illegal address is #11, pycutlass_gemm_sm80_tensorop_f16f16f32_nnn_64x64x32_
 families are drawn after them, and each configuration's problem sizes come from its own seed.
 
 Families: ``gemm80`` (--sm80; nvcc; target sm_80, or sm_90 where the drawn cc is 90), ``gemm90`` (--sm90; NVRTC;
-sm_90), ``conv80`` (--conv80; nvcc) and ``conv90`` (--conv90; NVRTC). The parent compiles each (backend, arch)
+sm_90), ``conv80`` (--conv80; nvcc), ``conv90`` (--conv90; NVRTC), ``grouped80`` (--grouped80; GemmOperationGrouped
+with an Sm80 tile, either scheduler mode; nvcc) and ``grouped90`` (--grouped90; the SM90 pointer-array kernel, a
+per-group bias now and then; NVRTC). The parent compiles each (backend, arch)
 group with ``add_module(ops, jobs=--jobs)`` (a failing batch is recompiled one operation at a time, to attribute
 the failures), then starts ``fuzz_run.py --one '<json>'`` per configuration (``--parallel`` at a time, each with
 ``--timeout`` seconds). The child rebuilds the operation from its cfg (``fuzz_accept.build``; the name must be the
@@ -37,7 +39,8 @@ defect configuration end the log.
 
 References: GEMMs use the GPU suite's ``tests/gpu/test_gemm_sm90.py::run_case`` (float64 numpy reference), convs
 ``tests/gpu/test_conv2d.py::run_conv`` (float64 torch reference ``conv_reference``; it serves SM90 operations too:
-``Conv2dArguments`` hands them the SM90 arguments class, and their fused bias is C as a vector with beta = 1). The
+``Conv2dArguments`` hands them the SM90 arguments class, and their fused bias is C as a vector with beta = 1),
+grouped GEMMs ``run_grouped`` (1 to 12 groups, some with M, N or K = 0, each against its float64 reference). The
 tolerance is this script's (``tolerance``, recorded per case): from the operand type and math operation, the
 accumulator, the output type, a float16 epilogue compute type and the approximate activations. Not run: interleaved
 int8 layouts (GEMM ColumnMajorInterleaved32, conv TensorNC32HW32 / TensorC32RSK32: the runners have no reference for
@@ -74,7 +77,7 @@ START_MARK = "FUZZ-START "  # the problem a child is about to run (so a crash or
 DONE_MARK = "FUZZ-DONE"     # the child finished its cases (what follows is teardown)
 DEFECTS = ("COMPILE-FAIL", "WRONG", "ERROR", "CRASH", "HANG", "MEMCHECK")
 STATUSES = ("ok", "argument-rejected") + DEFECTS
-FAMILIES = ("gemm80", "gemm90", "conv80", "conv90")
+FAMILIES = ("gemm80", "gemm90", "conv80", "conv90", "grouped80", "grouped90")  # drawn in this order
 D = cutlass.DataType
 
 
@@ -84,7 +87,7 @@ def runnable(cfg) -> bool:
     layouts = "".join(cfg["layouts"])
     if "Interleaved" in layouts or "32" in layouts:  # ColumnMajorInterleaved32, TensorNC32HW32, TensorC32RSK32
         return False
-    return not (cfg["family"].startswith("gemm") and cfg["epilogue"] == "FastLinearCombinationClamp")
+    return not (not cfg["family"].startswith("conv") and cfg["epilogue"] == "FastLinearCombinationClamp")
 
 
 def target_of(cfg) -> tuple[str, int]:
@@ -235,6 +238,14 @@ def draw_problem(cfg, op, rng, attempt):
     """A random problem within what the operation's alignments allow (later attempts: stride and dilation 1)."""
     if cfg["family"].startswith("gemm"):
         return dict(m=rng.randint(1, 24) * 16, n=rng.randint(1, 24) * 16, k=rng.randint(1, 24) * 16)
+    if cfg["family"].startswith("grouped"):  # 1..12 groups, multiples of 16, now and then an empty M, N or K
+        groups = []
+        for _ in range(rng.randint(1, 12)):
+            size = [rng.randint(1, 20) * 16 for _ in range(3)]
+            if rng.random() < 0.15:
+                size[rng.randrange(3)] = 0
+            groups.append(size)
+        return dict(groups=groups)
     sm90 = cfg["family"] == "conv90"
     align = max(op.A.alignment, op.B.alignment, op.C.alignment, 8 if sm90 else 1)
     kind, algorithm = cfg["conv_kind"], cfg["algorithm"]
@@ -267,9 +278,38 @@ def draw_problem(cfg, op, rng, attempt):
     return dict(n=n, h=h, w=w, c=c, k=k, r=r, s=s, pad=pad, stride=stride, dilation=dilation)
 
 
+def run_grouped(cfg, op, problem, seed):
+    """Every group against its float64 reference (tests/gpu/test_gemm_grouped.py's operands, NaN-poisoned D), the
+    per-group bias added before the activation as the SM90 kernel does."""
+    from tests.gpu.gemm_cases import epilogue_reference, random_values, to_float64, to_tensor
+    from tests.gpu.test_gemm_grouped import Group
+
+    import numpy as np
+
+    out = op.C.element
+    alpha, beta = (1.0, 1.0) if out is D.int32 else (0.25, 1.0) if out is D.int8 else (1.25, -0.5)
+    group = Group(op, problem["groups"], seed=seed)
+    kwargs, bias = {}, None
+    if cfg.get("bias"):
+        rng = np.random.default_rng(seed + 1)
+        bias = [random_values(rng, (n,), out) for m, n, k in group.problems]
+        kwargs["bias"] = [to_tensor(v[None, :], out, cutlass.RowMajor, "torch")[0] for v in bias]
+    arguments = group.arguments(alpha=alpha, beta=beta, **kwargs)
+    op.run(arguments)
+    arguments.sync()
+    for index, ((m, n, k), a, b, c, Dt) in enumerate(zip(group.problems, group.a, group.b, group.c, group.Ds)):
+        if m == 0 or n == 0:
+            continue
+        accumulator = alpha * (a @ b) + (bias[index][None, :] if bias is not None else 0.0)
+        check(op, to_float64(Dt), epilogue_reference(op, accumulator, c, 1.0, beta, _activation_args(cfg)))
+
+
 def run_problem(cfg, op, problem, seed):
     """Run one case; raises what the runner raises."""
     gemm_suite, conv_suite = _suites()
+    if cfg["family"].startswith("grouped"):
+        run_grouped(cfg, op, problem, seed)
+        return
     if cfg["family"].startswith("gemm"):
         gemm_suite.run_case(op, problem["m"], problem["n"], problem["k"], seed=seed, bias=bool(cfg.get("bias")),
                             activation_args=_activation_args(cfg))
@@ -569,7 +609,8 @@ def _interrupt(signum, frame):
 
 
 def orchestrate(args, plan):
-    counts = {"gemm80": args.sm80, "gemm90": args.sm90, "conv80": args.conv80, "conv90": args.conv90}
+    counts = {"gemm80": args.sm80, "gemm90": args.sm90, "conv80": args.conv80, "conv90": args.conv90,
+              "grouped80": args.grouped80, "grouped90": args.grouped90}
     for family in FAMILIES:
         got = sum(1 for entry, _ in plan if entry["family"] == family)
         if got < counts[family]:
@@ -673,6 +714,9 @@ def parse(argv=None):
     parser.add_argument("--sm90", type=int, default=32, help="SM90 GEMM configurations (gemm90)")
     parser.add_argument("--conv80", type=int, default=32, help="Sm80-family conv2d configurations (conv80)")
     parser.add_argument("--conv90", type=int, default=16, help="SM90 conv2d configurations (conv90)")
+    parser.add_argument("--grouped80", type=int, default=0,
+                        help="Sm80-family grouped GEMM configurations (grouped80; drawn after the others)")
+    parser.add_argument("--grouped90", type=int, default=0, help="SM90 grouped GEMM configurations (grouped90)")
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=16, help="parallel compile units")
     parser.add_argument("--parallel", type=int, default=8, help="child processes at once (sharing the GPU)")
@@ -709,7 +753,8 @@ def main(argv=None):
             os.execvpe(command[0], command, env)
         run_config(args)
         return 0
-    counts = {"gemm80": args.sm80, "gemm90": args.sm90, "conv80": args.conv80, "conv90": args.conv90}
+    counts = {"gemm80": args.sm80, "gemm90": args.sm90, "conv80": args.conv80, "conv90": args.conv90,
+              "grouped80": args.grouped80, "grouped90": args.grouped90}
     plan = draw_plan(args.seed, counts)
     if args.dry_run:
         for entry, op in plan:

@@ -67,7 +67,14 @@ def _other_epilogue():
     (dict(scheduler=TS.StreamK), "group scheduler"),
     (dict(epilogue=ES.NoSmemWarpSpecialized), "epilogue schedule"),
     (dict(epilogue=ES.TmaWarpSpecialized), "epilogue schedule"),
-    (dict(element=D.float8_e4m3, out=D.bfloat16, tile=(128, 128, 128)), "float16 or bfloat16"),
+    (dict(element=D.tfloat32, out=D.float32, tile=(128, 128, 32)), "float16 or bfloat16 operands.*float8"),
+    (dict(element=D.float8_e4m3, layouts=(CM, CM, R), out=D.bfloat16, tile=(128, 128, 128)), "K-major only"),
+    (dict(element=D.float8_e4m3, layouts=(R, R, R), out=D.bfloat16, tile=(128, 128, 128)), "K-major only"),
+    (dict(element=D.float8_e4m3, out=D.bfloat16, tile=(128, 128, 64)), "tile K must be 128"),
+    (dict(element=D.float8_e4m3, out=D.float8_e4m3, tile=(128, 128, 128)), "C must be one of"),
+    (dict(kernel=KS.TmaWarpSpecializedCooperativeFP8FastAccum), "accumulates fp8 products fast"),
+    (dict(element=D.float8_e4m3, out=D.bfloat16, tile=(64, 128, 128),
+          kernel=KS.TmaWarpSpecializedCooperativeFP8FastAccum), "tile M must be 128 or 256"),
     (dict(acc=D.float16, functor=cutlass.LinearCombination(D.float16, 8, D.float16, D.float32)), "float32"),
     (dict(out=D.int8), "C must be one of"),
     (dict(functor=_other_epilogue()), "not built for the SM90 grouped kernel.*bias=.column."),
@@ -489,3 +496,99 @@ def _units() -> str:
            array90(functor=cutlass.LinearCombinationClamp(D.float16, 8, D.float32, D.float32))]
     return "\n".join([op.name for op in ops] + [op.emit() for op in ops] +
                       [cutlass.emit.emitter.translation_unit(ops)])
+
+
+# --- fp8 operands and per-group alphas ------------------------------------------------------------------------------
+def test_fp8_grouped_schedules_names_and_emission():
+    """fp8 (any e4m3/e5m2 pair, TN only): Auto takes the fast-accumulation schedule as CUTLASS's builder does; the
+    plain schedules keep the main loop's periodic promotion into float32 (CUTLASS's FP8 pointer-array main loop)."""
+    auto = grouped90(D.float8_e4m3, out=D.bfloat16, tile=(128, 128, 128))
+    assert auto.kernel_schedule is KS.TmaWarpSpecializedCooperativeFP8FastAccum and auto.warp_count == (8, 1, 1)
+    assert grouped90(D.float8_e4m3, out=D.float16, tile=(64, 128, 128)).kernel_schedule is \
+        KS.TmaWarpSpecializedPingpongFP8FastAccum
+    precise = grouped90(D.float8_e4m3, out=D.bfloat16, tile=(128, 128, 128), kernel=KS.TmaWarpSpecializedCooperative)
+    assert precise.kernel_schedule is KS.TmaWarpSpecializedCooperative
+    assert "coopfa" in auto.name and "coopfa" not in precise.name and auto.name != precise.name
+    assert auto.empty_k_stand_in == 16  # one 16-byte vector of fp8
+    source, plain = auto.emit(), precise.emit()
+    assert "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum" in source
+    assert "cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative," in source
+    assert "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>" in plain
+    assert "using ElementA = cutlass::float_e4m3_t;" in source
+    # A mixed pair: B's type is in the name.
+    math = cutlass.MathInstruction([64, 128, 32], D.float8_e4m3, D.float8_e5m2, D.float32, cutlass.OpClass.TensorOp)
+    tile = cutlass.TileDescription([128, 128, 128], 0, None, math)
+    mixed = cutlass.GemmOperationGrouped(90, tile, cutlass.TensorDescription(D.float8_e4m3, R, 16),
+                                         cutlass.TensorDescription(D.float8_e5m2, CM, 16),
+                                         cutlass.TensorDescription(D.float16, R, 8),
+                                         cutlass.LinearCombination(D.float16, 8, D.float32, D.float32))
+    assert "e4m3e5m2" in mixed.name and "using ElementB = cutlass::float_e5m2_t;" in mixed.emit()
+    with pytest.raises(DescriptionError, match="B.element is float8_e4m3 but the math instruction multiplies"):
+        cutlass.GemmOperationGrouped(90, tile, mixed.A, mixed.A.__class__(D.float8_e4m3, CM, 16), mixed.C,
+                                     mixed.epilogue_functor)
+
+
+def test_per_group_alpha_is_read_from_a_device_vector(monkeypatch):
+    """alpha=: a float32 device vector is referenced, host values are uploaded with the group arrays; the builder
+    points CUTLASS's scalar broadcast at it with a stride of one per group."""
+    import numpy as np
+
+    _fake_device(monkeypatch)
+    op = grouped90()
+    problems = [(64, 32, 16), (8, 16, 16), (16, 16, 16)]
+    As = [np.zeros((m, k), np.float16) for m, n, k in problems]
+    Bs = [np.zeros((k, n), np.float16, order="F") for m, n, k in problems]
+    Ds = [np.zeros((m, n), np.float16) for m, n, k in problems]
+    assert cutlass.GemmGroupedArguments(op, problems, As, Bs, None, Ds).bind().alpha_ptr == 0
+    alpha = _FakeDeviceTensor((3,), "<f4")
+    args = cutlass.GemmGroupedArguments(op, problems, As, Bs, None, Ds, alpha=alpha)
+    assert args.bind().alpha_ptr == alpha.address
+    args = cutlass.GemmGroupedArguments(op, problems, As, Bs, None, Ds, alpha=[0.5, 2.0, -1.0])
+    address = args.bind().alpha_ptr
+    assert address == args.device_arrays["alpha"] != 0
+    blob = args.tensors.uploads[args.device_arrays["problem_sizes"]]
+    got = np.frombuffer(blob, np.float32, 3, address - args.device_arrays["problem_sizes"])
+    np.testing.assert_array_equal(got, [0.5, 2.0, -1.0])
+    args = cutlass.GemmGroupedArguments(op, problems, As, Bs, None, Ds, alpha=np.array([1, 2, 3], np.float32))
+    assert args.device_arrays["alpha"]
+    for bad, message in ((2.0, "one value per group"), ([1.0, 2.0], "expected 3 finite values"),
+                         ([1.0, float("nan"), 2.0], "inf/NaN"), (_FakeDeviceTensor((3,), "<f8"), "float32"),
+                         (_FakeDeviceTensor((4,), "<f4"), "vector of 3 values"),
+                         (_FakeDeviceTensor((3,), "<f4", strides=(2,)), "contiguous")):
+        with pytest.raises(cutlass.ArgumentError, match=message):
+            cutlass.GemmGroupedArguments(op, problems, As, Bs, None, Ds, alpha=bad)
+    source = op.emit()
+    assert "fusion.alpha_ptr = reinterpret_cast<ns::ElementCompute const *>(a.alpha_ptr);" in source
+    assert "cute::get<2>(fusion.dAlpha) = a.alpha_ptr ? 1 : 0;" in source
+    biased = cutlass.GemmOperationGrouped(90, op.tile_description, op.A, op.B, op.C, op.epilogue_functor,
+                                          bias="column").emit()
+    assert "scaled.op_0.scalar_ptrs[0] = reinterpret_cast<ns::ElementCompute const *>(a.alpha_ptr);" in biased
+
+
+def test_per_group_alpha_with_device_sizes(monkeypatch):
+    _fake_device(monkeypatch)
+    op = grouped90()
+    groups, rows, n, k = 4, 100, 64, 64
+    sizes = _FakeDeviceTensor((groups,), "<i4")
+    A, D_ = _FakeDeviceTensor((rows, k)), _FakeDeviceTensor((rows, n))
+    B = _FakeDeviceTensor((groups, k, n), strides=(n * k, 1, k))
+    alpha = _FakeDeviceTensor((groups,), "<f4")
+    args = cutlass.GemmGroupedArguments(op, sizes, A, B, None, D_, op.epilogue_type(1.0, 0.0), alpha=alpha)
+    assert args.bind().alpha_ptr == alpha.address
+    with pytest.raises(cutlass.ArgumentError, match="vector of 4 values"):
+        cutlass.GemmGroupedArguments(op, sizes, A, B, None, D_, alpha=_FakeDeviceTensor((3,), "<f4"))
+
+
+@pytest.mark.slow
+def test_nvrtc_compiles_an_fp8_grouped_operation_with_a_bias(tmp_path):
+    """A real compile of CUTLASS's fp8 pointer-array main loop (with promotion) under the per-group bias tree."""
+    session = cutlass.Session(backend="nvrtc", target=90, cache_path=tmp_path / "c.db", progress=False)
+    compiler = cutlass.compiler.manager.Compiler.of(session)
+    base = grouped90(D.float8_e4m3, out=D.bfloat16, tile=(128, 128, 128), kernel=KS.TmaWarpSpecializedCooperative,
+                     activation="silu")
+    op = cutlass.GemmOperationGrouped(90, base.tile_description, base.A, base.B, base.C, base.epilogue_functor,
+                                      bias="column")
+    kernel = compiler.add_module([op])[0]
+    for symbol in (op.kernel_symbol, op.builder_symbol, op.sizes_symbol):
+        assert symbol.encode() in kernel.binary, symbol
+    assert len(kernel.binary) > 100_000

@@ -85,12 +85,14 @@ def round_to(values, element):
     import torch
 
     names = {D.float16: torch.float16, D.bfloat16: torch.bfloat16, D.float32: torch.float32,
-             D.tfloat32: torch.float32, D.float64: torch.float64}
+             D.tfloat32: torch.float32, D.float64: torch.float64, D.float8_e4m3: torch.float8_e4m3fn,
+             D.float8_e5m2: torch.float8_e5m2}
     return torch.from_numpy(np.asarray(values, dtype=np.float64)).to(names[element]).double().numpy()
 
 
 TORCH_DTYPES = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "tfloat32": "float32",
-                "float64": "float64", "int8": "int8", "int32": "int32"}
+                "float64": "float64", "int8": "int8", "int32": "int32", "float8_e4m3": "float8_e4m3fn",
+                "float8_e5m2": "float8_e5m2"}
 
 
 def interleave(matrix, layout):

@@ -99,19 +99,23 @@ class Group:
         storage, out = op.A.element, op.C.element
         self.op, self.problems, self.lib = op, [tuple(p) for p in problems], lib
         self.a = [random_values(rng, (m, k), storage) for m, n, k in self.problems]
-        self.b = [random_values(rng, (k, n), storage) for m, n, k in self.problems]
+        self.b = [random_values(rng, (k, n), op.B.element) for m, n, k in self.problems]
         self.c = [random_values(rng, (m, n), out) if with_c else None for m, n, k in self.problems]
         self.As = [to_tensor(a, storage, op.A.layout, lib) for a in self.a]
-        self.Bs = [to_tensor(b, storage, op.B.layout, lib) for b in self.b]
+        self.Bs = [to_tensor(b, op.B.element, op.B.layout, lib) for b in self.b]
         self.Cs = [to_tensor(c, out, op.C.layout, lib) for c in self.c] if with_c else None
         self.Ds = [poisoned_output((m, n), out, op.C.layout, lib) for m, n, k in self.problems]
 
-    def arguments(self, alpha=1.25, beta=-0.5, Cs="own"):
+    def arguments(self, alpha=1.25, beta=-0.5, Cs="own", group_alpha=None, **kwargs):
+        """``group_alpha``: per-group alphas (SM90 grouped operations' ``alpha=``; a list or a float32 tensor, read
+        again by ``check`` so that in-place updates count); it replaces the scalar alpha."""
         op = self.op
-        self.alpha, self.beta = alpha, beta
+        self.alpha, self.beta, self.group_alpha = alpha, beta, group_alpha
         self.used_c = self.Cs if Cs == "own" else Cs
+        if group_alpha is not None:
+            kwargs["alpha"] = group_alpha
         return GemmGroupedArguments(op, [GemmCoord(*p) for p in self.problems], self.As, self.Bs, self.used_c,
-                                    self.Ds, op.epilogue_type(alpha, beta, *_activation_args(op)))
+                                    self.Ds, op.epilogue_type(alpha, beta, *_activation_args(op)), **kwargs)
 
     def poison(self):
         for Dt in self.Ds:
@@ -123,13 +127,15 @@ class Group:
     def check(self, tol):
         """Every problem against its float64 reference; reports all the problems that fail."""
         failures = []
+        alphas = [self.alpha] * len(self.problems) if getattr(self, "group_alpha", None) is None else \
+            to_float64(self.group_alpha).reshape(-1)
         for index, ((m, n, k), a, b, c, Dt) in enumerate(zip(self.problems, self.a, self.b, self.c, self.Ds)):
             got = to_float64(Dt)
             assert got.shape == (m, n)
             if m == 0 or n == 0:
                 continue
             read_c = self.used_c is not None and self.used_c[index] is not None and self.beta != 0
-            reference = epilogue_reference(self.op, a @ b, c if read_c else None, self.alpha,
+            reference = epilogue_reference(self.op, a @ b, c if read_c else None, alphas[index],
                                            self.beta if read_c else 0.0, _activation_args(self.op))
             error = relative_error(got, reference)
             if not error < tol:

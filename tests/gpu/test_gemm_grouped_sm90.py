@@ -361,11 +361,11 @@ class Packed:
         storage, out = op.A.element, op.C.element
         self.op, self.groups, self.rows, self.n, self.k = op, groups, rows, n, k
         self.a = random_values(rng, (rows, k), storage)
-        self.b = random_values(rng, (groups, k, n), storage)
+        self.b = random_values(rng, (groups, k, n), op.B.element)
         self.c = random_values(rng, (rows, n), out) if with_c else None
         self.bias = random_values(rng, (groups, n), out) if bias else None
         self.A = to_tensor(self.a, storage, R, "torch")
-        self.B = to_tensor(self.b, storage, op.B.layout, "torch")
+        self.B = to_tensor(self.b, op.B.element, op.B.layout, "torch")
         self.C = to_tensor(self.c, out, R, "torch") if with_c else None
         self.Bias = to_tensor(self.bias, out, R, "torch") if bias else None
         dtype = {D.float16: torch.float16, D.bfloat16: torch.bfloat16, D.float32: torch.float32}[out]
@@ -375,9 +375,13 @@ class Packed:
     def poison(self):
         self.guarded.fill_(float("nan"))
 
-    def arguments(self, sizes, alpha=1.25, beta=-0.5, **kwargs):
+    def arguments(self, sizes, alpha=1.25, beta=-0.5, group_alpha=None, **kwargs):
+        """``group_alpha``: per-group alphas (``alpha=``), read again by ``check``; they replace the scalar."""
         op = self.op
         self.alpha, self.beta = alpha, beta if self.C is not None else 0.0
+        self.group_alpha = group_alpha
+        if group_alpha is not None:
+            kwargs["alpha"] = group_alpha
         return GemmGroupedArguments(op, sizes, self.A, self.B, self.C, self.D,
                                     op.epilogue_type(alpha, self.beta, *_activation_args(op)),
                                     bias=self.Bias, **kwargs)
@@ -399,18 +403,20 @@ class Packed:
 
     def check(self, sizes, tol):
         """Every group's rows against float64; every other element of D and the guard bands still NaN."""
-        from .gemm_cases import epilogue_reference
+        from .gemm_cases import epilogue_reference, to_float64
 
         got = self.guarded.double().cpu().numpy()
         written = np.zeros(got.shape, dtype=bool)
         failures = []
+        alphas = [self.alpha] * self.groups if getattr(self, "group_alpha", None) is None else \
+            to_float64(self.group_alpha).reshape(-1)
         for g, (first, m, n, k) in enumerate(self.clamped(sizes)):
             if m == 0 or n == 0:
                 continue
             rows = slice(self.GUARD + first, self.GUARD + first + m)
             written[rows, :n] = True
             accumulator = self.a[first:first + m, :k] @ self.b[g, :k, :n]
-            accumulator = self.alpha * accumulator + (self.bias[g, :n][None, :] if self.bias is not None else 0.0)
+            accumulator = alphas[g] * accumulator + (self.bias[g, :n][None, :] if self.bias is not None else 0.0)
             c = self.c[first:first + m, :n] if self.c is not None and self.beta != 0 else None
             reference = epilogue_reference(self.op, accumulator, c, 1.0, self.beta if c is not None else 0.0,
                                            _activation_args(self.op))

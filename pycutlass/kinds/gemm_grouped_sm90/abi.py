@@ -12,10 +12,11 @@ class Sm90GroupedGemmArgs(AbiStruct):
     the device and the kernel reads them), so Params built for one group serve every group of the same count.
     ``raster_order``: 0 heuristic, 1 along M, 2 along N; ``sm_count``: SMs the persistent grid (and the per-SM
     tensormap slots of the workspace) are sized for. ``ptr_bias``: the per-group bias pointers (operations built
-    with ``bias="column"``; null otherwise)."""
+    with ``bias="column"``; null otherwise). ``alpha_ptr``: per-group alphas (float32, one per group; null: the scalar
+    ``alpha`` for every group)."""
 
     _pointers_ = ("problem_sizes", "ptr_A", "ptr_B", "ptr_C", "ptr_D", "lda", "ldb", "ldc", "ldd", "workspace",
-                  "ptr_bias")
+                  "ptr_bias", "alpha_ptr")
     _fields_ = [("problem_count", ctypes.c_int32), ("sm_count", ctypes.c_int32), ("raster_order", ctypes.c_int32),
                 ("swizzle", ctypes.c_int32), ("max_active_clusters", ctypes.c_int32), ("reserved", ctypes.c_int32),
                 ("problem_sizes", ctypes.c_uint64),  # device array of Shape<int, int, int> (3 x int32)
@@ -25,7 +26,8 @@ class Sm90GroupedGemmArgs(AbiStruct):
                 ("ldd", ctypes.c_uint64),  # device arrays of CUTLASS's internal strides (one int64 each)
                 ("workspace", ctypes.c_uint64),  # per-SM tensormap slots
                 ("workspace_bytes", ctypes.c_int64),
-                ("ptr_bias", ctypes.c_uint64)] + EPILOGUE_FIELDS  # device array of per-group bias pointers
+                ("ptr_bias", ctypes.c_uint64),  # device array of per-group bias pointers
+                ("alpha_ptr", ctypes.c_uint64)] + EPILOGUE_FIELDS  # device array of per-group alphas (float32)
 
 
 class Sm90GroupedSizesArgs(AbiStruct):

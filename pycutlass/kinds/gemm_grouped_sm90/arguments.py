@@ -70,6 +70,10 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
     ``raster_order`` ("along_m" (default), "along_n", "heuristic"), ``swizzle`` (1, 2, 4, 8; default from the
     operation's IdentitySwizzleN) and ``sm_count`` (SMs the persistent grid may use, a multiple of the cluster size;
     default all, rounded down to whole clusters) need no recompile.
+
+    ``alpha=``: per-group alphas (one float32 per group, e.g. an fp8 MoE's scale_a[g] * scale_b[g]) in place of the
+    epilogue's scalar alpha: a float32 device tensor of shape (groups,) is read by every launch (update it in place,
+    also under a CUDA graph); a host sequence or array is copied when the arguments are built.
     After building, ``threadblock_count`` is the persistent grid (CTAs) and ``tile_count`` the group's output tiles.
     """
 
@@ -77,7 +81,7 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
 
     def __init__(self, operation, problem_sizes, As=None, Bs=None, Cs=None, Ds=None, output_op=None, stream=None,
                  device=None, session=None, *, A=None, B=None, C=None, D=None, raster_order=None, swizzle=None,
-                 sm_count=None, bias=None):
+                 sm_count=None, bias=None, alpha=None):
         if A is not None or B is not None or C is not None or D is not None:
             As, Bs, Cs, Ds = (_alias(plural, plural_value, single, single_value) for plural, plural_value, single,
                               single_value in (("As", As, "A", A), ("Bs", Bs, "B", B), ("Cs", Cs, "C", C),
@@ -91,6 +95,8 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         if bias is None and operation.bias is not None:
             raise ArgumentError(f"{operation.name} adds a bias vector per group (N values); pass them as bias=")
         self._bias = bias
+        self._alpha = alpha
+        self._alpha_info = self._alpha_host = None
         self._sizes_launch = None
         self.device_sizes = is_device_sizes(problem_sizes)
         if self.device_sizes:
@@ -149,16 +155,58 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
                                     f"launch is meant to be captured in a CUDA graph); got a host tensor")
         self._bias_parts = parts
 
+    # --- per-group alphas -----------------------------------------------------------------------------------
+    def _describe_alpha(self, count: int) -> None:
+        """``alpha=``: G float32 values. A device tensor is referenced (read at every launch); host values are kept
+        to be uploaded with the per-group arrays."""
+        alpha = self._alpha
+        if alpha is None:
+            return
+        if isinstance(alpha, (int, float)) and not isinstance(alpha, bool):
+            raise ArgumentError("alpha=: pass one value per group (a sequence or a float32 tensor of shape (groups,)); "
+                                "a single alpha goes in output_op")
+        if isinstance(alpha, (list, tuple)):
+            values = np.asarray(alpha, dtype=np.float64)
+            if values.shape != (count,) or not np.all(np.isfinite(values)):
+                raise ArgumentError(f"alpha=: expected {count} finite values (one per group), got "
+                                    f"{len(alpha)} value(s)" + ("" if values.shape != (count,) else " with inf/NaN"))
+            self._alpha_host = values.astype(np.float32)
+            return
+        info = describe(alpha, "alpha")
+        if info.element is not DataType.float32:
+            raise ArgumentError(f"alpha: per-group alphas are float32, got {info.element.label}")
+        if info.shape != (count,) or (count > 1 and info.strides[0] != 1):
+            raise ArgumentError(f"alpha: expected a contiguous vector of {count} values (one per group), got shape "
+                                f"{info.shape}, strides {info.strides}")
+        if info.kind == "device":
+            if info.device_address % 4:
+                raise ArgumentError(f"alpha: address {info.device_address:#x} is not 4-byte aligned")
+            self._alpha_info = info
+        else:
+            self._alpha_host = np.ascontiguousarray(info.host_array, dtype=np.float32).reshape(count)
+
+    def _alpha_array(self) -> list:
+        """The per-group alphas to upload with the per-group arrays (host values only)."""
+        return [("alpha", self._alpha_host)] if self._alpha_host is not None else []
+
+    def _alpha_pointer(self) -> int:
+        if self._alpha_info is not None:
+            return self.tensors.address(self._alpha_info)
+        return self.device_arrays.get("alpha", 0)
+
     def _bias_pointers(self) -> np.ndarray:
         return _part_pointers(self._bias_parts, self.tensors.address)
 
     def _materialize(self) -> None:
         if not self.device_sizes:
             self._describe_bias([n for _, n, _ in self.problem_sizes], device_only=False)
+            self._describe_alpha(len(self.problem_sizes))
         super()._materialize()
 
     def _tensor_infos(self) -> list:
         bias = list({id(info): info for info, _ in getattr(self, "_bias_parts", [])}.values())
+        if self._alpha_info is not None:
+            bias.append(self._alpha_info)
         if self.device_sizes:
             return [self._sizes_info, *self._packed.values(), *self._b_infos, *bias]
         return super()._tensor_infos() + bias
@@ -212,6 +260,7 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         self._b_infos, self._b_parts, self._ldb = self._device_b(op, Bs, count, k_cap, n_cap)
         self._caps = (rows, n_cap, k_cap)
         self._describe_bias([n_cap] * count, device_only=True)
+        self._describe_alpha(count)
         self._materialize()
 
     def _device_matrix(self, name, tensor, desc, rows, cols):
@@ -313,6 +362,7 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
              ("b_pointers", b_pointers)]
         if op.bias:
             arrays.append(("ptr_bias", self._bias_pointers()))
+        arrays += self._alpha_array()
         blob, offsets = pack_arrays(arrays)
         base = self.tensors.upload(blob)
         self.device_arrays = {field: base + offset for field, offset in offsets.items()}
@@ -415,7 +465,8 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
                 pointers[label][index] = self.tensors.address(info, is_output=label == "D")
                 lds[label][index] = geometry.ld
         blob, offsets = pack_problem_arrays(sizes, pointers, lds,
-                                            [("ptr_bias", self._bias_pointers())] if op.bias else ())
+                                            ([("ptr_bias", self._bias_pointers())] if op.bias else []) +
+                                            self._alpha_array())
         base = self.tensors.upload(blob)
         self.device_arrays = {field: base + offset for field, offset in offsets.items()}
         # The per-SM tensormap slots; the kernel writes them before reading, so they need no clearing.
@@ -443,6 +494,7 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         a.max_active_clusters = 0
         fill_group_arrays(a, self)
         a.ptr_bias = self.device_arrays.get("ptr_bias", 0)
+        a.alpha_ptr = self._alpha_pointer()
         fill_epilogue(a, self.output_op)
         return a
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from ...description.tensor_description import TensorDescription
 from ...description.tile_description import TileDescription
-from ...description.types import (DataType, EpilogueScheduleType, IdentitySwizzle1, KernelScheduleType, OpClass,
-                                  SwizzlingFunctor, TileSchedulerType)
+from ...description.types import (DataType, EpilogueScheduleType, IdentitySwizzle1, KernelScheduleType, LayoutType,
+                                  OpClass, SwizzlingFunctor, TileSchedulerType)
 from ...emit import names
 from ...emit.abi import TmaRecord
 from ...emit.emitter import render
@@ -33,12 +33,18 @@ from .abi import Sm90GroupedGemmArgs, Sm90GroupedSizesArgs
 
 _KS, _ES, _TS = KernelScheduleType, EpilogueScheduleType, TileSchedulerType
 _OPERANDS = (DataType.float16, DataType.bfloat16)
+_FP8 = (DataType.float8_e4m3, DataType.float8_e5m2)
 _OUTPUTS = (DataType.float16, DataType.bfloat16, DataType.float32)
 _KERNEL_SCHEDULES = {
     _KS.TmaWarpSpecializedCooperative: "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative",
     _KS.TmaWarpSpecializedPingpong: "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong",
+    # fp8 only: wgmma accumulates in its own (reduced-precision) registers across the whole K loop, without the
+    # main loop's periodic promotion into float32 (CUTLASS's "fast accumulation").
+    _KS.TmaWarpSpecializedCooperativeFP8FastAccum:
+        "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum",
+    _KS.TmaWarpSpecializedPingpongFP8FastAccum: "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8FastAccum",
 }
-_EPILOGUE_SCHEDULES = {
+_EPILOGUE_SCHEDULES = {  # by the schedule's base (fast accumulation does not change the epilogue)
     _KS.TmaWarpSpecializedCooperative: "cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative",
     _KS.TmaWarpSpecializedPingpong: "cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong",
 }
@@ -60,13 +66,18 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
     """``GemmOperationGrouped(90, tile_description, A, B, C, epilogue_functor, swizzling_functor=IdentitySwizzle1,
     precompute_mode=SchedulerMode.Device, bias=None)`` with an SM90 tile.
 
-    f16 or bf16 operands (any layouts), f32 accumulation, f16/bf16/f32 output (C RowMajor or ColumnMajor);
+    f16 or bf16 operands (any layouts), or fp8 (float8_e4m3 / float8_e5m2, any pair; A RowMajor and B ColumnMajor,
+    tile K 128; ``Auto`` resolves to the FP8FastAccum schedules as CUTLASS's builder does), f32 accumulation,
+    f16/bf16/f32 output (C RowMajor or ColumnMajor);
     ``LinearCombination``, ``LinearCombinationGeneric`` with any activation, or ``LinearCombinationClamp`` (f16/bf16
     outputs: clamped to the output type's range). ``bias="column"``: every group adds its own vector of N values (in
     C's element type) to each row, D_g = act(alpha * A_g @ B_g + beta * C_g + bias_g); the vectors come with the
     arguments (``bias=``). The clamp with a bias is not built (rejected). ``precompute_mode`` must be Device:
     CUTLASS's SM90 group scheduler always walks the groups on the device. An ``IdentitySwizzleN`` sets the default
     swizzle of that scheduler (a runtime argument here).
+
+    Per-group scales: the arguments take ``alpha=`` / ``beta=`` as G float32 values (one per group, e.g. an fp8
+    MoE's scale_a[g] * scale_b[g]) instead of the epilogue's scalars; the kernel reads them on the device per tile.
     """
 
     kind = "gemm_grouped_sm90"
@@ -97,7 +108,7 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
         self._describe(90, tile_description, A, B, C, epilogue_functor, swizzling_functor)
         self.precompute_mode = precompute_mode
         self.kernel_schedule = _check(tile_description, A, B, C, epilogue_functor,
-                                      epilogue_hint=_GROUPED_EPILOGUE_HINT)
+                                      epilogue_hint=_GROUPED_EPILOGUE_HINT, fp8=True)
         self.bias = _check_bias(bias, epilogue_functor)
 
     # --- identity -------------------------------------------------------------------------------------------
@@ -217,8 +228,10 @@ def ptr_array_readable_name(op, kind: str) -> str:
     layouts = "".join(names.LAYOUT_SHORT[d.layout] for d in (op.A, op.B, op.C))
     m, n, k = tile.threadblock_shape
     cm, cn, _ = tile.cluster_shape
-    schedule = "coop" if op.kernel_schedule is _KS.TmaWarpSpecializedCooperative else "pp"
-    return (f"{kind}_{s[op.A.element]}{s[op.C.element]}{s[op.element_accumulator]}_{layouts}_"
+    schedule = "coop" if op.kernel_schedule.base is _KS.TmaWarpSpecializedCooperative else "pp"
+    schedule += "fa" if op.kernel_schedule.is_fp8_fast_accum else ""
+    b = s[op.B.element] if op.B.element is not op.A.element else ""
+    return (f"{kind}_{s[op.A.element]}{b}{s[op.C.element]}{s[op.element_accumulator]}_{layouts}_"
             f"{m}x{n}x{k}_c{cm}x{cn}_s{tile.stages}_{schedule}{sm90.epilogue_suffix(op.epilogue_functor)}")
 
 
@@ -246,7 +259,7 @@ def render_ptr_array_kernel(op, bias: str | None = None, sizes_kernel: bool = Fa
         element_compute=names.ELEMENT[functor.element_epilogue],
         tile_shape=tile.threadblock_shape, cluster_shape=tile.cluster_shape, stages=tile.stages,
         kernel_schedule=_KERNEL_SCHEDULES[op.kernel_schedule],
-        epilogue_schedule=_EPILOGUE_SCHEDULES[op.kernel_schedule],
+        epilogue_schedule=_EPILOGUE_SCHEDULES[op.kernel_schedule.base],
         activation=activation, activation_args=activation_args, clamp=clamp, bias=bias, sizes_kernel=sizes_kernel,
         epilogue_warp_groups=EPILOGUE_WARP_GROUPS, tma_descriptor_bytes=TMA_DESCRIPTOR_BYTES,
         thread_count=op.thread_count)
@@ -255,24 +268,31 @@ def render_ptr_array_kernel(op, bias: str | None = None, sizes_kernel: bool = Fa
 def _check(tile: TileDescription, A, B, C, functor, what: str = _WHAT, epilogues: tuple = GROUPED_EPILOGUES,
            kernel: str = "the SM90 grouped kernel",
            other_types: str = "use compute capability 80's grouped kernel (an Sm80 tile) for other types",
-           epilogue_hint: str = "") -> KernelScheduleType:
+           epilogue_hint: str = "", fp8: bool = False) -> KernelScheduleType:
     """CUTLASS 3.x's rules for the SM90 pointer-array grouped kernel (as far as the GPU suite covers them); returns the
-    resolved kernel schedule. Everything is rejected here, before a compile of about a minute."""
+    resolved kernel schedule. Everything is rejected here, before a compile of about a minute. ``fp8``: also take
+    float8_e4m3 / float8_e5m2 operands (A RowMajor, B ColumnMajor; the grouped kind's GPU suite covers them)."""
     check_description_types(tile, A, B, C, functor, what)
     math = tile.math_instruction
     if math.opcode_class is not OpClass.TensorOp:
         raise DescriptionError(f"{what}: {kernel} computes on tensor cores (OpClass.TensorOp)")
     operand = math.element_a
-    if operand not in _OPERANDS or math.element_b is not operand:
-        raise DescriptionError(f"{what}: {kernel} is built for float16 or bfloat16 operands (both the "
-                               f"same), got {operand.label} x {math.element_b.label}; {other_types}")
+    is_fp8 = fp8 and operand in _FP8 and math.element_b in _FP8
+    if not is_fp8 and (operand not in _OPERANDS or math.element_b is not operand):
+        allowed = "float16 or bfloat16 operands (both the same)" + (", or float8_e4m3 / float8_e5m2 (any pair)"
+                                                                    if fp8 else "")
+        raise DescriptionError(f"{what}: {kernel} is built for {allowed}, got {operand.label} x "
+                               f"{math.element_b.label}; {other_types}")
     if math.element_accumulator is not DataType.float32:
         raise DescriptionError(f"{what}: accumulate in float32, got {math.element_accumulator.label}")
-    for label, desc in (("A", A), ("B", B)):
-        if desc.element is not operand:
+    for label, desc, element in (("A", A, operand), ("B", B, math.element_b)):
+        if desc.element is not element:
             raise DescriptionError(f"{what}: {label}.element is {desc.element.label} but the math instruction "
-                                   f"multiplies {operand.label}")
+                                   f"multiplies {element.label}")
         sm90._check_tma_operand(what, label, desc)
+    if is_fp8 and (A.layout, B.layout) != (LayoutType.RowMajor, LayoutType.ColumnMajor):
+        raise DescriptionError(f"{what}: wgmma reads fp8 operands K-major only: A must be RowMajor and B ColumnMajor "
+                               f"(got A {A.layout.value}, B {B.layout.value})")
     if C.element not in _OUTPUTS:
         raise DescriptionError(f"{what}: C must be one of {[e.label for e in _OUTPUTS]}, got {C.element.label}")
     sm90._check_tma_operand(what, "C", C)
@@ -299,18 +319,26 @@ def _check(tile: TileDescription, A, B, C, functor, what: str = _WHAT, epilogues
         raise DescriptionError(f"{what}: the grouped kernel uses CUTLASS's group scheduler; tile_scheduler must be "
                                f"Default, got {tile.tile_scheduler.name}")
     schedule = tile.kernel_schedule
-    if schedule is _KS.Auto:
+    if schedule is _KS.Auto:  # as CUTLASS's builder (and GemmOperationUniversal(90)): fp8 accumulates fast
         schedule = _KS.TmaWarpSpecializedCooperative if m % 128 == 0 else _KS.TmaWarpSpecializedPingpong
+        if is_fp8:
+            schedule = KernelScheduleType(schedule.value + "FP8FastAccum")
     if schedule not in _KERNEL_SCHEDULES:
+        fast = ", or their FP8FastAccum forms for fp8" if fp8 else ""
         raise DescriptionError(f"{what}: kernel_schedule must be Auto, TmaWarpSpecializedCooperative or "
-                               f"TmaWarpSpecializedPingpong (CUTLASS's pointer-array kernels), got {schedule.value}")
-    if schedule is _KS.TmaWarpSpecializedCooperative and m not in (128, 256):
+                               f"TmaWarpSpecializedPingpong (CUTLASS's pointer-array kernels){fast}, got "
+                               f"{schedule.value}")
+    if schedule.is_fp8_fast_accum and not is_fp8:
+        raise DescriptionError(f"{what}: {schedule.value} accumulates fp8 products fast; the operands are "
+                               f"{operand.label} x {math.element_b.label}")
+    base = schedule.base
+    if base is _KS.TmaWarpSpecializedCooperative and m not in (128, 256):
         raise DescriptionError(f"{what}: the cooperative schedule splits tile M over two warpgroups of 64 rows: tile "
                                f"M must be 128 or 256, got {m}")
-    if schedule is _KS.TmaWarpSpecializedPingpong and m not in (64, 128):
+    if base is _KS.TmaWarpSpecializedPingpong and m not in (64, 128):
         raise DescriptionError(f"{what}: the ping-pong schedule computes a tile with one warpgroup: tile M must be 64 "
                                f"or 128, got {m}")
-    expected_epilogue = _ES.TmaWarpSpecializedCooperative if schedule is _KS.TmaWarpSpecializedCooperative \
+    expected_epilogue = _ES.TmaWarpSpecializedCooperative if base is _KS.TmaWarpSpecializedCooperative \
         else _ES.TmaWarpSpecialized
     if tile.epilogue_schedule not in (_ES.Auto, expected_epilogue):
         raise DescriptionError(f"{what}: with {schedule.value} the epilogue schedule must be Auto or "
