@@ -59,6 +59,9 @@ QUICK_LAYERS = ["conv2_x 3x3 64->64", "conv3_x 3x3 128->128 s2", "conv4_x 3x3 25
 # (threadblock, stages, warps): warp tiles 64x64 (N of a warp tile must be 32 or 64)
 TILES = [([128, 128, 32], 3, [2, 2, 1]), ([128, 128, 64], 3, [2, 2, 1]), ([256, 128, 32], 3, [4, 2, 1]),
          ([128, 256, 32], 3, [2, 4, 1])]
+# fprop only: tiles as narrow as the 64-channel layers (conv2_x: K = 64), whose N = 64 leaves half of a 128-wide tile
+# idle.
+FPROP_TILES = [([128, 64, 64], 4, [2, 2, 1]), ([256, 64, 32], 4, [4, 1, 1])]
 ALIGN = 8
 MAX_SPLIT_K = 16
 # SM90 candidates per kind: (tile M, N, K), cluster. A few each, so that the grid compiles in a couple of minutes on
@@ -107,7 +110,7 @@ def grid(kinds=None) -> dict[tuple[str, int], list[Conv2dOperation]]:
                 continue
             support = StrideSupport.Unity if kind is Operator.dgrad and stride == 1 else StrideSupport.Strided
             ops[name, stride] = []
-            for shape, stages, warps in TILES:
+            for shape, stages, warps in TILES + (FPROP_TILES if kind is Operator.fprop else []):
                 try:
                     ops[name, stride].append(_op(kind, support, shape, stages, warps))
                 except cutlass.DescriptionError as error:
@@ -148,7 +151,10 @@ _COOP, _PINGPONG = "TmaWarpSpecializedCooperative", "TmaWarpSpecializedPingpong"
 SM90_GEMM = {
     "fprop": [((128, 128, 64), (1, 1, 1), _COOP, "StreamK"), ((128, 256, 64), (1, 1, 1), _COOP, "Default"),
               ((256, 128, 64), (1, 1, 1), _COOP, "Default"), ((128, 128, 64), (2, 1, 1), _COOP, "Default"),
-              ((64, 128, 64), (1, 1, 1), _PINGPONG, "Default"), ((128, 64, 64), (1, 1, 1), _PINGPONG, "Default")],
+              ((64, 128, 64), (1, 1, 1), _PINGPONG, "Default"), ((128, 64, 64), (1, 1, 1), _PINGPONG, "Default"),
+              # ping-pong 128-row tiles: one warpgroup's epilogue (these short-K GEMMs write more than they read)
+              # overlaps the other's main loop
+              ((128, 128, 64), (1, 1, 1), _PINGPONG, "Default"), ((128, 128, 64), (2, 1, 1), _PINGPONG, "Default")],
     "dgrad": [((128, 128, 64), (1, 1, 1), _COOP, "StreamK")],
     "wgrad": [((128, 128, 64), (1, 1, 1), _COOP, "StreamK")],
 }
@@ -508,6 +514,7 @@ def main() -> None:
                           "layers": {name: dict(zip(("C", "K", "H", "W", "R", "S", "stride"), LAYERS[name]))
                                      for name in layers},
                           "batches": batches, "tiles": [f"{s} s{st} {w}" for s, st, w in TILES],
+                          "fprop_tiles": [f"{s} s{st} {w}" for s, st, w in FPROP_TILES],
                           "sm90_tiles": {kind: [f"{s} cluster {c}" for s, c in SM90_TILES[kind]] for kind in args.kinds},
                           "targets": targets, "geomeans": geomeans, "summary": summaries, "kernels": rows})
 

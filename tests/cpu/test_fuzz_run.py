@@ -157,6 +157,30 @@ def test_conv_configurations_draw_and_rebuild(capsys):
         op.check_problem_size(ps)
 
 
+def test_grouped_configurations_draw_and_rebuild(capsys):
+    """Grouped families come after the others (earlier seeds draw the configurations they drew), rebuild under their names, take the
+    backend of their kernel family and draw lists of groups within the operations' alignments."""
+    import random
+
+    base = fuzz_run.draw_plan(19, {"gemm80": 3, "conv90": 2})
+    plan = fuzz_run.draw_plan(19, {"gemm80": 3, "conv90": 2, "grouped80": 5, "grouped90": 4})
+    assert [(e["name"], e["cfg"]) for e, _ in plan[:5]] == [(e["name"], e["cfg"]) for e, _ in base]
+    grouped = plan[5:]
+    assert [e["family"] for e, _ in grouped] == ["grouped80"] * 5 + ["grouped90"] * 4
+    assert {e["backend"] for e, _ in grouped if e["family"] == "grouped90"} == {"nvrtc"}
+    for entry, op in grouped:
+        assert isinstance(op, __import__("pycutlass").GemmOperationGrouped)
+        problem = fuzz_run.draw_problem(entry["cfg"], op, random.Random(entry["seed"]), 0)
+        assert 1 <= len(problem["groups"]) <= 12
+        for m, n, k in problem["groups"]:
+            assert min(m, n, k) >= 0 and all(x % max(op.A.alignment, op.B.alignment, op.C.alignment) == 0
+                                              for x in (m, n, k))
+    fuzz_run.main(["--sm80", "0", "--sm90", "0", "--conv80", "0", "--conv90", "0", "--grouped80", "3",
+                   "--grouped90", "2", "--seed", "19", "--dry-run"])
+    printed = capsys.readouterr().out
+    assert "5 configurations: {'grouped80': 3, 'grouped90': 2}" in printed and "REBUILDS AS" not in printed
+
+
 def test_real_child_without_cuda_reports_an_error_not_a_crash():
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
