@@ -283,6 +283,7 @@ def run_grouped(cfg, op, problem, seed):
     per-group bias added before the activation as the SM90 kernel does."""
     from tests.gpu.gemm_cases import epilogue_reference, random_values, to_float64, to_tensor
     from tests.gpu.test_gemm_grouped import Group
+    from tests.gpu.test_gemm_grouped import _activation_args as group_activation_args  # what Group passes
 
     import numpy as np
 
@@ -301,7 +302,7 @@ def run_grouped(cfg, op, problem, seed):
         if m == 0 or n == 0:
             continue
         accumulator = alpha * (a @ b) + (bias[index][None, :] if bias is not None else 0.0)
-        check(op, to_float64(Dt), epilogue_reference(op, accumulator, c, 1.0, beta, _activation_args(cfg)))
+        check(op, to_float64(Dt), epilogue_reference(op, accumulator, c, 1.0, beta, group_activation_args(op)))
 
 
 def run_problem(cfg, op, problem, seed):
@@ -567,6 +568,8 @@ def _problem_text(problem) -> str:
         return "" if problem is None else str(problem)
     if "m" in problem:
         return f"M={problem['m']} N={problem['n']} K={problem['k']}"
+    if "groups" in problem:
+        return "groups " + " ".join("x".join(map(str, size)) for size in problem["groups"])
     p = problem
     return (f"N={p['n']} H={p['h']} W={p['w']} C={p['c']} K={p['k']} R={p['r']} S={p['s']} pad={p['pad']} "
             f"stride={p['stride']} dilation={p['dilation']}")
