@@ -2,7 +2,8 @@
 
 Flow for each target: key every operation; take hits from this session's memory, then from the artifact cache
 (verified on load); claim the misses so concurrent processes compile each key once; compile what is still missing
-in one translation unit (or ``jobs`` units in parallel worker processes); store; report.
+in one translation unit (or ``jobs`` units in parallel worker processes; more units where one would hold too many
+operations, and fewer at once where memory is short: ``_units``, ``_parallel_units``); store; report.
 """
 from __future__ import annotations
 
@@ -278,7 +279,8 @@ class Compiler(SessionState):
                     still_missing.append((op, t))
             failures = []
             progress = self.session.options.get("progress")
-            for unit_ops, t, result in run_units(_units(still_missing, jobs), backend, jobs or 1, progress):
+            units = _units(still_missing, jobs)
+            for unit_ops, t, result in run_units(units, backend, _parallel_units(units, jobs), progress):
                 if isinstance(result, CompilationError):
                     failures.append((unit_ops, result))
                     continue
@@ -306,20 +308,67 @@ class Compiler(SessionState):
         return kernel
 
 
+# A unit's compile memory grows with its operations. A CUTLASS 3.x (SM90) operation adds ~0.7 GB to NVRTC's ~3 GB
+# (measured: one operation 2.9 GB; a unit of 15 reached 12 GB, and two such units at once met the out-of-memory
+# killer on a 24 GB machine). So SM90 operations go at most HEAVY_UNIT_OPERATIONS to a unit, and no more units run
+# at once than the memory available holds. CUTLASS 2.x operations are light; their cap only bounds a huge batch.
+HEAVY_UNIT_OPERATIONS = 8
+LIGHT_UNIT_OPERATIONS = 32
+_HEAVY_BASE_GB, _HEAVY_OPERATION_GB = 3.0, 0.7
+
+
+def _is_heavy(op) -> bool:
+    return getattr(op, "family", None) == "sm90"
+
+
 def _units(missing, jobs: int | None):
-    """Split the misses into translation units: per target, ``jobs`` units (one when jobs is None)."""
+    """Split the misses into translation units: per target, SM90 and CUTLASS 2.x operations apart, ``jobs`` units
+    each (one when jobs is None), more where a unit would exceed its cap of operations."""
     by_target: dict[Target, list] = {}
     for op, t in missing:
         by_target.setdefault(t, []).append(op)
     units = []
     for t, ops in by_target.items():
-        n = max(1, min(jobs or 1, len(ops)))
-        for i in range(n):
-            unit_ops = ops[i::n]
-            name = f"pycutlass_unit_{os.getpid()}_" + \
-                hashlib.sha256("".join(o.name for o in unit_ops).encode()).hexdigest()[:8]
-            units.append((unit_ops, t, translation_unit(unit_ops), name))
+        for heavy in (True, False):
+            group = [op for op in ops if _is_heavy(op) is heavy]
+            if not group:
+                continue
+            cap = HEAVY_UNIT_OPERATIONS if heavy else LIGHT_UNIT_OPERATIONS
+            n = max(1, min(jobs or 1, len(group)), -(-len(group) // cap))
+            for i in range(n):
+                unit_ops = group[i::n]
+                name = f"pycutlass_unit_{os.getpid()}_" + \
+                    hashlib.sha256("".join(o.name for o in unit_ops).encode()).hexdigest()[:8]
+                units.append((unit_ops, t, translation_unit(unit_ops), name))
     return units
+
+
+def _available_gb() -> float | None:
+    """MemAvailable of /proc/meminfo in GB (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1e6
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _parallel_units(units, jobs: int | None) -> int:
+    """Units compiled at once: ``jobs`` (1 when None), fewer where the SM90 units' estimated memory exceeds what
+    is available now."""
+    workers = max(1, min(jobs or 1, len(units)))
+    heavy = [len(ops) for ops, *_ in units if any(_is_heavy(op) for op in ops)]
+    available = _available_gb() if heavy and workers > 1 else None
+    if available is not None:
+        per_unit = _HEAVY_BASE_GB + _HEAVY_OPERATION_GB * max(heavy)
+        fits = max(1, int(available // per_unit))
+        if fits < workers:
+            log.info("compiling %d units at once instead of %d: ~%.1f GB each, %.1f GB available", fits, workers,
+                     per_unit, available)
+            workers = fits
+    return workers
 
 
 def _check_operations(operations) -> list:

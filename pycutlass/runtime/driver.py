@@ -113,14 +113,31 @@ def occupancy(function, block_threads: int, shared_memory_bytes: int, what: str)
                  "cuOccupancyMaxActiveBlocksPerMultiprocessor", what)
 
 
+@functools.cache  # libcuda is loaded once per process anyway (cuda.bindings loads the same library)
+def libcuda():
+    """(cuLaunchKernel, cuCtxGetCurrent) through ctypes, for the launch path only: a third of cuda.bindings' cost
+    per call, which is most of a reused launch's host time."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    launch_kernel = lib.cuLaunchKernel
+    launch_kernel.restype = ctypes.c_int
+    launch_kernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    get_current = lib.cuCtxGetCurrent
+    get_current.restype = ctypes.c_int
+    get_current.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    return launch_kernel, get_current
+
+
+def raise_launch_error(err: int, what: str) -> None:
+    """A nonzero CUresult from the ctypes launch, raised as cuda.bindings' checked calls raise it."""
+    check((_driver().CUresult(err),), "cuLaunchKernel", what)
+
+
 def launch(function, grid, block, shared_memory_bytes: int, stream: int, params_address: int, what: str) -> None:
     """``params_address``: the address of a void*[] holding one pointer per kernel parameter."""
-    from cuda.bindings.driver import CUresult, cuLaunchKernel
-
-    (err,) = cuLaunchKernel(function, grid[0], grid[1], grid[2], block[0], block[1], block[2],
-                            shared_memory_bytes, stream, params_address, 0)
-    if err != CUresult.CUDA_SUCCESS:  # the fast path stays a single call; errors get the full treatment
-        check((err,), "cuLaunchKernel", what)
+    err = libcuda()[0](int(function), grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_memory_bytes,
+                       stream, params_address, None)
+    if err:  # the fast path stays a single call; errors get the full treatment
+        raise_launch_error(err, what)
 
 
 def memcpy_dtoh(host_address: int, device_address: int, nbytes: int, stream: int) -> None:

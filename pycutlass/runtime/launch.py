@@ -308,6 +308,9 @@ class PreparedLaunch:
     def __post_init__(self):
         self.param_pointers = driver.pointer_array(ctypes.addressof(self.params))
         self.param_address = ctypes.addressof(self.param_pointers)
+        # cuLaunchKernel's arguments before the stream, converted once (the launch is the hot path of run())
+        function = int(self.function) if self.function is not None else 0  # None: an empty grid, never launched
+        self._launch_args = (function, *self.grid, *self.block, self.shared_memory_bytes)
 
     @property
     def empty(self) -> bool:
@@ -316,8 +319,9 @@ class PreparedLaunch:
     def launch(self, stream: int) -> None:
         if self.empty:  # CUDA rejects empty grids; an empty problem has nothing to write
             return
-        driver.launch(self.function, self.grid, self.block, self.shared_memory_bytes, stream,
-                      self.param_address, self.name)
+        err = driver.libcuda()[0](*self._launch_args, stream, self.param_address, None)
+        if err:
+            driver.raise_launch_error(err, self.name)
 
 
 def prepare(loaded_op: LoadedOperation, abi_struct, stream: int) -> PreparedLaunch:
@@ -325,19 +329,6 @@ def prepare(loaded_op: LoadedOperation, abi_struct, stream: int) -> PreparedLaun
     (grid, block, smem, semaphores, workspace), params = loaded_op.params_for(abi_struct, stream)
     loaded_op.ensure_shared_memory(smem)
     return PreparedLaunch(loaded_op.kernel, grid, block, smem, params, semaphores, loaded_op.name, workspace)
-
-
-@functools.cache  # libcuda is loaded once per process anyway
-def _libcuda_launch():
-    """cuLaunchKernel and cuCtxGetCurrent through ctypes: a third of cuda.bindings' cost per call."""
-    lib = ctypes.CDLL("libcuda.so.1")
-    launch = lib.cuLaunchKernel
-    launch.restype = ctypes.c_int
-    launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
-    get_current = lib.cuCtxGetCurrent
-    get_current.restype = ctypes.c_int
-    get_current.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-    return launch, get_current
 
 
 class PatchedLauncher:
@@ -363,7 +354,7 @@ class PatchedLauncher:
         """``addresses`` in the ABI struct's ``_pointers_`` order."""
         if self.empty:
             return
-        cu_launch, get_current = _libcuda_launch()
+        cu_launch, get_current = driver.libcuda()
         with self._lock:
             params = self.params
             for offset, index, constant in self.patches:
@@ -373,4 +364,4 @@ class PatchedLauncher:
                 self.device.make_current()
             err = cu_launch(*self._launch_args, stream, self._pointers_address, None)
         if err:
-            driver.check((driver._driver().CUresult(err),), "cuLaunchKernel", self.name)
+            driver.raise_launch_error(err, self.name)

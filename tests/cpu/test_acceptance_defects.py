@@ -511,3 +511,39 @@ def test_fuzz_rule_neighbours_compile(compiler_state):
            _fuzz_gemm(F32, Simt, "TNN", (64, 32, 8), (4, 1, 1), 4),
            _fuzz_gemm(F64, TensorOp, "NTT", (32, 128, 8), (1, 2, 1), 3)]
     compiler.add_module(ops)
+
+
+def _sm90_gemm(element, out, shape, stages, kernel, bias=None, cluster=(1, 1, 1)):
+    k = {16: 16, 8: 32}[element.bits]
+    math = cutlass.MathInstruction([64, shape[1] if shape[1] <= 256 else 256, k], element, element, F32, TensorOp)
+    tile = cutlass.TileDescription(list(shape), stages, None, math, cluster_shape=list(cluster),
+                                   kernel_schedule=kernel, tile_scheduler=cutlass.TileSchedulerType.StreamK
+                                   if kernel is cutlass.KernelScheduleType.TmaWarpSpecializedCooperative else
+                                   cutlass.TileSchedulerType.Default)
+    A = cutlass.TensorDescription(element, cutlass.RowMajor, 128 // element.bits)
+    B = cutlass.TensorDescription(element, cutlass.ColumnMajor, 128 // element.bits)
+    C = cutlass.TensorDescription(out, cutlass.RowMajor, 128 // out.bits)
+    return cutlass.GemmOperationUniversal(90, tile, A, B, C, cutlass.LinearCombination(out, C.alignment, F32, F32),
+                                          bias=bias)
+
+
+def test_sm90_explicit_stages_leave_room_for_the_epilogue_of_the_output_type():
+    """Fuzz seed 47 (H100): fp8, f32 output, 128x256x128, 4 stages, cooperative: 192 KiB of stages plus a 64 KiB f32
+    epilogue (4 stages of 128x32 floats) failed at launch (cuFuncSetAttribute: invalid value). The rule now follows
+    CUTLASS's epilogue builder; the 16-bit outputs of the same stage bytes ran on the GPU and stay accepted."""
+    KS = cutlass.KernelScheduleType
+    with pytest.raises(DescriptionError, match="epilogue's float32 buffers 64 KiB"):
+        _sm90_gemm(D.float8_e4m3, F32, (128, 256, 128), 4, KS.TmaWarpSpecializedCooperative, bias="row",
+                   cluster=(1, 2, 1))
+    _sm90_gemm(D.float8_e4m3, D.bfloat16, (128, 256, 128), 4, KS.TmaWarpSpecializedCooperative)  # 192 + 32 KiB
+    _sm90_gemm(F16, F16, (128, 256, 64), 4, KS.TmaWarpSpecializedCooperative, bias="column")  # ran on an H100
+    _sm90_gemm(F16, F16, (128, 128, 64), 6, KS.TmaWarpSpecializedPingpong)  # 192 KiB + 16 KiB (64-row tiles)
+    _sm90_gemm(F16, F32, (128, 128, 64), 5, KS.TmaWarpSpecializedPingpong)  # 160 KiB + 32 KiB
+    with pytest.raises(DescriptionError, match="epilogue's float32 buffers 64 KiB"):
+        _sm90_gemm(F16, F32, (128, 256, 64), 4, KS.TmaWarpSpecializedCooperative)  # 192 + 64 KiB
+    from pycutlass.kinds.gemm_sm90.operation import epilogue_smem_bytes
+
+    ES = cutlass.EpilogueScheduleType
+    assert epilogue_smem_bytes((128, 256), True, ES.TmaWarpSpecializedCooperative, F32) == 4 * 128 * 32 * 4
+    assert epilogue_smem_bytes((64, 128), False, ES.TmaWarpSpecialized, D.float8_e4m3) == (2 + 2) * 64 * 64  # 2 tiles
+    assert epilogue_smem_bytes((128, 128), True, ES.NoSmemWarpSpecialized, F32) == 0

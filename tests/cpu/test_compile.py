@@ -384,3 +384,40 @@ def test_nvrtc_does_not_corrupt_shared_bytes_objects():
     cubin = NvrtcBackend().compile('extern "C" __global__ void pycutlass_tiny_kernel() {}', 90, "tiny")
     assert cubin[:4] == b"\x7fELF"
     assert b" " == bytes([32]) and " ".join(["a", "b"]).encode() == b"a b"
+
+
+def test_units_cap_sm90_operations_and_run_as_many_as_memory_holds(monkeypatch):
+    """SM90 operations go at most HEAVY_UNIT_OPERATIONS to a translation unit (a unit's NVRTC memory grows with its
+    operations) apart from CUTLASS 2.x ones; fewer units run at once where their estimated memory exceeds what is
+    available."""
+    from pycutlass.compiler import manager
+    from pycutlass.description.target import Target
+
+    monkeypatch.setattr(manager, "translation_unit", lambda ops: "")
+
+    class Op:
+        def __init__(self, name, family):
+            self.name, self.family = name, family
+
+    target = Target(90)
+    heavy = [(Op(f"h{i}", "sm90"), target) for i in range(30)]
+    light = [(Op(f"l{i}", "sm80"), target) for i in range(5)]
+    units = manager._units(heavy + light, 2)
+    sizes = sorted(len(ops) for ops, *_ in units if ops[0].family == "sm90")
+    assert sizes == [7, 7, 8, 8] and max(sizes) <= manager.HEAVY_UNIT_OPERATIONS
+    assert [len(ops) for ops, *_ in units if ops[0].family == "sm80"] == [3, 2]
+    assert all(len({op.family for op in ops}) == 1 for ops, *_ in units)
+    assert sorted(op.name for ops, *_ in units for op in ops) == sorted(op.name for op, _ in heavy + light)
+    # jobs=None keeps one unit where the cap allows: a batch of 8 SM90 operations is still one unit
+    assert [len(ops) for ops, *_ in manager._units(heavy[:8], None)] == [8]
+    assert [len(ops) for ops, *_ in manager._units(heavy[:9], None)] == [5, 4]
+    # memory: 8-operation SM90 units take ~8.6 GB each
+    monkeypatch.setattr(manager, "_available_gb", lambda: 20.0)
+    assert manager._parallel_units(units, 4) == 2
+    monkeypatch.setattr(manager, "_available_gb", lambda: 5.0)
+    assert manager._parallel_units(units, 4) == 1
+    monkeypatch.setattr(manager, "_available_gb", lambda: None)
+    assert manager._parallel_units(units, 4) == 4
+    light_units = manager._units(light, 3)
+    monkeypatch.setattr(manager, "_available_gb", lambda: 1.0)
+    assert manager._parallel_units(light_units, 3) == 3  # CUTLASS 2.x units are not held back

@@ -349,11 +349,8 @@ def _check(tile: TileDescription, A, B, C, functor, what: str = _WHAT, epilogues
                                f"({list(sm90.derived_warp_count(tile.threadblock_shape, schedule))} for "
                                f"{schedule.value}); pass None or that value, got {list(tile.warp_count)}")
     if tile.stages:
-        mainloop = tile.stages * (m * k + n * k) * operand.bits // 8
-        if tile.stages < 2 or mainloop + sm90._EPILOGUE_SMEM_RESERVE > sm90._SMEM_BYTES:
-            raise DescriptionError(f"{what}: {tile.stages} stages of a {m}x{n}x{k} tile take {mainloop // 1024} KiB "
-                                   f"of shared memory; with the epilogue's buffers that exceeds "
-                                   f"{sm90._SMEM_BYTES // 1024} KiB (or is below 2 stages). Use stages=0")
+        sm90.check_explicit_stages(what, tile, base is _KS.TmaWarpSpecializedCooperative, expected_epilogue,
+                                   C.element, operand.bits)
     return schedule
 
 

@@ -15,6 +15,8 @@ NVRTC whatever the session's backend is, and the compile report says so.
 """
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 
 from ...description.tensor_description import TensorDescription
@@ -39,7 +41,40 @@ _ACCUMULATORS = {_F16: (_F32, _F16), _BF16: (_F32,), _TF32: (_F32,), _F32: (_F32
 _FLOAT_OUTPUTS = (_F16, _BF16, _F32)
 _PLAIN = (LayoutType.RowMajor, LayoutType.ColumnMajor)
 _SMEM_BYTES = 227 * 1024
-_EPILOGUE_SMEM_RESERVE = 32 * 1024  # what a TMA epilogue's staging buffers may take (explicit stage counts)
+_SMEM_MARGIN = 2 * 1024  # barriers, bias vectors, tensormaps: under 2 KiB (GPU-run tiles at 224 KiB + epilogue fit)
+
+
+def epilogue_smem_bytes(tile_shape, cooperative: bool, epilogue: EpilogueScheduleType, element_c) -> int:
+    """Shared memory of CUTLASS's SM90 TMA epilogue with ``EpilogueTileAuto`` (its builder's rule, for explicit stage
+    counts; stages=0 leaves the carve-out to CUTLASS): an epilogue tile of 128 (cooperative) or 64 rows by 32
+    columns (64 for an 8-bit D of N a multiple of 64 without the cooperative schedule); up to 2 stages of D and 4 of
+    C, one buffer when C and D are the same type wider than 8 bits (C's stages are then at least D's + 1).
+    NoSmemWarpSpecialized has none."""
+    if epilogue is EpilogueScheduleType.NoSmemWarpSpecialized:
+        return 0
+    m, n = tile_shape[0], tile_shape[1]
+    epi_m = min(128 if cooperative else 64, m)
+    epi_n = math.gcd(min(64 if element_c.bits == 8 and n % 64 == 0 and not cooperative else 32, n), n)
+    tiles = (m // epi_m) * (n // epi_n)
+    stages_d = min(tiles, 2)
+    reuse = element_c.bits > 8  # C and D share the element type in pycutlass's templates
+    stages_c = max(min(tiles, 4), stages_d + 1) if reuse else min(tiles, 4)
+    stage = epi_m * epi_n * element_c.bits // 8
+    return max(stages_c, stages_d) * stage if reuse else (stages_c + stages_d) * stage
+
+
+def check_explicit_stages(what: str, tile: TileDescription, cooperative: bool, epilogue: EpilogueScheduleType,
+                          element_c, operand_bits: int) -> None:
+    """Explicit stage counts must fit the SM's 227 KiB beside the epilogue's buffers (CUTLASS would fail the launch
+    with an invalid shared-memory size)."""
+    m, n, k = tile.threadblock_shape
+    mainloop = tile.stages * (m * k + n * k) * operand_bits // 8
+    epilogue_bytes = epilogue_smem_bytes(tile.threadblock_shape, cooperative, epilogue, element_c)
+    if tile.stages < 2 or mainloop + epilogue_bytes + _SMEM_MARGIN > _SMEM_BYTES:
+        raise DescriptionError(f"{what}: {tile.stages} stages of a {m}x{n}x{k} tile take {mainloop // 1024} KiB of "
+                               f"shared memory, and the epilogue's {element_c.label} buffers {epilogue_bytes // 1024} "
+                               f"KiB: more than the {_SMEM_BYTES // 1024} KiB an SM has (or below 2 stages). Use "
+                               f"stages=0 (CUTLASS's automatic count) or fewer stages")
 
 _KERNEL_SCHEDULES = {
     _KS.TmaWarpSpecialized: "cutlass::gemm::KernelTmaWarpSpecialized",
@@ -386,10 +421,6 @@ def _check(tile: TileDescription, A, B, C, functor, bias) -> tuple[KernelSchedul
                                f"({list(derived_warp_count(tile.threadblock_shape, schedule))} for {schedule.value}); "
                                f"pass None or that value, got {list(tile.warp_count)}")
     if tile.stages:
-        mainloop = tile.stages * (m * k + n * k) * operand.bits // 8
-        if tile.stages < 2 or mainloop + _EPILOGUE_SMEM_RESERVE > _SMEM_BYTES:
-            raise DescriptionError(f"{what}: {tile.stages} stages of a {m}x{n}x{k} {operand.label} tile take "
-                                   f"{mainloop // 1024} KiB of shared memory; with the epilogue's buffers that "
-                                   f"exceeds {_SMEM_BYTES // 1024} KiB (or is below 2 stages). Use stages=0 "
-                                   f"(CUTLASS's automatic count) or fewer stages")
+        check_explicit_stages(what, tile, base is _KS.TmaWarpSpecializedCooperative, epilogue, C.element,
+                              operand.bits)
     return schedule, epilogue
