@@ -173,6 +173,10 @@ def tolerance(op) -> float:
         tol = max(tol, 1e-2)
     # The operation's resolved schedule: Auto picks the FP8FastAccum form for fp8 (the description still says Auto).
     schedule = getattr(op, "kernel_schedule", None) or getattr(op.tile_description, "kernel_schedule", None)
+    if operand.is_fp8:
+        # wgmma sums fp8 products in a narrower accumulator (about 14 bits) between promotions to f32 registers:
+        # 0.4-1.2e-4 measured with the promoting main loop on K <= 512 (fuzz seed 53)
+        tol = max(tol, 5e-4)
     if schedule is not None and "FP8FastAccum" in schedule.name:
         tol = max(tol, 1e-3)  # fp8 fast accumulation skips the periodic promotion to full f32 sums (by design)
     tol = max(tol, {D.float16: 2e-3, D.bfloat16: 2e-2, D.float8_e4m3: 8e-2, D.float8_e5m2: 1.5e-1}.get(out, 0.0))

@@ -5,7 +5,6 @@ device loads its own copy of a module, compiled for that device's target.
 """
 from __future__ import annotations
 
-import ctypes
 import threading
 
 from ..description.target import Target
@@ -21,6 +20,7 @@ class DeviceState:
         self.ordinal = ordinal
         self.context = driver.retain_primary_context(ordinal)
         self._context_id = int(self.context)
+        self._get_current = driver._driver().cuCtxGetCurrent
         self.make_current()
         major = driver.device_attribute(ordinal, "COMPUTE_CAPABILITY_MAJOR")
         minor = driver.device_attribute(ordinal, "COMPUTE_CAPABILITY_MINOR")
@@ -36,8 +36,8 @@ class DeviceState:
 
     def make_current(self) -> None:
         """Make this device's context current on this thread (one driver query when it already is)."""
-        current = ctypes.c_void_p()  # per call: threads share this object (ctypes: make_current runs every launch)
-        if driver.libcuda()[1](ctypes.byref(current)) or current.value != self._context_id:
+        err, current = self._get_current()
+        if err or current is None or int(current) != self._context_id:
             driver.make_current(self.context)
 
     def __repr__(self) -> str:

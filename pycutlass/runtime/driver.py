@@ -115,8 +115,9 @@ def occupancy(function, block_threads: int, shared_memory_bytes: int, what: str)
 
 @functools.cache  # libcuda is loaded once per process anyway (cuda.bindings loads the same library)
 def libcuda():
-    """(cuLaunchKernel, cuCtxGetCurrent) through ctypes, for the launch path only: a third of cuda.bindings' cost
-    per call, which is most of a reused launch's host time."""
+    """(cuLaunchKernel, cuCtxGetCurrent) through ctypes, for PatchedLauncher's parameter-buffer launches. Plain
+    launches keep cuda.bindings: on an H100 host, a launch through these ctypes calls (argument conversion of 11
+    parameters) took ~4 us more than through cuda.bindings (benchmarks/results/launch-ab-h100.log)."""
     lib = ctypes.CDLL("libcuda.so.1")
     launch_kernel = lib.cuLaunchKernel
     launch_kernel.restype = ctypes.c_int
@@ -134,10 +135,12 @@ def raise_launch_error(err: int, what: str) -> None:
 
 def launch(function, grid, block, shared_memory_bytes: int, stream: int, params_address: int, what: str) -> None:
     """``params_address``: the address of a void*[] holding one pointer per kernel parameter."""
-    err = libcuda()[0](int(function), grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_memory_bytes,
-                       stream, params_address, None)
-    if err:  # the fast path stays a single call; errors get the full treatment
-        raise_launch_error(err, what)
+    from cuda.bindings.driver import CUresult, cuLaunchKernel
+
+    (err,) = cuLaunchKernel(function, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                            shared_memory_bytes, stream, params_address, 0)
+    if err != CUresult.CUDA_SUCCESS:  # the fast path stays a single call; errors get the full treatment
+        check((err,), "cuLaunchKernel", what)
 
 
 def memcpy_dtoh(host_address: int, device_address: int, nbytes: int, stream: int) -> None:

@@ -308,9 +308,6 @@ class PreparedLaunch:
     def __post_init__(self):
         self.param_pointers = driver.pointer_array(ctypes.addressof(self.params))
         self.param_address = ctypes.addressof(self.param_pointers)
-        # cuLaunchKernel's arguments before the stream, converted once (the launch is the hot path of run())
-        function = int(self.function) if self.function is not None else 0  # None: an empty grid, never launched
-        self._launch_args = (function, *self.grid, *self.block, self.shared_memory_bytes)
 
     @property
     def empty(self) -> bool:
@@ -319,9 +316,8 @@ class PreparedLaunch:
     def launch(self, stream: int) -> None:
         if self.empty:  # CUDA rejects empty grids; an empty problem has nothing to write
             return
-        err = driver.libcuda()[0](*self._launch_args, stream, self.param_address, None)
-        if err:
-            driver.raise_launch_error(err, self.name)
+        driver.launch(self.function, self.grid, self.block, self.shared_memory_bytes, stream,
+                      self.param_address, self.name)
 
 
 def prepare(loaded_op: LoadedOperation, abi_struct, stream: int) -> PreparedLaunch:

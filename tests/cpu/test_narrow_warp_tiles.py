@@ -71,9 +71,23 @@ WRONG_OR_CRASHED = {
     "f32 fast-bf16 warp 16x32": dict(
         element=D.float32, shape=(32, 64, 32), warps=(2, 2, 1), layouts=(R, C, R), aligns=(1, 2, 4), stages=7,
         out=D.bfloat16, math_op=cutlass.MathOperation.multiply_add_fast_bf16),
+    # f32 operands in the two-stage main loop (half_t in shared memory, CUTLASS's OpMultiplyAddFastF16 core): the
+    # 16-bit congruous rule; A and C ColumnMajor make the kernel's B (A transposed) contiguous along N, 16 per warp
+    # (fuzz seed 53: every size wrong, output not finite)
+    "f32 fast-f16 two-stage, congruous B 16 wide per warp (seed 53)": dict(
+        element=D.float32, shape=(128, 64, 32), warps=(1, 4, 1), layouts=(C, R, C), aligns=(1, 4, 4), stages=2,
+        out=D.float16, math_op=cutlass.MathOperation.multiply_add_fast_f16),
 }
 
 PASSED = {
+    # seed 53, passed: a warp 16 wide in N with 6 stages (f32 stays in shared memory), and the two-stage core with
+    # a congruous operand 32 wide per warp
+    "f32 fast-f16 warp 128x16, 6 stages, all ColumnMajor": dict(
+        element=D.float32, shape=(128, 64, 16), warps=(1, 4, 1), layouts=(C, C, C), aligns=(1, 1, 2), stages=6,
+        math_op=cutlass.MathOperation.multiply_add_fast_f16),
+    "f32 fast-f16 two-stage, warp 64x32, all ColumnMajor": dict(
+        element=D.float32, shape=(64, 128, 16), warps=(1, 4, 1), layouts=(C, C, C), aligns=(4, 4, 4), stages=2,
+        out=D.bfloat16, math_op=cutlass.MathOperation.multiply_add_fast_f16),
     "f32 fast-f16 warp 32x64": dict(element=D.float32, shape=(32, 128, 16), warps=(1, 2, 1), layouts=(R, C, R),
                                     aligns=(1, 2, 4), stages=7, out=D.bfloat16,
                                     math_op=cutlass.MathOperation.multiply_add_fast_f16),

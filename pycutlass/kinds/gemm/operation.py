@@ -432,7 +432,7 @@ def check_congruous_tile(tile: TileDescription, operands, what: str, fast_f16: b
 
 
 def check_narrow_warp_tiles(tile: TileDescription, C: TensorDescription | None, a_along_m: bool, b_along_n: bool,
-                            what: str) -> None:
+                            what: str, half_in_smem: bool = False) -> None:
     """Warp tiles CUTLASS's Sm80-family tensor-op kernels compute wrongly (found by tools/fuzz_run.py on an H100,
     each confirmed on its own and on its transposed twin; CUTLASS's generator emits none of them).
 
@@ -447,6 +447,9 @@ def check_narrow_warp_tiles(tile: TileDescription, C: TensorDescription | None, 
     - f32 operands multiplied in f16 or bf16 (``multiply_add_fast_f16`` / ``_fast_bf16``) need a warp tile of at
       least 32 along M: at 16 every problem size comes out wrong, for either A layout, any B layout, C type or
       epilogue (3xTF32, ``multiply_add_fast_f32``, and plain TF32 compute correctly at 16).
+    - ``half_in_smem``: a GEMM main loop that keeps f32 operands as half_t in shared memory (the two-stage core,
+      :func:`gemm_fast_f16_core`) reads them with the 16-bit warp iterators, so the 16-bit congruous rule holds for
+      it (fuzz seed 53: f32 operands, 2 stages, a congruous B 16 wide per warp, every size wrong).
     """
     math = tile.math_instruction
     if math.opcode_class is not OpClass.TensorOp:
@@ -459,7 +462,7 @@ def check_narrow_warp_tiles(tile: TileDescription, C: TensorDescription | None, 
             f"({math.math_operation.name}) with a warp tile {list(tile.warp_shape)} only {warp_m} along M: CUTLASS "
             f"computes every problem wrongly so (H100). Use at least 32 along M per warp (fewer warps along M or a "
             f"larger tile), or multiply_add / multiply_add_fast_f32")
-    if math.element_a.bits == 16:
+    if math.element_a.bits == 16 or half_in_smem:
         for label, along, extent, congruous in (("A", "M", warp_m, a_along_m), ("B", "N", warp_n, b_along_n)):
             if congruous and extent < 32:
                 raise DescriptionError(
@@ -610,7 +613,8 @@ class GemmOperationUniversal(TiledOperation):
         if problem:
             raise DescriptionError(f"{what}: {problem}")
         # (after the rules for what does not compile: those are reported first)
-        check_narrow_warp_tiles(self.tile_description, self.C, a_along_m, b_along_n, what)
+        check_narrow_warp_tiles(self.tile_description, self.C, a_along_m, b_along_n, what,
+                                half_in_smem=gemm_fast_f16_core(self.tile_description))
 
     # --- identity -------------------------------------------------------------------------------------------
     def _signature(self) -> tuple:

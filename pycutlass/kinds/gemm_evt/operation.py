@@ -182,7 +182,8 @@ class GemmOperationEvt(TiledOperation):
         problem = mainloop_thread_map_problem(tile_description, A, B, C)
         if problem:
             raise DescriptionError(f"{what}: {problem}")
-        check_narrow_warp_tiles(tile_description, None, a_along_m, b_along_n, what)
+        check_narrow_warp_tiles(tile_description, None, a_along_m, b_along_n, what,
+                                half_in_smem=gemm_fast_f16_core(tile_description))
         tree = epilogue_functor
         if tree.element_output is not C.element:
             raise DescriptionError(f"{what}: the tree writes {tree.element_output.label} but C is {C.element.label}")
