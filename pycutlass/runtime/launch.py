@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import functools
 import os
 import struct
 import threading
