@@ -556,7 +556,8 @@ def test_per_group_alpha_is_read_from_a_device_vector(monkeypatch):
     args = cutlass.GemmGroupedArguments(op, problems, As, Bs, None, Ds, alpha=np.array([1, 2, 3], np.float32))
     assert args.device_arrays["alpha"]
     for bad, message in ((2.0, "one value per group"), ([1.0, 2.0], "expected 3 finite values"),
-                         ([1.0, float("nan"), 2.0], "inf/NaN"), (_FakeDeviceTensor((3,), "<f8"), "float32"),
+                         ([1.0, float("nan"), 2.0], "inf/NaN"), (np.array([1, np.inf, 2], np.float32), "inf/NaN"),
+                         (_FakeDeviceTensor((3,), "<f8"), "float32"),
                          (_FakeDeviceTensor((4,), "<f4"), "vector of 3 values"),
                          (_FakeDeviceTensor((3,), "<f4", strides=(2,)), "contiguous")):
         with pytest.raises(cutlass.ArgumentError, match=message):

@@ -183,7 +183,10 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
                 raise ArgumentError(f"alpha: address {info.device_address:#x} is not 4-byte aligned")
             self._alpha_info = info
         else:
-            self._alpha_host = np.ascontiguousarray(info.host_array, dtype=np.float32).reshape(count)
+            values = np.ascontiguousarray(info.host_array, dtype=np.float32).reshape(count)
+            if not np.all(np.isfinite(values)):
+                raise ArgumentError(f"alpha: expected {count} finite values (one per group), got inf/NaN")
+            self._alpha_host = values
 
     def _alpha_array(self) -> list:
         """The per-group alphas to upload with the per-group arrays (host values only)."""
@@ -204,12 +207,12 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         super()._materialize()
 
     def _tensor_infos(self) -> list:
-        bias = list({id(info): info for info, _ in getattr(self, "_bias_parts", [])}.values())
+        extra = list({id(info): info for info, _ in getattr(self, "_bias_parts", [])}.values())  # bias vectors
         if self._alpha_info is not None:
-            bias.append(self._alpha_info)
+            extra.append(self._alpha_info)
         if self.device_sizes:
-            return [self._sizes_info, *self._packed.values(), *self._b_infos, *bias]
-        return super()._tensor_infos() + bias
+            return [self._sizes_info, *self._packed.values(), *self._b_infos, *extra]
+        return super()._tensor_infos() + extra
 
     # --- device-side sizes ------------------------------------------------------------------------------------
     def _validate_device_sizes(self, op, sizes, As, Bs, Cs, Ds, output_op, stream, device, session) -> None:
