@@ -87,7 +87,7 @@ def runnable(cfg) -> bool:
     layouts = "".join(cfg["layouts"])
     if "Interleaved" in layouts or "32" in layouts:  # ColumnMajorInterleaved32, TensorNC32HW32, TensorC32RSK32
         return False
-    return not (not cfg["family"].startswith("conv") and cfg["epilogue"] == "FastLinearCombinationClamp")
+    return cfg["family"].startswith("conv") or cfg["epilogue"] != "FastLinearCombinationClamp"
 
 
 def target_of(cfg) -> tuple[str, int]:

@@ -132,6 +132,11 @@ class KernelScheduleType(enum.Enum):
         """The schedule without its FP8FastAccum suffix."""
         return KernelScheduleType(self.value.removesuffix("FP8FastAccum"))
 
+    @property
+    def fp8_fast_accum(self) -> "KernelScheduleType":
+        """The schedule's FP8FastAccum form (what CUTLASS's builder picks for fp8 operands)."""
+        return KernelScheduleType(self.base.value + "FP8FastAccum")
+
     def __repr__(self) -> str:
         return f"pycutlass.KernelScheduleType.{self.name}"
 

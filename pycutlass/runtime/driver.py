@@ -113,26 +113,6 @@ def occupancy(function, block_threads: int, shared_memory_bytes: int, what: str)
                  "cuOccupancyMaxActiveBlocksPerMultiprocessor", what)
 
 
-@functools.cache  # libcuda is loaded once per process anyway (cuda.bindings loads the same library)
-def libcuda():
-    """(cuLaunchKernel, cuCtxGetCurrent) through ctypes, for PatchedLauncher's parameter-buffer launches. Plain
-    launches keep cuda.bindings: on an H100 host, a launch through these ctypes calls (argument conversion of 11
-    parameters) took ~4 us more than through cuda.bindings (benchmarks/results/launch-ab-h100.log)."""
-    lib = ctypes.CDLL("libcuda.so.1")
-    launch_kernel = lib.cuLaunchKernel
-    launch_kernel.restype = ctypes.c_int
-    launch_kernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
-    get_current = lib.cuCtxGetCurrent
-    get_current.restype = ctypes.c_int
-    get_current.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-    return launch_kernel, get_current
-
-
-def raise_launch_error(err: int, what: str) -> None:
-    """A nonzero CUresult from the ctypes launch, raised as cuda.bindings' checked calls raise it."""
-    check((_driver().CUresult(err),), "cuLaunchKernel", what)
-
-
 def launch(function, grid, block, shared_memory_bytes: int, stream: int, params_address: int, what: str) -> None:
     """``params_address``: the address of a void*[] holding one pointer per kernel parameter."""
     from cuda.bindings.driver import CUresult, cuLaunchKernel

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import os
 import struct
 import threading
@@ -326,6 +327,19 @@ def prepare(loaded_op: LoadedOperation, abi_struct, stream: int) -> PreparedLaun
     return PreparedLaunch(loaded_op.kernel, grid, block, smem, params, semaphores, loaded_op.name, workspace)
 
 
+@functools.cache  # libcuda is loaded once per process anyway
+def _libcuda_launch():
+    """cuLaunchKernel and cuCtxGetCurrent through ctypes: a third of cuda.bindings' cost per call."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    launch = lib.cuLaunchKernel
+    launch.restype = ctypes.c_int
+    launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    get_current = lib.cuCtxGetCurrent
+    get_current.restype = ctypes.c_int
+    get_current.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    return launch, get_current
+
+
 class PatchedLauncher:
     """A seen problem ready to launch again on other addresses: the cached Params live in one buffer whose address
     words are rewritten in place (under a lock: ``cuLaunchKernel`` copies the parameters before it returns), then one
@@ -349,7 +363,7 @@ class PatchedLauncher:
         """``addresses`` in the ABI struct's ``_pointers_`` order."""
         if self.empty:
             return
-        cu_launch, get_current = driver.libcuda()
+        cu_launch, get_current = _libcuda_launch()
         with self._lock:
             params = self.params
             for offset, index, constant in self.patches:
@@ -359,4 +373,4 @@ class PatchedLauncher:
                 self.device.make_current()
             err = cu_launch(*self._launch_args, stream, self._pointers_address, None)
         if err:
-            driver.raise_launch_error(err, self.name)
+            driver.check((driver._driver().CUresult(err),), "cuLaunchKernel", self.name)

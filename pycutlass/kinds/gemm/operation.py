@@ -605,16 +605,16 @@ class GemmOperationUniversal(TiledOperation):
         operands = kernel_operands(self.A, self.B, self.C)
         (label_a, _, layout_a), (label_b, _, layout_b) = operands
         a_along_m, b_along_n = layout_a is LayoutType.ColumnMajor, layout_b is LayoutType.RowMajor
+        half_in_smem = gemm_fast_f16_core(self.tile_description)
         check_congruous_tile(self.tile_description, [(label_a, "M", m)] * a_along_m + [(label_b, "N", n)] * b_along_n,
-                             what, fast_f16=gemm_fast_f16_core(self.tile_description))
+                             what, fast_f16=half_in_smem)
         if math.opcode_class is OpClass.Simt:
             check_simt_warp_tile(self.tile_description, operands, what)
         problem = mainloop_thread_map_problem(self.tile_description, self.A, self.B, self.C)
         if problem:
             raise DescriptionError(f"{what}: {problem}")
         # (after the rules for what does not compile: those are reported first)
-        check_narrow_warp_tiles(self.tile_description, self.C, a_along_m, b_along_n, what,
-                                half_in_smem=gemm_fast_f16_core(self.tile_description))
+        check_narrow_warp_tiles(self.tile_description, self.C, a_along_m, b_along_n, what, half_in_smem=half_in_smem)
 
     # --- identity -------------------------------------------------------------------------------------------
     def _signature(self) -> tuple:

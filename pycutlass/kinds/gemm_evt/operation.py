@@ -177,13 +177,13 @@ class GemmOperationEvt(TiledOperation):
         m, n, _ = tile_description.threadblock_shape
         check_f64_tensor_op_stages(tile_description, what)
         a_along_m, b_along_n = A.layout is LayoutType.ColumnMajor, B.layout is LayoutType.RowMajor
+        half_in_smem = gemm_fast_f16_core(tile_description)
         check_congruous_tile(tile_description, [("A", "M", m)] * a_along_m + [("B", "N", n)] * b_along_n, what,
-                             fast_f16=gemm_fast_f16_core(tile_description))
+                             fast_f16=half_in_smem)
         problem = mainloop_thread_map_problem(tile_description, A, B, C)
         if problem:
             raise DescriptionError(f"{what}: {problem}")
-        check_narrow_warp_tiles(tile_description, None, a_along_m, b_along_n, what,
-                                half_in_smem=gemm_fast_f16_core(tile_description))
+        check_narrow_warp_tiles(tile_description, None, a_along_m, b_along_n, what, half_in_smem=half_in_smem)
         tree = epilogue_functor
         if tree.element_output is not C.element:
             raise DescriptionError(f"{what}: the tree writes {tree.element_output.label} but C is {C.element.label}")

@@ -76,8 +76,9 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
     CUTLASS's SM90 group scheduler always walks the groups on the device. An ``IdentitySwizzleN`` sets the default
     swizzle of that scheduler (a runtime argument here).
 
-    Per-group scales: the arguments take ``alpha=`` / ``beta=`` as G float32 values (one per group, e.g. an fp8
-    MoE's scale_a[g] * scale_b[g]) instead of the epilogue's scalars; the kernel reads them on the device per tile.
+    Per-group scales: the arguments take ``alpha=`` as G float32 values (one per group, e.g. an fp8 MoE's
+    scale_a[g] * scale_b[g]) instead of the epilogue's scalar alpha; the kernel reads them on the device per tile.
+    Beta stays one scalar.
     """
 
     kind = "gemm_grouped_sm90"
@@ -322,7 +323,7 @@ def _check(tile: TileDescription, A, B, C, functor, what: str = _WHAT, epilogues
     if schedule is _KS.Auto:  # as CUTLASS's builder (and GemmOperationUniversal(90)): fp8 accumulates fast
         schedule = _KS.TmaWarpSpecializedCooperative if m % 128 == 0 else _KS.TmaWarpSpecializedPingpong
         if is_fp8:
-            schedule = KernelScheduleType(schedule.value + "FP8FastAccum")
+            schedule = schedule.fp8_fast_accum
     if schedule not in _KERNEL_SCHEDULES:
         fast = ", or their FP8FastAccum forms for fp8" if fp8 else ""
         raise DescriptionError(f"{what}: kernel_schedule must be Auto, TmaWarpSpecializedCooperative or "

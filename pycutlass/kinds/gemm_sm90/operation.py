@@ -16,7 +16,6 @@ NVRTC whatever the session's backend is, and the compile report says so.
 from __future__ import annotations
 
 import math
-
 from pathlib import Path
 
 from ...description.tensor_description import TensorDescription
@@ -312,7 +311,7 @@ def resolve_kernel_schedule(tile: TileDescription, element) -> KernelScheduleTyp
     else:
         schedule = _KS.TmaWarpSpecialized
     if element.is_fp8:
-        schedule = KernelScheduleType(schedule.value + "FP8FastAccum")
+        schedule = schedule.fp8_fast_accum
     return schedule
 
 
