@@ -35,7 +35,9 @@ GRID = [((128, 128, 64), (1, 1, 1), COOP, TS.Default), ((128, 128, 64), (2, 1, 1
         ((64, 256, 64), (1, 1, 1), PP, TS.Default), ((64, 128, 64), (1, 1, 1), WS, TS.Default),
         ((64, 256, 64), (1, 2, 1), WS, TS.Default), ((128, 128, 64), (1, 1, 1), COOP, TS.StreamK),
         ((128, 256, 64), (2, 1, 1), COOP, TS.StreamK)]
-DEFAULT = ((128, 128, 64), (1, 1, 1), KS.Auto, TS.Default)  # what TileDescription's defaults give
+DEFAULT = ((128, 128, 64), (1, 1, 1), KS.Auto, TS.Default)
+SPLIT_KNOBS = [{"split_k_slices": 2, "decomposition": "split_k"}, {"split_k_slices": 4, "decomposition": "split_k"},
+               {"decomposition": "stream_k"}]  # what TileDescription's defaults give
 FP8_GRID = [((128, 128, 128), (1, 1, 1), KS.TmaWarpSpecializedCooperativeFP8FastAccum, TS.Default),
             ((128, 128, 128), (2, 1, 1), KS.TmaWarpSpecializedCooperativeFP8FastAccum, TS.Default),
             ((128, 256, 128), (2, 1, 1), KS.TmaWarpSpecializedCooperativeFP8FastAccum, TS.Default),
@@ -65,8 +67,10 @@ def make_op(element, config, out=None, activation=None, bias=None):
 
 def operations(dtypes=("f16", "bf16", "fp8", "fused", "host")) -> dict:
     ops = {}
-    if "f16" in dtypes or "host" in dtypes:
+    if "f16" in dtypes:
         ops["f16"] = [make_op(D.float16, c) for c in [DEFAULT, *GRID]]
+    if "host" in dtypes:
+        ops["host"] = [make_op(D.float16, DEFAULT)]
     if "bf16" in dtypes:
         ops["bf16"] = [make_op(D.bfloat16, c) for c in [DEFAULT, *GRID]]
     if "fp8" in dtypes:
@@ -86,6 +90,12 @@ def describe(op) -> str:
              "TmaWarpSpecialized": "ws"}[op.kernel_schedule.base.value]
     return (f"{t.threadblock_shape[0]}x{t.threadblock_shape[1]}x{t.threadblock_shape[2]} "
             f"c{t.cluster_shape[0]}x{t.cluster_shape[1]} {sched}{' sk' if op.tile_scheduler is TS.StreamK else ''}")
+
+
+def stream_k_op(ops):
+    """The 128x128 stream-K configuration of ``ops`` (the grid's smallest stream-K tile)."""
+    return next(op for op in ops if op.tile_scheduler is TS.StreamK and
+                list(op.tile_description.threadblock_shape[:2]) == [128, 128])
 
 
 def _tflops(m, n, k, ms):
@@ -126,20 +136,22 @@ def gemm_section(name, element, ops, shapes, rows, results):
         for op in ops:
             ms, note = time_op(op, m, n, k, A, B, reference, tolerance)
             timings.append((op, {}, ms, note))
-        # The tile scheduler's swizzle is a runtime argument: try it on the three fastest configurations
-        # (15 compiled configurations + 9 swizzled runs = 24 per shape).
-        ranked = sorted((t for t in timings[1:] if t[2] is not None), key=lambda t: t[2])[:3]
-        for op, _, _, _ in ranked:
-            for swizzle in (2, 4, 8):
-                ms, note = time_op(op, m, n, k, A, B, reference, tolerance, swizzle=swizzle)
-                timings.append((op, {"swizzle": swizzle}, ms, note))
+        # Runtime knobs need no recompile; 9 runs per shape keep it at 24 configurations (15 compiled + 9):
+        # the tile scheduler's swizzle on the two fastest configurations, and on the 128x128 stream-K one K split
+        # 2 or 4 ways or stream-K's own balancing (decode shapes have fewer output tiles than the GPU has SMs).
+        ranked = sorted((t for t in timings[1:] if t[2] is not None), key=lambda t: t[2])[:2]
+        runs = [(op, {"swizzle": swizzle}) for op, _, _, _ in ranked for swizzle in (2, 4, 8)]
+        runs += [(stream_k_op(ops), knobs) for knobs in SPLIT_KNOBS]
+        for op, knobs in runs:
+            ms, note = time_op(op, m, n, k, A, B, reference, tolerance, **knobs)
+            timings.append((op, knobs, ms, note))
         good = [(op, knobs, ms) for op, knobs, ms, _ in timings if ms is not None]
         best_op, best_knobs, best_ms = min(good, key=lambda x: x[2]) if good else (None, {}, None)
         default_ms = timings[0][2]
         row = {"dtype": name, "shape": f"{m}x{n}x{k}", "torch TFLOP/s": _tflops(m, n, k, torch_ms),
                "best TFLOP/s": _tflops(m, n, k, best_ms) if best_ms else 0.0,
                "best/torch": torch_ms / best_ms if best_ms else 0.0,
-               "best config": (describe(best_op) + "".join(f" {k}={v}" for k, v in best_knobs.items()))
+               "best config": (describe(best_op) + "".join(f" {name}={v}" for name, v in best_knobs.items()))
                if best_op else "-",
                "default/torch": torch_ms / default_ms if default_ms else 0.0}
         rows.append(row)
@@ -192,7 +204,13 @@ def fused_section(ops, rows, results):
 
 
 def host_section(op, rows, results):
+    """run() with reused arguments, a new Arguments object for a seen shape, torch.mm; and, for scale, the bare
+    driver calls run() is made of (cuLaunchKernel and cuCtxGetCurrent through cuda.bindings and through ctypes)."""
+    import ctypes
+
     import torch
+    from cuda.bindings import driver as cu
+
 
     m = n = k = 128
     A = torch.randn(m, k, device="cuda", dtype=torch.float16)
@@ -200,12 +218,40 @@ def host_section(op, rows, results):
     Dt = torch.empty(m, n, device="cuda", dtype=torch.float16)
     size = cutlass.gemm.GemmCoord(m, n, k)
     arguments = cutlass.GemmArguments(op, size, A, B, None, Dt)
-    run_us = host_us(lambda: op.run(arguments))
-    new_us = host_us(lambda: cutlass.GemmArguments(op, size, A, B, None, Dt), repeats=1000)
-    torch.cuda.synchronize()
-    mm_us = host_us(lambda: torch.mm(A, B))
-    torch.cuda.synchronize()
-    row = {"run() reused (us)": run_us, "new Arguments, seen shape (us)": new_us, "torch.mm (us)": mm_us}
+    op.run(arguments)
+    launch = arguments.prepared()
+    stream = arguments.stream
+    head = (launch.function, *launch.grid, *launch.block, launch.shared_memory_bytes)
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    ctypes_launch, ctypes_current = libcuda.cuLaunchKernel, libcuda.cuCtxGetCurrent
+    ctypes_launch.restype = ctypes_current.restype = ctypes.c_int
+    ctypes_launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    ctypes_current.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    raw_head = (int(launch.function), *launch.grid, *launch.block, launch.shared_memory_bytes)
+    context = ctypes.c_void_p()
+    stream_object = cu.CUstream(stream)
+    found = {}
+    for _ in range(3):  # interleaved rounds; the minimum of each
+        for name, fn in (("run() reused (us)", lambda: op.run(arguments)),
+                         ("bare cuLaunchKernel, cuda.bindings (us)",
+                          lambda: cu.cuLaunchKernel(*head, stream, launch.param_address, 0)),
+                         ("bare cuLaunchKernel, cuda.bindings, CUstream object (us)",
+                          lambda: cu.cuLaunchKernel(*head, stream_object, launch.param_address, 0)),
+                         ("bare cuLaunchKernel, ctypes (us)",
+                          lambda: ctypes_launch(*raw_head, stream, launch.param_address, None)),
+                         ("cuCtxGetCurrent, cuda.bindings (us)", cu.cuCtxGetCurrent),
+                         ("cuCtxGetCurrent, ctypes (us)", lambda: ctypes_current(ctypes.byref(context))),
+                         ("new Arguments, seen shape (us)",
+                          lambda: cutlass.GemmArguments(op, size, A, B, None, Dt)),
+                         ("torch.mm (us)", lambda: torch.mm(A, B))):
+            us = host_us(fn, repeats=1000 if "Arguments" in name else 2000)
+            torch.cuda.synchronize()
+            found[name] = min(us, found.get(name, us))
+    row = {name: found[name] for name in ("run() reused (us)", "new Arguments, seen shape (us)", "torch.mm (us)",
+                                          "bare cuLaunchKernel, cuda.bindings (us)",
+                                          "bare cuLaunchKernel, cuda.bindings, CUstream object (us)",
+                                          "bare cuLaunchKernel, ctypes (us)", "cuCtxGetCurrent, cuda.bindings (us)",
+                                          "cuCtxGetCurrent, ctypes (us)")}
     rows.append(row)
     results.append(row)
     print(row, flush=True)
@@ -234,7 +280,7 @@ def main() -> None:
     if "fused" in args.dtypes:
         fused_section(ops["fused"], tables.setdefault("fused", []), results.setdefault("fused", []))
     if "host" in args.dtypes:
-        host_section(ops["f16"][0], tables.setdefault("host", []), results.setdefault("host", []))
+        host_section(ops["host"][0], tables.setdefault("host", []), results.setdefault("host", []))
     for title, rows in tables.items():
         print_table(f"{title} on {device_name()} ({smi})", rows)
         for dtype in dict.fromkeys(row.get("dtype") for row in rows if "best/torch" in row):

@@ -141,6 +141,8 @@ def main() -> None:
     parser.add_argument("--model", default="gpt2", choices=("gpt2", "mlp"))
     parser.add_argument("--shape", action="append", default=None, help="batch x sequence, e.g. 1x128")
     parser.add_argument("--profile", action="store_true", help="torch.profiler kernel/host tables and a cProfile")
+    parser.add_argument("--keep-tuned", action="store_true",
+                        help="optimize with end_to_end=False: the tuned placement, even where torch was faster")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in (args.shape or ["1x128", "8x512"])]
@@ -159,13 +161,17 @@ def main() -> None:
         row = {"model": args.model, "input": f"{batch}x{seq}x{d_model}"}
         with torch.no_grad():
             start = time.perf_counter()
-            optimized = optimize(copy.deepcopy(model), (x,), tune=True, prefer_faster=True)
+            optimized = optimize(copy.deepcopy(model), (x,), tune=True, prefer_faster=True,
+                                 end_to_end=not args.keep_tuned)
             row["optimize_s"] = time.perf_counter() - start
             rep = report(optimized)
             print(f"\n===== {args.model} {batch}x{seq} (optimize {row['optimize_s']:.1f} s)", flush=True)
             for r in rep.rows[:4]:
                 print(f"  {r['layer']:20s} {r['shape']:30s} {r['kernel'][:70]:70s} {r.get('cutlass_us')} "
                       f"{r.get('torch_us')}")
+            for note in rep.notes:
+                if note.startswith("end-to-end"):
+                    print("  " + note, flush=True)
             print("  threads:", [t.name for t in threading.enumerate()], flush=True)
             layers = [m for m in optimized.modules() if isinstance(m, CutlassLinear)]
             variants = {"eager": lambda: model(x), "pycutlass": lambda: optimized(x)}
@@ -174,6 +180,16 @@ def main() -> None:
                 found["unbound"] = dict(Dispatch.current().unbound_calls)
                 print(f"  {name:28s} " + "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                                                    for k, v in found.items()), flush=True)
+            # the model pass's own end-to-end timer on eager vs this result, as optimize() runs it
+            from pycutlass.torch import model_pass
+
+            for attempt in range(3):
+                found = model_pass._time_interleaved(
+                    {"eager": (lambda: None, lambda: model(x)), "optimized": (lambda: None, lambda: optimized(x))},
+                    torch.cuda.synchronize)
+                row.setdefault("check_timer", []).append(found)
+                print(f"  end-to-end timer, attempt {attempt}: " +
+                      ", ".join(f"{k} {v:.3f} ms" for k, v in found.items()), flush=True)
             # the same optimized model with every pycutlass launch skipped (wrong output; host cost and GPU share)
             original = launch_module.PatchedLauncher.launch
             launch_module.PatchedLauncher.launch = lambda self, addresses, stream: None

@@ -211,7 +211,7 @@ class OperationArguments:
         self.launch()
 
     def launch(self) -> None:
-        launch = self._prepare()
+        launch = self._prepared or self._prepare()
         self.device.make_current()
         self.before_launch()
         launch.launch(self.stream)

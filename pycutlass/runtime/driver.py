@@ -113,6 +113,13 @@ def occupancy(function, block_threads: int, shared_memory_bytes: int, what: str)
                  "cuOccupancyMaxActiveBlocksPerMultiprocessor", what)
 
 
+def kernel_launcher():
+    """``(cuLaunchKernel, CUDA_SUCCESS)`` of cuda.bindings, for callers that keep them (one lookup, not one per
+    launch)."""
+    driver = _driver()
+    return driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS
+
+
 def launch(function, grid, block, shared_memory_bytes: int, stream: int, params_address: int, what: str) -> None:
     """``params_address``: the address of a void*[] holding one pointer per kernel parameter."""
     from cuda.bindings.driver import CUresult, cuLaunchKernel
