@@ -1000,7 +1000,7 @@ def _record_end_to_end(report: OptimizeReport, rows: dict[int, dict], sites: lis
             row.update(kernel=_E2E_MOVED, tuned_kernel=site.choice.kernel)
     eager, times = record["eager_ms"], record["candidates"]
     chosen = eager if record["chosen"] == _E2E_EAGER else times[record["chosen"]]
-    report.notes.append("end-to-end check (median ms per forward on the example inputs): eager " + f"{eager:.3f}, " +
+    report.notes.append("end-to-end check (ms per forward on the example inputs, paired with eager): eager " + f"{eager:.3f}, " +
                         ", ".join(f"{name} {ms:.3f}" for name, ms in times.items()) +
                         f"; kept {record['chosen']!r} ({eager / chosen:.2f}x eager" +
                         (f", {len(moved)} more call(s) on torch)" if moved else ")") +
