@@ -26,15 +26,17 @@ KS, TS = cutlass.KernelScheduleType, cutlass.TileSchedulerType
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (2048, 14336, 4096), (4096, 14336, 4096), (1024, 1024, 1024),
           (16, 4096, 4096), (64, 14336, 4096), (128, 4096, 14336), (1000, 3000, 520)]
 COOP, PP, WS = KS.TmaWarpSpecializedCooperative, KS.TmaWarpSpecializedPingpong, KS.TmaWarpSpecialized
-# (tile, cluster, kernel schedule, tile scheduler): 15 configurations per 16-bit type.
-GRID = [((128, 128, 64), (1, 1, 1), COOP, TS.Default), ((128, 128, 64), (2, 1, 1), COOP, TS.Default),
-        ((128, 128, 64), (1, 2, 1), COOP, TS.Default), ((128, 256, 64), (1, 1, 1), COOP, TS.Default),
-        ((128, 256, 64), (2, 1, 1), COOP, TS.Default), ((256, 128, 64), (1, 1, 1), COOP, TS.Default),
-        ((256, 128, 64), (1, 2, 1), COOP, TS.Default), ((128, 128, 64), (1, 1, 1), PP, TS.Default),
-        ((128, 128, 64), (2, 1, 1), PP, TS.Default), ((64, 128, 64), (1, 1, 1), PP, TS.Default),
-        ((64, 256, 64), (1, 1, 1), PP, TS.Default), ((64, 128, 64), (1, 1, 1), WS, TS.Default),
-        ((64, 256, 64), (1, 2, 1), WS, TS.Default), ((128, 128, 64), (1, 1, 1), COOP, TS.StreamK),
-        ((128, 256, 64), (2, 1, 1), COOP, TS.StreamK)]
+# (tile, cluster, kernel schedule, tile scheduler): with DEFAULT, 15 compiled configurations per 16-bit type. The
+# 64x32 and 64x64 tiles give decode shapes (M <= 128) 2-4x the CTAs of 64x128, to stream B from more SMs; 128x192
+# covers a 3000-wide output in one wave. They replace 128x128 c1x2 coop, 128x128 c1x1 pp and 256x128 c1x1 coop,
+# which were never within 2% of the best in the fifth session's run (gemm_sm90-splitk-h100.json).
+GRID = [((128, 128, 64), (2, 1, 1), COOP, TS.Default), ((128, 256, 64), (1, 1, 1), COOP, TS.Default),
+        ((128, 256, 64), (2, 1, 1), COOP, TS.Default), ((256, 128, 64), (1, 2, 1), COOP, TS.Default),
+        ((128, 192, 64), (2, 1, 1), COOP, TS.Default), ((128, 128, 64), (2, 1, 1), PP, TS.Default),
+        ((64, 128, 64), (1, 1, 1), PP, TS.Default), ((64, 256, 64), (1, 1, 1), PP, TS.Default),
+        ((64, 128, 64), (1, 1, 1), WS, TS.Default), ((64, 256, 64), (1, 2, 1), WS, TS.Default),
+        ((64, 64, 64), (1, 1, 1), WS, TS.Default), ((64, 32, 64), (1, 1, 1), WS, TS.Default),
+        ((128, 128, 64), (1, 1, 1), COOP, TS.StreamK), ((128, 256, 64), (2, 1, 1), COOP, TS.StreamK)]
 DEFAULT = ((128, 128, 64), (1, 1, 1), KS.Auto, TS.Default)
 SPLIT_KNOBS = [{"split_k_slices": 2, "decomposition": "split_k"}, {"split_k_slices": 4, "decomposition": "split_k"},
                {"decomposition": "stream_k"}]  # what TileDescription's defaults give

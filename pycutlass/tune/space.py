@@ -414,6 +414,7 @@ _KNOWN_RULES = (
     ("exceeds 128 bits", "alignment wider than 128 bits"),
     ("tile M must be 64, 128 or 256", "SM90 tile M not 64, 128 or 256"),
     ("tile N must be 64, 128 or 256", "SM90 tile N not 64, 128 or 256"),
+    ("tile N must be one of", "SM90 tile N not 32, 64, 128, 192 or 256"),
     ("cluster_shape must be", "SM90 cluster not 1x1x1, 2x1x1 or 1x2x1"),
     ("operands are not in the SM90 family", "operand type not in the SM90 family"),
     ("K-major only", "SM90 operand type needs A row-major, B column-major"),
@@ -753,10 +754,10 @@ PRESETS = _frozen({
         "threadblock_shape": [[128, 128, 32], [128, 256, 32], [64, 128, 32], [128, 256, 64]],
         "warp_count": ["auto"], "stages": [3, 4],
     },
-    # What the SM90 kind accepts: tiles M 64/128/256 x N 64/128/256 x K 64, clusters, every schedule.
+    # What the SM90 kind accepts: tiles M 64/128/256 x N 32/64/128/192/256 x K 64, clusters, every schedule.
     "sm90-f16": {
         "name": "sm90-f16", "kind": ["gemm"], "compute_capability": [90], "dtypes": ["f16_f32acc"],
-        "threadblock_shape": [[m, n, 64] for m in (64, 128, 256) for n in (64, 128, 256)],
+        "threadblock_shape": [[m, n, 64] for m in (64, 128, 256) for n in (32, 64, 128, 192, 256)],
         "warp_count": ["auto"], "stages": [0],
         "cluster_shape": [[1, 1, 1], [2, 1, 1], [1, 2, 1]],
         "kernel_schedule": ["TmaWarpSpecialized", "TmaWarpSpecializedCooperative", "TmaWarpSpecializedPingpong"],

@@ -39,6 +39,7 @@ _ACCUMULATORS = {_F16: (_F32, _F16), _BF16: (_F32,), _TF32: (_F32,), _F32: (_F32
                  _S8: (_S32,)}
 _FLOAT_OUTPUTS = (_F16, _BF16, _F32)
 _PLAIN = (LayoutType.RowMajor, LayoutType.ColumnMajor)
+TILE_N = (32, 64, 128, 192, 256)  # the tile widths the GPU suite proves
 _SMEM_BYTES = 227 * 1024
 _SMEM_MARGIN = 2 * 1024  # barriers, bias vectors, tensormaps: under 2 KiB (GPU-run tiles at 224 KiB + epilogue fit)
 
@@ -378,8 +379,10 @@ def _check(tile: TileDescription, A, B, C, functor, bias) -> tuple[KernelSchedul
                                f"got {m}")
     # Tile N, tile K and the cluster are limited to what the GPU suite has proven correct (other wgmma N, swizzle
     # widths and 4-CTA clusters exist in CUTLASS, but an accepted description must compute correctly).
-    if n not in (64, 128, 256):
-        raise DescriptionError(f"{what}: tile N must be 64, 128 or 256, got {n}")
+    # 32 gives decode shapes (M <= 128) enough CTAs to stream B from every SM; 192 tiles 3000-wide outputs in one
+    # wave. Both are wgmma N values whose TMA boxes and epilogue tiles CUTLASS's builders derive unchanged.
+    if n not in TILE_N:
+        raise DescriptionError(f"{what}: tile N must be one of {list(TILE_N)}, got {n}")
     k_bytes = k * operand.bits // 8
     if k_bytes != 128:
         raise DescriptionError(f"{what}: tile K of {k} {operand.label} elements is {k_bytes} bytes; the TMA swizzle "
