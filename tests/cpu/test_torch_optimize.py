@@ -570,10 +570,10 @@ def test_end_to_end_candidates_and_their_placements(monkeypatch):
     times = {"eager": 1.0, "tuned": 1.2, "selective": 1.1, "torch": 1.05, "traced": 1.2}
     optimized, seen = tuned_on_cuda(monkeypatch, Tower().eval(), x, times)
     shape = {(4, 16), (4, 32)}
-    # the original model first, then each placement, then the plain trace
-    assert list(seen) == ["eager", "tuned", "selective", "torch", "traced"]
+    # the original model first, then each placement, then the plain trace, then eager again (the A/A control)
+    assert list(seen) == ["eager", "tuned", "selective", "torch", "traced", "eager (control)"]
     on_torch = {name: {layer for layer, shapes in placed.items() if shapes} for name, placed in seen.items()
-                if name not in ("eager", "traced")}
+                if name not in ("eager", "traced", "eager (control)")}
     assert on_torch == {"tuned": {"fc4"}, "selective": {"fc3", "fc4"}, "torch": {"fc1", "fc2", "fc3", "fc4"}}
     assert all(shapes <= shape for placed in seen.values() for shapes in placed.values())
 
@@ -593,7 +593,8 @@ def test_end_to_end_keeps_the_fastest_placement_and_reports_it(monkeypatch, tmp_
         assert_close(optimized(x), model(x))
     found = report(optimized)
     assert found.end_to_end == {"eager_ms": times["eager"],
-                                "candidates": {k: v for k, v in times.items() if k != "eager"}, "chosen": chosen}
+                                "candidates": {k: v for k, v in times.items() if k != "eager"}, "chosen": chosen,
+                                "margin": 0.02}  # an injected timer reports no control noise: the 2% floor
     kernels = {row["layer"]: row["kernel"] for row in found.rows}
     moved = layers - {"fc4"}
     assert kernels == {layer: "torch (end-to-end)" if layer in moved else TOWER_CHOICES[layer][0]
@@ -644,6 +645,28 @@ def test_end_to_end_falls_back_to_torch_when_no_placement_clearly_wins(monkeypat
     assert report(loaded).end_to_end == found.end_to_end
     with torch.no_grad():
         assert_close(loaded(x), model(x))
+
+
+@pytest.mark.parametrize("noise,chosen", [(0.01, "tuned"), (0.06, "eager")])
+def test_the_control_noise_raises_the_margin_a_placement_must_beat(monkeypatch, noise, chosen):
+    """eager timed against itself strays ``noise`` a round: a 5% lead counts only where that is below 5%."""
+    module = _model_pass()
+    times = {"eager": 1.0, "tuned": 0.95, "selective": 1.0, "torch": 1.05, "traced": 1.0, "eager (control)": 1.0}
+
+    def timed(entries, sync, spread=None):
+        assert "eager (control)" in entries and entries["eager (control)"] == entries["eager"]
+        spread.update({name: noise for name in entries})
+        return {name: times[name] for name in entries}
+
+    monkeypatch.setattr(module, "_time_interleaved", timed)
+    monkeypatch.setattr(module, "_on_cuda", lambda gm, inputs: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    dispatch = FakeDispatch(by_layer=TOWER_CHOICES)
+    recording(dispatch, monkeypatch)
+    optimized = optimize(Tower().eval(), torch.randn(4, 16), dispatch=dispatch, progress=False)
+    record = report(optimized).end_to_end
+    assert record["chosen"] == chosen and record["noise"] == noise and record["margin"] == max(0.02, noise)
+    assert f"strays {noise:.1%} a round" in report(optimized).notes[-1]
 
 
 def test_end_to_end_false_skips_the_check(monkeypatch):
@@ -698,6 +721,10 @@ def test_the_interleaved_timer_runs_every_entry_each_round():
     assert set(medians) == {"a", "b"} and all(ms > 0 for ms in medians.values())
     assert calls["a"][0] == calls["b"][0] == 4  # once for the warm-up, then once per round
     assert calls["a"][1] >= 2 + 3 and syncs
+    spread = {}
+    module._time_interleaved({"a": entry("a"), "b": entry("b")}, lambda: None, rounds=3, round_s=0.001,
+                             spread=spread)
+    assert spread["a"] == 0.0 and spread["b"] >= 0.0  # the reference against itself does not stray
 
 
 # --- cuda_graphs: the chosen result replayed from CUDA graphs where that is faster
