@@ -647,9 +647,9 @@ def test_end_to_end_falls_back_to_torch_when_no_placement_clearly_wins(monkeypat
         assert_close(loaded(x), model(x))
 
 
-@pytest.mark.parametrize("noise,chosen", [(0.01, "tuned"), (0.06, "eager")])
+@pytest.mark.parametrize("noise,chosen", [(0.01, "tuned"), (0.024, "tuned"), (0.03, "eager"), (0.06, "eager")])
 def test_the_control_noise_raises_the_margin_a_placement_must_beat(monkeypatch, noise, chosen):
-    """eager timed against itself strays ``noise`` a round: a 5% lead counts only where that is below 5%."""
+    """eager timed against itself strays ``noise`` a round: a 5% lead counts only where twice that is below 5%."""
     module = _model_pass()
     times = {"eager": 1.0, "tuned": 0.95, "selective": 1.0, "torch": 1.05, "traced": 1.0, "eager (control)": 1.0}
 
@@ -665,7 +665,7 @@ def test_the_control_noise_raises_the_margin_a_placement_must_beat(monkeypatch, 
     recording(dispatch, monkeypatch)
     optimized = optimize(Tower().eval(), torch.randn(4, 16), dispatch=dispatch, progress=False)
     record = report(optimized).end_to_end
-    assert record["chosen"] == chosen and record["noise"] == noise and record["margin"] == max(0.02, noise)
+    assert record["chosen"] == chosen and record["noise"] == noise and record["margin"] == max(0.02, 2 * noise)
     assert f"strays {noise:.1%} a round" in report(optimized).notes[-1]
 
 
