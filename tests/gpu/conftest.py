@@ -38,7 +38,8 @@ def precompile(operations, backend: str = "nvcc") -> None:
     previous = cutlass.compiler.backend()
     try:
         cutlass.compiler.nvrtc() if backend == "nvrtc" else cutlass.compiler.nvcc()
-        cutlass.compiler.add_module(operations, jobs=min(6, os.cpu_count() or 1, len(operations)))
+        # every core: the compiler runs fewer units at once where memory is short
+        cutlass.compiler.add_module(operations, jobs=min(16, os.cpu_count() or 1, len(operations)))
     except cutlass.CompilationError as error:
         # Tests of the operations that compiled still run; the others fail with this error when they compile.
         print(f"precompile ({backend}): {str(error)[:2000]}")
