@@ -654,9 +654,14 @@ def _model_goals(rows: list, sections_failed: list, what: str, speed_key: str, o
         return (record.get("end_to_end") or {}).get("chosen") == "eager" and not record.get("graphed")
 
     identity = [r for r in rows if returned_eager(r) and r.get(ok_key) and r.get(speed_key)]
+    identity_ids = {id(r) for r in identity}
+
+    def speed_of(r):
+        return 1.0 if id(r) in identity_ids else r.get(speed_key)
+
     bad = []
     for r in rows:
-        speed = 1.0 if r in identity else r.get(speed_key)
+        speed = speed_of(r)
         if "error" in r:
             bad.append(f"{name(r)}: error")
         elif speed is None:
@@ -667,7 +672,7 @@ def _model_goals(rows: list, sections_failed: list, what: str, speed_key: str, o
         elif speed < GOAL_EVERY:
             bad.append(f"{name(r)}: {speed:.2f}x")
     bad += [f"section {s}: error" for s in sections_failed]
-    good = [(1.0 if r in identity else r[speed_key], name(r)) for r in rows if r.get(ok_key) and r.get(speed_key)]
+    good = [(speed_of(r), name(r)) for r in rows if r.get(ok_key) and r.get(speed_key)]
     best = max(good, default=None)
     noise = "; ".join(f"{name(r)} measured {r[speed_key]:.2f}x" for r in identity)
     return [{"goal": f"{what} >= {GOAL_EVERY}x eager on every model row (correct output)",

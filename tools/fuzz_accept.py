@@ -25,6 +25,7 @@ import pycutlass as cutlass
 from pycutlass import DescriptionError
 from pycutlass.conv import IteratorAlgorithm, Operator, StrideSupport
 from pycutlass.description.math_instruction import VALID_MATH_INSTRUCTIONS, WARPGROUP_MATH_INSTRUCTIONS
+from pycutlass.kinds.gemm_sm90.operation import TILE_N as SM90_TILE_N
 
 D = cutlass.DataType
 L = cutlass.LayoutType
@@ -124,17 +125,16 @@ def draw_sm90_math(rng, elements=None):
     if rng.random() < 0.3:  # an Sm80-style shape means "the builder chooses" at 90
         sm80 = [key for key in VALID_MATH_INSTRUCTIONS if key[2] is element and key[3] is acc and key[0].name ==
                 "TensorOp"]
-        shape = list(rng.choice(sm80)[1]) if sm80 else [64, rng.choice([32, 64, 128, 192, 256]), k]
+        shape = list(rng.choice(sm80)[1]) if sm80 else [64, rng.choice(SM90_TILE_N), k]
     else:
-        shape = [64, rng.choice([32, 64, 128, 192, 256]), k]
+        shape = [64, rng.choice(SM90_TILE_N), k]
     op = "multiply_add"
     return dict(inst=shape, element=element.name, acc=acc.name, opclass="TensorOp", math_op=op)
 
 
 def draw_sm90_tile(rng, element_bits):
     kk = 128 * 8 // element_bits
-    return dict(tb=[rng.choice([64, 128, 256]), rng.choice([32, 64, 128, 192, 256]),
-                    rng.choice([kk, kk, kk // 2, kk * 2])],
+    return dict(tb=[rng.choice([64, 128, 256]), rng.choice(SM90_TILE_N), rng.choice([kk, kk, kk // 2, kk * 2])],
                 warps=rng.choice([None, None, None, [4, 1, 1], [8, 1, 1]]),
                 stages=rng.choice([0, 0, 2, 3, 4, 5, 6, 7]),
                 cluster=rng.choice([[1, 1, 1], [2, 1, 1], [1, 2, 1], [2, 2, 1]]),

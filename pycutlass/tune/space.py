@@ -38,6 +38,7 @@ from ..emit.names import SHORT
 from ..epilogue.activations import ACTIVATIONS
 from ..epilogue.functors import LinearCombination, LinearCombinationClamp, LinearCombinationGeneric
 from ..errors import ArgumentError, DescriptionError
+from ..kinds.gemm_sm90.operation import TILE_N as SM90_TILE_N
 
 KINDS = ("gemm", "grouped_gemm", "conv2d")
 COMPUTE_CAPABILITIES = (80, 86, 89, 90)
@@ -757,7 +758,7 @@ PRESETS = _frozen({
     # What the SM90 kind accepts: tiles M 64/128/256 x N 32/64/128/192/256 x K 64, clusters, every schedule.
     "sm90-f16": {
         "name": "sm90-f16", "kind": ["gemm"], "compute_capability": [90], "dtypes": ["f16_f32acc"],
-        "threadblock_shape": [[m, n, 64] for m in (64, 128, 256) for n in (32, 64, 128, 192, 256)],
+        "threadblock_shape": [[m, n, 64] for m in (64, 128, 256) for n in SM90_TILE_N],
         "warp_count": ["auto"], "stages": [0],
         "cluster_shape": [[1, 1, 1], [2, 1, 1], [1, 2, 1]],
         "kernel_schedule": ["TmaWarpSpecialized", "TmaWarpSpecializedCooperative", "TmaWarpSpecializedPingpong"],

@@ -6,7 +6,18 @@ from __future__ import annotations
 import pytest
 
 from .conftest import precompile_module
-from .test_gemm_sm90 import CM, KS, SIZES, TS, D, R, run_case, sm90_op, torch
+from .test_gemm_sm90 import (
+    CM,
+    KS,
+    SIZES,
+    TS,
+    D,
+    R,
+    run_case,
+    sm90_op,
+    tma_aligned_size,
+    torch,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch is None, reason="needs torch")]
 
@@ -39,12 +50,6 @@ def _compiled():
 @pytest.mark.parametrize("size", SIZES + [(16, 4096, 4096), (128, 4096, 1032)], ids=lambda s: "x".join(map(str, s)))
 def test_tile_widths(name, size):
     op = TILE_N_OPS[name]
-    m, n, k = size
-    alignment = 128 // op.A.element.bits
-    k = -(-k // alignment) * alignment
-    contiguous = [(m if op.A.layout is CM else k, op.A.alignment), (n if op.B.layout is R else k, op.B.alignment),
-                  (m if op.C.layout is CM else n, op.C.alignment)]
-    if any(extent % alignment for extent, alignment in contiguous):
-        pytest.skip("TMA needs each operand's contiguous extent aligned to 16 bytes")
+    m, n, k = tma_aligned_size(op, *size)
     knobs = {"split_k_slices": 3, "decomposition": "split_k"} if op.tile_scheduler is TS.StreamK and m < 64 else {}
     run_case(op, m, n, k, bias=op.bias is not None, **knobs)
