@@ -60,6 +60,26 @@ def host_us(fn, repeats: int = 2000) -> float:
     return statistics.median(samples)
 
 
+def host_submit_us(fn, calls: int = 64, batches: int = 40) -> float:
+    """Median host microseconds per call of ``fn``, over short batches that each start on an idle GPU.
+
+    ``host_us`` queues thousands of calls: once the GPU's queue is full the host waits for kernels to finish, so a
+    kernel that runs longer on the GPU than its launch costs on the host is timed by its GPU time. Here the device is
+    synchronized before each batch (outside the timed region) and a batch is short enough never to fill the queue,
+    so the number is what the calls cost the host."""
+    import torch
+
+    samples = []
+    for _ in range(batches):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) * 1e6 / calls)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
 def print_table(title: str, rows: list[dict]) -> None:
     print(f"\n## {title}")
     print(tabulate(rows, headers="keys", tablefmt="github", floatfmt=".3g"))

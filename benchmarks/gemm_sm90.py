@@ -6,11 +6,16 @@ against torch._scaled_mm, fused bias + GELU against eager addmm + gelu, and the 
 Every kernel's output is checked once against torch (output NaN-poisoned first) before it is timed; a kernel that
 disagrees is reported as wrong and never timed. Times: median of triton's do_bench (L2 flushed between repetitions),
 random-normal inputs, the same tensors for both sides.
+
+"best/torch" is order-fair: the grid's three fastest and torch are timed in interleaved rounds (``paired``), and
+the winner's ratio is the median over fresh rounds. "grid best/torch" is the older number: torch timed once before
+the grid, each configuration after it in turn.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 
@@ -19,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 
 import pycutlass as cutlass  # noqa: E402
-from common import bench_ms, device_name, host_us, print_table, write_json  # noqa: E402
+from common import bench_ms, device_name, host_submit_us, host_us, print_table, write_json  # noqa: E402
 
 D = cutlass.DataType
 KS, TS = cutlass.KernelScheduleType, cutlass.TileSchedulerType
@@ -106,7 +111,8 @@ def _tflops(m, n, k, ms):
 
 
 def time_op(op, m, n, k, A, B, reference, tolerance, bias=None, epilogue=(1.0, 0.0), **knobs):
-    """Milliseconds of ``op`` on the given operands, or None when its output disagrees with ``reference``."""
+    """(milliseconds, note, launch) of ``op`` on the given operands; milliseconds None when its output disagrees
+    with ``reference``."""
     import torch
 
     out_dtype = reference.dtype
@@ -115,13 +121,42 @@ def time_op(op, m, n, k, A, B, reference, tolerance, bias=None, epilogue=(1.0, 0
         arguments = cutlass.GemmArguments(op, cutlass.gemm.GemmCoord(m, n, k), A, B, None, Dt,
                                           output_op=op.epilogue_type(*epilogue), bias=bias, **knobs)
     except cutlass.ArgumentError as error:
-        return None, f"rejected: {error}"
+        return None, f"rejected: {error}", None
     op.run(arguments)
     arguments.sync()
     error = ((Dt.double() - reference.double()).norm() / reference.double().norm()).item()
     if not error < tolerance:
-        return None, f"wrong (relative error {error:.3g})"
-    return bench_ms(lambda: op.run(arguments)), ""
+        return None, f"wrong (relative error {error:.3g})", None
+    return bench_ms(lambda: op.run(arguments)), "", lambda: op.run(arguments)
+
+
+def paired(torch_fn, candidates, select_rounds=5, confirm_rounds=7):
+    """Order-fair ratios torch / candidate: torch and the candidates are timed in interleaved rounds, the order
+    rotated each round, so neither side gets the cooler (faster-clocked) GPU or the warmer caches more often.
+
+    The grid above times torch once, first, then each configuration in turn: a GPU that heats up over a shape's
+    24 runs favours torch. Here the winner is picked by the median ratio over ``select_rounds``, then its ratio is
+    measured again over ``confirm_rounds`` fresh rounds (so picking the best of several noisy medians does not
+    inflate the reported one). Returns (winner index, confirmed ratio, per-candidate selection ratios)."""
+    def rounds(fns, count):
+        ratios = [[] for _ in fns[1:]]
+        for r in range(count):
+            order = list(range(len(fns)))
+            order = order[r % len(order):] + order[:r % len(order)]
+            ms = {i: bench_ms(fns[i], warmup_ms=10, rep_ms=60) for i in order}
+            for j in range(1, len(fns)):
+                ratios[j - 1].append(ms[0] / ms[j])
+        return [statistics.median(found) for found in ratios]
+
+    selection = rounds([torch_fn, *(fn for _, fn in candidates)], select_rounds) if len(candidates) > 1 else [0.0]
+    winner = max(range(len(candidates)), key=selection.__getitem__)
+    return winner, rounds([torch_fn, candidates[winner][1]], confirm_rounds)[0], selection
+
+
+def smi_state() -> str:
+    """SM clock, temperature and power now (the clocks drift as the GPU heats: recorded per shape)."""
+    return subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,temperature.gpu,power.draw", "--format=csv,noheader"],
+                          capture_output=True, text=True).stdout.strip()
 
 
 def gemm_section(name, element, ops, shapes, rows, results):
@@ -137,8 +172,8 @@ def gemm_section(name, element, ops, shapes, rows, results):
         tolerance = 1e-2 if element is D.float16 else 2e-2
         timings = []
         for op in ops:
-            ms, note = time_op(op, m, n, k, A, B, reference, tolerance)
-            timings.append((op, {}, ms, note))
+            ms, note, fn = time_op(op, m, n, k, A, B, reference, tolerance)
+            timings.append((op, {}, ms, note, fn))
         # Runtime knobs need no recompile; 9 runs per shape keep it at 24 configurations (15 compiled + 9): on the
         # fastest configuration the swizzle 2, 4, 8 and an explicit raster order along M and along N (cuBLAS picks
         # its raster per shape: the "_v_" / "_h_" of its kernel names), on the second swizzle 8, and on the 128x128
@@ -146,24 +181,28 @@ def gemm_section(name, element, ops, shapes, rows, results):
         ranked = sorted((t for t in timings[1:] if t[2] is not None), key=lambda t: t[2])[:2]
         runs = [(ranked[0][0], knobs) for knobs in ({"swizzle": 2}, {"swizzle": 4}, {"swizzle": 8},
                                                      {"raster_order": "along_m"}, {"raster_order": "along_n"})]
-        runs += [(op, {"swizzle": 8}) for op, _, _, _ in ranked[1:]]
+        runs += [(op, {"swizzle": 8}) for op, _, _, _, _ in ranked[1:]]
         runs += [(stream_k_op(ops), knobs) for knobs in SPLIT_KNOBS]
         for op, knobs in runs:
-            ms, note = time_op(op, m, n, k, A, B, reference, tolerance, **knobs)
-            timings.append((op, knobs, ms, note))
-        good = [(op, knobs, ms) for op, knobs, ms, _ in timings if ms is not None]
-        best_op, best_knobs, best_ms = min(good, key=lambda x: x[2]) if good else (None, {}, None)
-        default_ms = timings[0][2]
+            ms, note, fn = time_op(op, m, n, k, A, B, reference, tolerance, **knobs)
+            timings.append((op, knobs, ms, note, fn))
+        good = sorted((t for t in timings if t[2] is not None), key=lambda t: t[2])
+        label = lambda t: describe(t[0]) + "".join(f" {key}={v}" for key, v in t[1].items())  # noqa: E731
+        best_ms = good[0][2] if good else None
         row = {"dtype": name, "shape": f"{m}x{n}x{k}", "torch TFLOP/s": _tflops(m, n, k, torch_ms),
-               "best TFLOP/s": _tflops(m, n, k, best_ms) if best_ms else 0.0,
-               "best/torch": torch_ms / best_ms if best_ms else 0.0,
-               "best config": (describe(best_op) + "".join(f" {name}={v}" for name, v in best_knobs.items()))
-               if best_op else "-",
-               "default/torch": torch_ms / default_ms if default_ms else 0.0}
+               "best/torch": 0.0, "best config": "-", "grid best/torch": torch_ms / best_ms if best_ms else 0.0,
+               "default/torch": torch_ms / timings[0][2] if timings[0][2] else 0.0}
+        selection = []
+        if good:  # the grid's three fastest, against torch in interleaved rounds
+            top = good[:3]
+            winner, ratio, selection = paired(lambda: torch.matmul(A, B), [(label(t), t[4]) for t in top])
+            row.update({"best/torch": ratio, "best config": label(top[winner]),
+                        "best TFLOP/s": _tflops(m, n, k, top[winner][2])})
         rows.append(row)
-        results.append({**row, "torch_ms": torch_ms,
+        results.append({**row, "torch_ms": torch_ms, "smi": smi_state(),
+                        "paired selection": [{"config": label(t), "ratio": r} for t, r in zip(good[:3], selection)],
                         "configs": [{"config": describe(op), **knobs, "ms": ms, "note": note}
-                                    for op, knobs, ms, note in timings]})
+                                    for op, knobs, ms, note, _ in timings]})
         print(row, flush=True)
 
 
@@ -177,21 +216,27 @@ def fp8_section(ops, rows, results):
         torch_ms = bench_ms(lambda: torch._scaled_mm(A, Bt.t(), one, one, out_dtype=torch.bfloat16))
         reference = torch._scaled_mm(A, Bt.t(), one, one, out_dtype=torch.bfloat16)
         timings = [(op, *time_op(op, m, n, k, A, Bt.t(), reference, 2e-2)) for op in ops]
-        summarize("fp8 e4m3 -> bf16", f"{m}x{n}x{k}", (m, n, k), torch_ms, timings, rows, results)
+        summarize("fp8 e4m3 -> bf16", f"{m}x{n}x{k}", (m, n, k), torch_ms, timings, rows, results,
+                  lambda: torch._scaled_mm(A, Bt.t(), one, one, out_dtype=torch.bfloat16))
 
 
-def summarize(label, shape, mnk, torch_ms, timings, rows, results):
-    """One table row from (op, ms or None, note) timings: the best against torch, and the first (default) one."""
-    good = [(op, ms) for op, ms, _ in timings if ms is not None]
-    best_op, best_ms = min(good, key=lambda x: x[1]) if good else (None, None)
-    default_ms = timings[0][1]
-    row = {"dtype": label, "shape": shape, "torch TFLOP/s": _tflops(*mnk, torch_ms),
-           "best TFLOP/s": _tflops(*mnk, best_ms) if best_ms else 0.0,
-           "best/torch": torch_ms / best_ms if best_ms else 0.0, "best config": describe(best_op) if best_op else "-",
-           "default/torch": torch_ms / default_ms if default_ms else 0.0}
+def summarize(label, shape, mnk, torch_ms, timings, rows, results, torch_fn):
+    """One table row from (op, ms or None, note, launch) timings: the grid's best against torch, the three fastest
+    confirmed against ``torch_fn`` in interleaved rounds (``paired``), and the first (default) one."""
+    good = sorted((t for t in timings if t[1] is not None), key=lambda t: t[1])
+    best_ms = good[0][1] if good else None
+    row = {"dtype": label, "shape": shape, "torch TFLOP/s": _tflops(*mnk, torch_ms), "best/torch": 0.0,
+           "best config": "-", "grid best/torch": torch_ms / best_ms if best_ms else 0.0,
+           "default/torch": torch_ms / timings[0][1] if timings[0][1] else 0.0}
+    selection = []
+    if good:
+        winner, ratio, selection = paired(torch_fn, [(describe(t[0]), t[3]) for t in good[:3]])
+        row.update({"best/torch": ratio, "best config": describe(good[winner][0]),
+                    "best TFLOP/s": _tflops(*mnk, good[winner][1])})
     rows.append(row)
-    results.append({**row, "torch_ms": torch_ms,
-                    "configs": [{"config": describe(op), "ms": ms, "note": note} for op, ms, note in timings]})
+    results.append({**row, "torch_ms": torch_ms, "smi": smi_state(),
+                    "paired selection": [{"config": describe(t[0]), "ratio": r} for t, r in zip(good[:3], selection)],
+                    "configs": [{"config": describe(op), "ms": ms, "note": note} for op, ms, note, _ in timings]})
     print(row, flush=True)
 
 
@@ -206,12 +251,15 @@ def fused_section(ops, rows, results):
     torch_ms = bench_ms(lambda: F.gelu(torch.addmm(bias, A, Bt.t())))
     reference = F.gelu(torch.addmm(bias, A, Bt.t()).float()).half()
     timings = [(op, *time_op(op, m, n, k, A, Bt.t(), reference, 1e-2, bias=bias)) for op in ops]
-    summarize("f16 GEMM+bias+GELU", "4096^3", (m, n, k), torch_ms, timings, rows, results)
+    summarize("f16 GEMM+bias+GELU", "4096^3", (m, n, k), torch_ms, timings, rows, results,
+              lambda: F.gelu(torch.addmm(bias, A, Bt.t())))
 
 
 def host_section(op, rows, results):
     """run() with reused arguments, a new Arguments object for a seen shape, torch.mm; and, for scale, the bare
-    driver calls run() is made of (cuLaunchKernel and cuCtxGetCurrent through cuda.bindings and through ctypes)."""
+    driver calls run() is made of (cuLaunchKernel and cuCtxGetCurrent through cuda.bindings and through ctypes).
+    Each is timed two ways: in short batches on an idle GPU (the host's cost, the goal's number) and queued 2000
+    deep (the older number, bounded below by the kernel's GPU time, which the row also gives)."""
     import ctypes
 
     import torch
@@ -236,6 +284,18 @@ def host_section(op, rows, results):
     raw_head = (int(launch.function), *launch.grid, *launch.block, launch.shared_memory_bytes)
     context = ctypes.c_void_p()
     stream_object = cu.CUstream(stream)
+    def gpu_us_back_to_back(fn, calls=400):
+        """GPU microseconds per kernel when ``fn``'s launches run back to back (events around ``calls`` of them)."""
+        fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3 / calls
+
     found = {}
     for _ in range(3):  # interleaved rounds; the minimum of each
         for name, fn in (("run() reused (us)", lambda: op.run(arguments)),
@@ -250,14 +310,21 @@ def host_section(op, rows, results):
                          ("new Arguments, seen shape (us)",
                           lambda: cutlass.GemmArguments(op, size, A, B, None, Dt)),
                          ("torch.mm (us)", lambda: torch.mm(A, B))):
-            us = host_us(fn, repeats=1000 if "Arguments" in name else 2000)
+            # host_us queues 2000 calls: past the GPU queue's depth it times the kernels, not the host.
+            # host_submit_us times short batches started on an idle GPU: the calls' cost to the host.
+            queued = host_us(fn, repeats=1000 if "Arguments" in name else 2000)
             torch.cuda.synchronize()
-            found[name] = min(us, found.get(name, us))
-    row = {name: found[name] for name in ("run() reused (us)", "new Arguments, seen shape (us)", "torch.mm (us)",
-                                          "bare cuLaunchKernel, cuda.bindings (us)",
-                                          "bare cuLaunchKernel, cuda.bindings, CUstream object (us)",
-                                          "bare cuLaunchKernel, ctypes (us)", "cuCtxGetCurrent, cuda.bindings (us)",
-                                          "cuCtxGetCurrent, ctypes (us)")}
+            submit = host_submit_us(fn)
+            found[name] = min(submit, found.get(name, submit))
+            found[name + " queued"] = min(queued, found.get(name + " queued", queued))
+        gpu = gpu_us_back_to_back(lambda: op.run(arguments))
+        found["GPU us per kernel, back to back"] = min(gpu, found.get("GPU us per kernel, back to back", gpu))
+    names = ("run() reused (us)", "new Arguments, seen shape (us)", "torch.mm (us)",
+             "bare cuLaunchKernel, cuda.bindings (us)", "bare cuLaunchKernel, cuda.bindings, CUstream object (us)",
+             "bare cuLaunchKernel, ctypes (us)", "cuCtxGetCurrent, cuda.bindings (us)", "cuCtxGetCurrent, ctypes (us)")
+    row = {**{name: found[name] for name in names},
+           **{name + " queued": found[name + " queued"] for name in names[:4]},
+           "GPU us per kernel, back to back": found["GPU us per kernel, back to back"]}
     rows.append(row)
     results.append(row)
     print(row, flush=True)

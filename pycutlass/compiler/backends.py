@@ -13,7 +13,7 @@ from pathlib import Path
 from ..errors import CompilationError, ToolchainError
 from . import toolchain
 
-COMMON_DEFINES = ("-DNDEBUG",)
+COMMON_DEFINES = ("-DNDEBUG",)  # without it CUTLASS keeps device asserts (and Hopper warns of slow wgmma)
 _LOG_LIMIT = 20000
 
 
@@ -22,7 +22,7 @@ def clip_log(log: str) -> str:
     if len(log) <= _LOG_LIMIT:
         return log
     half = _LOG_LIMIT // 2
-    return f"{log[:half]}\n[... {len(log) - _LOG_LIMIT} characters omitted ...]\n{log[-half:]}"  # without it CUTLASS keeps device asserts (and Hopper warns of slow wgmma)
+    return f"{log[:half]}\n[... {len(log) - _LOG_LIMIT} characters omitted ...]\n{log[-half:]}"
 
 
 class Backend:

@@ -105,6 +105,13 @@ def torch_signatures(tensors) -> tuple | None:
 class OperationArguments:
     """Base of every kind's Arguments: stream, device, owned device buffers, a prepared launch, and sync()."""
 
+    _runs_before_launch = False  # True for kinds that override before_launch (an instance may narrow it)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "_runs_before_launch" not in cls.__dict__:  # a kind may set it in its class body
+            cls._runs_before_launch = cls.before_launch is not OperationArguments.before_launch
+
     def __init__(self, operation, stream=None, device=None, session: Session | None = None):
         self.operation = operation
         self.stream = stream_handle(stream)
@@ -205,16 +212,20 @@ class OperationArguments:
     prepared = _prepare
 
     def launch_for(self, operation) -> None:
-        """``operation.run(arguments)`` comes here: check the pairing, then launch on the arguments' stream."""
+        """``operation.run(arguments)`` comes here: check the pairing, then launch on the arguments' stream.
+
+        run()'s hot path, kept flat: for reused arguments one context query and one cuLaunchKernel, and
+        ``before_launch`` only where a kind has work there."""
         if operation is not self.operation and operation != self.operation:
             raise ArgumentError(f"these arguments were built for {self.operation.name}, not {operation.name}")
-        self.launch()
-
-    def launch(self) -> None:
         launch = self._prepared or self._prepare()
         self.device.make_current()
-        self.before_launch()
+        if self._runs_before_launch:
+            self.before_launch()
         launch.launch(self.stream)
+
+    def launch(self) -> None:
+        self.launch_for(self.operation)
 
     def sync(self) -> None:
         """Wait for the stream; copy outputs held in host arrays back into them."""

@@ -291,6 +291,10 @@ def loaded(operation, device, session) -> LoadedOperation:
     return found
 
 
+def _launch_nothing(*_):
+    return (driver.kernel_launcher()[1],)
+
+
 @dataclass
 class PreparedLaunch:
     """Everything a launch needs, computed once per Arguments: run() then costs one cuLaunchKernel."""
@@ -308,13 +312,14 @@ class PreparedLaunch:
         self.param_pointers = driver.pointer_array(ctypes.addressof(self.params))
         self.param_address = ctypes.addressof(self.param_pointers)
         self.empty = 0 in self.grid  # CUDA rejects empty grids; an empty problem has nothing to write
-        # run()'s hot path: one call with the fixed arguments bound here (no per-call import or tuple building)
+        # run()'s hot path: one call with the fixed arguments bound here (no per-call import or tuple building);
+        # an empty grid binds a launcher that does nothing, so launch() needs no test for it.
         self._cu_launch, self._success = driver.kernel_launcher()
+        if self.empty:
+            self._cu_launch = _launch_nothing
         self._head = (self.function, *self.grid, *self.block, self.shared_memory_bytes)
 
     def launch(self, stream: int) -> None:
-        if self.empty:
-            return
         (err,) = self._cu_launch(*self._head, stream, self.param_address, 0)
         if err != self._success:  # the fast path stays a single call; errors get the full treatment
             driver.check((err,), "cuLaunchKernel", self.name)

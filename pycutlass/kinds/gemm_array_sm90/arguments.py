@@ -39,6 +39,8 @@ class GemmArgumentsArraySm90(GemmArgumentsSm90):
     After building, ``threadblock_count`` is the persistent grid (CTAs).
     """
 
+    _runs_before_launch = False  # before_launch has nothing to do here
+
     def __init__(self, operation, problem_size, A, B, C, D, *positional, bias=None, raster_order=None, swizzle=None,
                  decomposition=None, sm_count=None, **keywords):
         if not isinstance(operation, GemmOperationArraySm90):

@@ -37,6 +37,8 @@ class GemmArgumentsSm90(GemmArguments):
       product per slice into a workspace of C's element; on an operation with the Default tile scheduler.
     """
 
+    _runs_before_launch = False  # stream-K Arguments turn it on once their workspace exists
+
     def __init__(self, operation, problem_size, A, B, C, D, *positional, bias=None, raster_order=None, swizzle=None,
                  decomposition=None, sm_count=None, **keywords):
         self._knobs = _check_knobs(operation, raster_order, swizzle, decomposition, sm_count)
@@ -216,6 +218,7 @@ class GemmArgumentsSm90(GemmArguments):
             launch = prepare(loaded_op, abi_struct, self.stream)
         self._prepared = launch
         self._loaded_op, self._abi_struct = loaded_op, abi_struct
+        self._runs_before_launch = bool(self.workspace_bytes and self._stream_k)  # run() skips the call otherwise
         return self._prepared
 
     prepared = _prepare
