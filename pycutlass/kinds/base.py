@@ -111,10 +111,11 @@ class Operation:
 
     def run(self, arguments) -> None:
         """Launch on ``arguments``' stream and device (Params were built when the arguments were made)."""
-        launch_for = getattr(arguments, "launch_for", None)
-        if launch_for is None:
+        try:
+            launch_for = arguments.launch_for
+        except AttributeError:
             raise ArgumentError(f"{self.name}.run() takes the arguments built for it (e.g. GemmArguments), got "
-                                f"{type(arguments).__name__}")
+                                f"{type(arguments).__name__}") from None
         launch_for(self)
 
 

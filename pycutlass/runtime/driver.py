@@ -120,6 +120,12 @@ def kernel_launcher():
     return driver.cuLaunchKernel, driver.CUresult.CUDA_SUCCESS
 
 
+def stream_object(handle: int):
+    """cuda.bindings' ``CUstream`` for a raw handle. Launchers keep it: passing the object saves the per-call
+    conversion of an int (0.2 us of a 4.4 us cuLaunchKernel on the H100 hosts)."""
+    return _driver().CUstream(handle)
+
+
 def launch(function, grid, block, shared_memory_bytes: int, stream: int, params_address: int, what: str) -> None:
     """``params_address``: the address of a void*[] holding one pointer per kernel parameter."""
     from cuda.bindings.driver import CUresult, cuLaunchKernel

@@ -61,9 +61,14 @@ def _prepared(monkeypatch, grid):
 def test_one_launch_is_one_driver_call_with_bound_arguments(monkeypatch):
     prepared, recorder = _prepared(monkeypatch, (4, 2, 1))
     prepared.launch(77)
+    prepared.launch(77)
     prepared.launch(78)
-    assert recorder.calls == [("kernel", 4, 2, 1, 384, 1, 1, 1024, 77, prepared.param_address, 0),
-                              ("kernel", 4, 2, 1, 384, 1, 1, 1024, 78, prepared.param_address, 0)]
+    heads = [call[:8] + call[9:] for call in recorder.calls]
+    assert heads == [("kernel", 4, 2, 1, 384, 1, 1, 1024, prepared.param_address, 0)] * 3
+    # the stream goes as a CUstream object, converted once per stream, not once per launch
+    streams = [call[8] for call in recorder.calls]
+    assert [int(s) for s in streams] == [77, 77, 78] and streams[0] is streams[1]
+    assert all(isinstance(s, driver._driver().CUstream) for s in streams)
 
 
 def test_empty_grid_calls_nothing(monkeypatch):

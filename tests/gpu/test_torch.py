@@ -407,7 +407,8 @@ def test_optimized_layers_skip_the_dispatcher_and_torch_layers_call_torch(monkey
 def test_optimize_end_to_end_check_keeps_the_fastest_placement():
     """A small host-bound GPT-2 stack: optimize times the original model and each placement of its layers, keeps
     the fastest, records it, and every layer it put on torch calls torch for the example's shape."""
-    from pycutlass.torch.model_pass import CutlassLinear, OptimizeReport
+    from pycutlass.torch.model_pass import (_E2E_MARGIN, _E2E_NOISE_FACTOR, _E2E_TRACED_MARGIN, CutlassLinear,
+                                            OptimizeReport)
 
     models = _benchmark_models()
     session = pycutlass.Session()
@@ -426,13 +427,19 @@ def test_optimize_end_to_end_check_keeps_the_fastest_placement():
         times = record["candidates"]
         placements = {name: ms for name, ms in times.items() if name != "traced"}
         eager_ms = record["eager_ms"]
-        fallback = times["traced"] if times["traced"] < 0.98 * eager_ms else eager_ms  # traced must win by 2% too
-        if record["chosen"] in ("traced", "eager"):  # no placement beat torch by 2%: torch only
-            assert min(placements.values()) >= 0.98 * fallback
+        # The margin a placement must win by: 2%, or twice the A/A control's noise on this host when that is more
+        # (a fixed 2% here failed on a noisy host, where optimize rightly kept torch on a 2-4% lead).
+        margin = record["margin"]
+        assert margin >= _E2E_MARGIN and margin == pytest.approx(max(_E2E_MARGIN, _E2E_NOISE_FACTOR * record.get("noise", 0.0)))
+        traced_wins = times["traced"] < eager_ms * (1 - max(_E2E_TRACED_MARGIN, margin))
+        fallback = times["traced"] if traced_wins else eager_ms
+        if record["chosen"] in ("traced", "eager"):  # no placement beat torch by the margin: torch only
+            assert record["chosen"] == ("traced" if traced_wins else "eager")
+            assert min(placements.values()) >= (1 - margin) * fallback
             assert not any(isinstance(m, CutlassLinear) for m in fast.modules())
             assert isinstance(fast, type(model)) == (record["chosen"] == "eager")
         else:
-            assert times[record["chosen"]] == min(placements.values()) < 0.98 * fallback
+            assert times[record["chosen"]] == min(placements.values()) < (1 - margin) * fallback
         assert any(note.startswith("end-to-end check") for note in report.notes)
         assert OptimizeReport.from_dict(report.to_dict()).end_to_end == record
         kernels = {row["layer"]: row["kernel"] for row in report.rows}
