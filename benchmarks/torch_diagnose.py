@@ -30,17 +30,9 @@ def build(name: str):
 
 def host_ms_per_forward(fn, forwards: int = 3, rounds: int = 20) -> float:
     """Host time to enqueue one forward: few forwards per round, so the launch queue never fills."""
-    import torch
+    from common import host_submit_us
 
-    samples = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(forwards):
-            fn()
-        samples.append((time.perf_counter() - start) * 1e3 / forwards)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
+    return host_submit_us(fn, calls=forwards, batches=rounds) / 1e3
 
 
 def wall_ms_per_forward(fn, forwards: int = 20) -> float:
