@@ -318,12 +318,15 @@ class PreparedLaunch:
         if self.empty:
             self._cu_launch = _launch_nothing
         self._head = (self.function, *self.grid, *self.block, self.shared_memory_bytes)
-        self._stream_handle, self._stream = None, None  # the last stream, as a CUstream object
+        # (handle, CUstream) of the last stream: one attribute, so a thread never pairs one stream's handle with
+        # another's object
+        self._bound_stream = (None, None)
 
     def launch(self, stream: int) -> None:
-        if stream != self._stream_handle:
-            self._stream_handle, self._stream = stream, driver.stream_object(stream)
-        (err,) = self._cu_launch(*self._head, self._stream, self.param_address, 0)
+        bound = self._bound_stream
+        if stream != bound[0]:
+            bound = self._bound_stream = (stream, driver.stream_object(stream))
+        (err,) = self._cu_launch(*self._head, bound[1], self.param_address, 0)
         if err != self._success:  # the fast path stays a single call; errors get the full treatment
             driver.check((err,), "cuLaunchKernel", self.name)
 
@@ -352,7 +355,7 @@ class PatchedLauncher:
         # (3.96-5.08 vs 6.38-6.78 us per bare call)
         self._cu_launch, self._success = driver.kernel_launcher()
         self._head = (loaded_op.kernel, *grid, *block, smem)
-        self._stream_handle, self._stream = None, None  # the last stream, as a CUstream object
+        self._stream_handle, self._stream = None, None  # the last stream, as a CUstream object (under the lock)
         self.patches = template.patches
         self._lock = threading.Lock()
         loaded_op.ensure_shared_memory(smem)
