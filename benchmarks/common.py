@@ -8,8 +8,6 @@ import statistics
 import time
 from pathlib import Path
 
-from tabulate import tabulate
-
 
 def device_name() -> str:
     try:
@@ -81,6 +79,8 @@ def host_submit_us(fn, calls: int = 64, batches: int = 40) -> float:
 
 
 def print_table(title: str, rows: list[dict]) -> None:
+    from tabulate import tabulate  # the bench extra; imported here so the helpers above load without it
+
     print(f"\n## {title}")
     print(tabulate(rows, headers="keys", tablefmt="github", floatfmt=".3g"))
 
