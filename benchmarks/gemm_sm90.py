@@ -186,24 +186,7 @@ def gemm_section(name, element, ops, shapes, rows, results):
         for op, knobs in runs:
             ms, note, fn = time_op(op, m, n, k, A, B, reference, tolerance, **knobs)
             timings.append((op, knobs, ms, note, fn))
-        good = sorted((t for t in timings if t[2] is not None), key=lambda t: t[2])
-        label = lambda t: describe(t[0]) + "".join(f" {key}={v}" for key, v in t[1].items())  # noqa: E731
-        best_ms = good[0][2] if good else None
-        row = {"dtype": name, "shape": f"{m}x{n}x{k}", "torch TFLOP/s": _tflops(m, n, k, torch_ms),
-               "best/torch": 0.0, "best config": "-", "grid best/torch": torch_ms / best_ms if best_ms else 0.0,
-               "default/torch": torch_ms / timings[0][2] if timings[0][2] else 0.0}
-        selection = []
-        if good:  # the grid's three fastest, against torch in interleaved rounds
-            top = good[:3]
-            winner, ratio, selection = paired(lambda: torch.matmul(A, B), [(label(t), t[4]) for t in top])
-            row.update({"best/torch": ratio, "best config": label(top[winner]),
-                        "best TFLOP/s": _tflops(m, n, k, top[winner][2])})
-        rows.append(row)
-        results.append({**row, "torch_ms": torch_ms, "smi": smi_state(),
-                        "paired selection": [{"config": label(t), "ratio": r} for t, r in zip(good[:3], selection)],
-                        "configs": [{"config": describe(op), **knobs, "ms": ms, "note": note}
-                                    for op, knobs, ms, note, _ in timings]})
-        print(row, flush=True)
+        summarize(name, f"{m}x{n}x{k}", (m, n, k), torch_ms, timings, rows, results, lambda: torch.matmul(A, B))
 
 
 def fp8_section(ops, rows, results):
@@ -215,28 +198,32 @@ def fp8_section(ops, rows, results):
         one = torch.ones((), device="cuda")
         torch_ms = bench_ms(lambda: torch._scaled_mm(A, Bt.t(), one, one, out_dtype=torch.bfloat16))
         reference = torch._scaled_mm(A, Bt.t(), one, one, out_dtype=torch.bfloat16)
-        timings = [(op, *time_op(op, m, n, k, A, Bt.t(), reference, 2e-2)) for op in ops]
+        timings = [(op, {}, *time_op(op, m, n, k, A, Bt.t(), reference, 2e-2)) for op in ops]
         summarize("fp8 e4m3 -> bf16", f"{m}x{n}x{k}", (m, n, k), torch_ms, timings, rows, results,
                   lambda: torch._scaled_mm(A, Bt.t(), one, one, out_dtype=torch.bfloat16))
 
 
 def summarize(label, shape, mnk, torch_ms, timings, rows, results, torch_fn):
-    """One table row from (op, ms or None, note, launch) timings: the grid's best against torch, the three fastest
-    confirmed against ``torch_fn`` in interleaved rounds (``paired``), and the first (default) one."""
-    good = sorted((t for t in timings if t[1] is not None), key=lambda t: t[1])
-    best_ms = good[0][1] if good else None
+    """One table row from (op, runtime knobs, ms or None, note, launch) timings: the grid's best against torch, the
+    three fastest confirmed against ``torch_fn`` in interleaved rounds (``paired``), and the first (default) one."""
+    def config(t):
+        return describe(t[0]) + "".join(f" {key}={v}" for key, v in t[1].items())
+
+    good = sorted((t for t in timings if t[2] is not None), key=lambda t: t[2])
+    best_ms = good[0][2] if good else None
     row = {"dtype": label, "shape": shape, "torch TFLOP/s": _tflops(*mnk, torch_ms), "best/torch": 0.0,
            "best config": "-", "grid best/torch": torch_ms / best_ms if best_ms else 0.0,
-           "default/torch": torch_ms / timings[0][1] if timings[0][1] else 0.0}
+           "default/torch": torch_ms / timings[0][2] if timings[0][2] else 0.0}
     selection = []
-    if good:
-        winner, ratio, selection = paired(torch_fn, [(describe(t[0]), t[3]) for t in good[:3]])
-        row.update({"best/torch": ratio, "best config": describe(good[winner][0]),
-                    "best TFLOP/s": _tflops(*mnk, good[winner][1])})
+    if good:  # the grid's three fastest, against torch in interleaved rounds
+        winner, ratio, selection = paired(torch_fn, [(config(t), t[4]) for t in good[:3]])
+        row.update({"best/torch": ratio, "best config": config(good[winner]),
+                    "best TFLOP/s": _tflops(*mnk, good[winner][2])})
     rows.append(row)
     results.append({**row, "torch_ms": torch_ms, "smi": smi_state(),
-                    "paired selection": [{"config": describe(t[0]), "ratio": r} for t, r in zip(good[:3], selection)],
-                    "configs": [{"config": describe(op), "ms": ms, "note": note} for op, ms, note, _ in timings]})
+                    "paired selection": [{"config": config(t), "ratio": r} for t, r in zip(good[:3], selection)],
+                    "configs": [{"config": describe(op), **knobs, "ms": ms, "note": note}
+                                for op, knobs, ms, note, _ in timings]})
     print(row, flush=True)
 
 
@@ -250,7 +237,7 @@ def fused_section(ops, rows, results):
     bias = torch.randn(n, device="cuda", dtype=torch.float16)
     torch_ms = bench_ms(lambda: F.gelu(torch.addmm(bias, A, Bt.t())))
     reference = F.gelu(torch.addmm(bias, A, Bt.t()).float()).half()
-    timings = [(op, *time_op(op, m, n, k, A, Bt.t(), reference, 1e-2, bias=bias)) for op in ops]
+    timings = [(op, {}, *time_op(op, m, n, k, A, Bt.t(), reference, 1e-2, bias=bias)) for op in ops]
     summarize("f16 GEMM+bias+GELU", "4096^3", (m, n, k), torch_ms, timings, rows, results,
               lambda: F.gelu(torch.addmm(bias, A, Bt.t())))
 

@@ -224,9 +224,6 @@ class OperationArguments:
             self.before_launch()
         launch.launch(self.stream)
 
-    def launch(self) -> None:
-        self.launch_for(self.operation)
-
     def sync(self) -> None:
         """Wait for the stream; copy outputs held in host arrays back into them."""
         self.device.make_current()

@@ -355,7 +355,7 @@ class PatchedLauncher:
         # (3.96-5.08 vs 6.38-6.78 us per bare call)
         self._cu_launch, self._success = driver.kernel_launcher()
         self._head = (loaded_op.kernel, *grid, *block, smem)
-        self._stream_handle, self._stream = None, None  # the last stream, as a CUstream object (under the lock)
+        self._bound_stream = (None, None)  # (handle, CUstream) of the last stream, as in PreparedLaunch
         self.patches = template.patches
         self._lock = threading.Lock()
         loaded_op.ensure_shared_memory(smem)
@@ -369,8 +369,9 @@ class PatchedLauncher:
             for offset, index, constant in self.patches:
                 struct.pack_into("<Q", params, offset, (addresses[index] + constant) & _MASK64)
             self.device.make_current()
-            if stream != self._stream_handle:
-                self._stream_handle, self._stream = stream, driver.stream_object(stream)
-            (err,) = self._cu_launch(*self._head, self._stream, self._pointers_address, 0)
+            bound = self._bound_stream
+            if stream != bound[0]:
+                bound = self._bound_stream = (stream, driver.stream_object(stream))
+            (err,) = self._cu_launch(*self._head, bound[1], self._pointers_address, 0)
         if err != self._success:
             driver.check((err,), "cuLaunchKernel", self.name)

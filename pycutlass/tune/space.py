@@ -415,7 +415,7 @@ _KNOWN_RULES = (
     ("exceeds 128 bits", "alignment wider than 128 bits"),
     ("tile M must be 64, 128 or 256", "SM90 tile M not 64, 128 or 256"),
     ("tile N must be 64, 128 or 256", "SM90 tile N not 64, 128 or 256"),
-    ("tile N must be one of", "SM90 tile N not 32, 64, 128, 192 or 256"),
+    ("tile N must be one of", f"SM90 tile N not one of {', '.join(map(str, SM90_TILE_N))}"),
     ("cluster_shape must be", "SM90 cluster not 1x1x1, 2x1x1 or 1x2x1"),
     ("operands are not in the SM90 family", "operand type not in the SM90 family"),
     ("K-major only", "SM90 operand type needs A row-major, B column-major"),
