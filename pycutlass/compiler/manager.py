@@ -322,24 +322,21 @@ def _is_heavy(op) -> bool:
 
 
 def _units(missing, jobs: int | None):
-    """Split the misses into translation units: per target, SM90 and CUTLASS 2.x operations apart, ``jobs`` units
-    each (one when jobs is None), more where a unit would exceed its cap of operations."""
-    by_target: dict[Target, list] = {}
+    """Split the misses into translation units: per target, SM90 and CUTLASS 2.x operations apart, operations whose
+    units must define different macros (``unit_macros``: they change every header) apart, ``jobs`` units each (one
+    when jobs is None), more where a unit would exceed its cap of operations."""
+    by_class: dict[tuple, list] = {}
     for op, t in missing:
-        by_target.setdefault(t, []).append(op)
+        by_class.setdefault((t, _is_heavy(op), tuple(getattr(op, "unit_macros", ()))), []).append(op)
     units = []
-    for t, ops in by_target.items():
-        for heavy in (True, False):
-            group = [op for op in ops if _is_heavy(op) is heavy]
-            if not group:
-                continue
-            cap = HEAVY_UNIT_OPERATIONS if heavy else LIGHT_UNIT_OPERATIONS
-            n = max(1, min(jobs or 1, len(group)), -(-len(group) // cap))
-            for i in range(n):
-                unit_ops = group[i::n]
-                name = f"pycutlass_unit_{os.getpid()}_" + \
-                    hashlib.sha256("".join(o.name for o in unit_ops).encode()).hexdigest()[:8]
-                units.append((unit_ops, t, translation_unit(unit_ops), name))
+    for (t, heavy, _), group in by_class.items():
+        cap = HEAVY_UNIT_OPERATIONS if heavy else LIGHT_UNIT_OPERATIONS
+        n = max(1, min(jobs or 1, len(group)), -(-len(group) // cap))
+        for i in range(n):
+            unit_ops = group[i::n]
+            name = f"pycutlass_unit_{os.getpid()}_" + \
+                hashlib.sha256("".join(o.name for o in unit_ops).encode()).hexdigest()[:8]
+            units.append((unit_ops, t, translation_unit(unit_ops), name))
     return units
 
 

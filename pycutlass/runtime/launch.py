@@ -318,17 +318,32 @@ class PreparedLaunch:
         if self.empty:
             self._cu_launch = _launch_nothing
         self._head = (self.function, *self.grid, *self.block, self.shared_memory_bytes)
-        # (handle, CUstream) of the last stream: one attribute, so a thread never pairs one stream's handle with
-        # another's object
+        self._stream_argument = driver.stream_object
+        # (handle, stream argument) of the last stream: one attribute, so a thread never pairs one stream's handle
+        # with another's object
+        self._bound_stream = (None, None)
+        self.programmatic = False
+
+    def use_programmatic_dependent_launch(self) -> None:
+        """Launch through ``cuLaunchKernelEx`` with programmatic stream serialization (PDL): the kernel's blocks may
+        start while the stream's previous kernel drains. Only for kernels that wait (griddepcontrol.wait) before
+        their first global access: CUTLASS 3.x GEMM kernels built with CUTLASS_ENABLE_GDC_FOR_SM90."""
+        if self.empty or self.programmatic:
+            return
+        self.programmatic = True
+        self._cu_launch = driver.programmatic_launch(self.function)
+        self._head = ()
+        grid, block, smem = self.grid, self.block, self.shared_memory_bytes
+        self._stream_argument = lambda stream: driver.programmatic_launch_config(grid, block, smem, stream)
         self._bound_stream = (None, None)
 
     def launch(self, stream: int) -> None:
         bound = self._bound_stream
         if stream != bound[0]:
-            bound = self._bound_stream = (stream, driver.stream_object(stream))
+            bound = self._bound_stream = (stream, self._stream_argument(stream))
         (err,) = self._cu_launch(*self._head, bound[1], self.param_address, 0)
         if err != self._success:  # the fast path stays a single call; errors get the full treatment
-            driver.check((err,), "cuLaunchKernel", self.name)
+            driver.check((err,), "cuLaunchKernelEx" if self.programmatic else "cuLaunchKernel", self.name)
 
 
 def prepare(loaded_op: LoadedOperation, abi_struct, stream: int) -> PreparedLaunch:

@@ -41,6 +41,7 @@ class GemmOperationArraySm90(sm90.GemmOperationSm90):
     abi_struct_type = Sm90GroupedGemmArgs
     required_backend = "nvrtc"  # the builder needs -default-device (see gemm_sm90)
     array = True
+    pdl_refusal = "CUTLASS's pointer-array kernels do not wait on the previous grid (no griddepcontrol.wait)"
 
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueFunctor,

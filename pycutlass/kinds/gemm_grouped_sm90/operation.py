@@ -183,7 +183,7 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
 
     # --- emission -------------------------------------------------------------------------------------------
     def preamble(self) -> str:
-        return sm90.GemmOperationSm90.preamble(self)  # the same NVRTC shim (emitted once per unit)
+        return sm90._NVRTC_SHIM  # the same NVRTC shim (emitted once per unit)
 
     def shared_code(self) -> str:
         """The SM90 helpers (TMA records), shared with gemm_sm90 operations of the unit (identical text: once)."""

@@ -21,12 +21,18 @@ DECOMPOSITIONS = {None: 0, "heuristic": 0, "data_parallel": 1, "split_k": 2, "st
 class GemmArgumentsSm90(GemmArguments):
     """``GemmArguments(op, problem_size, A, B, C, D, output_op=None, gemm_mode=Mode.Gemm, split_k_slices=1, batch=1,
     stream=None, device=None, session=None, *, bias=None, raster_order=None, swizzle=None, decomposition=None,
-    sm_count=None)`` for an SM90 operation.
+    sm_count=None, pdl=False)`` for an SM90 operation.
 
     - ``bias``: the vector of an operation built with ``bias="row"`` (M values) or ``"column"`` (N values); one per
       batch in Batched mode if it holds ``batch`` vectors.
     - ``raster_order`` ("heuristic", "along_m", "along_n"), ``swizzle`` (1, 2, 4, 8; default from the operation's
       IdentitySwizzleN), ``sm_count`` (SMs the persistent grid may use; default all): no recompile.
+    - ``pdl=True``: launch with programmatic dependent launch (``cuLaunchKernelEx`` with programmatic stream
+      serialization). The kernel's blocks may start, set up shared memory and prefetch their TMA descriptors while
+      the stream's previous kernel drains; they wait for it (griddepcontrol.wait) before touching global memory.
+      Pays in back-to-back chains (layers of a model); no recompile. Not for ``array=True`` operations (CUTLASS's
+      pointer-array kernels do not wait) or stream-K ones (CUTLASS 4.2's stream-K scheduler does not compile
+      with grid dependency control).
     - Mode.Gemm with ``split_k_slices`` > 1 needs a stream-K operation (``TileSchedulerType.StreamK``): the K
       dimension is split that many ways; ``decomposition`` ("heuristic", "data_parallel", "split_k", "stream_k").
     - Mode.Batched runs the L mode; so does Mode.Array with tensors holding the batch (PyCUTLASS's form: the
@@ -40,8 +46,9 @@ class GemmArgumentsSm90(GemmArguments):
     _runs_before_launch = False  # stream-K Arguments turn it on once their workspace exists
 
     def __init__(self, operation, problem_size, A, B, C, D, *positional, bias=None, raster_order=None, swizzle=None,
-                 decomposition=None, sm_count=None, **keywords):
+                 decomposition=None, sm_count=None, pdl=False, **keywords):
         self._knobs = _check_knobs(operation, raster_order, swizzle, decomposition, sm_count)
+        self._pdl = _check_pdl(operation, pdl)
         self._stream_k = operation.tile_scheduler.name == "StreamK"
         self._bias_vector = None
         if bias is True:
@@ -63,7 +70,10 @@ class GemmArgumentsSm90(GemmArguments):
     def _from_memo(self, memo_key, session, addresses, keep_alive) -> bool:
         if self._bias_vector is not None or self._stream_k:
             return False
-        return super()._from_memo((memo_key, self._knobs), session, addresses, keep_alive)
+        found = super()._from_memo((memo_key, self._knobs), session, addresses, keep_alive)
+        if found and self._pdl:
+            self._prepared.use_programmatic_dependent_launch()
+        return found
 
     def _remember(self, memo_key, vector_bytes, attribute_names, extra=None) -> None:
         if self._bias_vector is not None or self._stream_k:
@@ -216,6 +226,8 @@ class GemmArgumentsSm90(GemmArguments):
             self.workspace_bytes = launch.workspace_bytes
             self.workspace = abi_struct.workspace = self.tensors.zeros(launch.workspace_bytes)
             launch = prepare(loaded_op, abi_struct, self.stream)
+        if self._pdl:
+            launch.use_programmatic_dependent_launch()
         self._prepared = launch
         self._loaded_op, self._abi_struct = loaded_op, abi_struct
         self._runs_before_launch = bool(self.workspace_bytes and self._stream_k)  # run() skips the call otherwise
@@ -232,6 +244,18 @@ class GemmArgumentsSm90(GemmArguments):
 
 
 _NO_KNOBS = (0, 0, 0, 0)
+
+
+def _check_pdl(operation, pdl) -> bool:
+    if pdl is False:
+        return False
+    if pdl is not True:
+        raise ArgumentError(f"pdl must be True or False, got {pdl!r}")
+    refusal = getattr(operation, "pdl_refusal", "it is not an SM90 GemmOperationUniversal")
+    if refusal:
+        raise ArgumentError(f"pdl=True needs a kernel that waits on the previous grid before its first global "
+                            f"access; {getattr(operation, 'name', operation)} does not: {refusal}")
+    return True
 
 
 def _check_knobs(operation, raster_order, swizzle, decomposition, sm_count) -> tuple:

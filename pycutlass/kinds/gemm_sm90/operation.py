@@ -101,6 +101,12 @@ template <class T> inline constexpr bool is_integral_v = cuda::std::is_integral_
 }  // namespace std
 #endif"""
 
+# Grid dependency control: with it CUTLASS's GemmUniversal kernels (warp-specialized, cooperative, ping-pong) run
+# griddepcontrol.wait before their first global access and launch_dependents near their end, so Arguments may launch
+# them with programmatic dependent launch (pdl=True); launched without it, the wait returns at once. It changes the
+# binary and every header of a unit sees it: it is a unit macro (in the source, so in the cache key).
+GDC_MACRO = "CUTLASS_ENABLE_GDC_FOR_SM90"
+
 BIAS_MODES = ("row", "column")  # one value per row of D (M values) or per column (N values)
 
 # Epilogue functors the SM90 kinds build through CUTLASS's fusion operations. The two clamps are
@@ -249,9 +255,23 @@ class GemmOperationSm90(GemmOperationUniversal):
         return self.swizzling_functor.log_tile if self.swizzling_functor.kind == "gemm" else 1
 
     # --- emission -------------------------------------------------------------------------------------------
-    def preamble(self) -> str:
-        """Before any include: CUTLASS 4.2's SM90 headers use a few C++17 std names NVRTC's std lacks."""
-        return _NVRTC_SHIM
+    @property
+    def pdl_refusal(self) -> str | None:
+        """Why Arguments may not launch this kernel with programmatic dependent launch (None: they may)."""
+        if self.tile_scheduler is _TS.StreamK:
+            return ("CUTLASS 4.2's stream-K tile scheduler does not compile with grid dependency control "
+                    "(is_last_tile binds a const member to a non-const reference)")
+        return None
+
+    @property
+    def unit_macros(self) -> tuple[str, ...]:
+        """Macros this operation's whole translation unit must define (compiler.manager never mixes sets)."""
+        return (GDC_MACRO,) if self.pdl_refusal is None else ()
+
+    def preamble(self) -> list[str]:
+        """Before any include: CUTLASS 4.2's SM90 headers use a few C++17 std names NVRTC's std lacks; then the
+        unit's macros."""
+        return [_NVRTC_SHIM, *(f"#define {macro} 1" for macro in self.unit_macros)]
 
     def shared_code(self) -> str:
         """Helpers every SM90 operation of a translation unit uses (TMA records, strides), emitted once."""

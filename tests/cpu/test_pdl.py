@@ -1,0 +1,139 @@
+"""Programmatic dependent launch (``GemmArguments(..., pdl=True)``) without a GPU: what compiles the kernels to wait,
+the launch configuration handed to ``cuLaunchKernelEx``, the launch path it replaces, and what is refused."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+import pycutlass as cutlass
+from pycutlass import KernelScheduleType as KS
+from pycutlass import TileSchedulerType as TS
+from pycutlass.compiler.manager import _units
+from pycutlass.gemm import GemmCoord
+from pycutlass.kinds.gemm_sm90 import GemmArgumentsSm90
+from pycutlass.kinds.gemm_sm90.operation import GDC_MACRO
+from pycutlass.runtime import driver, launch
+
+from .test_gemm_array_sm90 import _fake_device, array90
+
+SUCCESS = driver.kernel_launcher()[1]
+
+
+def test_the_grid_dependency_wait_is_a_unit_macro_of_the_kernels_that_take_it():
+    """CUTLASS's GemmUniversal kernels wait on the previous grid only where CUTLASS_ENABLE_GDC_FOR_SM90 is defined
+    before the headers: it is in the source (so in the cache key) of the operations that support pdl, not of
+    stream-K (CUTLASS 4.2's scheduler does not compile with it) or pointer-array ones (no wait)."""
+    for schedule in (KS.TmaWarpSpecialized, KS.TmaWarpSpecializedCooperative, KS.TmaWarpSpecializedPingpong):
+        op = array90(array=False, kernel=schedule, tile=(128, 128, 64) if schedule is not KS.TmaWarpSpecializedPingpong
+                     else (64, 128, 64))
+        assert op.pdl_refusal is None and op.unit_macros == (GDC_MACRO,)
+        assert op.emit().index(f"#define {GDC_MACRO} 1") < op.emit().index('#include "cutlass/')
+    streamk = array90(array=False, kernel=KS.TmaWarpSpecializedCooperative, scheduler=TS.StreamK)
+    for refused in (streamk, array90()):
+        assert refused.pdl_refusal and refused.unit_macros == () and GDC_MACRO not in refused.emit()
+
+
+def test_units_never_mix_operations_with_different_macros():
+    plain = array90(array=False)
+    others = [array90(array=False, kernel=KS.TmaWarpSpecializedCooperative, scheduler=TS.StreamK), array90()]
+    target = cutlass.compiler.manager.Target(90)
+    units = _units([(op, target) for op in (plain, *others)], jobs=None)
+    assert sorted(len(ops) for ops, *_ in units) == [1, 2]
+    for ops, _, source, _ in units:
+        assert (f"#define {GDC_MACRO} 1" in source) == (plain in ops)
+        assert all(op.unit_macros == ops[0].unit_macros for op in ops)
+
+
+def test_the_launch_config_asks_for_programmatic_stream_serialization():
+    config = driver.programmatic_launch_config((4, 2, 1), (384, 1, 1), 200 * 1024, 123)
+    cuda = driver._driver()
+    assert (config.gridDimX, config.gridDimY, config.gridDimZ) == (4, 2, 1)
+    assert (config.blockDimX, config.blockDimY, config.blockDimZ) == (384, 1, 1)
+    assert config.sharedMemBytes == 200 * 1024 and int(config.hStream) == 123 and config.numAttrs == 1
+    attribute = config.attrs[0]
+    assert attribute.id == cuda.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    assert attribute.value.programmaticStreamSerializationAllowed == 1
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+        return (SUCCESS,)
+
+
+def _prepared(monkeypatch, grid):
+    plain, programmatic = _Recorder(), _Recorder()
+    monkeypatch.setattr(driver, "kernel_launcher", lambda: (plain, SUCCESS))
+    monkeypatch.setattr(driver, "programmatic_launch", lambda function: (
+        lambda config, params, extra: programmatic(function, config, params, extra)))
+    params = (ctypes.c_byte * 16)()
+    return launch.PreparedLaunch("kernel", grid, (384, 1, 1), 1024, params, 0, "op"), plain, programmatic
+
+
+def test_a_programmatic_launch_goes_through_cuLaunchKernelEx_with_one_config_per_stream(monkeypatch):
+    prepared, plain, programmatic = _prepared(monkeypatch, (8, 1, 1))
+    prepared.launch(5)  # an ordinary launch first: the same object switches over
+    prepared.use_programmatic_dependent_launch()
+    prepared.use_programmatic_dependent_launch()  # idempotent
+    for stream in (5, 5, 6):
+        prepared.launch(stream)
+    assert len(plain.calls) == 1 and prepared.programmatic
+    assert [call[0] for call in programmatic.calls] == ["kernel"] * 3
+    assert all(call[2:] == (prepared.param_address, 0) for call in programmatic.calls)
+    configs = [call[1] for call in programmatic.calls]
+    assert [int(c.hStream) for c in configs] == [5, 5, 6] and configs[0] is configs[1]  # built once per stream
+    assert all(c.gridDimX == 8 and c.blockDimX == 384 and c.sharedMemBytes == 1024 for c in configs)
+
+
+def test_an_empty_grid_stays_a_launch_of_nothing(monkeypatch):
+    prepared, plain, programmatic = _prepared(monkeypatch, (0, 1, 1))
+    prepared.use_programmatic_dependent_launch()
+    prepared.launch(5)
+    assert not prepared.programmatic and plain.calls == [] and programmatic.calls == []
+
+
+def _operands(m=64, n=64, k=64):
+    A = np.zeros((m, k), np.float16)
+    return A, np.zeros((k, n), np.float16, order="F"), None, np.zeros((m, n), np.float16)
+
+
+@pytest.mark.parametrize("value", [1, "yes", None, 0.0])
+def test_pdl_takes_a_bool(value):
+    with pytest.raises(cutlass.ArgumentError, match="pdl must be True or False"):
+        cutlass.GemmArguments(array90(array=False), GemmCoord(64, 64, 64), *_operands(), pdl=value)
+
+
+@pytest.mark.parametrize("kind", ["array", "stream-K"])
+def test_pdl_is_refused_where_the_kernel_does_not_wait(kind):
+    """CUTLASS's pointer-array kernels never wait on the previous grid: launched early they could read inputs it
+    is still writing. Stream-K kernels are built without the wait (CUTLASS 4.2 does not compile it)."""
+    op = array90() if kind == "array" else array90(array=False, kernel=KS.TmaWarpSpecializedCooperative,
+                                                   scheduler=TS.StreamK)
+    match = "pointer-array kernels do not wait" if kind == "array" else "stream-K tile scheduler does not compile"
+    with pytest.raises(cutlass.ArgumentError, match=match):
+        cutlass.GemmArguments(op, GemmCoord(64, 64, 64), *_operands(), pdl=True)
+
+
+def test_pdl_is_kept_by_the_arguments(monkeypatch):
+    _fake_device(monkeypatch, GemmArgumentsSm90)
+    op = array90(array=False)
+    assert cutlass.GemmArguments(op, GemmCoord(64, 64, 64), *_operands(), pdl=True)._pdl
+    assert not cutlass.GemmArguments(op, GemmCoord(64, 64, 64), *_operands())._pdl
+
+
+def test_other_kinds_do_not_take_pdl():
+    math = cutlass.MathInstruction([16, 8, 16], cutlass.float16, cutlass.float16, cutlass.float32,
+                                   cutlass.OpClass.TensorOp)
+    tile = cutlass.TileDescription([128, 128, 32], 3, [2, 2, 1], math)
+    desc = cutlass.TensorDescription(cutlass.float16, cutlass.RowMajor, 8)
+    op = cutlass.GemmOperationUniversal(80, tile, desc, cutlass.TensorDescription(cutlass.float16,
+                                        cutlass.ColumnMajor, 8), desc,
+                                        cutlass.LinearCombination(cutlass.float16, 8, cutlass.float32,
+                                                                  cutlass.float32))
+    with pytest.raises(TypeError, match="pdl"):
+        cutlass.GemmArguments(op, GemmCoord(64, 64, 64), *_operands(), pdl=True)
