@@ -295,6 +295,15 @@ def _launch_nothing(*_):
     return (driver.kernel_launcher()[1],)
 
 
+def _launch_binding(function, grid, block, shared_memory_bytes: int, programmatic: bool):
+    """(driver call, its fixed leading arguments, stream -> its stream argument) for one kernel's launches: plain
+    ``cuLaunchKernel``, or ``cuLaunchKernelEx`` with programmatic stream serialization (a config per stream)."""
+    if programmatic:
+        return (driver.programmatic_launch(function), (),
+                lambda stream: driver.programmatic_launch_config(grid, block, shared_memory_bytes, stream))
+    return driver.kernel_launcher()[0], (function, *grid, *block, shared_memory_bytes), driver.stream_object
+
+
 @dataclass
 class PreparedLaunch:
     """Everything a launch needs, computed once per Arguments: run() then costs one cuLaunchKernel."""
@@ -314,11 +323,11 @@ class PreparedLaunch:
         self.empty = 0 in self.grid  # CUDA rejects empty grids; an empty problem has nothing to write
         # run()'s hot path: one call with the fixed arguments bound here (no per-call import or tuple building);
         # an empty grid binds a launcher that does nothing, so launch() needs no test for it.
-        self._cu_launch, self._success = driver.kernel_launcher()
+        self._success = driver.kernel_launcher()[1]
+        self._cu_launch, self._head, self._stream_argument = _launch_binding(
+            self.function, self.grid, self.block, self.shared_memory_bytes, False)
         if self.empty:
             self._cu_launch = _launch_nothing
-        self._head = (self.function, *self.grid, *self.block, self.shared_memory_bytes)
-        self._stream_argument = driver.stream_object
         # (handle, stream argument) of the last stream: one attribute, so a thread never pairs one stream's handle
         # with another's object
         self._bound_stream = (None, None)
@@ -331,10 +340,8 @@ class PreparedLaunch:
         if self.empty or self.programmatic:
             return
         self.programmatic = True
-        self._cu_launch = driver.programmatic_launch(self.function)
-        self._head = ()
-        grid, block, smem = self.grid, self.block, self.shared_memory_bytes
-        self._stream_argument = lambda stream: driver.programmatic_launch_config(grid, block, smem, stream)
+        self._cu_launch, self._head, self._stream_argument = _launch_binding(
+            self.function, self.grid, self.block, self.shared_memory_bytes, True)
         self._bound_stream = (None, None)
 
     def launch(self, stream: int) -> None:
@@ -358,7 +365,7 @@ class PatchedLauncher:
     words are rewritten in place (under a lock: ``cuLaunchKernel`` copies the parameters before it returns), then one
     ``cuLaunchKernel``. For callers that launch the same problem many times on new tensors (``pycutlass.torch``)."""
 
-    def __init__(self, loaded_op: LoadedOperation, template: _ParamsTemplate):
+    def __init__(self, loaded_op: LoadedOperation, template: _ParamsTemplate, programmatic: bool = False):
         grid, block, smem, _, _ = template.info
         self.name = loaded_op.name
         self.device = loaded_op.device
@@ -368,9 +375,12 @@ class PatchedLauncher:
         self._pointers_address = ctypes.addressof(self._pointers)
         # cuda.bindings' own call: cheaper than ctypes' argument conversion on the H100 hosts
         # (3.96-5.08 vs 6.38-6.78 us per bare call)
-        self._cu_launch, self._success = driver.kernel_launcher()
-        self._head = (loaded_op.kernel, *grid, *block, smem)
-        self._bound_stream = (None, None)  # (handle, CUstream) of the last stream, as in PreparedLaunch
+        self._success = driver.kernel_launcher()[1]
+        # programmatic dependent launch: PreparedLaunch.use_programmatic_dependent_launch says which kernels may
+        self.programmatic = programmatic and not self.empty
+        self._cu_launch, self._head, self._stream_argument = _launch_binding(loaded_op.kernel, grid, block, smem,
+                                                                             self.programmatic)
+        self._bound_stream = (None, None)  # (handle, stream argument) of the last stream, as in PreparedLaunch
         self.patches = template.patches
         self._lock = threading.Lock()
         loaded_op.ensure_shared_memory(smem)
@@ -386,7 +396,7 @@ class PatchedLauncher:
             self.device.make_current()
             bound = self._bound_stream
             if stream != bound[0]:
-                bound = self._bound_stream = (stream, driver.stream_object(stream))
+                bound = self._bound_stream = (stream, self._stream_argument(stream))
             (err,) = self._cu_launch(*self._head, bound[1], self._pointers_address, 0)
         if err != self._success:
-            driver.check((err,), "cuLaunchKernel", self.name)
+            driver.check((err,), "cuLaunchKernelEx" if self.programmatic else "cuLaunchKernel", self.name)

@@ -19,7 +19,7 @@ def current_dispatch() -> Dispatch:
 
 
 def configure(**settings) -> Dispatch:
-    """Settings of the current session's dispatch: tune, fallback, policy, db, prefer_faster, family."""
+    """Settings of the current session's dispatch: tune, fallback, policy, db, prefer_faster, family, pdl."""
     return Dispatch.current().configure(**settings)
 
 

@@ -86,11 +86,11 @@ class _Bound:
 
     __slots__ = ("launcher", "roles", "checks", "loaded_op")
 
-    def __init__(self, loaded_op, template, roles, vector_bytes):
+    def __init__(self, loaded_op, template, roles, vector_bytes, programmatic=False):
         from ..runtime.launch import PatchedLauncher
 
         self.loaded_op = loaded_op
-        self.launcher = PatchedLauncher(loaded_op, template)
+        self.launcher = PatchedLauncher(loaded_op, template, programmatic=programmatic)
         self.roles = roles  # per ABI address field: which tensor (-1: null)
         self.checks = tuple(sorted({(role, vector_bytes[role]) for role in roles if role >= 0}))
 
@@ -136,7 +136,7 @@ def _bind(arguments, tensors, vector_bytes) -> _Bound | None:
             else:
                 return None
         roles.append(owners.pop())
-    return _Bound(loaded_op, template, tuple(roles), vector_bytes)
+    return _Bound(loaded_op, template, tuple(roles), vector_bytes, getattr(arguments, "_pdl", False))
 
 
 def _stream(device: torch.device) -> int:
@@ -159,7 +159,9 @@ class Dispatch(SessionState):
     Settings (``configure``): ``tune`` (tune a shape on first sight; default False: the model pass tunes ahead),
     ``fallback`` (run torch for calls no kernel supports; default True), ``policy`` (tuning key: ``"exact"`` or
     ``"pow2"`` buckets, or a function of the problem), ``db`` (a tuning database path: choices persist and are shared
-    between processes), ``prefer_faster`` (keep torch where it is faster), ``family`` (``"auto"``, ``"sm80"``).
+    between processes), ``prefer_faster`` (keep torch where it is faster), ``family`` (``"auto"``, ``"sm80"``),
+    ``pdl`` (launch SM90 GEMM kernels with programmatic dependent launch: each may start while the previous kernel
+    of the stream drains; default False).
     """
 
     def __init__(self, session: Session):
@@ -169,11 +171,13 @@ class Dispatch(SessionState):
         self.policy = "exact"
         self.prefer_faster = True
         self.family = "auto"
+        self.pdl = False
         self._db = None
         self._lock = threading.RLock()
         self._bound: dict = {}  # call signature -> _Bound, or TORCH (cleared when a choice changes)
         self.generation = 0  # bumped whenever _bound is cleared: launch plans kept elsewhere check it
-        self._by_operation: dict = {}  # (operation name, call signature) -> _Bound (kept: rebinding is free)
+        # (operation name, call signature, pdl) -> _Bound (kept: rebinding is free)
+        self._by_operation: dict = {}
         self._choices: dict[str, dict] = {}  # tuning key -> {"kernel", "params", "us", "torch_us"}
         self._kernels: dict[str, object] = {}  # name -> operation (candidates, overrides, imported choices)
         self._params: dict[str, dict] = {}  # name -> params that rebuild it
@@ -194,7 +198,8 @@ class Dispatch(SessionState):
         return cls.of(current())
 
     # --- settings ----------------------------------------------------------------------------------------------
-    def configure(self, *, tune=None, fallback=None, policy=None, db=None, prefer_faster=None, family=None):
+    def configure(self, *, tune=None, fallback=None, policy=None, db=None, prefer_faster=None, family=None,
+                  pdl=None):
         if policy is not None:
             from ..tune.autotune import bucket_of
 
@@ -205,7 +210,7 @@ class Dispatch(SessionState):
                 raise ArgumentError(f"family must be 'auto' or 'sm80', got {family!r}")
             self.family = family
             self._candidates.clear()
-        for name, value in (("tune", tune), ("fallback", fallback), ("prefer_faster", prefer_faster)):
+        for name, value in (("tune", tune), ("fallback", fallback), ("prefer_faster", prefer_faster), ("pdl", pdl)):
             if value is not None:
                 if not isinstance(value, bool):
                     raise ArgumentError(f"{name} must be True or False, got {value!r}")
@@ -318,7 +323,7 @@ class Dispatch(SessionState):
                 self._bound[signature] = TORCH
             return reference.eager_gemm(a, b, bias, c, alpha, beta, activation, activation_arg)
         d = torch.empty((m, n), dtype=a.dtype, device=a.device)
-        known = self._by_operation.get((operation.name, signature))
+        known = self._by_operation.get((operation.name, signature, self.pdl))
         if known is not None and known.launch((a, b, bias, c, d), _stream(a.device)):
             self._bound[signature] = known
             return d
@@ -332,7 +337,7 @@ class Dispatch(SessionState):
     def _remember(self, signature, operation, bound) -> None:
         if bound is not None:
             self._bound[signature] = bound
-            self._by_operation[(operation.name, signature)] = bound
+            self._by_operation[(operation.name, signature, self.pdl)] = bound
         else:
             self.unbound_calls[operation.name] = self.unbound_calls.get(operation.name, 0) + 1
 
@@ -343,17 +348,20 @@ class Dispatch(SessionState):
         n = b.shape[1]
         args = (activation_arg,) if operation.epilogue_functor.num_activation_args else ()
         stream = _stream(a.device)
+        # pdl: only kernels built to wait on the previous grid take it (SM90 GEMMs but stream-K)
+        knobs = {"pdl": True} if self.pdl and getattr(operation, "pdl_refusal", "") is None else {}
         if getattr(operation, "bias", None):  # SM90: the bias vector is an epilogue input
             output_op = operation.epilogue_type(alpha, beta if c is not None else 0.0, *args)
             return GemmArguments(operation, (m, n, k), a, b, c if beta != 0 else None, d, output_op=output_op,
-                                 stream=stream, device=a.device.index, session=self.session, bias=bias)
+                                 stream=stream, device=a.device.index, session=self.session, bias=bias, **knobs)
         if bias is not None:  # Sm80 family: C is the bias, broadcast over rows (PyCUTLASS's bias=True)
             output_op = operation.epilogue_type(alpha, 1.0, *args)
             return GemmArguments(operation, (m, n, k), a, b, bias, d, output_op=output_op, stream=stream,
                                  device=a.device.index, session=self.session, bias=True)
         output_op = operation.epilogue_type(alpha, beta if c is not None else 0.0, *args)
         return GemmArguments(operation, (m, n, k), a, b, c if c is not None and beta != 0 else None, d,
-                             output_op=output_op, stream=stream, device=a.device.index, session=self.session)
+                             output_op=output_op, stream=stream, device=a.device.index, session=self.session,
+                             **knobs)
 
     # --- batched and grouped GEMM ---------------------------------------------------------------------------------
     def bmm(self, a, b, bias, alpha, activation, activation_arg, kernel):
@@ -490,7 +498,7 @@ class Dispatch(SessionState):
             return self._conv_torch(*torch_args)
         out_shape = {"fprop": y_shape, "dgrad": x_shape, "wgrad": w_shape}[conv_kind]
         out = torch.empty(out_shape, dtype=first.dtype, device=first.device, memory_format=torch.channels_last)
-        known = self._by_operation.get((operation.name, signature))
+        known = self._by_operation.get((operation.name, signature, self.pdl))
         if known is not None and known.launch((first, second, bias, out), _stream(first.device)):
             self._bound[signature] = known
             return out

@@ -137,3 +137,36 @@ def test_other_kinds_do_not_take_pdl():
                                                                   cutlass.float32))
     with pytest.raises(TypeError, match="pdl"):
         cutlass.GemmArguments(op, GemmCoord(64, 64, 64), *_operands(), pdl=True)
+
+
+def test_a_patched_launcher_launches_programmatically(monkeypatch):
+    """pycutlass.torch's bound launches (PatchedLauncher): new addresses patched in, then cuLaunchKernelEx."""
+    import struct
+    import types
+
+    plain, programmatic = _Recorder(), _Recorder()
+    monkeypatch.setattr(driver, "kernel_launcher", lambda: (plain, SUCCESS))
+    monkeypatch.setattr(driver, "programmatic_launch", lambda function: (
+        lambda config, params, extra: programmatic(function, config, params, extra)))
+    device = types.SimpleNamespace(make_current=lambda: None)
+    loaded = types.SimpleNamespace(name="op", device=device, kernel="kernel", ensure_shared_memory=lambda n: None)
+    template = launch._ParamsTemplate(((4, 1, 1), (384, 1, 1), 1024, 0, 0), bytes(16), ((0, 0, 0), (8, 1, 16)))
+    launcher = launch.PatchedLauncher(loaded, template, programmatic=True)
+    launcher.launch([0x1000, 0x2000], 7)
+    assert plain.calls == [] and len(programmatic.calls) == 1
+    function, config, params, extra = programmatic.calls[0]
+    assert function == "kernel" and int(config.hStream) == 7 and config.gridDimX == 4 and extra == 0
+    assert struct.unpack_from("<QQ", launcher.params) == (0x1000, 0x2010)
+    plain_launcher = launch.PatchedLauncher(loaded, template)
+    plain_launcher.launch([0x1000, 0x2000], 7)
+    assert not plain_launcher.programmatic and len(plain.calls) == 1 and len(programmatic.calls) == 1
+
+
+def test_the_torch_dispatch_takes_pdl():
+    pytest.importorskip("torch")
+    import pycutlass.torch as pct
+
+    dispatch = pct.Dispatch.of(cutlass.Session())
+    assert dispatch.pdl is False and dispatch.configure(pdl=True).pdl is True
+    with pytest.raises(cutlass.ArgumentError, match="pdl must be True or False"):
+        dispatch.configure(pdl="on")

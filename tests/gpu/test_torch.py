@@ -284,6 +284,40 @@ def test_cuda_graph_capture_and_replay(dispatch, gemm_kernels):
         assert relative_error(static_out, expected) < 1e-2
 
 
+def test_pdl_chain_of_linears_and_graph_replay(dispatch, gemm_kernels):
+    """configure(pdl=True): SM90 kernels bound programmatically; a chain with torch kernels between them (poison,
+    residual add) computes right, eagerly and replayed from a CUDA graph."""
+    dispatch.configure(family="auto", pdl=True)
+    try:
+        x, w1, b1, w2 = randn(M, K, seed=130), randn(N, K, seed=131), randn(N, seed=132), randn(K, N, seed=133)
+
+        def block(x):
+            h = pct.linear(x, w1, b1, activation="gelu")
+            return pct.linear(h, w2) + x
+
+        for _ in range(2):  # the first call builds Arguments, the second runs the bound (patched) launch
+            out = block(x)
+        torch.cuda.synchronize()
+        bound = [(name, b) for (name, _, pdl), b in dispatch._by_operation.items() if pdl and "sm90" in name]
+        assert bound and all(b.launcher.programmatic for _, b in bound)
+        expected = F.gelu(x.double() @ w1.double().t() + b1.double()) @ w2.double().t() + x.double()
+        assert relative_error(out, expected) < 1e-2
+        static_x = x.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = block(static_x)
+        for seed in (134, 135):
+            static_x.copy_(randn(M, K, seed=seed))
+            static_out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            xs = static_x.double()
+            expected = F.gelu(xs @ w1.double().t() + b1.double()) @ w2.double().t() + xs
+            assert relative_error(static_out, expected) < 1e-2
+    finally:
+        dispatch.configure(pdl=False)
+
+
 def test_first_call_during_capture_is_a_clear_error(dispatch, gemm_kernels):
     dispatch.configure(family="sm80")
     x, w = randn(46, K, seed=120), randn(N, K, seed=121)  # a shape never seen
