@@ -214,7 +214,7 @@ class OperationArguments:
     def launch_for(self, operation) -> None:
         """``operation.run(arguments)`` comes here: check the pairing, then launch on the arguments' stream.
 
-        run()'s hot path, kept flat: for reused arguments one context query and one cuLaunchKernel, and
+        run()'s hot path, kept flat: for reused arguments one context query and one cuLaunchKernelEx, and
         ``before_launch`` only where a kind has work there."""
         if operation is not self.operation and operation != self.operation:
             raise ArgumentError(f"these arguments were built for {self.operation.name}, not {operation.name}")

@@ -13,6 +13,7 @@ cached (that problem is built every time).
 from __future__ import annotations
 
 import collections
+import functools
 import ctypes
 import os
 import struct
@@ -295,18 +296,9 @@ def _launch_nothing(*_):
     return (driver.kernel_launcher()[1],)
 
 
-def _launch_binding(function, grid, block, shared_memory_bytes: int, programmatic: bool):
-    """(driver call, its fixed leading arguments, stream -> its stream argument) for one kernel's launches: plain
-    ``cuLaunchKernel``, or ``cuLaunchKernelEx`` with programmatic stream serialization (a config per stream)."""
-    if programmatic:
-        return (driver.programmatic_launch(function), (),
-                lambda stream: driver.programmatic_launch_config(grid, block, shared_memory_bytes, stream))
-    return driver.kernel_launcher()[0], (function, *grid, *block, shared_memory_bytes), driver.stream_object
-
-
 @dataclass
 class PreparedLaunch:
-    """Everything a launch needs, computed once per Arguments: run() then costs one cuLaunchKernel."""
+    """Everything a launch needs, computed once per Arguments: run() then costs one cuLaunchKernelEx."""
 
     function: object
     grid: tuple[int, int, int]
@@ -323,34 +315,33 @@ class PreparedLaunch:
         self.empty = 0 in self.grid  # CUDA rejects empty grids; an empty problem has nothing to write
         # run()'s hot path: one call with the fixed arguments bound here (no per-call import or tuple building);
         # an empty grid binds a launcher that does nothing, so launch() needs no test for it.
-        self._success = driver.kernel_launcher()[1]
-        self._cu_launch, self._head, self._stream_argument = _launch_binding(
-            self.function, self.grid, self.block, self.shared_memory_bytes, False)
+        self._cu_launch, self._success = driver.kernel_launcher()
         if self.empty:
             self._cu_launch = _launch_nothing
-        # (handle, stream argument) of the last stream: one attribute, so a thread never pairs one stream's handle
-        # with another's object
-        self._bound_stream = (None, None)
         self.programmatic = False
+        self._config_for = functools.partial(driver.launch_config, self.grid, self.block, self.shared_memory_bytes)
+        # (handle, launch config) of the last stream: one attribute, so a thread never pairs one stream's handle
+        # with another's config
+        self._bound_stream = (None, None)
 
     def use_programmatic_dependent_launch(self) -> None:
-        """Launch through ``cuLaunchKernelEx`` with programmatic stream serialization (PDL): the kernel's blocks may
+        """Launch with programmatic stream serialization (PDL) in the config: the kernel's blocks may
         start while the stream's previous kernel drains. Only for kernels that wait (griddepcontrol.wait) before
         their first global access: CUTLASS 3.x GEMM kernels built with CUTLASS_ENABLE_GDC_FOR_SM90."""
         if self.empty or self.programmatic:
             return
         self.programmatic = True
-        self._cu_launch, self._head, self._stream_argument = _launch_binding(
-            self.function, self.grid, self.block, self.shared_memory_bytes, True)
+        self._config_for = functools.partial(driver.launch_config, self.grid, self.block, self.shared_memory_bytes,
+                                             programmatic=True)
         self._bound_stream = (None, None)
 
     def launch(self, stream: int) -> None:
         bound = self._bound_stream
         if stream != bound[0]:
-            bound = self._bound_stream = (stream, self._stream_argument(stream))
-        (err,) = self._cu_launch(*self._head, bound[1], self.param_address, 0)
+            bound = self._bound_stream = (stream, self._config_for(stream))
+        (err,) = self._cu_launch(bound[1], self.function, self.param_address, 0)
         if err != self._success:  # the fast path stays a single call; errors get the full treatment
-            driver.check((err,), "cuLaunchKernelEx" if self.programmatic else "cuLaunchKernel", self.name)
+            driver.check((err,), "cuLaunchKernelEx", self.name)
 
 
 def prepare(loaded_op: LoadedOperation, abi_struct, stream: int) -> PreparedLaunch:
@@ -362,8 +353,8 @@ def prepare(loaded_op: LoadedOperation, abi_struct, stream: int) -> PreparedLaun
 
 class PatchedLauncher:
     """A seen problem ready to launch again on other addresses: the cached Params live in one buffer whose address
-    words are rewritten in place (under a lock: ``cuLaunchKernel`` copies the parameters before it returns), then one
-    ``cuLaunchKernel``. For callers that launch the same problem many times on new tensors (``pycutlass.torch``)."""
+    words are rewritten in place (under a lock: the launch copies the parameters before it returns), then one
+    ``cuLaunchKernelEx``. For callers that launch the same problem many times on new tensors (``pycutlass.torch``)."""
 
     def __init__(self, loaded_op: LoadedOperation, template: _ParamsTemplate, programmatic: bool = False):
         grid, block, smem, _, _ = template.info
@@ -375,12 +366,12 @@ class PatchedLauncher:
         self._pointers_address = ctypes.addressof(self._pointers)
         # cuda.bindings' own call: cheaper than ctypes' argument conversion on the H100 hosts
         # (3.96-5.08 vs 6.38-6.78 us per bare call)
-        self._success = driver.kernel_launcher()[1]
+        self._cu_launch, self._success = driver.kernel_launcher()
+        self._kernel = loaded_op.kernel
         # programmatic dependent launch: PreparedLaunch.use_programmatic_dependent_launch says which kernels may
         self.programmatic = programmatic and not self.empty
-        self._cu_launch, self._head, self._stream_argument = _launch_binding(loaded_op.kernel, grid, block, smem,
-                                                                             self.programmatic)
-        self._bound_stream = (None, None)  # (handle, stream argument) of the last stream, as in PreparedLaunch
+        self._config_for = functools.partial(driver.launch_config, grid, block, smem, programmatic=self.programmatic)
+        self._bound_stream = (None, None)  # (handle, launch config) of the last stream, as in PreparedLaunch
         self.patches = template.patches
         self._lock = threading.Lock()
         loaded_op.ensure_shared_memory(smem)
@@ -396,7 +387,7 @@ class PatchedLauncher:
             self.device.make_current()
             bound = self._bound_stream
             if stream != bound[0]:
-                bound = self._bound_stream = (stream, self._stream_argument(stream))
-            (err,) = self._cu_launch(*self._head, bound[1], self._pointers_address, 0)
+                bound = self._bound_stream = (stream, self._config_for(stream))
+            (err,) = self._cu_launch(bound[1], self._kernel, self._pointers_address, 0)
         if err != self._success:
-            driver.check((err,), "cuLaunchKernelEx" if self.programmatic else "cuLaunchKernel", self.name)
+            driver.check((err,), "cuLaunchKernelEx", self.name)

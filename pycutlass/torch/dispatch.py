@@ -5,7 +5,7 @@ session's). For every call it
 
 1. looks the call's *signature* (shapes, strides, dtypes, device, scalars, override) up in a table of bound launches:
    on a hit, the chosen kernel's cached ``Params`` get the new tensors' addresses patched in and one
-   ``cuLaunchKernel`` goes to torch's current stream; the output comes from torch's allocator;
+   ``cuLaunchKernelEx`` goes to torch's current stream; the output comes from torch's allocator;
 2. on a miss, classifies the call (types, layouts, alignment, epilogue: :mod:`.kernels`), picks the operation
    (a per-call override; the tuning table, exact or bucketed key, persisted in a tuning database when one is set;
    tuning now when ``tune=True``; else the nearest tuned shape of the class, else a default), runs it through the

@@ -41,7 +41,7 @@ SUCCESS = driver.kernel_launcher()[1]
 
 
 class _Recorder:
-    """Stands in for cuLaunchKernel."""
+    """Stands in for cuLaunchKernelEx."""
 
     def __init__(self):
         self.calls = []
@@ -63,12 +63,13 @@ def test_one_launch_is_one_driver_call_with_bound_arguments(monkeypatch):
     prepared.launch(77)
     prepared.launch(77)
     prepared.launch(78)
-    heads = [call[:8] + call[9:] for call in recorder.calls]
-    assert heads == [("kernel", 4, 2, 1, 384, 1, 1, 1024, prepared.param_address, 0)] * 3
-    # the stream goes as a CUstream object, converted once per stream, not once per launch
-    streams = [call[8] for call in recorder.calls]
-    assert [int(s) for s in streams] == [77, 77, 78] and streams[0] is streams[1]
-    assert all(isinstance(s, driver._driver().CUstream) for s in streams)
+    assert [call[1:] for call in recorder.calls] == [("kernel", prepared.param_address, 0)] * 3
+    # grid, block, shared memory and stream go as one launch config, made once per stream, not once per launch
+    configs = [call[0] for call in recorder.calls]
+    assert [int(c.hStream) for c in configs] == [77, 77, 78] and configs[0] is configs[1]
+    assert all(isinstance(c, driver._driver().CUlaunchConfig) for c in configs)
+    assert all((c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.sharedMemBytes, c.numAttrs) ==
+               (4, 2, 1, 384, 1024, 0) for c in configs)
 
 
 def test_empty_grid_calls_nothing(monkeypatch):

@@ -47,7 +47,7 @@ def test_units_never_mix_operations_with_different_macros():
 
 
 def test_the_launch_config_asks_for_programmatic_stream_serialization():
-    config = driver.programmatic_launch_config((4, 2, 1), (384, 1, 1), 200 * 1024, 123)
+    config = driver.launch_config((4, 2, 1), (384, 1, 1), 200 * 1024, 123, programmatic=True)
     cuda = driver._driver()
     assert (config.gridDimX, config.gridDimY, config.gridDimZ) == (4, 2, 1)
     assert (config.blockDimX, config.blockDimY, config.blockDimZ) == (384, 1, 1)
@@ -55,6 +55,7 @@ def test_the_launch_config_asks_for_programmatic_stream_serialization():
     attribute = config.attrs[0]
     assert attribute.id == cuda.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
     assert attribute.value.programmaticStreamSerializationAllowed == 1
+    assert driver.launch_config((4, 2, 1), (384, 1, 1), 0, 123).numAttrs == 0  # an ordinary launch
 
 
 class _Recorder:
@@ -67,34 +68,31 @@ class _Recorder:
 
 
 def _prepared(monkeypatch, grid):
-    plain, programmatic = _Recorder(), _Recorder()
-    monkeypatch.setattr(driver, "kernel_launcher", lambda: (plain, SUCCESS))
-    monkeypatch.setattr(driver, "programmatic_launch", lambda function: (
-        lambda config, params, extra: programmatic(function, config, params, extra)))
+    recorder = _Recorder()
+    monkeypatch.setattr(driver, "kernel_launcher", lambda: (recorder, SUCCESS))
     params = (ctypes.c_byte * 16)()
-    return launch.PreparedLaunch("kernel", grid, (384, 1, 1), 1024, params, 0, "op"), plain, programmatic
+    return launch.PreparedLaunch("kernel", grid, (384, 1, 1), 1024, params, 0, "op"), recorder
 
 
-def test_a_programmatic_launch_goes_through_cuLaunchKernelEx_with_one_config_per_stream(monkeypatch):
-    prepared, plain, programmatic = _prepared(monkeypatch, (8, 1, 1))
+def test_a_programmatic_launch_carries_the_attribute_in_one_config_per_stream(monkeypatch):
+    prepared, recorder = _prepared(monkeypatch, (8, 1, 1))
     prepared.launch(5)  # an ordinary launch first: the same object switches over
     prepared.use_programmatic_dependent_launch()
     prepared.use_programmatic_dependent_launch()  # idempotent
     for stream in (5, 5, 6):
         prepared.launch(stream)
-    assert len(plain.calls) == 1 and prepared.programmatic
-    assert [call[0] for call in programmatic.calls] == ["kernel"] * 3
-    assert all(call[2:] == (prepared.param_address, 0) for call in programmatic.calls)
-    configs = [call[1] for call in programmatic.calls]
-    assert [int(c.hStream) for c in configs] == [5, 5, 6] and configs[0] is configs[1]  # built once per stream
+    assert prepared.programmatic and [call[1:] for call in recorder.calls] == [("kernel", prepared.param_address, 0)] * 4
+    configs = [call[0] for call in recorder.calls]
+    assert [c.numAttrs for c in configs] == [0, 1, 1, 1]
+    assert [int(c.hStream) for c in configs] == [5, 5, 5, 6] and configs[1] is configs[2]  # built once per stream
     assert all(c.gridDimX == 8 and c.blockDimX == 384 and c.sharedMemBytes == 1024 for c in configs)
 
 
 def test_an_empty_grid_stays_a_launch_of_nothing(monkeypatch):
-    prepared, plain, programmatic = _prepared(monkeypatch, (0, 1, 1))
+    prepared, recorder = _prepared(monkeypatch, (0, 1, 1))
     prepared.use_programmatic_dependent_launch()
     prepared.launch(5)
-    assert not prepared.programmatic and plain.calls == [] and programmatic.calls == []
+    assert not prepared.programmatic and recorder.calls == []
 
 
 def _operands(m=64, n=64, k=64):
@@ -140,26 +138,24 @@ def test_other_kinds_do_not_take_pdl():
 
 
 def test_a_patched_launcher_launches_programmatically(monkeypatch):
-    """pycutlass.torch's bound launches (PatchedLauncher): new addresses patched in, then cuLaunchKernelEx."""
+    """pycutlass.torch's bound launches (PatchedLauncher): new addresses patched in, then one cuLaunchKernelEx."""
     import struct
     import types
 
-    plain, programmatic = _Recorder(), _Recorder()
-    monkeypatch.setattr(driver, "kernel_launcher", lambda: (plain, SUCCESS))
-    monkeypatch.setattr(driver, "programmatic_launch", lambda function: (
-        lambda config, params, extra: programmatic(function, config, params, extra)))
+    recorder = _Recorder()
+    monkeypatch.setattr(driver, "kernel_launcher", lambda: (recorder, SUCCESS))
     device = types.SimpleNamespace(make_current=lambda: None)
     loaded = types.SimpleNamespace(name="op", device=device, kernel="kernel", ensure_shared_memory=lambda n: None)
     template = launch._ParamsTemplate(((4, 1, 1), (384, 1, 1), 1024, 0, 0), bytes(16), ((0, 0, 0), (8, 1, 16)))
     launcher = launch.PatchedLauncher(loaded, template, programmatic=True)
     launcher.launch([0x1000, 0x2000], 7)
-    assert plain.calls == [] and len(programmatic.calls) == 1
-    function, config, params, extra = programmatic.calls[0]
-    assert function == "kernel" and int(config.hStream) == 7 and config.gridDimX == 4 and extra == 0
+    plain = launch.PatchedLauncher(loaded, template)
+    plain.launch([0x3000, 0x4000], 7)
+    assert launcher.programmatic and not plain.programmatic
+    (config, function, params, extra), (plain_config, *_) = recorder.calls
+    assert function == "kernel" and params == launcher._pointers_address and extra == 0
+    assert int(config.hStream) == 7 and config.gridDimX == 4 and config.numAttrs == 1 and plain_config.numAttrs == 0
     assert struct.unpack_from("<QQ", launcher.params) == (0x1000, 0x2010)
-    plain_launcher = launch.PatchedLauncher(loaded, template)
-    plain_launcher.launch([0x1000, 0x2000], 7)
-    assert not plain_launcher.programmatic and len(plain.calls) == 1 and len(programmatic.calls) == 1
 
 
 def test_the_torch_dispatch_takes_pdl():
