@@ -2,7 +2,6 @@
 the launch configuration handed to ``cuLaunchKernelEx``, the launch path it replaces, and what is refused."""
 from __future__ import annotations
 
-import ctypes
 
 import numpy as np
 import pytest
@@ -17,8 +16,8 @@ from pycutlass.kinds.gemm_sm90.operation import GDC_MACRO
 from pycutlass.runtime import driver, launch
 
 from .test_gemm_array_sm90 import _fake_device, array90
+from .test_launch_path import SUCCESS, _prepared, _Recorder
 
-SUCCESS = driver.kernel_launcher()[1]
 
 
 def test_the_grid_dependency_wait_is_a_unit_macro_of_the_kernels_that_take_it():
@@ -56,22 +55,6 @@ def test_the_launch_config_asks_for_programmatic_stream_serialization():
     assert attribute.id == cuda.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
     assert attribute.value.programmaticStreamSerializationAllowed == 1
     assert driver.launch_config((4, 2, 1), (384, 1, 1), 0, 123).numAttrs == 0  # an ordinary launch
-
-
-class _Recorder:
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, *args):
-        self.calls.append(args)
-        return (SUCCESS,)
-
-
-def _prepared(monkeypatch, grid):
-    recorder = _Recorder()
-    monkeypatch.setattr(driver, "kernel_launcher", lambda: (recorder, SUCCESS))
-    params = (ctypes.c_byte * 16)()
-    return launch.PreparedLaunch("kernel", grid, (384, 1, 1), 1024, params, 0, "op"), recorder
 
 
 def test_a_programmatic_launch_carries_the_attribute_in_one_config_per_stream(monkeypatch):
