@@ -13,8 +13,8 @@ cached (that problem is built every time).
 from __future__ import annotations
 
 import collections
-import functools
 import ctypes
+import functools
 import os
 import struct
 import threading
