@@ -149,3 +149,17 @@ def test_the_torch_dispatch_takes_pdl():
     assert dispatch.pdl is False and dispatch.configure(pdl=True).pdl is True
     with pytest.raises(cutlass.ArgumentError, match="pdl must be True or False"):
         dispatch.configure(pdl="on")
+
+
+@pytest.mark.slow
+def test_one_add_module_compiles_operations_with_and_without_the_wait(tmp_path):
+    """A real compile (about a minute on two cores): a stream-K operation (which CUTLASS 4.2 cannot compile with grid
+    dependency control) and one that waits, asked for together, land in separate units and both compile."""
+    session = cutlass.Session(backend="nvrtc", target=90, cache_path=tmp_path / "c.db", progress=False)
+    compiler = cutlass.compiler.manager.Compiler.of(session)
+    waits = array90(array=False, tile=(64, 128, 64), kernel=KS.TmaWarpSpecialized)
+    streamk = array90(array=False, kernel=KS.TmaWarpSpecializedCooperative, scheduler=TS.StreamK)
+    report = compiler.add_module([waits, streamk], jobs=2)
+    assert report.compiled == 2 and not report.failures
+    assert [k.kernel_symbol for k in report] == [waits.kernel_symbol, streamk.kernel_symbol]
+    assert report[0].sha256 != report[1].sha256  # two units, two binaries
