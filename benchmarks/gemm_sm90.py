@@ -286,20 +286,22 @@ def host_section(op, rows, results):
         return start.elapsed_time(end) * 1e3 / calls
 
     found = {}
-    for _ in range(3):  # interleaved rounds; the minimum of each
-        for name, fn in (("run() reused (us)", lambda: op.run(arguments)),
-                         ("run() reused, pdl=True (us)", lambda: op.run(pdl_arguments)),
-                         ("bare cuLaunchKernel, cuda.bindings (us)",
-                          lambda: cu.cuLaunchKernel(*head, stream, launch.param_address, 0)),
-                         ("bare cuLaunchKernel, cuda.bindings, CUstream object (us)",
-                          lambda: cu.cuLaunchKernel(*head, stream_object, launch.param_address, 0)),
-                         ("bare cuLaunchKernel, ctypes (us)",
-                          lambda: ctypes_launch(*raw_head, stream, launch.param_address, None)),
-                         ("cuCtxGetCurrent, cuda.bindings (us)", cu.cuCtxGetCurrent),
-                         ("cuCtxGetCurrent, ctypes (us)", lambda: ctypes_current(ctypes.byref(context))),
-                         ("new Arguments, seen shape (us)",
-                          lambda: cutlass.GemmArguments(op, size, A, B, None, Dt)),
-                         ("torch.mm (us)", lambda: torch.mm(A, B))):
+    timed = [("run() reused (us)", lambda: op.run(arguments)),
+             ("run() reused, pdl=True (us)", lambda: op.run(pdl_arguments)),
+             ("bare cuLaunchKernel, cuda.bindings (us)",
+              lambda: cu.cuLaunchKernel(*head, stream, launch.param_address, 0)),
+             ("bare cuLaunchKernel, cuda.bindings, CUstream object (us)",
+              lambda: cu.cuLaunchKernel(*head, stream_object, launch.param_address, 0)),
+             ("bare cuLaunchKernel, ctypes (us)",
+              lambda: ctypes_launch(*raw_head, stream, launch.param_address, None)),
+             ("cuCtxGetCurrent, cuda.bindings (us)", cu.cuCtxGetCurrent),
+             ("cuCtxGetCurrent, ctypes (us)", lambda: ctypes_current(ctypes.byref(context))),
+             ("new Arguments, seen shape (us)",
+              lambda: cutlass.GemmArguments(op, size, A, B, None, Dt)),
+             ("torch.mm (us)", lambda: torch.mm(A, B))]
+    for r in range(4):  # interleaved rounds, the order rotated each round (the first of a round may pay more);
+        # the minimum of each
+        for name, fn in timed[r % len(timed):] + timed[:r % len(timed)]:
             # host_us queues 2000 calls: past the GPU queue's depth it times the kernels, not the host.
             # host_submit_us times short batches started on an idle GPU: the calls' cost to the host.
             queued = host_us(fn, repeats=1000 if "Arguments" in name else 2000)
