@@ -115,8 +115,6 @@ def paired_rounds(fns: dict, rounds: int) -> dict:
 
 
 def main() -> None:
-    import torch
-
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tokens", type=int, nargs="*", default=[16, 128])
     parser.add_argument("--rounds", type=int, default=7)
