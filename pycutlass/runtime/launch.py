@@ -353,28 +353,27 @@ def prepare(loaded_op: LoadedOperation, abi_struct, stream: int) -> PreparedLaun
 
 class PatchedLauncher:
     """A seen problem ready to launch again on other addresses: the cached Params live in one buffer whose address
-    words are rewritten in place (under a lock: the launch copies the parameters before it returns), then one
-    ``cuLaunchKernelEx``. For callers that launch the same problem many times on new tensors (``pycutlass.torch``)."""
+    words are rewritten in place (under a lock: the launch copies the parameters before it returns), then the
+    buffer's PreparedLaunch. For callers that launch the same problem many times on new tensors
+    (``pycutlass.torch``)."""
 
     def __init__(self, loaded_op: LoadedOperation, template: _ParamsTemplate, programmatic: bool = False):
         grid, block, smem, _, _ = template.info
         self.name = loaded_op.name
         self.device = loaded_op.device
-        self.empty = 0 in grid
         self.params = (ctypes.c_byte * len(template.params)).from_buffer_copy(template.params)
-        self._pointers = driver.pointer_array(ctypes.addressof(self.params))
-        self._pointers_address = ctypes.addressof(self._pointers)
-        # cuda.bindings' own call: cheaper than ctypes' argument conversion on the H100 hosts
-        # (3.96-5.08 vs 6.38-6.78 us per bare call)
-        self._cu_launch, self._success = driver.kernel_launcher()
-        self._kernel = loaded_op.kernel
-        # programmatic dependent launch: PreparedLaunch.use_programmatic_dependent_launch says which kernels may
-        self.programmatic = programmatic and not self.empty
-        self._config_for = functools.partial(driver.launch_config, grid, block, smem, programmatic=self.programmatic)
-        self._bound_stream = (None, None)  # (handle, launch config) of the last stream, as in PreparedLaunch
+        self._launch = PreparedLaunch(loaded_op.kernel, grid, block, smem, self.params, 0, loaded_op.name)
+        if programmatic:  # PreparedLaunch.use_programmatic_dependent_launch says which kernels may
+            self._launch.use_programmatic_dependent_launch()
+        self.empty = self._launch.empty
+        self._pointers_address = self._launch.param_address
         self.patches = template.patches
         self._lock = threading.Lock()
         loaded_op.ensure_shared_memory(smem)
+
+    @property
+    def programmatic(self) -> bool:
+        return self._launch.programmatic
 
     def launch(self, addresses, stream: int) -> None:
         """``addresses`` in the ABI struct's ``_pointers_`` order."""
@@ -385,9 +384,4 @@ class PatchedLauncher:
             for offset, index, constant in self.patches:
                 struct.pack_into("<Q", params, offset, (addresses[index] + constant) & _MASK64)
             self.device.make_current()
-            bound = self._bound_stream
-            if stream != bound[0]:
-                bound = self._bound_stream = (stream, self._config_for(stream))
-            (err,) = self._cu_launch(bound[1], self._kernel, self._pointers_address, 0)
-        if err != self._success:
-            driver.check((err,), "cuLaunchKernelEx", self.name)
+            self._launch.launch(stream)
