@@ -77,13 +77,18 @@ EPILOGUE_FIELDS = [("alpha", ctypes.c_double), ("beta", ctypes.c_double),
 
 
 class LaunchInfo(AbiStruct):
-    """Written by every builder kernel: how to launch the kernel whose Params it just built."""
+    """Written by every builder kernel: how to launch the kernel whose Params it just built.
+
+    ``workspace_bytes``: scratch the kernel needs (the runtime allocates it); ``workspace_zero_bytes``: how many
+    bytes at its end must be zero at every launch (stream-K's barriers; the reduction tiles before them are
+    written before they are read, so CUTLASS itself zeroes only the barriers)."""
 
     _fields_ = [("grid_x", ctypes.c_int32), ("grid_y", ctypes.c_int32), ("grid_z", ctypes.c_int32),
                 ("block_x", ctypes.c_int32), ("block_y", ctypes.c_int32), ("block_z", ctypes.c_int32),
                 ("shared_memory_bytes", ctypes.c_int32),
                 ("params_bytes", ctypes.c_int32), ("status", ctypes.c_int32), ("semaphore_count", ctypes.c_int32),
-                ("tma_count", ctypes.c_int32), ("reserved", ctypes.c_int32), ("workspace_bytes", ctypes.c_int64)]
+                ("tma_count", ctypes.c_int32), ("workspace_zero_bytes", ctypes.c_int32),
+                ("workspace_bytes", ctypes.c_int64)]
 
 
 class TmaRecord(AbiStruct):

@@ -49,7 +49,7 @@ class _Readback(ctypes.Structure):
 
 @dataclass(frozen=True)
 class _ParamsTemplate:
-    info: tuple  # (grid, block, shared memory bytes, semaphore count, workspace bytes)
+    info: tuple  # (grid, block, shared memory bytes, semaphore count, workspace bytes, its bytes to zero)
     params: bytes
     patches: tuple  # (byte offset, address index, constant)
 
@@ -140,9 +140,9 @@ class LoadedOperation:
 
     def check_patched(self, abi_struct, launch: "PreparedLaunch", stream: int) -> None:
         """Build Params for ``abi_struct`` and compare them with a patched launch's (PYCUTLASS_VERIFY_PARAMS)."""
-        (grid, block, smem, semaphores, workspace), built = self.build(abi_struct, stream)
-        if (grid, block, smem, semaphores, workspace) != (launch.grid, launch.block, launch.shared_memory_bytes,
-                                                          launch.semaphore_count, launch.workspace_bytes) or \
+        info, built = self.build(abi_struct, stream)
+        if info != (launch.grid, launch.block, launch.shared_memory_bytes, launch.semaphore_count,
+                    launch.workspace_bytes, launch.workspace_zero_bytes) or \
                 bytes(built) != bytes(launch.params):
             raise CudaError(f"{self.name}: patched Params differ from freshly built ones", operation=self.name)
 
@@ -198,7 +198,8 @@ class LoadedOperation:
         if info.tma_count:
             self._encode_tma(readback, info, params)
         shape = ((info.grid_x, info.grid_y, info.grid_z), (info.block_x, info.block_y, info.block_z),
-                 info.shared_memory_bytes, info.semaphore_count, int(info.workspace_bytes))
+                 info.shared_memory_bytes, info.semaphore_count, int(info.workspace_bytes),
+                 int(info.workspace_bytes) if info.workspace_zero_bytes < 0 else int(info.workspace_zero_bytes))
         return shape, params
 
     def _encode_tma(self, readback, info, params) -> None:
@@ -261,9 +262,9 @@ def _find_patches(params: bytes, probe: bytes, addresses) -> tuple | None:
 def patched_launch(loaded_op: LoadedOperation, template: _ParamsTemplate, addresses) -> "PreparedLaunch":
     """A launch from a cached template and new addresses (in the ABI struct's ``_pointers_`` order)."""
     loaded_op.params_reused += 1
-    grid, block, smem, semaphores, workspace = template.info
+    grid, block, smem, semaphores, workspace, zeroed = template.info
     return PreparedLaunch(loaded_op.kernel, grid, block, smem, _patched(template, addresses), semaphores,
-                          loaded_op.name, workspace)
+                          loaded_op.name, workspace, zeroed)
 
 
 def _patched(template: _ParamsTemplate, addresses) -> ctypes.Array:
@@ -308,6 +309,7 @@ class PreparedLaunch:
     semaphore_count: int
     name: str
     workspace_bytes: int = 0
+    workspace_zero_bytes: int = 0  # the workspace's last bytes, which must be zero at every launch
 
     def __post_init__(self):
         self.param_pointers = driver.pointer_array(ctypes.addressof(self.params))
@@ -346,9 +348,9 @@ class PreparedLaunch:
 
 def prepare(loaded_op: LoadedOperation, abi_struct, stream: int) -> PreparedLaunch:
     """Params for ``abi_struct`` (cached or built) and the kernel's launch shape."""
-    (grid, block, smem, semaphores, workspace), params = loaded_op.params_for(abi_struct, stream)
+    (grid, block, smem, semaphores, workspace, zeroed), params = loaded_op.params_for(abi_struct, stream)
     loaded_op.ensure_shared_memory(smem)
-    return PreparedLaunch(loaded_op.kernel, grid, block, smem, params, semaphores, loaded_op.name, workspace)
+    return PreparedLaunch(loaded_op.kernel, grid, block, smem, params, semaphores, loaded_op.name, workspace, zeroed)
 
 
 class PatchedLauncher:
@@ -358,7 +360,7 @@ class PatchedLauncher:
     (``pycutlass.torch``)."""
 
     def __init__(self, loaded_op: LoadedOperation, template: _ParamsTemplate, programmatic: bool = False):
-        grid, block, smem, _, _ = template.info
+        grid, block, smem, *_ = template.info
         self.name = loaded_op.name
         self.device = loaded_op.device
         self.params = (ctypes.c_byte * len(template.params)).from_buffer_copy(template.params)

@@ -175,6 +175,31 @@ def test_arguments_rules_that_need_no_gpu():
         cutlass.GemmArguments(sm90(cluster=(2, 1, 1)), GemmCoord(64, 64, 64), A, A.T, A, A, sm_count=1)
 
 
+def test_stream_k_builders_report_the_barriers_and_only_they_are_zeroed(monkeypatch):
+    """Stream-K's barriers (the workspace's tail, as the scheduler's fixup addresses them) must start at zero on
+    every launch; its reduction tiles are written before they are read. The builder reports the barrier bytes and
+    run() zeroes those alone, as CUTLASS's own initialize_workspace does."""
+    from types import SimpleNamespace
+
+    from pycutlass.kinds.gemm_sm90.arguments import GemmArgumentsSm90
+    from pycutlass.runtime import driver
+
+    source = sm90(scheduler=TS.StreamK).emit()
+    assert "info->workspace_zero_bytes = (epilogue_bytes != 0" in source
+    assert "info->workspace_zero_bytes = (" not in sm90().emit()  # the prelude's 0 stands
+    calls = []
+    monkeypatch.setattr(driver, "memset_d8", lambda address, value, nbytes, stream: calls.append(
+        (address, value, nbytes, stream)))
+    arguments = GemmArgumentsSm90.__new__(GemmArgumentsSm90)
+    arguments._stream_k, arguments.workspace, arguments.stream = True, 0x900000, 7
+    arguments._prepared = SimpleNamespace(workspace_bytes=65536 + 96, workspace_zero_bytes=96)
+    arguments.before_launch()
+    assert calls == [(0x900000 + 65536, 0, 96, 7)]
+    arguments._prepared = SimpleNamespace(workspace_bytes=4096, workspace_zero_bytes=0)  # data-parallel: none
+    arguments.before_launch()
+    assert len(calls) == 1
+
+
 def test_target_is_sm_90a_and_the_backend_is_nvrtc(tmp_path):
     session = cutlass.Session(backend="nvcc", target=90, cache_path=tmp_path / "c.db")
     compiler = cutlass.compiler.manager.Compiler.of(session)

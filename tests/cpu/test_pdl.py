@@ -129,7 +129,7 @@ def test_a_patched_launcher_launches_programmatically(monkeypatch):
     monkeypatch.setattr(driver, "kernel_launcher", lambda: (recorder, SUCCESS))
     device = types.SimpleNamespace(make_current=lambda: None)
     loaded = types.SimpleNamespace(name="op", device=device, kernel="kernel", ensure_shared_memory=lambda n: None)
-    template = launch._ParamsTemplate(((4, 1, 1), (384, 1, 1), 1024, 0, 0), bytes(16), ((0, 0, 0), (8, 1, 16)))
+    template = launch._ParamsTemplate(((4, 1, 1), (384, 1, 1), 1024, 0, 0, 0), bytes(16), ((0, 0, 0), (8, 1, 16)))
     launcher = launch.PatchedLauncher(loaded, template, programmatic=True)
     launcher.launch([0x1000, 0x2000], 7)
     plain = launch.PatchedLauncher(loaded, template)

@@ -183,7 +183,7 @@ def _check(op, got, reference):
 
 
 def run_case(op, m, n, k, batch=1, alpha=1.25, beta=0.5, seed=0, use_c=True, bias=False, activation_args=(),
-             **knobs):
+             rerun_on_garbage_workspace=False, **knobs):
     generator = torch.Generator().manual_seed(seed)
     A, A64 = _matrix(m, k, op.A.layout, op.tile_description.math_instruction.element_a, generator, batch)
     B, B64 = _matrix(k, n, op.B.layout, op.tile_description.math_instruction.element_b, generator, batch)
@@ -208,6 +208,16 @@ def run_case(op, m, n, k, batch=1, alpha=1.25, beta=0.5, seed=0, use_c=True, bia
     arguments.sync()
     reference = _reference(op, A64, B64, C64, alpha, beta, bias64, activation_args)
     _check(op, _logical(D_, op.C.layout, batch), reference)
+    if rerun_on_garbage_workspace and arguments.workspace_bytes:
+        # Again on the same Arguments, with D poisoned and every workspace byte 0xFF (the reduction tiles NaN):
+        # run() must zero what has to start at zero (stream-K's barriers) and nothing else may matter.
+        from pycutlass.runtime import driver
+
+        driver.memset_d8(arguments.workspace, 0xFF, arguments.workspace_bytes, arguments.stream)
+        D_.copy_(_poisoned(m, n, op.C.layout, out, batch))
+        op.run(arguments)
+        arguments.sync()
+        _check(op, _logical(D_, op.C.layout, batch), reference)
     return arguments
 
 
@@ -254,9 +264,10 @@ def test_epilogues(name):
 def test_stream_k(name, splits, decomposition):
     op = OPS[name]
     arguments = run_case(op, 384, 256, 4096, split_k_slices=splits, decomposition=decomposition,
-                         bias=op.bias is not None)
-    op.run(arguments)  # the workspace is zeroed before every launch: a second run gives the same result
-    arguments.sync()
+                         bias=op.bias is not None, rerun_on_garbage_workspace=True)
+    launch = arguments.prepared()
+    if launch.workspace_bytes:  # the barriers come last and are all that is zeroed per launch
+        assert 0 < launch.workspace_zero_bytes < launch.workspace_bytes
 
 
 def test_batched_and_no_c():

@@ -230,17 +230,21 @@ class GemmArgumentsSm90(GemmArguments):
             launch.use_programmatic_dependent_launch()
         self._prepared = launch
         self._loaded_op, self._abi_struct = loaded_op, abi_struct
-        self._runs_before_launch = bool(self.workspace_bytes and self._stream_k)  # run() skips the call otherwise
+        # run() skips before_launch otherwise
+        self._runs_before_launch = bool(launch.workspace_zero_bytes and self._stream_k)
         return self._prepared
 
     prepared = _prepare
 
     def before_launch(self) -> None:
-        if self.workspace_bytes and self._stream_k:
-            # Stream-K's barriers count arrivals: they must start at zero on every launch.
+        launch = self._prepared
+        if launch is not None and launch.workspace_zero_bytes and self._stream_k:
+            # Stream-K's barriers (the workspace's tail) count arrivals: they must start at zero on every launch.
+            # Its reduction tiles before them are written before they are read, so they are left alone.
             from ...runtime import driver
 
-            driver.memset_d8(self.workspace, 0, self.workspace_bytes, self.stream)
+            zeroed = launch.workspace_zero_bytes
+            driver.memset_d8(self.workspace + launch.workspace_bytes - zeroed, 0, zeroed, self.stream)
 
 
 _NO_KNOBS = (0, 0, 0, 0)
