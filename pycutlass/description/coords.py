@@ -7,6 +7,7 @@ its scripts call: ``at(i)`` (also ``coord[i]``), ``len(coord)``, iteration, and 
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 from ..errors import ArgumentError
@@ -26,8 +27,14 @@ class _Coord:
 
     _names = ()  # the accessor names, in order
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # Every coordinate has two or more entries: one C-level call returns them all (grouped Arguments read each
+        # problem's coordinate several times).
+        cls._getter = staticmethod(operator.attrgetter(*(f"{name}_" for name in cls._names)))
+
     def _values(self) -> tuple[int, ...]:
-        return tuple(getattr(self, f"{name}_") for name in self._names)
+        return self._getter(self)
 
     def at(self, dim) -> int:
         """The ``dim``-th entry (CUTLASS's ``Coord::at``); negative indices count from the end."""

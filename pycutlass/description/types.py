@@ -12,6 +12,10 @@ from dataclasses import dataclass
 class DataType(enum.Enum):
     """Element types of operands and accumulators. ``bits`` is the storage size."""
 
+    # Enum hashes a member by its name in Python code; members are singletons compared by identity, so object's
+    # hash is equivalent and far cheaper (building Arguments looks types and layouts up per operand).
+    __hash__ = object.__hash__
+
     float64 = ("float64", 64)
     float32 = ("float32", 32)
     tfloat32 = ("tfloat32", 32)  # stored as float32, multiplied on tensor cores as tf32
@@ -43,6 +47,7 @@ class DataType(enum.Enum):
 
 
 class LayoutType(enum.Enum):
+    __hash__ = object.__hash__  # as DataType's
     RowMajor = "RowMajor"
     ColumnMajor = "ColumnMajor"
     RowMajorInterleaved32 = "RowMajorInterleaved32"

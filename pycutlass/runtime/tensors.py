@@ -79,21 +79,17 @@ def describe(obj, name: str) -> TensorInfo:
     """Classify ``obj`` and read dtype, shape and strides. Raises ArgumentError for anything unusable."""
     if obj is None:
         raise ArgumentError(f"{name}: a tensor is required, got None")
-    if isinstance(obj, DevicePointerTensor):
-        return describe_pointer(obj, name)
-    if is_device_pointer(obj):
-        raise ArgumentError(f"{name}: a raw CUdeviceptr carries no shape; it is accepted only for the A, B, C, D "
-                            f"operands of GEMM, Conv2d and Reduction Arguments (packed, sized from the problem)")
-    if _is_torch(obj):
-        dtype_name = str(obj.dtype).replace("torch.", "")
+    if _is_torch(obj):  # first: the common case (grouped Arguments describe hundreds of tensors)
+        dtype_name = str(obj.dtype)[6:]  # "torch.float16" -> "float16"
         element = _TORCH_NAMES.get(dtype_name)
         if element is None:
             raise ArgumentError(f"{name}: torch dtype {obj.dtype} is not supported; use one of "
                                 f"{sorted(_TORCH_NAMES)}")
-        shape, strides = tuple(obj.shape), tuple(obj.stride())
-        if obj.is_cuda:
+        shape, strides = tuple(obj.shape), obj.stride()
+        index = obj.get_device()  # -1 off CUDA
+        if index >= 0:
             return TensorInfo(name, "device", element, shape, strides, obj, device_address=obj.data_ptr(),
-                              device_index=obj.device.index)
+                              device_index=index)
         if obj.device.type != "cpu":
             raise ArgumentError(f"{name}: torch tensors must be on a CUDA device or the CPU, got {obj.device}")
         host = obj.detach()
@@ -106,6 +102,11 @@ def describe(obj, name: str) -> TensorInfo:
         info = _host_info(array, name, element)
         info.torch_cpu = obj
         return info
+    if isinstance(obj, DevicePointerTensor):
+        return describe_pointer(obj, name)
+    if is_device_pointer(obj):
+        raise ArgumentError(f"{name}: a raw CUdeviceptr carries no shape; it is accepted only for the A, B, C, D "
+                            f"operands of GEMM, Conv2d and Reduction Arguments (packed, sized from the problem)")
     if isinstance(obj, np.ndarray):
         element = _NUMPY_TO_TYPE.get(obj.dtype)
         if element is None:  # ml_dtypes

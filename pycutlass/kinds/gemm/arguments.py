@@ -45,23 +45,32 @@ def _positive_int(name: str, value) -> int:
     return int(value)
 
 
-def check_problem_alignment(operation, m: int, n: int, k: int) -> None:
-    """CUTLASS's can_implement: vector accesses along the contiguous dimension must not straddle rows."""
+def problem_alignment_checks(operation) -> tuple:
+    """(operand, elements per access, dimension name, index into (M, N, K)) of each operand's contiguous dimension:
+    what ``check_problem_alignment`` tests, worked out once per operation layout (grouped Arguments test every
+    problem)."""
     checks = []
-    for label, desc, contiguous in (("A", operation.A, {LayoutType.RowMajor: ("K", k), LayoutType.ColumnMajor: ("M", m)}),
-                                    ("B", operation.B, {LayoutType.RowMajor: ("N", n), LayoutType.ColumnMajor: ("K", k)}),
-                                    ("C", operation.C, {LayoutType.RowMajor: ("N", n), LayoutType.ColumnMajor: ("M", m)})):
+    for label, desc, contiguous in (("A", operation.A, {LayoutType.RowMajor: ("K", 2), LayoutType.ColumnMajor: ("M", 0)}),
+                                    ("B", operation.B, {LayoutType.RowMajor: ("N", 1), LayoutType.ColumnMajor: ("K", 2)}),
+                                    ("C", operation.C, {LayoutType.RowMajor: ("N", 1), LayoutType.ColumnMajor: ("M", 0)})):
         if desc.layout in contiguous:
-            dim, extent = contiguous[desc.layout]
-            checks.append((label, desc.alignment, dim, extent))
+            dim, index = contiguous[desc.layout]
+            checks.append((label, desc.alignment, dim, index))
         else:  # interleaved-32
-            dim, extent = ("N", n) if label == "C" else ("K", k)
-            checks.append((label, 32, dim, extent))
-    for label, alignment, dim, extent in checks:
-        if extent % alignment:
+            dim, index = ("N", 1) if label == "C" else ("K", 2)
+            checks.append((label, 32, dim, index))
+    return tuple(checks)
+
+
+def check_problem_alignment(operation, m: int, n: int, k: int, checks: tuple | None = None) -> None:
+    """CUTLASS's can_implement: vector accesses along the contiguous dimension must not straddle rows.
+    ``checks``: ``problem_alignment_checks(operation)``, when the caller tests many problems."""
+    extents = (m, n, k)
+    for label, alignment, dim, index in checks or problem_alignment_checks(operation):
+        if extents[index] % alignment:
             raise ArgumentError(f"{operation.name}: {label} is accessed {alignment} elements at a time along {dim}, "
-                                f"so {dim} must be a multiple of {alignment}; got {dim}={extent}. Use an operation "
-                                f"with a smaller {label} alignment")
+                                f"so {dim} must be a multiple of {alignment}; got {dim}={extents[index]}. Use an "
+                                f"operation with a smaller {label} alignment")
 
 
 def _memo_key(operation, problem_size, A, B, C, D, output_op, gemm_mode, split_k_slices, batch, stream, device,
