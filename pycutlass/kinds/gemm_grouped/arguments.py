@@ -24,7 +24,8 @@ from ...runtime import driver
 from ...runtime.arguments import ArgumentsMemo, OperationArguments, memo_key
 from ...runtime.launch import PreparedLaunch
 from ...runtime.tensors import DeviceTensors, describe, storage_type
-from ..gemm.arguments import check_problem_alignment, coerce_output_op, coerce_problem_size
+from ..gemm.arguments import (check_problem_alignment, coerce_output_op, coerce_problem_size,
+                             problem_alignment_checks)
 from ..gemm.matrix import MatrixGeometry, check_output_geometry, matrix_geometry
 from .abi import GemmGroupedArgs
 from .operation import PRECOMPUTE_THREADS, GemmOperationGrouped, SchedulerMode
@@ -58,6 +59,32 @@ def pack_problem_arrays(sizes, pointers: dict, lds: dict, extra=()) -> tuple[byt
     aligned; and each one's offset."""
     return pack_arrays([("problem_sizes", sizes)] + [(f"ptr_{x}", pointers[x]) for x in "ABCD"] +
                        [(f"ld{x.lower()}", lds[x]) for x in "ABCD"] + list(extra))
+
+
+def problem_arrays(problems, operands, address, empty_k_operand, empty_k_size: int | None = None):
+    """Per-problem sizes (count x 3 int32), pointers (uint64) and leading dimensions (int64) of A, B, C, D, as
+    ``pack_problem_arrays`` takes them. ``operands[i]``: label -> (TensorInfo, MatrixGeometry), C missing when beta
+    is 0 (C then aliases D, never read); ``address(info, is_output)``: a device address; ``empty_k_operand(label, m,
+    n)``: (pointer, ld) that A and B of a K = 0 problem read instead (``empty_k_size``: the K such a problem runs
+    with, if not 0). Built as Python lists, converted once: numpy item assignment costs more per problem than the
+    rest of the loop."""
+    sizes, pointers, lds = [], {label: [] for label in "ABCD"}, {label: [] for label in "ABCD"}
+    for (m, n, k), found in zip(problems, operands):
+        empty_k = k == 0 and m > 0 and n > 0
+        sizes.append((m, n, empty_k_size if empty_k and empty_k_size is not None else k))
+        for label in "ABDC":
+            if label not in found:
+                pointer, ld = pointers["D"][-1], lds["D"][-1]
+            elif empty_k and label in "AB":
+                pointer, ld = empty_k_operand(label, m, n)
+            else:
+                info, geometry = found[label]
+                pointer, ld = address(info, is_output=label == "D"), geometry.ld
+            pointers[label].append(pointer)
+            lds[label].append(ld)
+    return (np.array(sizes, dtype=np.int32).reshape(len(sizes), 3),
+            {label: np.array(values, dtype=np.uint64) for label, values in pointers.items()},
+            {label: np.array(values, dtype=np.int64) for label, values in lds.items()})
 
 
 def _list_of(name: str, values, count: int, allow_none: bool = False) -> list:
@@ -184,10 +211,11 @@ class GemmGroupedArguments(OperationArguments):
         self.tile_count = operation.tile_count(problems)
 
         self._operands: list[dict] = []
+        alignment_checks = problem_alignment_checks(operation)
         for index, problem in enumerate(problems):
             m, n, k = problem
             try:
-                check_problem_alignment(operation, m, n, k)
+                check_problem_alignment(operation, m, n, k, alignment_checks)
             except ArgumentError as exc:
                 raise ArgumentError(f"problem {index} {problem}: {exc}") from None
             if functor.kind == "FastLinearCombinationClamp" and k > 256:
@@ -241,26 +269,12 @@ class GemmGroupedArguments(OperationArguments):
 
     def _allocate(self) -> None:
         count = len(self.problem_sizes)
-        sizes = np.zeros((count, 3), dtype=np.int32)  # cutlass::gemm::GemmCoord: 3 x int32
-        pointers = {label: np.zeros(count, dtype=np.uint64) for label in "ABCD"}
-        lds = {label: np.zeros(count, dtype=np.int64) for label in "ABCD"}
         stand_in = self._empty_operand_stand_in()
-        for index, (problem, operands) in enumerate(zip(self.problem_sizes, self._operands)):
-            sizes[index] = tuple(problem)
-            m, n, k = problem
-            for label in "ABDC":
-                if label not in operands:  # beta == 0 without C: C aliases D and is never read
-                    pointers["C"][index], lds["C"][index] = pointers["D"][index], lds["D"][index]
-                    continue
-                if label in "AB" and k == 0 and m and n:
-                    # K == 0 still runs the main loop with every load predicated off, but cp.async faults on an
-                    # unmapped address even with a zero source size (an empty tensor's pointer may be 0). Point
-                    # A and B at a zeroed stand-in that covers every address the iterators form with ld = 0.
-                    pointers[label][index], lds[label][index] = stand_in, 0
-                    continue
-                info, geometry = operands[label]
-                pointers[label][index] = self.tensors.address(info, is_output=label == "D")
-                lds[label][index] = geometry.ld
+        # K == 0 still runs the main loop with every load predicated off, but cp.async faults on an unmapped address
+        # even with a zero source size (an empty tensor's pointer may be 0). A and B of such problems point at a
+        # zeroed stand-in that covers every address the iterators form with ld = 0.
+        sizes, pointers, lds = problem_arrays(self.problem_sizes, self._operands, self.tensors.address,
+                                              lambda label, m, n: (stand_in, 0))
         self._blob, self._blob_offsets = pack_problem_arrays(sizes, pointers, lds)
         base = self.tensors.upload(self._blob) if count else 0
         self.device_arrays = {field: (base + offset if count else 0) for field, offset in self._blob_offsets.items()}

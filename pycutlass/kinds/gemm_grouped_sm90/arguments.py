@@ -32,7 +32,7 @@ from ...runtime.tensors import describe, storage_type
 from ..gemm.arguments import coerce_output_op
 from ..gemm.matrix import matrix_geometry
 from ..gemm_grouped.arguments import (GemmGroupedArguments, _alias, fill_group_arrays, pack_arrays,
-                                      pack_problem_arrays)
+                                      pack_problem_arrays, problem_arrays)
 from .abi import SIZE_FLAGS, Sm90GroupedGemmArgs, Sm90GroupedSizesArgs
 from .operation import GemmOperationGroupedSm90
 
@@ -438,7 +438,6 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
             self.workspace_bytes = op.workspace_bytes(self.sm_count)
             self.workspace = self.tensors.allocate(self.workspace_bytes)
             return
-        count = len(self.problem_sizes)
         self.threadblock_count = 0
         self.workspace, self.workspace_bytes = 0, 0
         cluster = op.cluster_shape[0] * op.cluster_shape[1]
@@ -447,26 +446,10 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         if self.tile_count == 0:  # nothing launches (GemmGroupedArguments._prepare)
             self.device_arrays = {}
             return
-        sizes = np.zeros((count, 3), dtype=np.int32)
-        pointers = {label: np.zeros(count, dtype=np.uint64) for label in "ABCD"}
-        lds = {label: np.zeros(count, dtype=np.int64) for label in "ABCD"}
         stand_in = self._empty_k_stand_in()
-        k_stand_in = op.empty_k_stand_in
-        for index, (problem, operands) in enumerate(zip(self.problem_sizes, self._operands)):
-            m, n, k = problem
-            empty_k = k == 0 and m > 0 and n > 0
-            sizes[index] = (m, n, k_stand_in if empty_k else k)
-            for label in "ABDC":
-                if label not in operands:  # beta == 0 without C: C aliases D and is never read
-                    pointers["C"][index], lds["C"][index] = pointers["D"][index], lds["D"][index]
-                    continue
-                if label in "AB" and empty_k:
-                    pointers[label][index] = stand_in
-                    lds[label][index] = _stand_in_ld(op, label, m, n)
-                    continue
-                info, geometry = operands[label]
-                pointers[label][index] = self.tensors.address(info, is_output=label == "D")
-                lds[label][index] = geometry.ld
+        sizes, pointers, lds = problem_arrays(self.problem_sizes, self._operands, self.tensors.address,
+                                              lambda label, m, n: (stand_in, _stand_in_ld(op, label, m, n)),
+                                              op.empty_k_stand_in)
         blob, offsets = pack_problem_arrays(sizes, pointers, lds,
                                             ([("ptr_bias", self._bias_pointers())] if op.bias else []) +
                                             self._alpha_array())
