@@ -44,7 +44,7 @@ def main() -> None:
     rows = []
     for m, n, k in SHAPES:
         A = torch.randn(m, k, device="cuda", dtype=torch.float16)
-        B = torch.randn(k, n, device="cuda", dtype=torch.float16)
+        B = torch.randn(n, k, device="cuda", dtype=torch.float16).t()  # ColumnMajor (K, N), as the grid's
         reference = A @ B
         for knobs in RUNS:
             D_ = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
