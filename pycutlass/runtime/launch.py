@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import functools
 import os
 import struct
 import threading
@@ -321,7 +320,6 @@ class PreparedLaunch:
         if self.empty:
             self._cu_launch = _launch_nothing
         self.programmatic = False
-        self._config_for = functools.partial(driver.launch_config, self.grid, self.block, self.shared_memory_bytes)
         # (handle, launch config) of the last stream: one attribute, so a thread never pairs one stream's handle
         # with another's config
         self._bound_stream = (None, None)
@@ -333,14 +331,13 @@ class PreparedLaunch:
         if self.empty or self.programmatic:
             return
         self.programmatic = True
-        self._config_for = functools.partial(driver.launch_config, self.grid, self.block, self.shared_memory_bytes,
-                                             programmatic=True)
-        self._bound_stream = (None, None)
+        self._bound_stream = (None, None)  # the next launch makes a config with the attribute
 
     def launch(self, stream: int) -> None:
         bound = self._bound_stream
         if stream != bound[0]:
-            bound = self._bound_stream = (stream, self._config_for(stream))
+            bound = self._bound_stream = (stream, driver.launch_config(self.grid, self.block, self.shared_memory_bytes,
+                                                                       stream, self.programmatic))
         (err,) = self._cu_launch(bound[1], self.function, self.param_address, 0)
         if err != self._success:  # the fast path stays a single call; errors get the full treatment
             driver.check((err,), "cuLaunchKernelEx", self.name)

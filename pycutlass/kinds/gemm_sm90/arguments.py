@@ -230,15 +230,15 @@ class GemmArgumentsSm90(GemmArguments):
             launch.use_programmatic_dependent_launch()
         self._prepared = launch
         self._loaded_op, self._abi_struct = loaded_op, abi_struct
-        # run() skips before_launch otherwise
-        self._runs_before_launch = bool(launch.workspace_zero_bytes and self._stream_k)
+        # only stream-K builders report bytes to zero; run() skips before_launch otherwise
+        self._runs_before_launch = bool(launch.workspace_zero_bytes)
         return self._prepared
 
     prepared = _prepare
 
     def before_launch(self) -> None:
         launch = self._prepared
-        if launch is not None and launch.workspace_zero_bytes and self._stream_k:
+        if launch is not None and launch.workspace_zero_bytes:
             # Stream-K's barriers (the workspace's tail) count arrivals: they must start at zero on every launch.
             # Its reduction tiles before them are written before they are read, so they are left alone.
             from ...runtime import driver
