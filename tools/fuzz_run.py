@@ -238,10 +238,66 @@ def _activation_args(cfg):
     return (0.1,) if cfg["epilogue"] == "LinearCombinationGeneric" and cfg["activation"] == "leaky_relu" else ()
 
 
+_NUMPY_TYPES = (D.float16, D.float32, D.tfloat32, D.float64, D.int8, D.int32)  # numpy and cupy have no bf16 or fp8
+
+
+def _gemm_size_multiples(cfg, op) -> dict:
+    """{dimension: what its size must be a multiple of}: each operand's contiguous dimension by its alignment
+    (SM90: by 16 bytes as well, which TMA needs)."""
+    import math
+
+    row = cutlass.RowMajor
+    need = {"m": 1, "n": 1, "k": 1}
+    for desc, contiguous in ((op.A, "k" if op.A.layout is row else "m"), (op.B, "n" if op.B.layout is row else "k"),
+                             (op.C, "n" if op.C.layout is row else "m")):
+        alignment = desc.alignment
+        if cfg["family"] == "gemm90":
+            alignment = max(alignment, 128 // desc.element.bits)
+        need[contiguous] = math.lcm(need[contiguous], alignment)
+    return need
+
+
+def draw_gemm_problem(cfg, op, rng, attempt):
+    """Sizes that are multiples of 16 or, half the time, any size the alignments allow (now and then 1 to 8); now
+    and then a batch (L of 2 or 3), serial split-K (Sm80 family), stream-K's runtime knobs (an SM90 stream-K
+    operation), raster order / swizzle / SM count (SM90), or numpy / cupy operands in place of torch. Later attempts
+    draw multiples of 16 without extras."""
+    if attempt >= 2:
+        return dict(m=rng.randint(1, 24) * 16, n=rng.randint(1, 24) * 16, k=rng.randint(1, 24) * 16)
+    sm90 = cfg["family"] == "gemm90"
+    if rng.random() < 0.5:
+        need = _gemm_size_multiples(cfg, op)
+        sizes = {}
+        for dim in "mnk":
+            size = rng.randint(1, 8) if rng.random() < 0.2 else rng.randint(1, 400)
+            sizes[dim] = -(-size // need[dim]) * need[dim]
+        problem = sizes
+    else:
+        problem = dict(m=rng.randint(1, 24) * 16, n=rng.randint(1, 24) * 16, k=rng.randint(1, 24) * 16)
+    knobs = {}
+    roll = rng.random()
+    if roll < 0.2:
+        problem["batch"] = rng.choice([2, 3])
+    elif roll < 0.4 and not sm90:
+        knobs["split_k_slices"] = rng.choice([2, 3, 5])
+    elif roll < 0.6 and sm90 and cfg["tile_scheduler"] == "StreamK":
+        knobs.update(rng.choice([{"split_k_slices": 2, "decomposition": "split_k"}, {"split_k_slices": 3},
+                                 {"decomposition": "stream_k"}, {"decomposition": "data_parallel"}]))
+    if sm90 and rng.random() < 0.3:
+        knobs.update(raster_order=rng.choice(["heuristic", "along_m", "along_n"]), swizzle=rng.choice([1, 2, 4, 8]),
+                     sm_count=rng.choice([None, 1, 7, 66]))
+    if knobs:
+        problem["knobs"] = knobs
+    elif "batch" not in problem and not cfg.get("bias") and rng.random() < 0.25 and \
+            all(desc.element in _NUMPY_TYPES for desc in (op.A, op.B, op.C)):
+        problem["lib"] = rng.choice(["numpy", "cupy"])
+    return problem
+
+
 def draw_problem(cfg, op, rng, attempt):
     """A random problem within what the operation's alignments allow (later attempts: stride and dilation 1)."""
     if cfg["family"].startswith("gemm"):
-        return dict(m=rng.randint(1, 24) * 16, n=rng.randint(1, 24) * 16, k=rng.randint(1, 24) * 16)
+        return draw_gemm_problem(cfg, op, rng, attempt)
     if cfg["family"].startswith("grouped"):  # 1..12 groups, multiples of 16, now and then an empty M, N or K
         groups = []
         for _ in range(rng.randint(1, 12)):
@@ -279,7 +335,13 @@ def draw_problem(cfg, op, rng, attempt):
     n = rng.randint(1, 3)
     h = max(rng.randint(1, extent), dilation[0] * (r - 1) + 1 - pad[0] - pad[1])
     w = max(rng.randint(1, extent), dilation[1] * (s - 1) + 1 - pad[2] - pad[3])
-    return dict(n=n, h=h, w=w, c=c, k=k, r=r, s=s, pad=pad, stride=stride, dilation=dilation)
+    problem = dict(n=n, h=h, w=w, c=c, k=k, r=r, s=s, pad=pad, stride=stride, dilation=dilation)
+    if not safe and not sm90 and rng.random() < 0.25:  # serial split-K (the kernel reduces through semaphores)
+        problem["split_k"] = rng.choice([2, 3])
+    if not safe and not cfg.get("bias") and rng.random() < 0.2 and \
+            all(desc.element in _NUMPY_TYPES for desc in (op.A, op.B, op.C)):
+        problem["lib"] = "numpy"
+    return problem
 
 
 def run_grouped(cfg, op, problem, seed):
@@ -309,6 +371,22 @@ def run_grouped(cfg, op, problem, seed):
         check(op, to_float64(Dt), epilogue_reference(op, accumulator, c, 1.0, beta, group_activation_args(op)))
 
 
+def run_gemm_lib(cfg, op, problem, seed):
+    """One GEMM on numpy or cupy operands (D NaN-poisoned) against its float64 reference."""
+    from tests.gpu.test_gemm import run_gemm
+
+    if problem["lib"] == "cupy":
+        try:
+            import cupy  # noqa: F401
+        except ImportError:
+            raise cutlass.ArgumentError("cupy is not installed here") from None  # recorded as not run
+    out = op.C.element
+    alpha, beta = (1.0, 1.0) if out is D.int32 else (0.25, 1.0) if out is D.int8 else (1.25, -0.5)
+    got, reference = run_gemm(op, problem["m"], problem["n"], problem["k"], lib=problem["lib"], alpha=alpha,
+                              beta=beta, activation_args=_activation_args(cfg), seed=seed)
+    check(op, got, reference)
+
+
 def run_problem(cfg, op, problem, seed):
     """Run one case; raises what the runner raises."""
     gemm_suite, conv_suite = _suites()
@@ -316,18 +394,23 @@ def run_problem(cfg, op, problem, seed):
         run_grouped(cfg, op, problem, seed)
         return
     if cfg["family"].startswith("gemm"):
-        gemm_suite.run_case(op, problem["m"], problem["n"], problem["k"], seed=seed, bias=bool(cfg.get("bias")),
-                            activation_args=_activation_args(cfg))
+        if problem.get("lib"):  # PyCUTLASS's numpy / cupy operands (tests/gpu/test_gemm.py's runner)
+            run_gemm_lib(cfg, op, problem, seed)
+            return
+        gemm_suite.run_case(op, problem["m"], problem["n"], problem["k"], batch=problem.get("batch", 1), seed=seed,
+                            bias=bool(cfg.get("bias")), activation_args=_activation_args(cfg),
+                            **problem.get("knobs", {}))
         return
     p = problem
     ps = conv_suite.problem(p["n"], p["h"], p["w"], p["c"], p["k"], p["r"], p["s"], tuple(p["pad"]),
-                            tuple(p["stride"]), tuple(p["dilation"]))
+                            tuple(p["stride"]), tuple(p["dilation"]), split_k=p.get("split_k", 1))
     out = op.C.element
     alpha, beta = (1.0, 1.0) if out is D.int32 else (0.25, 1.0) if out is D.int8 else (1.25, -0.5)
     bias = None
     if cfg.get("bias"):  # the SM90 fused bias: C is one value per output channel, added once
         bias, beta = "vector", 1.0
-    conv_suite.run_conv(op, ps, alpha=alpha, beta=beta, bias=bias, activation_args=_activation_args(cfg), seed=seed)
+    conv_suite.run_conv(op, ps, lib=p.get("lib", "torch"), alpha=alpha, beta=beta, bias=bias,
+                        activation_args=_activation_args(cfg), seed=seed)
 
 
 def run_case(cfg, op, problem, seed):
@@ -571,12 +654,14 @@ def _problem_text(problem) -> str:
     if not isinstance(problem, dict):
         return "" if problem is None else str(problem)
     if "m" in problem:
-        return f"M={problem['m']} N={problem['n']} K={problem['k']}"
+        extras = "".join(f" {key}={problem[key]}" for key in ("batch", "knobs", "lib") if key in problem)
+        return f"M={problem['m']} N={problem['n']} K={problem['k']}{extras}"
     if "groups" in problem:
         return "groups " + " ".join("x".join(map(str, size)) for size in problem["groups"])
     p = problem
+    extras = "".join(f" {key}={p[key]}" for key in ("split_k", "lib") if key in p)
     return (f"N={p['n']} H={p['h']} W={p['w']} C={p['c']} K={p['k']} R={p['r']} S={p['s']} pad={p['pad']} "
-            f"stride={p['stride']} dilation={p['dilation']}")
+            f"stride={p['stride']} dilation={p['dilation']}{extras}")
 
 
 def summarize(records, out=None):

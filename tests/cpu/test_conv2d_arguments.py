@@ -185,6 +185,16 @@ def test_modes_and_split_k(no_device):
     assert not single.parallel
 
 
+def test_split_k_with_an_int8_output_is_refused(no_device):
+    """Serial split-K rounds and clamps every slice's partial result in an int8 D; parallel stores them in int8."""
+    ps = problem(c=32, k=64)
+    i = op(interleaved=True)
+    with pytest.raises(ArgumentError, match=r"^serial split-K \(split_k_slices=2\) stores each K slice's partial"):
+        Conv2dArguments(i, ps, None, None, None, None, split_k_slices=2)
+    with pytest.raises(ArgumentError, match=r"^parallel split-K writes its partial sums in the operation's int8"):
+        Conv2dArguments(i, ps, None, None, None, None, None, SplitKMode.Parallel, 2)
+
+
 def test_output_op_forms(no_device):
     ps = problem()
     g = op(epilogue=pc.LinearCombinationGeneric(pc.leaky_relu(F32), F16, 8, F32, F32))

@@ -173,6 +173,9 @@ def test_arguments_rules_that_need_no_gpu():
                               decomposition="data_parallel")
     with pytest.raises(cutlass.ArgumentError, match="cluster"):
         cutlass.GemmArguments(sm90(cluster=(2, 1, 1)), GemmCoord(64, 64, 64), A, A.T, A, A, sm_count=1)
+    with pytest.raises(cutlass.ArgumentError, match="multiple of the operation's cluster of 2"):
+        # CUTLASS would size the grid as 7 CTAs: CUDA_ERROR_INVALID_CLUSTER_SIZE at launch (found by fuzz seed 111)
+        cutlass.GemmArguments(sm90(cluster=(1, 2, 1)), GemmCoord(64, 64, 64), A, A.T, A, A, sm_count=7)
 
 
 def test_stream_k_builders_report_the_barriers_and_only_they_are_zeroed(monkeypatch):

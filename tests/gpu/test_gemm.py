@@ -224,6 +224,24 @@ def test_serial_split_k(split_k):
     assert_close(F16, got, ref, 2e-3)
 
 
+# Serial split-K over every kind of output: each K slice but the first adds its product to what the slice before
+# wrote to D, and the epilogue's activation runs on the last slice only.
+SERIAL_SPLIT_K_OPS = {"bf16": _op_dtype("bf16", (R, CM, R)), "tf32": _op_dtype("tf32", (CM, R, R)),
+                      "f64": _op_dtype("f64", (R, R, R)), "f32_simt": _op_dtype("f32_simt", (R, CM, R)),
+                      "gelu": ACT_OPS["gelu"], "leaky_relu": ACT_OPS["leaky_relu"], "clamp_f16": ACT_OPS["clamp"],
+                      "s8_s32out": INT8_OPS["s8_s32out"]}
+
+
+@pytest.mark.parametrize("name", list(SERIAL_SPLIT_K_OPS))
+def test_serial_split_k_every_output(name):
+    op = SERIAL_SPLIT_K_OPS[name]
+    alpha, beta = (1.0, 2.0) if op.C.element.is_integer else (1.25, -0.5)
+    got, ref = run_gemm(op, 200, 136, 1024, alpha=alpha, beta=beta,
+                        activation_args=(0.2,) if name == "leaky_relu" else (), split_k=3)
+    assert_close(op, got, ref, 3e-3 if op.C.element is D.float16 else _tol(
+        {"bf16": "bf16", "tf32": "tf32", "f64": "f64", "f32_simt": "f32_simt"}.get(name, "f16"), op))
+
+
 def test_serial_split_k_reuse_resets_semaphores():
     """Semaphores reset themselves; running the same arguments twice must stay correct."""
     import torch

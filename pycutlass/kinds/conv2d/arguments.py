@@ -23,7 +23,8 @@ from ...description.types import LayoutType
 from ...errors import ArgumentError
 from ...runtime.arguments import OperationArguments, memo_key
 from ...runtime.tensors import TensorInfo, as_flat, describe, gathered_copy, pointer_operand, storage_type
-from ..gemm.arguments import UNSET, coerce_output_op, compat_positional
+from ..gemm.arguments import UNSET, check_split_k_output, coerce_output_op, compat_positional
+from ..gemm.modes import Mode as GemmMode
 from .operation import Conv2dOperation
 from .problem import Conv2dProblemSize, Operator, SplitKMode, interleaved_filter_gather
 
@@ -179,6 +180,9 @@ class Conv2dArguments(OperationArguments):
             raise ArgumentError(f"FastLinearCombinationClamp is exact only for an implicit GEMM K <= "
                                 f"{_FAST_CLAMP_MAX_K}; this problem has K = R*S*C = {gemm.k()}")
         self.parallel = self.split_k_mode is SplitKMode.Parallel and self.split_k_slices > 1
+        # The implicit GEMM's split-K: the same rules for integer outputs as the GEMM's
+        check_split_k_output(operation, GemmMode.GemmSplitKParallel if self.parallel else GemmMode.Gemm,
+                             self.split_k_slices, self.output_op)
         if self.parallel and operation.is_strided_dgrad:
             # ImplicitGemmConvolutionStridedDgrad has no parallel split-K path: unlike ImplicitGemmConvolution it
             # never offsets D by the slice, so every slice would write its partial sum over slice 0's.

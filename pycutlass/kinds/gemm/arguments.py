@@ -139,6 +139,34 @@ def reorder_interleaved_operand_b(B, k: int, n: int, batch: int = 1, name: str =
     return gathered_copy(B, name, (batch * k // 32, n, 32), 1, interleaved_column_gather(n))
 
 
+def check_split_k_output(operation, mode, split_k_slices, output_op) -> None:
+    """Split-K keeps partial results in D's type where that rounds them: reject what would come out wrong.
+
+    Serial split-K (``Mode.Gemm``, ``split_k_slices`` > 1, on kernels whose slices add up in D: the Sm80 family)
+    stores each K slice's ``alpha * partial (+ beta * C)`` in D and the next slice adds its own to that. An integer
+    D rounds (and an int8 one clamps) every partial, which a float D does not need to; with an int32 D and an
+    integral alpha the partials stay whole numbers and the sum is exact. ``GemmSplitKParallel`` writes the raw
+    partial sums in D's type: an integer type narrower than 32 bits clamps them.
+    """
+    element = operation.C.element
+    if not element.is_integer or split_k_slices == 1 and mode is not Mode.GemmSplitKParallel:
+        return
+    if mode is Mode.GemmSplitKParallel and element.bits < 32:
+        raise ArgumentError(f"parallel split-K writes its partial sums in the operation's {element.label} output "
+                            f"type, which would clamp them; build the operation with an int32 output for the "
+                            f"partials and reduce them into {element.label} with a ReductionOperation")
+    if mode is not Mode.Gemm or not getattr(operation, "serial_split_k_through_output", True):
+        return
+    if element.bits < 32:
+        raise ArgumentError(f"serial split-K (split_k_slices={split_k_slices}) stores each K slice's partial result "
+                            f"in D, and a {element.label} D rounds and clamps every one of them: use "
+                            f"split_k_slices=1, an int32 output, or GemmSplitKParallel with int32 partials")
+    if float(output_op.alpha) != int(output_op.alpha):
+        raise ArgumentError(f"serial split-K (split_k_slices={split_k_slices}) rounds alpha * partial to an integer "
+                            f"for every K slice of an integer D; with alpha={output_op.alpha} the slices' roundings "
+                            f"add up: use split_k_slices=1 or an integral alpha")
+
+
 # Arguments of operations that GemmOperationUniversal builds for other kinds (visitor=True: gemm_evt; compute
 # capability 90: gemm_sm90), by operation type; each kind registers its class here when imported.
 VISITOR_ARGUMENTS: dict = {}
@@ -231,6 +259,7 @@ class GemmArguments(OperationArguments):
         fast_clamp_max_k = getattr(operation, "fast_clamp_max_k", 256)  # None: exact for every K (SM90)
         if functor.kind == "FastLinearCombinationClamp" and fast_clamp_max_k is not None and k > fast_clamp_max_k:
             raise ArgumentError(f"FastLinearCombinationClamp is exact only for K <= {fast_clamp_max_k}, got K={k}")
+        check_split_k_output(operation, mode, self.split_k_slices, self.output_op)
         if mode is Mode.GemmSplitKParallel:
             if functor.activation is not None or functor.kind != "LinearCombination":
                 raise ArgumentError("GemmSplitKParallel writes raw partial sums: build the GEMM with a "

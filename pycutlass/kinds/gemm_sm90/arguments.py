@@ -26,7 +26,8 @@ class GemmArgumentsSm90(GemmArguments):
     - ``bias``: the vector of an operation built with ``bias="row"`` (M values) or ``"column"`` (N values); one per
       batch in Batched mode if it holds ``batch`` vectors.
     - ``raster_order`` ("heuristic", "along_m", "along_n"), ``swizzle`` (1, 2, 4, 8; default from the operation's
-      IdentitySwizzleN), ``sm_count`` (SMs the persistent grid may use; default all): no recompile.
+      IdentitySwizzleN), ``sm_count`` (SMs the persistent grid may use, a multiple of the cluster size; default all, rounded down to whole
+      clusters): no recompile.
     - ``pdl=True``: launch with programmatic dependent launch (``cuLaunchKernelEx`` with programmatic stream
       serialization). The kernel's blocks may start, set up shared memory and prefetch their TMA descriptors while
       the stream's previous kernel drains; they wait for it (griddepcontrol.wait) before touching global memory.
@@ -108,9 +109,11 @@ class GemmArgumentsSm90(GemmArguments):
                                 f"decomposition (CUTLASS's stream-K scheduler), not in "
                                 f"{[k for k, v in DECOMPOSITIONS.items() if v == self._knobs[2]][0]!r}")
         cluster = operation.cluster_shape[0] * operation.cluster_shape[1]
-        if self._knobs[3] and self._knobs[3] < cluster:
-            raise ArgumentError(f"sm_count={self._knobs[3]} is smaller than the operation's cluster of {cluster} CTAs; "
-                                f"the persistent grid needs at least one whole cluster")
+        if self._knobs[3] and self._knobs[3] % cluster:
+            # CUTLASS sizes the persistent grid from sm_count without rounding it to whole clusters: the launch
+            # would fail with CUDA_ERROR_INVALID_CLUSTER_SIZE.
+            raise ArgumentError(f"sm_count={self._knobs[3]} is not a multiple of the operation's cluster of {cluster} "
+                                f"CTAs; the persistent grid is made of whole clusters")
         super()._validate_and_prepare(operation, problem_size, A, B, C, D, output_op, gemm_mode, split_k_slices,
                                       batch, stream, device, session, bias, reordered)
 
@@ -191,7 +194,8 @@ class GemmArgumentsSm90(GemmArguments):
         a.l = self.batch if self.gemm_mode is Mode.Batched else 1
         a.mode = int(self.gemm_mode)
         raster, swizzle, decomposition, sm_count = self._knobs
-        a.sm_count = sm_count or self.device.sm_count
+        cluster = self.operation.cluster_shape[0] * self.operation.cluster_shape[1]
+        a.sm_count = sm_count or self.device.sm_count // cluster * cluster
         a.raster_order, a.swizzle, a.decomposition = raster, swizzle or self.operation.default_swizzle, decomposition
         a.splits = self.split_k_slices
         a.max_active_clusters = 0

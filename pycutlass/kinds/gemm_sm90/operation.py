@@ -162,6 +162,9 @@ class GemmOperationSm90(GemmOperationUniversal):
     # FastLinearCombinationClamp is the clamp of LinearCombinationClamp here (exact int32 -> float conversion), so
     # CUTLASS 2.x's K <= 256 limit of its fast converters does not apply.
     fast_clamp_max_k = None
+    # split_k_slices > 1 is stream-K, which adds the K slices' partials in the accumulator type (kinds/gemm's
+    # check_split_k_output)
+    serial_split_k_through_output = False
 
     def __new__(cls, *args, **kwargs):
         # array=True builds the pointer-array kernel (kinds/gemm_array_sm90 subclasses this class and registers it).
