@@ -206,8 +206,17 @@ def draw_grouped90(rng):
     return cfg
 
 
+def draw_gemmarray90(rng):
+    """A GemmOperationUniversal(90, ..., array=True) (the pointer-array kernel for Mode.Array's lists of matrices):
+    the grouped drawing (the two kernels share their rules), without a bias."""
+    cfg = draw_grouped90(rng)
+    cfg.update(family="gemmarray90", array=True, bias=None)
+    del cfg["precompute_mode"]
+    return cfg
+
+
 DRAWERS = {"gemm80": draw_gemm80, "conv80": draw_conv80, "gemm90": draw_gemm90, "conv90": draw_conv90,
-           "grouped80": draw_grouped80, "grouped90": draw_grouped90}
+           "grouped80": draw_grouped80, "grouped90": draw_grouped90, "gemmarray90": draw_gemmarray90}
 
 
 # --- building ------------------------------------------------------------------------------------------------------
@@ -243,6 +252,8 @@ def build(cfg):
     swizzle = SWIZZLES[cfg["swizzle"]]
     if cfg["family"].startswith("gemm"):
         kwargs = {"bias": cfg["bias"]} if cfg.get("bias") else {}
+        if cfg.get("array"):
+            kwargs["array"] = True
         op = cutlass.GemmOperationUniversal(cfg["cc"], tile, A, B, C, epilogue, swizzle, **kwargs)
     elif cfg["family"].startswith("grouped"):
         kwargs = {"bias": cfg["bias"]} if cfg.get("bias") else {}

@@ -22,7 +22,8 @@ families are drawn after them, and each configuration's problem sizes come from 
 Families: ``gemm80`` (--sm80; nvcc; target sm_80, or sm_90 where the drawn cc is 90), ``gemm90`` (--sm90; NVRTC;
 sm_90), ``conv80`` (--conv80; nvcc), ``conv90`` (--conv90; NVRTC), ``grouped80`` (--grouped80; GemmOperationGrouped
 with an Sm80 tile, either scheduler mode; nvcc) and ``grouped90`` (--grouped90; the SM90 pointer-array kernel, a
-per-group bias now and then; NVRTC). The parent compiles each (backend, arch)
+per-group bias now and then; NVRTC), ``gemmarray90`` (--array90; ``GemmOperationUniversal(90, ..., array=True)``,
+Mode.Array on lists of 1 to 5 matrices; NVRTC). The parent compiles each (backend, arch)
 group with ``add_module(ops, jobs=--jobs)`` (a failing batch is recompiled one operation at a time, to attribute
 the failures), then starts ``fuzz_run.py --one '<json>'`` per configuration (``--parallel`` at a time, each with
 ``--timeout`` seconds). The child rebuilds the operation from its cfg (``fuzz_accept.build``; the name must be the
@@ -77,7 +78,7 @@ START_MARK = "FUZZ-START "  # the problem a child is about to run (so a crash or
 DONE_MARK = "FUZZ-DONE"     # the child finished its cases (what follows is teardown)
 DEFECTS = ("COMPILE-FAIL", "WRONG", "ERROR", "CRASH", "HANG", "MEMCHECK")
 STATUSES = ("ok", "argument-rejected") + DEFECTS
-FAMILIES = ("gemm80", "gemm90", "conv80", "conv90", "grouped80", "grouped90")  # drawn in this order
+FAMILIES = ("gemm80", "gemm90", "conv80", "conv90", "grouped80", "grouped90", "gemmarray90")  # drawn in this order
 D = cutlass.DataType
 
 
@@ -251,7 +252,7 @@ def _gemm_size_multiples(cfg, op) -> dict:
     for desc, contiguous in ((op.A, "k" if op.A.layout is row else "m"), (op.B, "n" if op.B.layout is row else "k"),
                              (op.C, "n" if op.C.layout is row else "m")):
         alignment = desc.alignment
-        if cfg["family"] == "gemm90":
+        if cfg["family"].endswith("90"):
             alignment = max(alignment, 128 // desc.element.bits)
         need[contiguous] = math.lcm(need[contiguous], alignment)
     return need
@@ -274,6 +275,9 @@ def draw_gemm_problem(cfg, op, rng, attempt):
         problem = sizes
     else:
         problem = dict(m=rng.randint(1, 24) * 16, n=rng.randint(1, 24) * 16, k=rng.randint(1, 24) * 16)
+    if cfg.get("array"):  # the pointer-array kernel: lists of matrices (Mode.Array)
+        problem["array"] = rng.choice([1, 2, 3, 5])
+        return problem
     knobs = {}
     roll = rng.random()
     if roll < 0.2:
@@ -284,8 +288,10 @@ def draw_gemm_problem(cfg, op, rng, attempt):
         knobs.update(rng.choice([{"split_k_slices": 2, "decomposition": "split_k"}, {"split_k_slices": 3},
                                  {"decomposition": "stream_k"}, {"decomposition": "data_parallel"}]))
     if sm90 and rng.random() < 0.3:
+        cluster = cfg["cluster"][0] * cfg["cluster"][1]  # sm_count counts whole clusters (else argument-rejected)
         knobs.update(raster_order=rng.choice(["heuristic", "along_m", "along_n"]), swizzle=rng.choice([1, 2, 4, 8]),
-                     sm_count=rng.choice([None, 1, 7, 66]))
+                     sm_count=rng.choice([None, 1, 7, 66]) if rng.random() < 0.2 else
+                     rng.choice([None, cluster, 7 * cluster, 33 * cluster]))
     if knobs:
         problem["knobs"] = knobs
     elif "batch" not in problem and not cfg.get("bias") and rng.random() < 0.25 and \
@@ -298,10 +304,13 @@ def draw_problem(cfg, op, rng, attempt):
     """A random problem within what the operation's alignments allow (later attempts: stride and dilation 1)."""
     if cfg["family"].startswith("gemm"):
         return draw_gemm_problem(cfg, op, rng, attempt)
-    if cfg["family"].startswith("grouped"):  # 1..12 groups, multiples of 16, now and then an empty M, N or K
+    if cfg["family"].startswith("grouped"):
+        # 1..12 groups, multiples of 16 or (half the time, early attempts) any size the alignments allow, now and then
+        # an empty M, N or K
+        need = _gemm_size_multiples(cfg, op) if attempt < 2 and rng.random() < 0.5 else dict(m=16, n=16, k=16)
         groups = []
         for _ in range(rng.randint(1, 12)):
-            size = [rng.randint(1, 20) * 16 for _ in range(3)]
+            size = [-(-rng.randint(1, 320) // need[dim]) * need[dim] for dim in "mnk"]
             if rng.random() < 0.15:
                 size[rng.randrange(3)] = 0
             groups.append(size)
@@ -394,6 +403,13 @@ def run_problem(cfg, op, problem, seed):
         run_grouped(cfg, op, problem, seed)
         return
     if cfg["family"].startswith("gemm"):
+        if problem.get("array"):  # lists of matrices (tests/gpu/test_gemm_array_sm90.py's runner)
+            from tests.gpu import test_gemm_array_sm90 as array_suite
+
+            array_suite._check = lambda op, got, reference: check(op, got.double().cpu().numpy(), reference)
+            array_suite.run_array(op, problem["m"], problem["n"], problem["k"], problem["array"], seed=seed,
+                                  activation_args=_activation_args(cfg))
+            return
         if problem.get("lib"):  # PyCUTLASS's numpy / cupy operands (tests/gpu/test_gemm.py's runner)
             run_gemm_lib(cfg, op, problem, seed)
             return
@@ -654,7 +670,7 @@ def _problem_text(problem) -> str:
     if not isinstance(problem, dict):
         return "" if problem is None else str(problem)
     if "m" in problem:
-        extras = "".join(f" {key}={problem[key]}" for key in ("batch", "knobs", "lib") if key in problem)
+        extras = "".join(f" {key}={problem[key]}" for key in ("batch", "array", "knobs", "lib") if key in problem)
         return f"M={problem['m']} N={problem['n']} K={problem['k']}{extras}"
     if "groups" in problem:
         return "groups " + " ".join("x".join(map(str, size)) for size in problem["groups"])
@@ -673,14 +689,14 @@ def summarize(records, out=None):
     columns = [s for s in STATUSES if any(c[s] for c in counts.values())]
     widths = [max(len(s), 5) + 2 for s in columns]
     print("\nsummary (cases; COMPILE-FAIL, CRASH, HANG and MEMCHECK count configurations):", file=out)
-    print("  " + "family".ljust(8) + "".join(s.rjust(w) for s, w in zip(columns, widths)), file=out)
+    print("  " + "family".ljust(12) + "".join(s.rjust(w) for s, w in zip(columns, widths)), file=out)
     total = collections.Counter()
     for family in FAMILIES:
         if family in counts:
             total.update(counts[family])
-            print("  " + family.ljust(8) + "".join(str(counts[family][s]).rjust(w) for s, w in zip(columns, widths)),
+            print("  " + family.ljust(12) + "".join(str(counts[family][s]).rjust(w) for s, w in zip(columns, widths)),
                   file=out)
-    print("  " + "all".ljust(8) + "".join(str(total[s]).rjust(w) for s, w in zip(columns, widths)), file=out)
+    print("  " + "all".ljust(12) + "".join(str(total[s]).rjust(w) for s, w in zip(columns, widths)), file=out)
     defects = collections.OrderedDict()
     for record in records:
         if record["status"] in DEFECTS:
@@ -702,7 +718,8 @@ def _interrupt(signum, frame):
 
 def orchestrate(args, plan):
     counts = {"gemm80": args.sm80, "gemm90": args.sm90, "conv80": args.conv80, "conv90": args.conv90,
-              "grouped80": args.grouped80, "grouped90": args.grouped90}
+              "grouped80": args.grouped80, "grouped90": args.grouped90,
+              "gemmarray90": args.array90}
     for family in FAMILIES:
         got = sum(1 for entry, _ in plan if entry["family"] == family)
         if got < counts[family]:
@@ -809,6 +826,8 @@ def parse(argv=None):
     parser.add_argument("--grouped80", type=int, default=0,
                         help="Sm80-family grouped GEMM configurations (grouped80; drawn after the others)")
     parser.add_argument("--grouped90", type=int, default=0, help="SM90 grouped GEMM configurations (grouped90)")
+    parser.add_argument("--array90", type=int, default=0,
+                        help="SM90 pointer-array GEMM configurations (gemmarray90: array=True, lists of matrices)")
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=16, help="parallel compile units")
     parser.add_argument("--parallel", type=int, default=8, help="child processes at once (sharing the GPU)")
@@ -846,7 +865,8 @@ def main(argv=None):
         run_config(args)
         return 0
     counts = {"gemm80": args.sm80, "gemm90": args.sm90, "conv80": args.conv80, "conv90": args.conv90,
-              "grouped80": args.grouped80, "grouped90": args.grouped90}
+              "grouped80": args.grouped80, "grouped90": args.grouped90,
+              "gemmarray90": args.array90}
     plan = draw_plan(args.seed, counts)
     if args.dry_run:
         for entry, op in plan:

@@ -4,6 +4,7 @@ Also the conv drawing (every drawn configuration rebuilds under the same name) a
 machine without CUDA (it reports an ERROR for its case, not a crash)."""
 from __future__ import annotations
 
+import collections
 import json
 import os
 import stat
@@ -157,6 +158,47 @@ def test_conv_configurations_draw_and_rebuild(capsys):
         op.check_problem_size(ps)
 
 
+def _assert_contiguous_extents_aligned(family, op, m, n, k):
+    """Each operand's contiguous extent is a multiple of its alignment (SM90: of 16 bytes as well, for TMA)."""
+    row = __import__("pycutlass").RowMajor
+    for desc, extent in ((op.A, k if op.A.layout is row else m), (op.B, n if op.B.layout is row else k),
+                         (op.C, n if op.C.layout is row else m)):
+        alignment = max(desc.alignment, 128 // desc.element.bits) if family.endswith("90") else desc.alignment
+        assert extent % alignment == 0, (family, op.name, (m, n, k))
+
+
+def test_gemm_problem_draws_cover_odd_sizes_modes_knobs_and_libraries():
+    """The GEMM draws reach odd sizes within the alignments, batches, serial split-K (Sm80 family), stream-K and
+    scheduler knobs (SM90), numpy / cupy operands and the pointer-array family's lists; later attempts fall back to
+    plain multiples of 16."""
+    import random
+
+    plan = fuzz_run.draw_plan(113, {"gemm80": 12, "gemm90": 10, "gemmarray90": 4})
+    seen = collections.Counter()
+    for entry, op in plan:
+        rng = random.Random(entry["seed"])
+        for _ in range(12):
+            problem = fuzz_run.draw_problem(entry["cfg"], op, rng, 0)
+            _assert_contiguous_extents_aligned(entry["family"], op, problem["m"], problem["n"], problem["k"])
+            seen["odd"] += any(problem[d] % 16 for d in "mnk")
+            seen["batch"] += "batch" in problem
+            knobs = problem.get("knobs", {})
+            seen["serial split-K"] += entry["family"] == "gemm80" and "split_k_slices" in knobs
+            assert entry["family"] != "gemm80" or set(knobs) <= {"split_k_slices"}
+            if "decomposition" in knobs or "split_k_slices" in knobs and entry["family"] == "gemm90":
+                assert entry["cfg"]["tile_scheduler"] == "StreamK"
+                seen["stream-K knobs"] += 1
+            seen["sm_count"] += "sm_count" in knobs
+            seen[problem.get("lib", "torch")] += 1
+            if entry["family"] == "gemmarray90":
+                assert 1 <= problem["array"] <= 5 and set(problem) == {"m", "n", "k", "array"}
+                seen["array"] += 1
+        plain = fuzz_run.draw_problem(entry["cfg"], op, rng, 2)
+        assert set(plain) == {"m", "n", "k"} and all(plain[d] % 16 == 0 for d in "mnk")
+    for what in ("odd", "batch", "serial split-K", "stream-K knobs", "sm_count", "numpy", "cupy", "array"):
+        assert seen[what] > 0, (what, seen)
+
+
 def test_grouped_configurations_draw_and_rebuild(capsys):
     """Grouped families come after the others (earlier seeds draw the configurations they drew), rebuild under their names, take the
     backend of their kernel family and draw lists of groups within the operations' alignments."""
@@ -173,8 +215,8 @@ def test_grouped_configurations_draw_and_rebuild(capsys):
         problem = fuzz_run.draw_problem(entry["cfg"], op, random.Random(entry["seed"]), 0)
         assert 1 <= len(problem["groups"]) <= 12
         for m, n, k in problem["groups"]:
-            assert min(m, n, k) >= 0 and all(x % max(op.A.alignment, op.B.alignment, op.C.alignment) == 0
-                                              for x in (m, n, k))
+            assert min(m, n, k) >= 0
+            _assert_contiguous_extents_aligned(entry["family"], op, m, n, k)
     fuzz_run.main(["--sm80", "0", "--sm90", "0", "--conv80", "0", "--conv90", "0", "--grouped80", "3",
                    "--grouped90", "2", "--seed", "19", "--dry-run"])
     printed = capsys.readouterr().out

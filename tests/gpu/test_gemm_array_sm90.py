@@ -98,7 +98,7 @@ def _check(op, got, reference):
 
 
 def run_array(op, m, n, k, batch, form="list", mode=Mode.Array, use_c=True, alpha=1.25, beta=0.5, seed=0, pad=0,
-              inf_in_c=False, **knobs):
+              inf_in_c=False, activation_args=(), **knobs):
     """D_i = epilogue(alpha * A_i @ B_i + beta * C_i) for i < batch; returns the arguments."""
     generator = torch.Generator().manual_seed(seed)
     out = op.C.element
@@ -128,12 +128,13 @@ def run_array(op, m, n, k, batch, form="list", mode=Mode.Array, use_c=True, alph
                 D_all if entries > 1 else Ds[0]]
     if not use_c:
         beta = 0.0
-    arguments = cutlass.GemmArguments(op, GemmCoord(m, n, k), *args, output_op=op.epilogue_type(alpha, beta),
-                                      gemm_mode=mode, batch=batch if mode is not Mode.Gemm else 1, **knobs)
+    arguments = cutlass.GemmArguments(op, GemmCoord(m, n, k), *args,
+                                      output_op=op.epilogue_type(alpha, beta, *activation_args), gemm_mode=mode,
+                                      batch=batch if mode is not Mode.Gemm else 1, **knobs)
     op.run(arguments)
     arguments.sync()
     for i in range(entries):
-        reference = _reference(op, A[i][1], B[i][1], C[i][1] if C else None, alpha, beta)
+        reference = _reference(op, A[i][1], B[i][1], C[i][1] if C else None, alpha, beta, activation_args)
         _check(op, Ds[i], reference)
     return arguments
 
