@@ -312,6 +312,19 @@ def is_device_pointer(obj) -> bool:
     return kind.__name__ == "CUdeviceptr" and kind.__module__.split(".")[0] == "cuda"
 
 
+class PartialsAddress(int):
+    """The device address of a parallel split-K workspace (``GemmArguments.ptr_D``, ``Conv2dArguments.ptr_D``) that
+    also says which type its partial results are stored in, so a ReductionArguments given the bare address, as
+    PyCUTLASS's scripts pass it, can check that it reads them as that type."""
+
+    element: DataType
+
+    def __new__(cls, address: int, element: DataType):
+        self = super().__new__(cls, address)
+        self.element = element
+        return self
+
+
 class DevicePointerTensor:
     """A packed 1-D view of ``numel`` elements at a raw device address (a PyCUTLASS ``CUdeviceptr`` operand).
 

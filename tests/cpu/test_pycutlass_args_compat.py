@@ -213,6 +213,23 @@ def test_reduction_bias_keyword():
         ReductionArguments(reduction, [M, N], 2, 0x10000, dest, np.ones(M * N, np.float16), bias=True)
 
 
+def test_reduction_reads_the_partials_in_the_type_the_split_k_kernel_wrote():
+    """GemmArguments.ptr_D of parallel split-K is the workspace's address and knows that the partials are in the
+    operation's output type; a ReductionOperation reading another type (element_workspace defaults to the
+    accumulator) would read past them."""
+    from pycutlass.runtime.tensors import PartialsAddress
+
+    f32_workspace = ReductionOperation(pc.MatrixCoord(4, 64), td(F16, pc.RowMajor, 8), F32, count=8)
+    f16_workspace = ReductionOperation(pc.MatrixCoord(4, 64), td(F16, pc.RowMajor, 8), F32, F16, count=8)
+    dest = np.zeros(M * N, np.float16)
+    with pytest.raises(ArgumentError, match=r"^workspace: the split-K partial results are float16 .* reads float32 "
+                                            r"\(its element_workspace, which defaults to element_accumulator\)"):
+        ReductionArguments(f32_workspace, [M, N], 2, PartialsAddress(0x10000, F16), dest)
+    assert ReductionArguments(f16_workspace, [M, N], 2, PartialsAddress(0x10000, F16), dest).workspace == 0x10000
+    assert ReductionArguments(f32_workspace, [M, N], 2, PartialsAddress(0x10000, F32), dest).workspace == 0x10000
+    assert ReductionArguments(f32_workspace, [M, N], 2, 0x10000, dest).workspace == 0x10000  # a bare int: unchecked
+
+
 # --- raw device pointers ----------------------------------------------------------------------------------------------
 def test_cudeviceptr_operands_are_packed_and_sized_from_the_problem():
     driver = pytest.importorskip("cuda.bindings.driver")

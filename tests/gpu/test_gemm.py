@@ -59,12 +59,18 @@ REDUCTION_RELU = cutlass.ReductionOperation(
     cutlass.LinearCombinationGeneric(cutlass.relu(D.float32), D.float16, 8, D.float32, D.float32), count=8)
 ACT_OPS = {name: make_op("f16", activation=name) for name in ACTIVATIONS}
 ACT_OPS["clamp"] = make_op("f16", epilogue="clamp")
+# Parallel split-K partials in the GEMM's own 16-bit output type, reduced by reductions that read that type
+PARTIALS_OPS = {"f16": make_op("f16"), "bf16": make_op("bf16", (R, CM, R))}
+PARTIALS_REDUCTIONS = {name: cutlass.ReductionOperation(
+    cutlass.MatrixCoord(4, 32 * 8), cutlass.TensorDescription(op.C.element, R, 8), D.float32, op.C.element, D.float32,
+    count=8) for name, op in PARTIALS_OPS.items()}
 SWIZZLE_OPS = {s.name: make_op("f16", swizzle=s) for s in SWIZZLES}
 NVRTC_OPS = {"f16": make_op("f16"), "bf16_nt": make_op("bf16", (CM, R, CM)), "s8": INT8_OPS["s8_s32out"],
              "f64": make_op("f64", (R, R, R))}
 
 NVCC_OPS = ([_op_dtype(c, lay) for c, lay in DTYPE_LAYOUT] + list(INT8_OPS.values()) + list(ALIGNMENT_OPS.values())
             + [F16, F16_BATCHED, F16_F32OUT, REDUCTION, REDUCTION_RELU] + list(ACT_OPS.values())
+            + list(PARTIALS_OPS.values()) + list(PARTIALS_REDUCTIONS.values())
             + list(SWIZZLE_OPS.values()))
 
 
@@ -279,6 +285,29 @@ def test_parallel_split_k(split_k, reduction):
     if reduction == "relu":
         ref = np.maximum(ref, 0)
     assert_close(F16_F32OUT if reduction == "plain" else ACT_OPS["relu"], to_float64(Dt), ref, 2e-3)
+
+
+@pytest.mark.parametrize("name", list(PARTIALS_OPS))
+def test_parallel_split_k_partials_in_the_output_type(name):
+    """PyCUTLASS's flow (workspace=arguments.ptr_D) on a GEMM whose partials are 16-bit: a reduction reading them as
+    its default float32 workspace is refused; one built with element_workspace = the output type is exact."""
+    op, red = PARTIALS_OPS[name], PARTIALS_REDUCTIONS[name]
+    element = op.C.element
+    m, n, k, split_k = 200, 136, 960, 3
+    rng = np.random.default_rng(6)
+    a, b, c = (random_values(rng, shape, element) for shape in ((m, k), (k, n), (m, n)))
+    A, B, C = (to_tensor(x, element, lay, "torch") for x, lay in ((a, R), (b, CM), (c, R)))
+    Dt = poisoned_output((m, n), element, R, "torch")
+    args = cutlass.GemmArguments(op, (m, n, k), A, B, C, Dt, gemm_mode=Mode.GemmSplitKParallel, split_k_slices=split_k)
+    default = cutlass.ReductionOperation(cutlass.MatrixCoord(4, 32 * 8), cutlass.TensorDescription(element, R, 8),
+                                         D.float32, count=8)
+    with pytest.raises(cutlass.ArgumentError, match=f"partial results are {element.label}"):
+        cutlass.ReductionArguments(default, [m, n], split_k, args.ptr_D, Dt, C, default.epilogue_type(1.5, -0.5))
+    op.run(args)
+    reduction_args = cutlass.ReductionArguments(red, [m, n], split_k, args.ptr_D, Dt, C, red.epilogue_type(1.5, -0.5))
+    red.run(reduction_args)
+    reduction_args.sync()
+    assert_close(op, to_float64(Dt), 1.5 * (a @ b) - 0.5 * c, 3e-3 if element is D.float16 else 1.5e-2)
 
 
 @pytest.mark.parametrize("form", ["3d", "packed", "broadcast_b"])

@@ -22,7 +22,8 @@ from __future__ import annotations
 from ...description.types import LayoutType
 from ...errors import ArgumentError
 from ...runtime.arguments import OperationArguments, memo_key
-from ...runtime.tensors import TensorInfo, as_flat, describe, gathered_copy, pointer_operand, storage_type
+from ...runtime.tensors import (PartialsAddress, TensorInfo, as_flat, describe, gathered_copy, pointer_operand,
+                                storage_type)
 from ..gemm.arguments import UNSET, check_split_k_output, coerce_output_op, compat_positional
 from ..gemm.modes import Mode as GemmMode
 from .operation import Conv2dOperation
@@ -332,7 +333,7 @@ class Conv2dArguments(OperationArguments):
         if "C" not in self.addresses:  # beta == 0: the kernel does not read C
             self.addresses["C"] = self.addresses["D"]
             self.c_strides = None
-        self.ptr_D = self.addresses["D"]
+        self.ptr_D = PartialsAddress(self.workspace, op.C.element) if self.parallel else self.addresses["D"]
         self.semaphore = 0
         self._semaphore_capacity = op.semaphore_count(self.problem_size, self.split_k_mode)
         if self._semaphore_capacity:

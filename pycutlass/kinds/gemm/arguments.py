@@ -9,7 +9,7 @@ from ...emit.abi import fill_epilogue
 from ...epilogue.functors import EpilogueArguments
 from ...errors import ArgumentError
 from ...runtime.arguments import OperationArguments, memo_key
-from ...runtime.tensors import describe, gathered_copy, pointer_operand, storage_type
+from ...runtime.tensors import PartialsAddress, describe, gathered_copy, pointer_operand, storage_type
 from .abi import GemmUniversalArgs
 from .matrix import MatrixGeometry, check_output_geometry, matrix_geometry
 from .modes import Mode, interleaved_column_gather
@@ -447,7 +447,7 @@ class GemmArguments(OperationArguments):
             # Partial products, packed in D's layout, one M x N slice per split.
             itemsize = op.C.element.bits // 8
             self.workspace = self.tensors.allocate(self.split_k_slices * m * n * itemsize)
-            self.ptr_D = self.workspace
+            self.ptr_D = PartialsAddress(self.workspace, op.C.element)
             self.workspace_ld = n if op.C.layout is LayoutType.RowMajor else m
             self.addresses["C"] = self.addresses["D"] = self.workspace
             self.lds["C"] = self.lds["D"] = self.workspace_ld

@@ -36,6 +36,12 @@ class ReductionArguments(OperationArguments):
         if hasattr(workspace, "ptr_D"):
             self._producer = workspace
             workspace = workspace.ptr_D
+        partials = getattr(workspace, "element", None)  # a PartialsAddress knows what the split-K kernel wrote
+        if partials is not None and partials is not operation.element_workspace:
+            raise ArgumentError(f"workspace: the split-K partial results are {partials.label} (the operation's "
+                                f"output type), but this ReductionOperation reads {operation.element_workspace.label}"
+                                f" (its element_workspace, which defaults to element_accumulator); build it with "
+                                f"element_workspace={partials.label}")
         if is_device_pointer(workspace):  # PyCUTLASS passed GemmArguments.ptr_D as a CUdeviceptr
             workspace = int(workspace)
         if bias not in (None, False, True):
