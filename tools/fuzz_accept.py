@@ -20,6 +20,7 @@ import re
 import sys
 import time
 import traceback
+import zlib
 
 import pycutlass as cutlass
 from pycutlass import DescriptionError
@@ -215,8 +216,81 @@ def draw_gemmarray90(rng):
     return cfg
 
 
+EVT_ACTIVATIONS = ("relu", "sigmoid", "tanh", "silu", "hardswish", "gelu", "leaky_relu")
+
+
+def draw_evt_tree(rng, tile) -> str:
+    """The source of a random ``EpilogueVisitTree.__call__``: the accumulator with C, a row and a column vector,
+    alpha and beta now and then; 1 to 4 statements of + and - (any operand), * (by a scalar, a constant or a
+    vector: products of two tensors would overflow float16), negation and the activations; returns the last
+    tensor, now and then an intermediate one (an aux store) and a row or column sum of the last."""
+    params = {"accum": "tensor"}
+    for name, kind, chance in (("c", "tensor", 0.6), ("v_row", "row", 0.35), ("v_col", "column", 0.35),
+                               ("alpha", "scalar", 0.6), ("beta", "scalar", 0.4)):
+        if rng.random() < chance:
+            params[name] = kind
+    small = [name for name, kind in params.items() if kind in ("row", "column", "scalar")] + ["0.5", "2.0", "1.25"]
+    tensors, lines = ["accum"], []
+    for i in range(rng.randint(1, 4)):
+        x, roll = rng.choice(tensors), rng.random()
+        if roll < 0.3:
+            act = rng.choice(EVT_ACTIVATIONS)
+            expr = f"leaky_relu.numpy({x}, 0.2)" if act == "leaky_relu" else f"{act}.numpy({x})"
+        elif roll < 0.35:
+            expr = f"-{x}"
+        elif roll < 0.6:
+            y = rng.choice(small)
+            expr = f"{y} * {x}" if rng.random() < 0.5 else f"{x} * {y}"
+        else:
+            y = rng.choice(small + tensors + (["c"] if "c" in params else []))
+            expr = f"{x} {rng.choice('+-')} {y}"
+        lines.append(f"t{i} = {expr}")
+        tensors.append(f"t{i}")
+    outputs = [tensors[-1]]
+    if len(tensors) > 2 and rng.random() < 0.3:
+        outputs.append(rng.choice(tensors[1:-1]))
+    if rng.random() < 0.3:
+        axis = rng.choice(["row", "column"])
+        lines.append(f'r = reduction_op({tensors[-1]}, "{axis}", "Add", {tile[1] if axis == "row" else tile[0]})')
+        outputs.append("r")
+    body = "\n".join(lines)
+    used = [name for name in params if name == "accum" or re.search(rf"\b{name}\b", body)]
+    signature = ", ".join(f"{name}: '{params[name]}'" for name in used)
+    return (f"def __call__(self, {signature}):\n" + "".join(f"    {line}\n" for line in lines) +
+            f"    return {', '.join(outputs)}\n")
+
+
+def draw_evt80(rng):
+    """An Sm80-family GEMM whose epilogue is a random visitor tree (``visitor=True``): f16 operands with f32
+    accumulation, A RowMajor and B ColumnMajor (what the runner builds), a RowMajor f16 or f32 C."""
+    for _ in range(200):
+        cfg = draw_gemm80(rng)
+        if (cfg["element"], cfg["acc"], cfg["opclass"]) == ("float16", "float32", "TensorOp"):
+            break
+    out = rng.choice(["float16", "float32"])
+    cfg.update(family="evt80", layouts=["RowMajor", "ColumnMajor", "RowMajor"], c_elem=out,
+               c_align=rng.choice([2, 4, 8] if out == "float16" else [1, 2, 4]), epilogue="LinearCombination",
+               activation="identity", element_epilogue=None,
+               swizzle=rng.choice(["IdentitySwizzle1", "IdentitySwizzle2", "IdentitySwizzle4", "IdentitySwizzle8"]))
+    cfg["tree"] = draw_evt_tree(rng, cfg["tb"])
+    return cfg
+
+
+def evt_class(source: str):
+    """The EpilogueVisitTree subclass of a drawn ``__call__`` source (its name from the source's hash)."""
+    from pycutlass import EpilogueVisitTree, reduction_op
+    from pycutlass.epilogue import gelu, hardswish, leaky_relu, relu, sigmoid, silu, tanh
+
+    namespace = dict(reduction_op=reduction_op, gelu=gelu, hardswish=hardswish, leaky_relu=leaky_relu, relu=relu,
+                     sigmoid=sigmoid, silu=silu, tanh=tanh)
+    exec(compile(source, "<evt tree>", "exec"), namespace)  # noqa: S102  (our own drawn source)
+    return type(f"FuzzTree{zlib.crc32(source.encode()):08x}_", (EpilogueVisitTree,),
+                {"__call__": namespace["__call__"]})
+
+
 DRAWERS = {"gemm80": draw_gemm80, "conv80": draw_conv80, "gemm90": draw_gemm90, "conv90": draw_conv90,
-           "grouped80": draw_grouped80, "grouped90": draw_grouped90, "gemmarray90": draw_gemmarray90}
+           "grouped80": draw_grouped80, "grouped90": draw_grouped90, "gemmarray90": draw_gemmarray90,
+           "evt80": draw_evt80}
 
 
 # --- building ------------------------------------------------------------------------------------------------------
@@ -250,7 +324,11 @@ def build(cfg):
     C = cutlass.TensorDescription(D[cfg["c_elem"]], lc, cfg["c_align"])
     epilogue = _epilogue(cfg)
     swizzle = SWIZZLES[cfg["swizzle"]]
-    if cfg["family"].startswith("gemm"):
+    if cfg["family"] == "evt80":
+        tree = evt_class(cfg["tree"])(epilogue, tile, D[cfg["acc"]], C.alignment, D.float32, C.element)
+        tree.initialize()
+        op = cutlass.GemmOperationUniversal(cfg["cc"], tile, A, B, C, tree, swizzle, visitor=True)
+    elif cfg["family"].startswith("gemm"):
         kwargs = {"bias": cfg["bias"]} if cfg.get("bias") else {}
         if cfg.get("array"):
             kwargs["array"] = True

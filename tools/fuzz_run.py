@@ -23,7 +23,8 @@ Families: ``gemm80`` (--sm80; nvcc; target sm_80, or sm_90 where the drawn cc is
 sm_90), ``conv80`` (--conv80; nvcc), ``conv90`` (--conv90; NVRTC), ``grouped80`` (--grouped80; GemmOperationGrouped
 with an Sm80 tile, either scheduler mode; nvcc) and ``grouped90`` (--grouped90; the SM90 pointer-array kernel, a
 per-group bias now and then; NVRTC), ``gemmarray90`` (--array90; ``GemmOperationUniversal(90, ..., array=True)``,
-Mode.Array on lists of 1 to 5 matrices; NVRTC). The parent compiles each (backend, arch)
+Mode.Array on lists of 1 to 5 matrices; NVRTC), ``evt80`` (--evt80; Sm80-family GEMMs whose epilogue is a random
+visitor tree, ``tools/fuzz_accept.py::draw_evt_tree``; NVRTC). The parent compiles each (backend, arch)
 group with ``add_module(ops, jobs=--jobs)`` (a failing batch is recompiled one operation at a time, to attribute
 the failures), then starts ``fuzz_run.py --one '<json>'`` per configuration (``--parallel`` at a time, each with
 ``--timeout`` seconds). The child rebuilds the operation from its cfg (``fuzz_accept.build``; the name must be the
@@ -78,7 +79,8 @@ START_MARK = "FUZZ-START "  # the problem a child is about to run (so a crash or
 DONE_MARK = "FUZZ-DONE"     # the child finished its cases (what follows is teardown)
 DEFECTS = ("COMPILE-FAIL", "WRONG", "ERROR", "CRASH", "HANG", "MEMCHECK")
 STATUSES = ("ok", "argument-rejected") + DEFECTS
-FAMILIES = ("gemm80", "gemm90", "conv80", "conv90", "grouped80", "grouped90", "gemmarray90")  # drawn in this order
+FAMILIES = ("gemm80", "gemm90", "conv80", "conv90", "grouped80", "grouped90", "gemmarray90",
+            "evt80")  # drawn in this order
 D = cutlass.DataType
 
 
@@ -93,7 +95,8 @@ def runnable(cfg) -> bool:
 
 def target_of(cfg) -> tuple[str, int]:
     """(backend, arch) the parent compiles a configuration with, and its child loads it with."""
-    return ("nvrtc" if cfg["family"].endswith("90") else "nvcc"), (90 if cfg["cc"] == 90 else 80)
+    nvrtc = cfg["family"].endswith("90") or cfg["family"] == "evt80"  # visitor trees: the EVT suite's backend
+    return ("nvrtc" if nvrtc else "nvcc"), (90 if cfg["cc"] == 90 else 80)
 
 
 def accepted(rng, family, count, tries=20000):
@@ -198,7 +201,7 @@ class Measured:
     checked = False
 
 
-def check(op, got, reference):
+def check(op, got, reference, tol=None):
     """Integers: equal to the rounded, saturated reference within 1 (float epilogue math ties), more for a float16
     epilogue; floats: relative error below ``tolerance(op)`` and no NaN poison left."""
     import numpy as np
@@ -218,7 +221,7 @@ def check(op, got, reference):
         return
     from tests.gpu.conftest import relative_error
 
-    Measured.error, Measured.tolerance = relative_error(got, reference), tolerance(op)
+    Measured.error, Measured.tolerance = relative_error(got, reference), tol or tolerance(op)
     assert Measured.error < Measured.tolerance, \
         f"relative error {Measured.error:.3e} (tolerance {Measured.tolerance:.1e})"
 
@@ -304,6 +307,15 @@ def draw_problem(cfg, op, rng, attempt):
     """A random problem within what the operation's alignments allow (later attempts: stride and dilation 1)."""
     if cfg["family"].startswith("gemm"):
         return draw_gemm_problem(cfg, op, rng, attempt)
+    if cfg["family"] == "evt80":  # N a multiple of C's alignment, K of A's and B's; now and then a batch or numpy
+        need = _gemm_size_multiples(cfg, op)
+        problem = {dim: -(-rng.randint(1, 320) // need[dim]) * need[dim] for dim in "mn"}
+        problem["k"] = -(-rng.randint(1, 96) // need["k"]) * need["k"]  # small K: integer values stay exact
+        if attempt < 2 and rng.random() < 0.25:
+            problem["batch"] = rng.choice([2, 3])
+        elif attempt < 2 and rng.random() < 0.2:
+            problem["lib"] = "numpy"
+        return problem
     if cfg["family"].startswith("grouped"):
         # 1..12 groups, multiples of 16 or (half the time, early attempts) any size the alignments allow, now and then
         # an empty M, N or K
@@ -401,6 +413,19 @@ def run_problem(cfg, op, problem, seed):
     gemm_suite, conv_suite = _suites()
     if cfg["family"].startswith("grouped"):
         run_grouped(cfg, op, problem, seed)
+        return
+    if cfg["family"] == "evt80":  # tests/gpu/test_evt.py's runner: the tree's own float64 __call__ as reference
+        from tests.gpu import test_evt as evt_suite
+
+        import numpy as np
+
+        def check_output(op, got, expected):  # f16 outputs, or fast activation approximations: 2e-3
+            approximate = any(f"{name}.numpy" in cfg["tree"] for name in _APPROXIMATE)
+            tol = 2e-3 if np.asarray(got).dtype == np.float16 or approximate else 1e-5
+            check(op, got, expected, tol=tol)
+
+        evt_suite.run(op, problem["m"], problem["n"], problem["k"], batch=problem.get("batch", 1),
+                      lib=problem.get("lib", "torch"), seed=seed, check=check_output)
         return
     if cfg["family"].startswith("gemm"):
         if problem.get("array"):  # lists of matrices (tests/gpu/test_gemm_array_sm90.py's runner)
@@ -662,6 +687,8 @@ def describe(cfg) -> str:
         epilogue += f" compute {cfg['element_epilogue']}"
     if cfg.get("bias"):
         epilogue += f" bias {cfg['bias'] if isinstance(cfg['bias'], str) else 'vector'}"
+    if cfg.get("tree"):
+        epilogue = "tree: " + "; ".join(line.strip() for line in cfg["tree"].splitlines()[1:])
     parts += [epilogue, f"swizzle {cfg['swizzle']}"]
     return ", ".join(parts)
 
@@ -719,7 +746,7 @@ def _interrupt(signum, frame):
 def orchestrate(args, plan):
     counts = {"gemm80": args.sm80, "gemm90": args.sm90, "conv80": args.conv80, "conv90": args.conv90,
               "grouped80": args.grouped80, "grouped90": args.grouped90,
-              "gemmarray90": args.array90}
+              "gemmarray90": args.array90, "evt80": args.evt80}
     for family in FAMILIES:
         got = sum(1 for entry, _ in plan if entry["family"] == family)
         if got < counts[family]:
@@ -826,6 +853,8 @@ def parse(argv=None):
     parser.add_argument("--grouped80", type=int, default=0,
                         help="Sm80-family grouped GEMM configurations (grouped80; drawn after the others)")
     parser.add_argument("--grouped90", type=int, default=0, help="SM90 grouped GEMM configurations (grouped90)")
+    parser.add_argument("--evt80", type=int, default=0,
+                        help="Sm80-family GEMMs with random epilogue visitor trees (evt80; NVRTC)")
     parser.add_argument("--array90", type=int, default=0,
                         help="SM90 pointer-array GEMM configurations (gemmarray90: array=True, lists of matrices)")
     parser.add_argument("--seed", type=int, default=3)
@@ -866,7 +895,7 @@ def main(argv=None):
         return 0
     counts = {"gemm80": args.sm80, "gemm90": args.sm90, "conv80": args.conv80, "conv90": args.conv90,
               "grouped80": args.grouped80, "grouped90": args.grouped90,
-              "gemmarray90": args.array90}
+              "gemmarray90": args.array90, "evt80": args.evt80}
     plan = draw_plan(args.seed, counts)
     if args.dry_run:
         for entry, op in plan:

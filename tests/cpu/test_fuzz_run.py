@@ -199,6 +199,30 @@ def test_gemm_problem_draws_cover_odd_sizes_modes_knobs_and_libraries():
         assert seen[what] > 0, (what, seen)
 
 
+def test_visitor_tree_configurations_draw_rebuild_and_trace(capsys):
+    """evt80 draws random trees that trace (the operation's description names every drawn input and output),
+    rebuild under the same name from their JSON record, and run on problems within the alignments."""
+    import random
+
+    plan = fuzz_run.draw_plan(114, {"evt80": 8})
+    assert len(plan) == 8 and {e["backend"] for e, _ in plan} == {"nvrtc"}
+    for entry, op in plan:
+        cfg = json.loads(json.dumps(entry["cfg"]))
+        assert fuzz_run.fuzz_accept.build(cfg).name == op.name
+        description = op.epilogue_functor.description
+        signature = cfg["tree"].splitlines()[0]
+        assert [name for name, _ in description.inputs] == [
+            name for name in ("c", "v_row", "v_col", "alpha", "beta") if f"{name}:" in signature]
+        returned = cfg["tree"].splitlines()[-1].split("return ")[1].split(", ")
+        assert len(description.outputs) == len(returned)
+        problem = fuzz_run.draw_problem(cfg, op, random.Random(entry["seed"]), 0)
+        _assert_contiguous_extents_aligned("evt80", op, problem["m"], problem["n"], problem["k"])
+    fuzz_run.main(["--sm80", "0", "--sm90", "0", "--conv80", "0", "--conv90", "0", "--evt80", "4", "--seed", "114",
+                   "--dry-run"])
+    printed = capsys.readouterr().out
+    assert "4 configurations: {'evt80': 4}" in printed and "REBUILDS AS" not in printed and "tree: " in printed
+
+
 def test_grouped_configurations_draw_and_rebuild(capsys):
     """Grouped families come after the others (earlier seeds draw the configurations they drew), rebuild under their names, take the
     backend of their kernel family and draw lists of groups within the operations' alignments."""
