@@ -34,26 +34,27 @@ def _inputs(op, m, n, batch, rng, lib, reductions="complete"):
 
     description = op.epilogue_functor.description
     shapes = {"tensor": (m, n), "row": (n,), "column": (m,)}
+    element = np.float32 if op.C.element is cutlass.float32 else np.float16  # the tree's tensors are C's type
     values, reference_inputs = {}, {}
     for name, kind in description.inputs:
         if kind == "scalar":
             values[name] = reference_inputs[name] = float(rng.choice([0.5, -1.25, 2.0]))
             continue
         shape = (batch, *shapes[kind]) if batch > 1 else shapes[kind]
-        x = np.ceil(rng.uniform(-4.5, 3.5, shape)).astype(np.float16)
+        x = np.ceil(rng.uniform(-4.5, 3.5, shape)).astype(element)
         reference_inputs[name] = x.astype(np.float64).reshape((batch, *([1] if kind == "row" else []),
                                                               *shapes[kind], *([1] if kind == "column" else [])))
         values[name] = torch.from_numpy(x).cuda() if lib == "torch" else x
     for name, _ in description.outputs:
         kind = description.tensor_kind(name)
         if kind == "store":
-            shape, dtype = ((batch, m, n) if batch > 1 else (m, n)), np.float16
+            shape, dtype = ((batch, m, n) if batch > 1 else (m, n)), element
         else:
             tile_m, tile_n, _ = op.tile_description.threadblock_shape
             length, tiles = (m, -(-n // tile_n)) if kind == "reduce_row" else (n, -(-m // tile_m))
             shape = (batch, length) if reductions == "complete" else (batch, tiles, length)
             shape = shape[1:] if batch == 1 else shape
-            dtype = np.float16 if reductions == "tile_output" else np.float32
+            dtype = element if reductions == "tile_output" else np.float32
         poison = np.full(shape, np.nan, dtype=dtype)
         values[name] = torch.from_numpy(poison).cuda() if lib == "torch" else poison
     return values, reference_inputs
