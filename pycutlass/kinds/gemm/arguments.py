@@ -161,7 +161,7 @@ def check_split_k_output(operation, mode, split_k_slices, output_op) -> None:
         raise ArgumentError(f"serial split-K (split_k_slices={split_k_slices}) stores each K slice's partial result "
                             f"in D, and a {element.label} D rounds and clamps every one of them: use "
                             f"split_k_slices=1, an int32 output, or GemmSplitKParallel with int32 partials")
-    if float(output_op.alpha) != int(output_op.alpha):
+    if not float(output_op.alpha).is_integer():
         raise ArgumentError(f"serial split-K (split_k_slices={split_k_slices}) rounds alpha * partial to an integer "
                             f"for every K slice of an integer D; with alpha={output_op.alpha} the slices' roundings "
                             f"add up: use split_k_slices=1 or an integral alpha")

@@ -26,8 +26,8 @@ class GemmArgumentsSm90(GemmArguments):
     - ``bias``: the vector of an operation built with ``bias="row"`` (M values) or ``"column"`` (N values); one per
       batch in Batched mode if it holds ``batch`` vectors.
     - ``raster_order`` ("heuristic", "along_m", "along_n"), ``swizzle`` (1, 2, 4, 8; default from the operation's
-      IdentitySwizzleN), ``sm_count`` (SMs the persistent grid may use, a multiple of the cluster size; default all, rounded down to whole
-      clusters): no recompile.
+      IdentitySwizzleN), ``sm_count`` (SMs the persistent grid may use, a multiple of the cluster size; default
+      all, rounded down to whole clusters): no recompile.
     - ``pdl=True``: launch with programmatic dependent launch (``cuLaunchKernelEx`` with programmatic stream
       serialization). The kernel's blocks may start, set up shared memory and prefetch their TMA descriptors while
       the stream's previous kernel drains; they wait for it (griddepcontrol.wait) before touching global memory.

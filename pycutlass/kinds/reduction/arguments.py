@@ -5,7 +5,7 @@ from ...description.types import LayoutType
 from ...emit.abi import fill_epilogue
 from ...errors import ArgumentError
 from ...runtime.arguments import OperationArguments
-from ...runtime.tensors import as_flat, describe, is_device_pointer, pointer_operand
+from ...runtime.tensors import PartialsAddress, as_flat, describe, is_device_pointer, pointer_operand
 from ..gemm.arguments import coerce_output_op
 from ..gemm.matrix import check_output_geometry, matrix_geometry
 from .abi import ReductionArgs
@@ -36,7 +36,7 @@ class ReductionArguments(OperationArguments):
         if hasattr(workspace, "ptr_D"):
             self._producer = workspace
             workspace = workspace.ptr_D
-        partials = getattr(workspace, "element", None)  # a PartialsAddress knows what the split-K kernel wrote
+        partials = workspace.element if isinstance(workspace, PartialsAddress) else None  # what split-K wrote
         if partials is not None and partials is not operation.element_workspace:
             raise ArgumentError(f"workspace: the split-K partial results are {partials.label} (the operation's "
                                 f"output type), but this ReductionOperation reads {operation.element_workspace.label}"
