@@ -267,7 +267,8 @@ def draw_gemm_problem(cfg, op, rng, attempt):
     operation), raster order / swizzle / SM count (SM90), or numpy / cupy operands in place of torch. Later attempts
     draw multiples of 16 without extras."""
     if attempt >= 2:
-        return dict(m=rng.randint(1, 24) * 16, n=rng.randint(1, 24) * 16, k=rng.randint(1, 24) * 16)
+        plain = dict(m=rng.randint(1, 24) * 16, n=rng.randint(1, 24) * 16, k=rng.randint(1, 24) * 16)
+        return {**plain, "array": 2} if cfg.get("array") else plain
     sm90 = cfg["family"] == "gemm90"
     if rng.random() < 0.5:
         need = _gemm_size_multiples(cfg, op)

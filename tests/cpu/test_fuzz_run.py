@@ -194,7 +194,8 @@ def test_gemm_problem_draws_cover_odd_sizes_modes_knobs_and_libraries():
                 assert 1 <= problem["array"] <= 5 and set(problem) == {"m", "n", "k", "array"}
                 seen["array"] += 1
         plain = fuzz_run.draw_problem(entry["cfg"], op, rng, 2)
-        assert set(plain) == {"m", "n", "k"} and all(plain[d] % 16 == 0 for d in "mnk")
+        assert set(plain) - {"array"} == {"m", "n", "k"} and all(plain[d] % 16 == 0 for d in "mnk")
+        assert ("array" in plain) == (entry["family"] == "gemmarray90")
     for what in ("odd", "batch", "serial split-K", "stream-K knobs", "sm_count", "numpy", "cupy", "array"):
         assert seen[what] > 0, (what, seen)
 
