@@ -65,6 +65,7 @@ import sys
 import threading
 import time
 import traceback
+from math import lcm
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -238,6 +239,11 @@ def _suites():
     return gemm_suite, conv_suite
 
 
+def _alpha_beta(out):
+    """alpha and beta the runners pass: exact for integer outputs (int8 within its range), ordinary otherwise."""
+    return (1.0, 1.0) if out is D.int32 else (0.25, 1.0) if out is D.int8 else (1.25, -0.5)
+
+
 def _activation_args(cfg):
     return (0.1,) if cfg["epilogue"] == "LinearCombinationGeneric" and cfg["activation"] == "leaky_relu" else ()
 
@@ -248,8 +254,6 @@ _NUMPY_TYPES = (D.float16, D.float32, D.tfloat32, D.float64, D.int8, D.int32)  #
 def _gemm_size_multiples(cfg, op) -> dict:
     """{dimension: what its size must be a multiple of}: each operand's contiguous dimension by its alignment
     (SM90: by 16 bytes as well, which TMA needs)."""
-    import math
-
     row = cutlass.RowMajor
     need = {"m": 1, "n": 1, "k": 1}
     for desc, contiguous in ((op.A, "k" if op.A.layout is row else "m"), (op.B, "n" if op.B.layout is row else "k"),
@@ -257,7 +261,7 @@ def _gemm_size_multiples(cfg, op) -> dict:
         alignment = desc.alignment
         if cfg["family"].endswith("90"):
             alignment = max(alignment, 128 // desc.element.bits)
-        need[contiguous] = math.lcm(need[contiguous], alignment)
+        need[contiguous] = lcm(need[contiguous], alignment)
     return need
 
 
@@ -376,7 +380,7 @@ def run_grouped(cfg, op, problem, seed):
     import numpy as np
 
     out = op.C.element
-    alpha, beta = (1.0, 1.0) if out is D.int32 else (0.25, 1.0) if out is D.int8 else (1.25, -0.5)
+    alpha, beta = _alpha_beta(out)
     group = Group(op, problem["groups"], seed=seed)
     kwargs, bias = {}, None
     if cfg.get("bias"):
@@ -403,7 +407,7 @@ def run_gemm_lib(cfg, op, problem, seed):
         except ImportError:
             raise cutlass.ArgumentError("cupy is not installed here") from None  # recorded as not run
     out = op.C.element
-    alpha, beta = (1.0, 1.0) if out is D.int32 else (0.25, 1.0) if out is D.int8 else (1.25, -0.5)
+    alpha, beta = _alpha_beta(out)
     got, reference = run_gemm(op, problem["m"], problem["n"], problem["k"], lib=problem["lib"], alpha=alpha,
                               beta=beta, activation_args=_activation_args(cfg), seed=seed)
     check(op, got, reference)
@@ -420,10 +424,10 @@ def run_problem(cfg, op, problem, seed):
 
         import numpy as np
 
+        approximate = any(f"{name}.numpy" in cfg["tree"] for name in _APPROXIMATE)
+
         def check_output(op, got, expected):  # f16 outputs, or fast activation approximations: 2e-3
-            approximate = any(f"{name}.numpy" in cfg["tree"] for name in _APPROXIMATE)
-            tol = 2e-3 if np.asarray(got).dtype == np.float16 or approximate else 1e-5
-            check(op, got, expected, tol=tol)
+            check(op, got, expected, tol=2e-3 if np.asarray(got).dtype == np.float16 or approximate else 1e-5)
 
         evt_suite.run(op, problem["m"], problem["n"], problem["k"], batch=problem.get("batch", 1),
                       lib=problem.get("lib", "torch"), seed=seed, check=check_output)
@@ -447,7 +451,7 @@ def run_problem(cfg, op, problem, seed):
     ps = conv_suite.problem(p["n"], p["h"], p["w"], p["c"], p["k"], p["r"], p["s"], tuple(p["pad"]),
                             tuple(p["stride"]), tuple(p["dilation"]), split_k=p.get("split_k", 1))
     out = op.C.element
-    alpha, beta = (1.0, 1.0) if out is D.int32 else (0.25, 1.0) if out is D.int8 else (1.25, -0.5)
+    alpha, beta = _alpha_beta(out)
     bias = None
     if cfg.get("bias"):  # the SM90 fused bias: C is one value per output channel, added once
         bias, beta = "vector", 1.0

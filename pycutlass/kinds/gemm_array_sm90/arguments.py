@@ -21,7 +21,7 @@ from ..gemm.modes import Mode
 from ..gemm_grouped.arguments import fill_group_arrays, pack_problem_arrays
 from ..gemm_grouped_sm90.arguments import _check_knobs as _check_group_knobs
 from ..gemm_grouped_sm90.arguments import check_workspace
-from ..gemm_sm90.arguments import GemmArgumentsSm90
+from ..gemm_sm90.arguments import GemmArgumentsSm90, persistent_sm_count
 from .abi import Sm90GroupedGemmArgs
 from .operation import GemmOperationArraySm90
 
@@ -69,9 +69,7 @@ class GemmArgumentsArraySm90(GemmArgumentsSm90):
         op = self.operation
         m, n, k = self.problem_size
         count = self.entries
-        cluster = op.cluster_shape[0] * op.cluster_shape[1]
-        # CUTLASS sizes a clustered grid from the SM count without rounding it to whole clusters.
-        self.sm_count = self._group_knobs[2] or self.device.sm_count // cluster * cluster
+        self.sm_count = persistent_sm_count(op, self._group_knobs[2], self.device)
         self.workspace, self.workspace_bytes, self.threadblock_count = 0, 0, 0
         self.device_arrays, self.ptr_D = {}, 0
         if m == 0 or n == 0:  # nothing to write (K == 0 was refused); nothing launches

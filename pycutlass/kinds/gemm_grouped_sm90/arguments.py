@@ -31,6 +31,7 @@ from ...runtime.arguments import OperationArguments
 from ...runtime.tensors import describe, storage_type
 from ..gemm.arguments import coerce_output_op
 from ..gemm.matrix import matrix_geometry
+from ..gemm_sm90.arguments import check_sm_count, persistent_sm_count
 from ..gemm_grouped.arguments import (GemmGroupedArguments, _alias, fill_group_arrays, pack_arrays,
                                       pack_problem_arrays, problem_arrays)
 from .abi import SIZE_FLAGS, Sm90GroupedGemmArgs, Sm90GroupedSizesArgs
@@ -431,8 +432,7 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
     def _allocate(self) -> None:
         op = self.operation
         if self.device_sizes:
-            cluster = op.cluster_shape[0] * op.cluster_shape[1]
-            self.sm_count = self._knobs[2] or self.device.sm_count // cluster * cluster
+            self.sm_count = persistent_sm_count(op, self._knobs[2], self.device)
             self.threadblock_count = 0
             self._allocate_device_sizes()
             self.workspace_bytes = op.workspace_bytes(self.sm_count)
@@ -440,9 +440,7 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
             return
         self.threadblock_count = 0
         self.workspace, self.workspace_bytes = 0, 0
-        cluster = op.cluster_shape[0] * op.cluster_shape[1]
-        # CUTLASS sizes a clustered grid from the SM count without rounding it to whole clusters.
-        self.sm_count = self._knobs[2] or self.device.sm_count // cluster * cluster
+        self.sm_count = persistent_sm_count(op, self._knobs[2], self.device)
         if self.tile_count == 0:  # nothing launches (GemmGroupedArguments._prepare)
             self.device_arrays = {}
             return
@@ -518,8 +516,5 @@ def _check_knobs(operation, raster_order, swizzle, sm_count) -> tuple:
     if sm_count is not None:
         if isinstance(sm_count, bool) or not isinstance(sm_count, int) or sm_count < 1:
             raise ArgumentError(f"sm_count must be a positive integer, got {sm_count!r}")
-        cluster = operation.cluster_shape[0] * operation.cluster_shape[1]
-        if sm_count % cluster:
-            raise ArgumentError(f"sm_count={sm_count} is not a multiple of the operation's cluster of {cluster} CTAs; "
-                                f"the persistent grid is made of whole clusters")
+        check_sm_count(operation, sm_count)
     return (RASTER_ORDERS[raster_order], swizzle or 0, sm_count or 0)

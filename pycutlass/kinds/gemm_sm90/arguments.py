@@ -108,12 +108,7 @@ class GemmArgumentsSm90(GemmArguments):
             raise ArgumentError(f"split_k_slices={splits} splits K only in the 'split_k' or 'heuristic' "
                                 f"decomposition (CUTLASS's stream-K scheduler), not in "
                                 f"{[k for k, v in DECOMPOSITIONS.items() if v == self._knobs[2]][0]!r}")
-        cluster = operation.cluster_shape[0] * operation.cluster_shape[1]
-        if self._knobs[3] and self._knobs[3] % cluster:
-            # CUTLASS sizes the persistent grid from sm_count without rounding it to whole clusters: the launch
-            # would fail with CUDA_ERROR_INVALID_CLUSTER_SIZE.
-            raise ArgumentError(f"sm_count={self._knobs[3]} is not a multiple of the operation's cluster of {cluster} "
-                                f"CTAs; the persistent grid is made of whole clusters")
+        check_sm_count(operation, self._knobs[3])
         super()._validate_and_prepare(operation, problem_size, A, B, C, D, output_op, gemm_mode, split_k_slices,
                                       batch, stream, device, session, bias, reordered)
 
@@ -194,8 +189,7 @@ class GemmArgumentsSm90(GemmArguments):
         a.l = self.batch if self.gemm_mode is Mode.Batched else 1
         a.mode = int(self.gemm_mode)
         raster, swizzle, decomposition, sm_count = self._knobs
-        cluster = self.operation.cluster_shape[0] * self.operation.cluster_shape[1]
-        a.sm_count = sm_count or self.device.sm_count // cluster * cluster
+        a.sm_count = persistent_sm_count(self.operation, sm_count, self.device)
         a.raster_order, a.swizzle, a.decomposition = raster, swizzle or self.operation.default_swizzle, decomposition
         a.splits = self.split_k_slices
         a.max_active_clusters = 0
@@ -264,6 +258,22 @@ def _check_pdl(operation, pdl) -> bool:
         raise ArgumentError(f"pdl=True needs a kernel that waits on the previous grid before its first global "
                             f"access; {getattr(operation, 'name', operation)} does not: {refusal}")
     return True
+
+
+def check_sm_count(operation, sm_count) -> None:
+    """An ``sm_count`` knob (None or 0: the device's) must be whole clusters: CUTLASS sizes the persistent grid from
+    it without rounding, and a grid of partial clusters fails at launch (CUDA_ERROR_INVALID_CLUSTER_SIZE)."""
+    cluster = operation.cluster_shape[0] * operation.cluster_shape[1]
+    if sm_count and sm_count % cluster:
+        raise ArgumentError(f"sm_count={sm_count} is not a multiple of the operation's cluster of {cluster} CTAs; "
+                            f"the persistent grid is made of whole clusters")
+
+
+def persistent_sm_count(operation, sm_count, device) -> int:
+    """The SMs CUTLASS's persistent grid may use: the knob (checked by ``check_sm_count``) or the device's SM count
+    rounded down to whole clusters."""
+    cluster = operation.cluster_shape[0] * operation.cluster_shape[1]
+    return sm_count or device.sm_count // cluster * cluster
 
 
 def _check_knobs(operation, raster_order, swizzle, decomposition, sm_count) -> tuple:
