@@ -288,9 +288,84 @@ def evt_class(source: str):
                 {"__call__": namespace["__call__"]})
 
 
+def _splitk_producer(rng):
+    """The operation whose parallel split-K writes the partial sums: mostly an Sm80-family GEMM with plain layouts,
+    now and then an NHWC conv2d (dgrad with StrideSupport.Unity: the strided-dgrad kernel has no parallel mode)."""
+    if rng.random() < 0.25:
+        cfg = draw_conv80(rng)
+        cfg.update(producer="conv80", layouts=["TensorNHWC"] * 3)
+        if cfg["conv_kind"] == "dgrad" and cfg["stride_support"] == "Strided":
+            cfg.update(stride_support="Unity", swizzle=rng.choice(["IdentitySwizzle1", "IdentitySwizzle2",
+                                                                   "IdentitySwizzle4", "IdentitySwizzle8"]))
+        return cfg
+    int8 = rng.random() < 0.2  # int32 partials reduced into int8 (draw_gemm80 alone rarely builds an int8 GEMM)
+    for _ in range(200 if int8 else 1):
+        cfg = draw_gemm80(rng)
+        if cfg["element"] == "int8" or not int8:
+            break
+    cfg["producer"] = "gemm80"
+    if "Interleaved" in cfg["layouts"][0]:
+        cfg["layouts"] = [rng.choice(["RowMajor", "ColumnMajor"]) for _ in range(3)]
+    return cfg
+
+
+def _splitk_workspace(rng, acc):
+    """The type the partial sums are written in (the producer's C): mostly the accumulator's (exact partials), now
+    and then a 16-bit output type (a partial rounding the reduction must be built for); never int8 (refused)."""
+    if acc is D.int32:
+        return D.int32 if rng.random() < 0.9 else D.float32
+    if acc is not D.float32 or rng.random() < 0.7:
+        return acc  # float64, or a float16 accumulator
+    return rng.choice([D.float16, D.bfloat16])
+
+
+def _reduction_outputs(workspace):
+    if workspace is D.float64:
+        return [D.float64]
+    if workspace is D.int32:
+        return [D.int8, D.int8, D.int32, D.float32, D.float16]
+    if workspace is D.float32:
+        return [D.float16, D.bfloat16, D.float32]
+    return [workspace, workspace, D.float32]
+
+
+def draw_reduction(rng, workspace, layout):
+    """A ReductionOperation for ``workspace`` partials in ``layout``: output type, accumulator, epilogue, count (a
+    power of two within one 128-bit access of the output) and a block shape of mostly at most 1024 threads."""
+    out = rng.choice(_reduction_outputs(workspace))
+    acc = {D.float64: D.float64, D.int32: D.int32}.get(workspace, D.float32)
+    if workspace.bits == 16 and rng.random() < 0.15:
+        acc = workspace  # summing 16-bit partials in their own type
+    epilogue = rng.choices(EPILOGUES[:3], weights=(5, 4, 2))[0]
+    if epilogue == "LinearCombinationClamp" and out not in (D.int8, D.int32, D.float16, D.bfloat16):
+        epilogue = "LinearCombination"  # CUTLASS's clamp needs numeric_limits of the output
+    compute = None if out is D.float64 else rng.choice([None, None, None, "float32", "float16", "float64"])
+    widest = 1 if out is D.float64 else 128 // out.bits  # (float64 tensors are accessed one element at a time)
+    count = widest if rng.random() < 0.5 else rng.choice([c for c in (1, 2, 4, 8, 16) if c <= widest])
+    threads, rows = rng.choice([1, 2, 3, 8, 16, 24, 32, 32, 64, 128]), rng.choice([1, 2, 3, 4, 4, 8, 16])
+    return dict(c_elem=out.name, layout=layout, acc=acc.name, epilogue=epilogue, activation=rng.choice(ACTIVATIONS),
+                element_epilogue=compute, c_align=count, shape=[rows, threads * count],
+                partitions_per_stage=rng.choice([4, 4, 4, 1, 2, 8]))
+
+
+def draw_splitk80(rng):
+    """Parallel split-K: a producer (GEMM or conv2d) with a plain LinearCombination writing partial sums in
+    ``c_elem``, and under "reduction" the ReductionOperation that sums them into D (``build_all``)."""
+    cfg = _splitk_producer(rng)
+    workspace = _splitk_workspace(rng, D[cfg["acc"]])
+    compute = cfg["element_epilogue"]
+    if workspace.is_integer and compute == "float16":
+        compute = None  # a float16 epilogue would round integer partials (a lossy choice, not a defect)
+    cfg.update(family="splitk80", c_elem=workspace.name, c_align=_align(rng, workspace, cfg["producer"] == "gemm80"),
+               epilogue="LinearCombination", activation="identity", element_epilogue=compute)
+    layout = cfg["layouts"][2] if cfg["producer"] == "gemm80" else rng.choice(["RowMajor", "TensorNHWC"])
+    cfg["reduction"] = draw_reduction(rng, workspace, layout)
+    return cfg
+
+
 DRAWERS = {"gemm80": draw_gemm80, "conv80": draw_conv80, "gemm90": draw_gemm90, "conv90": draw_conv90,
            "grouped80": draw_grouped80, "grouped90": draw_grouped90, "gemmarray90": draw_gemmarray90,
-           "evt80": draw_evt80}
+           "evt80": draw_evt80, "splitk80": draw_splitk80}
 
 
 # --- building ------------------------------------------------------------------------------------------------------
@@ -309,6 +384,9 @@ def _epilogue(cfg):
 
 
 def build(cfg):
+    """The configuration's main operation (for "splitk80": the producer of the partial sums)."""
+    if cfg.get("producer"):
+        return build(dict(cfg, family=cfg["producer"], producer=None))
     math = cutlass.MathInstruction(cfg["inst"], D[cfg["element"]], D[cfg["element"]], D[cfg["acc"]],
                                    cutlass.OpClass[cfg["opclass"]], cutlass.MathOperation[cfg["math_op"]])
     extra = {}
@@ -345,6 +423,25 @@ def build(cfg):
     return op
 
 
+def companions(cfg):
+    """The operations that run after the main one: the split-K reduction of a "splitk80" configuration, else []."""
+    spec = cfg.get("reduction")  # its output's element, alignment (= count) and epilogue as _epilogue reads them
+    if spec is None:
+        return []
+    count = spec["c_align"]
+    C = cutlass.TensorDescription(D[spec["c_elem"]], L[spec["layout"]], count)
+    compute = D[spec["element_epilogue"]] if spec["element_epilogue"] else None
+    return [cutlass.ReductionOperation(
+        shape=cutlass.MatrixCoord(*spec["shape"]), C=C, element_accumulator=D[spec["acc"]],
+        element_workspace=D[cfg["c_elem"]], element_compute=compute, epilogue_functor=_epilogue(spec), count=count,
+        partitions_per_stage=spec["partitions_per_stage"], arch=cfg["cc"])]
+
+
+def build_all(cfg):
+    """Every operation of a configuration, the main one first (what the fuzz compiles and loads)."""
+    return [build(cfg)] + companions(cfg)
+
+
 def message_class(error: BaseException) -> str:
     text = str(error).split("\n")[0]
     text = re.sub(r"\[[^\]]*\]", "[..]", text)
@@ -357,7 +454,7 @@ def draw(rng, family):
     """(cfg, operation or None, error class or None)."""
     cfg = DRAWERS[family](rng)
     try:
-        return cfg, build(cfg), None
+        return cfg, build_all(cfg)[0], None
     except DescriptionError as error:
         return cfg, None, message_class(error)
     except TypeError as error:  # e.g. an unexpected keyword: also a finding (not a DescriptionError)

@@ -24,13 +24,16 @@ sm_90), ``conv80`` (--conv80; nvcc), ``conv90`` (--conv90; NVRTC), ``grouped80``
 with an Sm80 tile, either scheduler mode; nvcc) and ``grouped90`` (--grouped90; the SM90 pointer-array kernel, a
 per-group bias now and then; NVRTC), ``gemmarray90`` (--array90; ``GemmOperationUniversal(90, ..., array=True)``,
 Mode.Array on lists of 1 to 5 matrices; NVRTC), ``evt80`` (--evt80; Sm80-family GEMMs whose epilogue is a random
-visitor tree, ``tools/fuzz_accept.py::draw_evt_tree``; NVRTC). The parent compiles each (backend, arch)
-group with ``add_module(ops, jobs=--jobs)`` (a failing batch is recompiled one operation at a time, to attribute
-the failures), then starts ``fuzz_run.py --one '<json>'`` per configuration (``--parallel`` at a time, each with
-``--timeout`` seconds). The child rebuilds the operation from its cfg (``fuzz_accept.build``; the name must be the
-one the parent compiled), sets the same target arch and backend, loads it from the same cache (PYCUTLASS_CACHE_DIR
-is inherited), runs ``--sizes`` problem sizes (an ArgumentError is recorded as argument-rejected and another size is
-drawn, up to ``--retries`` times) and prints one ``FUZZ-CASE {json}`` line per case on stdout.
+visitor tree, ``tools/fuzz_accept.py::draw_evt_tree``; NVRTC), ``splitk80`` (--splitk80; parallel split-K: an
+Sm80-family GEMM, now and then an NHWC conv2d, writing partial sums with a plain LinearCombination, and the
+ReductionOperation that sums them into D with its own epilogue; both nvcc). The parent compiles each (backend, arch)
+group with ``add_module(ops, jobs=--jobs)`` (every operation of a configuration: ``fuzz_accept.build_all``; a failing
+batch is recompiled one operation at a time, to attribute the failures), then starts ``fuzz_run.py --one '<json>'``
+per configuration (``--parallel`` at a time, each with ``--timeout`` seconds). The child rebuilds the operations from
+its cfg (``fuzz_accept.build_all``; the names must be the ones the parent compiled), sets the same target arch and
+backend, loads them from the same cache (PYCUTLASS_CACHE_DIR is inherited), runs ``--sizes`` problem sizes (an
+ArgumentError is recorded as argument-rejected and another size is drawn, up to ``--retries`` times) and prints one
+``FUZZ-CASE {json}`` line per case on stdout.
 
 Statuses: ``ok``; ``argument-rejected`` (the operation refused the problem with ArgumentError: not a defect);
 defects: ``COMPILE-FAIL``, ``WRONG`` (beyond the tolerance, or NaN poison left), ``ERROR`` (an exception in the
@@ -42,7 +45,8 @@ defect configuration end the log.
 References: GEMMs use the GPU suite's ``tests/gpu/test_gemm_sm90.py::run_case`` (float64 numpy reference), convs
 ``tests/gpu/test_conv2d.py::run_conv`` (float64 torch reference ``conv_reference``; it serves SM90 operations too:
 ``Conv2dArguments`` hands them the SM90 arguments class, and their fused bias is C as a vector with beta = 1),
-grouped GEMMs ``run_grouped`` (1 to 12 groups, some with M, N or K = 0, each against its float64 reference). The
+grouped GEMMs ``run_grouped`` (1 to 12 groups, some with M, N or K = 0, each against its float64 reference),
+parallel split-K ``run_splitk`` (2 to 5 slices, then the reduction; the GPU suites' operands and references). The
 tolerance is this script's (``tolerance``, recorded per case): from the operand type and math operation, the
 accumulator, the output type, a float16 epilogue compute type and the approximate activations. Not run: interleaved
 int8 layouts (GEMM ColumnMajorInterleaved32, conv TensorNC32HW32 / TensorC32RSK32: the runners have no reference for
@@ -81,7 +85,7 @@ DONE_MARK = "FUZZ-DONE"     # the child finished its cases (what follows is tear
 DEFECTS = ("COMPILE-FAIL", "WRONG", "ERROR", "CRASH", "HANG", "MEMCHECK")
 STATUSES = ("ok", "argument-rejected") + DEFECTS
 FAMILIES = ("gemm80", "gemm90", "conv80", "conv90", "grouped80", "grouped90", "gemmarray90",
-            "evt80")  # drawn in this order
+            "evt80", "splitk80")  # drawn in this order
 D = cutlass.DataType
 
 
@@ -101,11 +105,12 @@ def target_of(cfg) -> tuple[str, int]:
 
 
 def accepted(rng, family, count, tries=20000):
-    found, names = [], set()
+    found, seen = [], set()
     for _ in range(tries if count else 0):
         cfg, op, _ = fuzz_accept.draw(rng, family)
-        if op is not None and runnable(cfg) and op.name not in names:
-            names.add(op.name)
+        key = (op.name, json.dumps(cfg.get("reduction"), sort_keys=True)) if op is not None else None
+        if op is not None and runnable(cfg) and key not in seen:  # (a split-K pair is new if its reduction is)
+            seen.add(key)
             found.append((cfg, op))
             if len(found) == count:
                 break
@@ -113,17 +118,27 @@ def accepted(rng, family, count, tries=20000):
 
 
 def draw_plan(seed, counts):
-    """[(entry, op)]: entry = {index, family, backend, arch, name, seed, cfg}. The families are drawn in FAMILIES'
-    order from one Random(seed) (so --sm80/--sm90 with the same seed draw the GEMMs earlier runs drew), then each
-    configuration gets the seed of its cases."""
+    """[(entry, op)]: entry = {index, family, backend, arch, name, seed, cfg} (and ``companions``, the names of the
+    operations that run after ``op``: a split-K reduction). The families are drawn in FAMILIES' order from one
+    Random(seed) (so --sm80/--sm90 with the same seed draw the GEMMs earlier runs drew), then each configuration gets
+    the seed of its cases."""
     rng = random.Random(seed)
     drawn = [(family, cfg, op) for family in FAMILIES for cfg, op in accepted(rng, family, counts.get(family, 0))]
     plan = []
     for index, (family, cfg, op) in enumerate(drawn):
         backend, arch = target_of(cfg)
-        plan.append((dict(index=index, family=family, backend=backend, arch=arch, name=op.name,
-                          seed=rng.randint(0, 2**31 - 1), cfg=cfg), op))
+        entry = dict(index=index, family=family, backend=backend, arch=arch, name=op.name,
+                     seed=rng.randint(0, 2**31 - 1), cfg=cfg)
+        companions = fuzz_accept.companions(cfg)
+        if companions:
+            entry["companions"] = [companion.name for companion in companions]
+        plan.append((entry, op))
     return plan
+
+
+def entry_names(entry) -> list:
+    """The names of every operation an entry compiles and runs, its main one first."""
+    return [entry["name"]] + entry.get("companions", [])
 
 
 def select(backend, arch):
@@ -135,7 +150,7 @@ def compile_all(plan, jobs):
     """{name: error text} of the operations that do not compile; the others are in the cache."""
     groups = collections.defaultdict(list)
     for entry, op in plan:
-        groups[(entry["backend"], entry["arch"])].append(op)
+        groups[(entry["backend"], entry["arch"])] += [op] + fuzz_accept.companions(entry["cfg"])
     failed = {}
     for (backend, arch), ops in groups.items():
         start = time.perf_counter()
@@ -191,6 +206,25 @@ def tolerance(op) -> float:
     activation = getattr(functor, "activation", None)
     if activation is not None and activation.name in _APPROXIMATE and compute is not D.float64:
         tol = max(tol, 2e-3)  # CUTLASS's fast tanh / exp approximations
+    return tol
+
+
+def splitk_tolerance(op, reduction) -> float:
+    """A parallel split-K pair: the producer's tolerance (its math, the partials' type, its epilogue's compute type),
+    then what the reduction adds: float16 partials rounded before the sum (then the output again), a 16-bit
+    accumulator, its output type, a float16 compute type and the approximate activations."""
+    tol = tolerance(op)
+    if op.C.element is D.float16:
+        tol = max(tol, 3e-3)
+    if reduction.element_accumulator.bits == 16:
+        tol = max(tol, 1e-2)
+    tol = max(tol, {D.float16: 2e-3, D.bfloat16: 2e-2}.get(reduction.C.element, 0.0))
+    functor = reduction.epilogue_functor
+    if functor.element_epilogue is D.float16:
+        tol = max(tol, 4e-3)
+    if functor.activation is not None and functor.activation.name in _APPROXIMATE and \
+            functor.element_epilogue is not D.float64:
+        tol = max(tol, 2e-3)
     return tol
 
 
@@ -308,8 +342,40 @@ def draw_gemm_problem(cfg, op, rng, attempt):
     return problem
 
 
+def _round_up(size, multiple):
+    return -(-size // multiple) * multiple
+
+
+def draw_splitk_problem(cfg, op, rng, attempt):
+    """Parallel split-K: 2 to 5 slices, the workspace handed to the reduction as the producer's arguments or as their
+    ``ptr_D``, and a problem within the producer's alignments whose reduced contiguous extent (N of a row-major D, M
+    of a column-major one; a conv's output channels) is a multiple of the reduction's count. GEMMs: K up to 1024
+    (the long K split-K is for; 400 with a float16 accumulator), now and then tiny sizes; later attempts multiples
+    of 16."""
+    count = cfg["reduction"]["c_align"]
+    split = dict(slices=rng.randint(2, 5), workspace=rng.choice(["arguments", "ptr_D"]))
+    if cfg["producer"] == "conv80":
+        conv = draw_problem(dict(cfg, family="conv80"), op, rng, attempt)
+        conv.pop("lib", None)  # torch operands only
+        channels = "k" if cfg["conv_kind"] == "fprop" else "c"  # the implicit GEMM's N: K, C, or R*S*C (wgrad)
+        conv[channels] = _round_up(conv[channels], count)
+        return dict(conv, split_k=split["slices"], workspace=split["workspace"])
+    need = _gemm_size_multiples(cfg, op)
+    contiguous = "n" if cfg["reduction"]["layout"] == "RowMajor" else "m"
+    need[contiguous] = lcm(need[contiguous], count)
+    if attempt >= 2:
+        need = {dim: lcm(multiple, 16) for dim, multiple in need.items()}
+    sizes = {}
+    for dim, top in (("m", 320), ("n", 320), ("k", 400 if cfg["acc"] == "float16" else 1024)):
+        size = rng.randint(1, 8) if rng.random() < 0.15 else rng.randint(1, top)
+        sizes[dim] = _round_up(size, need[dim])
+    return dict(sizes, **split)
+
+
 def draw_problem(cfg, op, rng, attempt):
     """A random problem within what the operation's alignments allow (later attempts: stride and dilation 1)."""
+    if cfg["family"] == "splitk80":
+        return draw_splitk_problem(cfg, op, rng, attempt)
     if cfg["family"].startswith("gemm"):
         return draw_gemm_problem(cfg, op, rng, attempt)
     if cfg["family"] == "evt80":  # N a multiple of C's alignment, K of A's and B's; now and then a batch or numpy
@@ -413,9 +479,106 @@ def run_gemm_lib(cfg, op, problem, seed):
     check(op, got, reference)
 
 
+def _gemm_partials(op, reduction, problem, seed, output_op):
+    """tests/gpu/test_gemm.py's parallel split-K flow: C and D (the reduction's) passed to GemmArguments too, which
+    only take their shapes. Returns (D, A @ B, C) as float64."""
+    from pycutlass.gemm import GemmCoord, Mode
+    from tests.gpu.gemm_cases import poisoned_output, random_values, to_float64, to_tensor
+
+    import numpy as np
+
+    m, n, k, slices = (problem[key] for key in ("m", "n", "k", "slices"))
+    rng = np.random.default_rng(seed)
+    a, b = random_values(rng, (m, k), op.A.element), random_values(rng, (k, n), op.B.element)
+    out, layout = reduction.C.element, reduction.C.layout
+    c = random_values(rng, (m, n), out)
+    A, B = to_tensor(a, op.A.element, op.A.layout, "torch"), to_tensor(b, op.B.element, op.B.layout, "torch")
+    C, Dt = to_tensor(c, out, layout, "torch"), poisoned_output((m, n), out, layout, "torch")
+    arguments = cutlass.GemmArguments(op, GemmCoord(m, n, k), A, B, C, Dt, gemm_mode=Mode.GemmSplitKParallel,
+                                      split_k_slices=slices)
+    op.run(arguments)
+    workspace = arguments if problem["workspace"] == "arguments" else arguments.ptr_D
+    reduction_arguments = cutlass.ReductionArguments(reduction, [m, n], slices, workspace, Dt, C, output_op)
+    reduction.run(reduction_arguments)
+    reduction_arguments.sync()  # (the arguments, and with them the workspace, stay alive up to here)
+    return to_float64(Dt), a @ b, c
+
+
+def _conv_partials(op, reduction, problem, seed, output_op):
+    """tests/gpu/test_conv2d.py's parallel split-K flow (C and D belong to the reduction, None for the conv): a
+    RowMajor reduction writes the implicit GEMM's M x N row-major views of the channels_last tensors, a TensorNHWC
+    one the tensors themselves (wgrad: packed 1-D views, as PyCUTLASS passed them; ReductionArguments reads a 4-D
+    tensor as N*P*Q x K, not as the filter gradient's K x R*S*C). Returns (D, conv(A, B), C) as float64 NHWC."""
+    from pycutlass.conv import Operator, SplitKMode
+    from tests.gpu import test_conv2d as conv_suite
+    from tests.gpu.gemm_cases import random_values
+
+    import numpy as np
+
+    p = problem
+    ps = conv_suite.problem(p["n"], p["h"], p["w"], p["c"], p["k"], p["r"], p["s"], tuple(p["pad"]),
+                            tuple(p["stride"]), tuple(p["dilation"]), split_k=p["split_k"])
+    kind, out = op.conv_kind, reduction.C.element
+    rng = np.random.default_rng(seed)
+    a = random_values(rng, tuple(ps.tensor_a_extent(kind)), op.A.element)
+    b = random_values(rng, tuple(ps.tensor_b_extent(kind)), op.B.element)
+    c_extent = tuple(ps.tensor_c_extent(kind))
+    c = random_values(rng, c_extent, out)
+    A, B = conv_suite.to_lib(a, op.A.element, "torch"), conv_suite.to_lib(b, op.B.element, "torch")
+    C, Dt = conv_suite.to_lib(c, out, "torch"), conv_suite.poisoned(c_extent, out, "torch")
+    arguments = cutlass.Conv2dArguments(op, ps, A, B, None, None, split_k_mode=SplitKMode.Parallel,
+                                        split_k_slices=ps.split_k_slices)
+    op.run(arguments)
+    m, n = arguments.reduction_problem_size
+    destination, source = Dt, C
+    if reduction.C.layout is not cutlass.TensorNHWC:
+        destination, source = (t.permute(0, 2, 3, 1).reshape(m, n) for t in (Dt, C))  # views of NHWC memory
+    elif kind is Operator.wgrad:
+        destination, source = (t.permute(0, 2, 3, 1).reshape(-1) for t in (Dt, C))
+    workspace = arguments if problem["workspace"] == "arguments" else arguments.ptr_D
+    reduction_arguments = cutlass.ReductionArguments(reduction, [m, n], arguments.split_k_slices, workspace,
+                                                     destination, source, output_op,
+                                                     partition_stride=arguments.partition_stride)
+    reduction.run(reduction_arguments)
+    reduction_arguments.sync()
+    return conv_suite.from_lib(Dt, "torch"), conv_suite.conv_reference(kind, ps, a, b), c
+
+
+def splitk_reference(reduction, accumulator, c, alpha, beta, activation_args):
+    """D = act(alpha * accumulator + beta * C) in float64, rounded and saturated for integer outputs
+    (``epilogue_reference``) and, for LinearCombinationClamp, clamped to a float output's finite range too."""
+    from tests.gpu.gemm_cases import epilogue_reference
+
+    import numpy as np
+    import torch
+
+    reference = epilogue_reference(reduction, accumulator, c, alpha, beta, activation_args)
+    out = reduction.C.element
+    if reduction.epilogue_functor.kind == "LinearCombinationClamp" and out.is_float:
+        finite = torch.finfo(getattr(torch, out.name)).max
+        reference = np.clip(reference, -finite, finite)
+    return reference
+
+
+def run_splitk(cfg, op, problem, seed):
+    """Parallel split-K into the producer's workspace, then the reduction (rebuilt from the cfg: the same operation
+    the child loaded) into NaN-poisoned D, against the float64 reference with the reduction's epilogue."""
+    reduction, = fuzz_accept.companions(cfg)
+    alpha, beta = _alpha_beta(reduction.C.element)
+    activation_args = _activation_args(cfg["reduction"])
+    output_op = reduction.epilogue_type(alpha, beta, *activation_args)
+    partials = _conv_partials if cfg["producer"] == "conv80" else _gemm_partials
+    got, accumulator, c = partials(op, reduction, problem, seed, output_op)
+    reference = splitk_reference(reduction, accumulator, c, alpha, beta, activation_args)
+    check(reduction, got, reference, tol=splitk_tolerance(op, reduction))
+
+
 def run_problem(cfg, op, problem, seed):
     """Run one case; raises what the runner raises."""
     gemm_suite, conv_suite = _suites()
+    if cfg["family"] == "splitk80":
+        run_splitk(cfg, op, problem, seed)
+        return
     if cfg["family"].startswith("grouped"):
         run_grouped(cfg, op, problem, seed)
         return
@@ -486,14 +649,18 @@ def run_case(cfg, op, problem, seed):
 
 
 def prepare(entry, pool=True):
-    """The operation of ``entry`` rebuilt, with the backend and target the parent compiled it with."""
-    op = fuzz_accept.build(entry["cfg"])
-    if entry.get("name") and op.name != entry["name"]:
-        raise RuntimeError(f"the cfg rebuilds as {op.name}, not {entry['name']} (drawing is not reproducible)")
+    """The operation of ``entry`` rebuilt, with the backend and target the parent compiled it with (and its
+    companions, e.g. a split-K reduction, rebuilt and loaded too)."""
+    ops = fuzz_accept.build_all(entry["cfg"])
+    if entry.get("name"):
+        for built, name in zip(ops, entry_names(entry)):
+            if built.name != name:
+                raise RuntimeError(f"the cfg rebuilds as {built.name}, not {name} (drawing is not reproducible)")
+    op = ops[0]
     select(entry["backend"], entry["arch"])
     cutlass.session.current().set_option("progress", False)
     if entry.get("preload", True):  # from the cache the parent filled; a compile here means a miss (recorded)
-        report = cutlass.compiler.add_module([op])
+        report = cutlass.compiler.add_module(ops)
         entry["child_compiled"] = report.compiled
     if pool:
         cutlass.get_memory_pool(2**26, 2**33)
@@ -677,7 +844,7 @@ def describe(cfg) -> str:
     if len(set(cfg["layouts"])) == 1 and cfg["layouts"][0] == "TensorNHWC":
         layouts = "NHWC"
     parts = [cfg["family"], f"cc{cfg['cc']}", cfg["opclass"], types, layouts]
-    if cfg["family"].startswith("conv"):
+    if cfg["family"].startswith("conv") or cfg.get("producer") == "conv80":
         parts.append(f"{cfg['conv_kind']} {cfg['algorithm']} {cfg['stride_support']}")
     warps = "x".join(map(str, cfg["warps"])) if cfg.get("warps") else "auto"
     parts += [f"tile {'x'.join(map(str, cfg['tb']))}", f"warps {warps}", f"stages {cfg['stages'] or 'auto'}",
@@ -695,19 +862,32 @@ def describe(cfg) -> str:
     if cfg.get("tree"):
         epilogue = "tree: " + "; ".join(line.strip() for line in cfg["tree"].splitlines()[1:])
     parts += [epilogue, f"swizzle {cfg['swizzle']}"]
+    if cfg.get("reduction"):
+        parts.append(_reduction_text(cfg))
     return ", ".join(parts)
+
+
+def _reduction_text(cfg) -> str:
+    spec = cfg["reduction"]
+    epilogue = spec["epilogue"] + (f"({spec['activation']})" if spec["epilogue"] == "LinearCombinationGeneric" else "")
+    if spec["element_epilogue"]:
+        epilogue += f" compute {spec['element_epilogue']}"
+    return (f"reduce {cfg['c_elem']}->{spec['c_elem']} (acc {spec['acc']}) {spec['layout']}, shape "
+            f"{'x'.join(map(str, spec['shape']))} count {spec['c_align']} stage {spec['partitions_per_stage']}, "
+            f"{epilogue}")
 
 
 def _problem_text(problem) -> str:
     if not isinstance(problem, dict):
         return "" if problem is None else str(problem)
     if "m" in problem:
-        extras = "".join(f" {key}={problem[key]}" for key in ("batch", "array", "knobs", "lib") if key in problem)
+        extras = "".join(f" {key}={problem[key]}" for key in ("batch", "array", "knobs", "lib", "slices", "workspace")
+                         if key in problem)
         return f"M={problem['m']} N={problem['n']} K={problem['k']}{extras}"
     if "groups" in problem:
         return "groups " + " ".join("x".join(map(str, size)) for size in problem["groups"])
     p = problem
-    extras = "".join(f" {key}={p[key]}" for key in ("split_k", "lib") if key in p)
+    extras = "".join(f" {key}={p[key]}" for key in ("split_k", "lib", "workspace") if key in p)
     return (f"N={p['n']} H={p['h']} W={p['w']} C={p['c']} K={p['k']} R={p['r']} S={p['s']} pad={p['pad']} "
             f"stride={p['stride']} dilation={p['dilation']}{extras}")
 
@@ -748,10 +928,14 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def family_counts(args) -> dict:
+    return {"gemm80": args.sm80, "gemm90": args.sm90, "conv80": args.conv80, "conv90": args.conv90,
+            "grouped80": args.grouped80, "grouped90": args.grouped90, "gemmarray90": args.array90,
+            "evt80": args.evt80, "splitk80": args.splitk80}
+
+
 def orchestrate(args, plan):
-    counts = {"gemm80": args.sm80, "gemm90": args.sm90, "conv80": args.conv80, "conv90": args.conv90,
-              "grouped80": args.grouped80, "grouped90": args.grouped90,
-              "gemmarray90": args.array90, "evt80": args.evt80}
+    counts = family_counts(args)
     for family in FAMILIES:
         got = sum(1 for entry, _ in plan if entry["family"] == family)
         if got < counts[family]:
@@ -771,6 +955,8 @@ def orchestrate(args, plan):
             for found_record in found:
                 record = dict(index=entry["index"], family=entry["family"], backend=entry["backend"],
                               arch=entry["arch"], name=entry["name"])
+                if entry.get("companions"):
+                    record["companions"] = entry["companions"]
                 record.update(found_record)
                 record["cfg"] = entry["cfg"]
                 records.append(record)
@@ -787,8 +973,10 @@ def orchestrate(args, plan):
 
     runs = []
     for entry, _ in plan:
-        if entry["name"] in failed:
-            keep(entry, [dict(status="COMPILE-FAIL", error=failed[entry["name"]])])
+        errors = [f"{name}: {failed[name]}" if name != entry["name"] else failed[name]
+                  for name in entry_names(entry) if name in failed]
+        if errors:  # the entry's own operation or a companion (its reduction) did not compile
+            keep(entry, [dict(status="COMPILE-FAIL", error="\n".join(errors))])
         else:
             runs.append(dict(entry, sizes=args.sizes, retries=args.retries, pool=not args.sanitize))
     start = time.perf_counter()
@@ -862,6 +1050,8 @@ def parse(argv=None):
                         help="Sm80-family GEMMs with random epilogue visitor trees (evt80; NVRTC)")
     parser.add_argument("--array90", type=int, default=0,
                         help="SM90 pointer-array GEMM configurations (gemmarray90: array=True, lists of matrices)")
+    parser.add_argument("--splitk80", type=int, default=0,
+                        help="Sm80-family parallel split-K GEMMs / conv2ds and their ReductionOperations (splitk80)")
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=16, help="parallel compile units")
     parser.add_argument("--parallel", type=int, default=8, help="child processes at once (sharing the GPU)")
@@ -898,15 +1088,12 @@ def main(argv=None):
             os.execvpe(command[0], command, env)
         run_config(args)
         return 0
-    counts = {"gemm80": args.sm80, "gemm90": args.sm90, "conv80": args.conv80, "conv90": args.conv90,
-              "grouped80": args.grouped80, "grouped90": args.grouped90,
-              "gemmarray90": args.array90, "evt80": args.evt80}
-    plan = draw_plan(args.seed, counts)
+    plan = draw_plan(args.seed, family_counts(args))
     if args.dry_run:
         for entry, op in plan:
-            again = fuzz_accept.build(entry["cfg"])
-            same = "" if again.name == op.name else f"   REBUILDS AS {again.name}"
-            print(f"#{entry['index']} {entry['backend']} sm_{entry['arch']} {op.name}{same}\n"
+            again = [built.name for built in fuzz_accept.build_all(json.loads(json.dumps(entry["cfg"])))]
+            same = "" if again == entry_names(entry) else f"   REBUILDS AS {' + '.join(again)}"
+            print(f"#{entry['index']} {entry['backend']} sm_{entry['arch']} {' + '.join(entry_names(entry))}{same}\n"
                   f"    {describe(entry['cfg'])}")
         by_family = collections.Counter(entry["family"] for entry, _ in plan)
         print(f"{len(plan)} configurations: {dict(by_family)}")

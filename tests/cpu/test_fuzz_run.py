@@ -308,3 +308,194 @@ def test_fp8_promoting_main_loop_gets_the_fp8_accumulator_tolerance():
     op = fuzz_accept.build(cfg)
     assert not op.kernel_schedule.is_fp8_fast_accum
     assert fuzz_run.tolerance(op) == 5e-4
+
+
+# --- parallel split-K (splitk80): a producer writing partial sums and the ReductionOperation that sums them ----------
+def test_splitk_draws_mostly_build_their_reduction():
+    """Of the draws whose producer (the Sm80-family GEMM / conv2d drawing) builds, nearly all reductions build too."""
+    import random
+
+    import fuzz_accept
+
+    rng = random.Random(41)
+    producers = reductions = 0
+    for _ in range(1500):
+        cfg = fuzz_accept.draw_splitk80(rng)
+        try:
+            fuzz_accept.build(cfg)
+        except fuzz_accept.DescriptionError:
+            continue
+        producers += 1
+        try:
+            fuzz_accept.companions(cfg)
+            reductions += 1
+        except fuzz_accept.DescriptionError:
+            pass
+    assert producers >= 40 and reductions >= 0.9 * producers, (producers, reductions)
+
+
+def test_splitk_configurations_pair_a_producer_with_its_reduction():
+    """40 accepted splitk80 configurations: both operations rebuild under the names the plan recorded from the JSON
+    record; the producer writes raw partial sums (a plain LinearCombination, no interleaved layout) in the type the
+    reduction reads (element_workspace), never int8; GEMM and conv producers, partials in the accumulator type and in
+    a 16-bit output type, and the three reduction epilogues all come up."""
+    import pycutlass as cutlass
+
+    D = cutlass.DataType
+    plan = fuzz_run.draw_plan(41, {"splitk80": 40})
+    assert len(plan) == 40
+    seen = collections.Counter()
+    for entry, op in plan:
+        cfg = json.loads(json.dumps(entry["cfg"]))
+        assert (entry["backend"], entry["arch"]) == ("nvcc", cfg["cc"])
+        built = fuzz_run.fuzz_accept.build_all(cfg)
+        assert [o.name for o in built] == fuzz_run.entry_names(entry) == [op.name, entry["companions"][0]]
+        producer, reduction = built
+        assert isinstance(reduction, cutlass.ReductionOperation) and reduction.compute_capability == cfg["cc"]
+        assert reduction.element_workspace is producer.C.element is D[cfg["c_elem"]]
+        assert producer.C.element is not D.int8
+        functor = producer.epilogue_functor
+        assert functor.kind == "LinearCombination" and functor.activation is None
+        assert fuzz_run.runnable(cfg) and not any("Interleaved" in x or "32" in x for x in cfg["layouts"])
+        if cfg["producer"] == "conv80":
+            assert isinstance(producer, cutlass.Conv2dOperation) and cfg["layouts"] == ["TensorNHWC"] * 3
+            assert not producer.is_strided_dgrad  # the strided-dgrad kernel has no parallel split-K
+        else:
+            assert isinstance(producer, cutlass.GemmOperationUniversal)
+            assert reduction.C.layout is producer.C.layout  # the workspace is packed in the GEMM's C layout
+        accumulator = producer.tile_description.math_instruction.element_accumulator
+        seen[cfg["producer"]] += 1
+        seen["accumulator partials" if producer.C.element is accumulator else f"{producer.C.element.name} partials"] += 1
+        seen[cfg["reduction"]["epilogue"]] += 1
+        assert fuzz_run.fuzz_accept.build_all(cfg)[1].name == reduction.name  # stable
+    for what in ("gemm80", "conv80", "accumulator partials", "LinearCombination", "LinearCombinationGeneric",
+                 "LinearCombinationClamp"):
+        assert seen[what] > 0, (what, seen)
+    assert seen["float16 partials"] + seen["bfloat16 partials"] > 0, seen
+
+
+def test_splitk_problems_fit_the_producer_and_the_reduction():
+    """Problems the pair takes: the producer's alignments (and CUTLASS's can_implement), 2 to 5 slices, the
+    reduced contiguous extent a multiple of the reduction's count; the reduction's runtime epilogue values."""
+    import random
+
+    import pycutlass as cutlass
+    from pycutlass.conv import Conv2dProblemSize, Mode as ConvMode
+    from pycutlass.gemm import Mode
+    from pycutlass.kinds.gemm.arguments import check_problem_alignment, check_split_k_output
+
+    plan = fuzz_run.draw_plan(42, {"splitk80": 24})
+    seen = collections.Counter()
+    for entry, op in plan:
+        cfg = entry["cfg"]
+        reduction, = fuzz_run.fuzz_accept.companions(cfg)
+        reduction.epilogue_type(1.25, -0.5, *fuzz_run._activation_args(cfg["reduction"]))
+        rng = random.Random(entry["seed"])
+        for attempt in (0, 0, 0, 2):
+            p = fuzz_run.draw_problem(cfg, op, rng, attempt)
+            seen[p["workspace"]] += 1
+            if cfg["producer"] == "conv80":
+                assert 2 <= p["split_k"] <= 5 and "lib" not in p
+                ps = Conv2dProblemSize((p["n"], p["h"], p["w"], p["c"]), (p["k"], p["r"], p["s"], p["c"]),
+                                       tuple(p["pad"]), tuple(p["stride"]), tuple(p["dilation"]),
+                                       ConvMode.cross_correlation, p["split_k"], 1)
+                op.check_problem_size(ps)
+                assert ps.implicit_gemm_size(op.conv_kind).n() % reduction.count == 0
+                seen["conv"] += 1
+            else:
+                assert 2 <= p["slices"] <= 5 and set(p) == {"m", "n", "k", "slices", "workspace"}
+                _assert_contiguous_extents_aligned("splitk80", op, p["m"], p["n"], p["k"])
+                check_problem_alignment(op, p["m"], p["n"], p["k"])
+                check_split_k_output(op, Mode.GemmSplitKParallel, p["slices"], op.epilogue_type(1.0, 0.0))
+                contiguous = p["n"] if reduction.C.layout is cutlass.RowMajor else p["m"]
+                assert contiguous % reduction.count == 0
+                seen["gemm"] += 1
+                if attempt == 2:
+                    assert all(p[d] % 16 == 0 for d in "mnk")
+    for what in ("conv", "gemm", "arguments", "ptr_D"):
+        assert seen[what] > 0, (what, seen)
+
+
+def test_splitk_family_keeps_earlier_draws_and_dry_runs(capsys):
+    """splitk80 is drawn after every other family: the others' configurations and names are what they were without
+    it; --dry-run lists both operations of each pair and rebuilds them from JSON."""
+    counts = {"gemm80": 3, "conv80": 2, "gemm90": 2, "grouped80": 1, "evt80": 1}
+    base = fuzz_run.draw_plan(5, counts)
+    plan = fuzz_run.draw_plan(5, dict(counts, splitk80=6))
+    assert [(e["name"], e["cfg"]) for e, _ in plan[:len(base)]] == [(e["name"], e["cfg"]) for e, _ in base]
+    assert all("companions" not in e for e, _ in plan[:len(base)])
+    assert [e["family"] for e, _ in plan[len(base):]] == ["splitk80"] * 6
+    fuzz_run.main(["--sm80", "0", "--sm90", "0", "--conv80", "0", "--conv90", "0", "--splitk80", "5", "--seed", "5",
+                   "--dry-run"])
+    printed = capsys.readouterr().out
+    assert "5 configurations: {'splitk80': 5}" in printed and "REBUILDS AS" not in printed
+    assert printed.count(" + pycutlass_reduce_splitk_") == 5 and printed.count(", reduce ") == 5
+
+
+def test_splitk_compiles_both_operations_and_fails_the_pair_with_either(tmp_path, monkeypatch, capsys):
+    """The parent compiles the reduction with its producer (same backend and arch group); a reduction that does not
+    compile makes its configuration COMPILE-FAIL; the child refuses a cfg whose reduction rebuilds under another
+    name."""
+    import pycutlass as cutlass
+
+    plan = fuzz_run.draw_plan(43, {"splitk80": 3})
+    compiled = []
+    monkeypatch.setattr(cutlass.compiler, "add_module", lambda ops, jobs=None: compiled.extend(o.name for o in ops))
+    assert fuzz_run.compile_all(plan, jobs=1) == {}
+    assert sorted(compiled) == sorted(name for entry, _ in plan for name in fuzz_run.entry_names(entry))
+
+    broken = plan[0][0]["companions"][0]
+    monkeypatch.setattr(fuzz_run, "compile_all", lambda plan, jobs: {broken: "error: boom"})
+    child = tmp_path / "child.py"
+    child.write_text(f"print({fuzz_run.CASE_MARK!r} + '{{\"status\": \"ok\", \"problem\": null}}')\n"
+                     f"print({fuzz_run.DONE_MARK!r})\n")
+    out = tmp_path / "run.jsonl"
+    fuzz_run.main(["--sm80", "0", "--sm90", "0", "--conv80", "0", "--conv90", "0", "--splitk80", "3", "--seed", "43",
+                   "--child-cmd", f"{sys.executable} {child}", "--timeout", "20", "--out", str(out)])
+    records = {r["index"]: r for r in _records(out)}
+    assert records[0]["status"] == "COMPILE-FAIL" and broken in records[0]["error"]
+    assert records[0]["companions"] == [broken]
+    assert records[1]["status"] == records[2]["status"] == "ok"
+    capsys.readouterr()
+
+    entry = dict(plan[0][0], companions=["pycutlass_reduce_splitk_elsewhere"])
+    with pytest.raises(RuntimeError, match="not pycutlass_reduce_splitk_elsewhere"):
+        fuzz_run.prepare(entry, pool=False)
+
+
+def test_splitk_reference_and_tolerance():
+    """The float64 reference (the reduction's epilogue; integer outputs rounded and saturated) and the pair's
+    tolerance; ``check`` judges with the reduction's output type."""
+    import numpy as np
+
+    import pycutlass as cutlass
+
+    plan = fuzz_run.draw_plan(44, {"splitk80": 30})
+    for entry, op in plan:
+        reduction, = fuzz_run.fuzz_accept.companions(entry["cfg"])
+        tol = fuzz_run.splitk_tolerance(op, reduction)
+        assert fuzz_run.tolerance(op) <= tol <= 0.15
+        accumulator = np.linspace(-300, 300, 64).reshape(8, 8)
+        c = np.ones((8, 8))
+        reference = fuzz_run.splitk_reference(reduction, accumulator, c, 1.0, 1.0,
+                                              fuzz_run._activation_args(entry["cfg"]["reduction"]))
+        if reduction.C.element is cutlass.DataType.int8:  # whole numbers within int8 (+-300 saturates)
+            assert np.all((reference >= -128) & (reference <= 127) & (reference == np.rint(reference)))
+        fuzz_run.check(reduction, reference, reference, tol=tol)
+        poisoned = reference.copy()
+        poisoned[0, 0] = np.nan
+        with pytest.raises(AssertionError):
+            fuzz_run.check(reduction, poisoned, reference, tol=tol)
+
+
+def test_real_child_runs_a_splitk_pair_up_to_the_gpu():
+    """The real child rebuilds both operations (names checked) and runs the split-K case up to the first CUDA call:
+    an ERROR naming CUDA with the split-K problem, not a crash."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the child would compile and run for real")
+    (entry, _), = fuzz_run.draw_plan(3, {"splitk80": 1})
+    records = fuzz_run.run_child(dict(entry, sizes=1, retries=0, pool=False, preload=False),
+                                 [sys.executable, str(TOOLS / "fuzz_run.py")], 60)
+    assert [r["status"] for r in records] == ["ERROR"] and "CUDA" in records[0]["error"]
+    assert {"slices", "workspace"} <= set(records[0]["problem"]) or "split_k" in records[0]["problem"]
