@@ -315,13 +315,16 @@ def is_device_pointer(obj) -> bool:
 class PartialsAddress(int):
     """The device address of a parallel split-K workspace (``GemmArguments.ptr_D``, ``Conv2dArguments.ptr_D``) that
     also says which type its partial results are stored in, so a ReductionArguments given the bare address, as
-    PyCUTLASS's scripts pass it, can check that it reads them as that type."""
+    PyCUTLASS's scripts pass it, can check that it reads them as that type, and that it reads no further than the
+    workspace's ``nbytes``."""
 
     element: DataType
+    nbytes: int | None
 
-    def __new__(cls, address: int, element: DataType):
+    def __new__(cls, address: int, element: DataType, nbytes: int | None = None):
         self = super().__new__(cls, address)
         self.element = element
+        self.nbytes = nbytes
         return self
 
 

@@ -230,6 +230,40 @@ def test_reduction_reads_the_partials_in_the_type_the_split_k_kernel_wrote():
     assert ReductionArguments(f32_workspace, [M, N], 2, 0x10000, dest).workspace == 0x10000  # a bare int: unchecked
 
 
+def test_reduction_reads_no_further_than_the_split_k_workspace():
+    """A workspace of known size (ptr_D of parallel split-K): more partitions, or a larger problem, than the
+    producer wrote would read past its end."""
+    from pycutlass.runtime.tensors import PartialsAddress
+
+    reduction = ReductionOperation(pc.MatrixCoord(4, 64), td(F16, pc.RowMajor, 8), F32, count=8)
+    dest = np.zeros(M * N, np.float16)
+    three_slices = PartialsAddress(0x10000, F32, 3 * M * N * 4)
+    assert ReductionArguments(reduction, [M, N], 3, three_slices, dest).workspace == 0x10000
+    with pytest.raises(ArgumentError, match=rf"^workspace: 4 partitions of {M} x {N} .* read {4 * M * N * 4} bytes, "
+                                            rf"but the split-K workspace holds {3 * M * N * 4}"):
+        ReductionArguments(reduction, [M, N], 4, three_slices, dest)
+    with pytest.raises(ArgumentError, match="partition stride"):
+        ReductionArguments(reduction, [M, N], 3, three_slices, dest, partition_stride=2 * M * N)
+
+
+def test_parallel_split_k_zeroes_the_slices_no_thread_block_writes(monkeypatch):
+    """The builder's grid has one z layer per K chunk; slices past it are zeroed (once: the kernel never writes
+    them), on the arguments' stream, and nothing is zeroed when every slice is written."""
+    from types import SimpleNamespace
+
+    from pycutlass.kinds.gemm.arguments import zero_unwritten_partials
+    from pycutlass.runtime import driver
+
+    calls = []
+    monkeypatch.setattr(driver, "memset_d8", lambda *args: calls.append(args))
+    arguments = SimpleNamespace(workspace=0x10000, stream=7)
+    zero_unwritten_partials(arguments, SimpleNamespace(grid=(3, 2, 1)), 5, 1000)
+    assert calls == [(0x10000 + 1000, 0, 4000, 7)]
+    calls.clear()
+    zero_unwritten_partials(arguments, SimpleNamespace(grid=(3, 2, 5)), 5, 1000)
+    assert calls == []
+
+
 # --- raw device pointers ----------------------------------------------------------------------------------------------
 def test_cudeviceptr_operands_are_packed_and_sized_from_the_problem():
     driver = pytest.importorskip("cuda.bindings.driver")

@@ -136,9 +136,12 @@ REDUCTION = cutlass.ReductionOperation(
 REDUCTION_RELU = cutlass.ReductionOperation(
     cutlass.MatrixCoord(4, 32 * 8), cutlass.TensorDescription(F16, cutlass.RowMajor, 8), F32, F32, F32,
     cutlass.LinearCombinationGeneric(cutlass.relu(F32), F16, 8, F32, F32), count=8)
+# A TensorNHWC reduction takes the convolution's own 4-D tensors (channels_last) in place of (M, N) views.
+REDUCTION_NHWC = cutlass.ReductionOperation(
+    cutlass.MatrixCoord(4, 32 * 8), cutlass.TensorDescription(F16, cutlass.TensorNHWC, 8), F32, F32, F32, count=8)
 NVRTC_OPS = {"fprop_f16_opt": CONV_OPS["fprop_f16_opt"]}
 
-NVCC_OPS = list(CONV_OPS.values()) + [REDUCTION, REDUCTION_RELU]
+NVCC_OPS = list(CONV_OPS.values()) + [REDUCTION, REDUCTION_RELU, REDUCTION_NHWC]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -449,6 +452,35 @@ def test_parallel_split_k(name, ps, reduction):
     if reduction == "relu":
         reference = np.maximum(reference, 0)
     assert_close(op, from_lib(Dt, "torch"), reference, 2e-3)
+
+
+@pytest.mark.parametrize("name,ps", [
+    ("fprop_f16_analytic_f32out", problem(2, 15, 17, 64, 64, 3, 3, split_k=3)),
+    ("wgrad_f16_opt_f32out", problem(4, 16, 18, 16, 32, 3, 3, (1, 1), (2, 2), split_k=4)),
+], ids=["fprop", "wgrad"])
+def test_parallel_split_k_into_4d_tensors(name, ps):
+    """A TensorNHWC reduction given the producer's Conv2dArguments takes D and C as the convolution's own 4-D
+    channels_last tensors: N x K x P x Q for fprop, and for wgrad the filter K x C x R x S, whose packed KRSC memory
+    is the K x RSC matrix the partials hold."""
+    op = CONV_OPS[name]
+    kind = op.conv_kind
+    rng = np.random.default_rng(12)
+    a = random_values(rng, tuple(ps.tensor_a_extent(kind)), F16)
+    b = random_values(rng, tuple(ps.tensor_b_extent(kind)), F16)
+    c_extent = tuple(ps.tensor_c_extent(kind))
+    c = random_values(rng, c_extent, F16)
+    A, B, C = to_lib(a, F16, "torch"), to_lib(b, F16, "torch"), to_lib(c, F16, "torch")
+    Dt = poisoned(c_extent, F16, "torch")
+    assert Dt.dim() == 4 and not Dt.is_contiguous()  # channels_last
+    args = cutlass.Conv2dArguments(op, ps, A, B, None, None, split_k_mode=SplitKMode.Parallel,
+                                   split_k_slices=ps.split_k_slices)
+    op.run(args)
+    m, n = args.reduction_problem_size
+    reduction_args = cutlass.ReductionArguments(REDUCTION_NHWC, [m, n], args.split_k_slices, args, Dt, C,
+                                                REDUCTION_NHWC.epilogue_type(1.5, -0.5))
+    REDUCTION_NHWC.run(reduction_args)
+    reduction_args.sync()
+    assert_close(op, from_lib(Dt, "torch"), 1.5 * conv_reference(kind, ps, a, b) - 0.5 * c, 2e-3)
 
 
 @pytest.mark.parametrize("prereordered", [False, True])

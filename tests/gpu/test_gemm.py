@@ -287,6 +287,38 @@ def test_parallel_split_k(split_k, reduction):
     assert_close(F16_F32OUT if reduction == "plain" else ACT_OPS["relu"], to_float64(Dt), ref, 2e-3)
 
 
+@pytest.mark.parametrize("k,split_k", [(8, 5), (24, 4), (40, 7)])
+def test_parallel_split_k_with_fewer_k_chunks_than_slices(k, split_k, monkeypatch):
+    """CUTLASS cuts K into chunks of whole 128-bit accesses (8 f16 values), so K=8 in 5 slices is one chunk: only
+    one workspace slice is written. The reduction still sums all five: the others must be zeros, even in memory
+    that held NaN before (every fresh allocation is filled with 0xFF bytes here)."""
+    from pycutlass.runtime import driver
+    from pycutlass.runtime.tensors import DeviceTensors
+
+    allocate = DeviceTensors.allocate
+
+    def poisoned_allocate(self, nbytes):
+        address = allocate(self, nbytes)
+        driver.memset_d8(address, 0xFF, max(int(nbytes), 1), self.stream)
+        return address
+
+    monkeypatch.setattr(DeviceTensors, "allocate", poisoned_allocate)
+    m, n = 72, 256
+    rng = np.random.default_rng(7)
+    a, b = random_values(rng, (m, k), D.float16), random_values(rng, (k, n), D.float16)
+    c = random_values(rng, (m, n), D.float16)
+    A, B, C = (to_tensor(x, D.float16, lay, "torch") for x, lay in ((a, R), (b, CM), (c, R)))
+    Dt = poisoned_output((m, n), D.float16, R, "torch")
+    args = cutlass.GemmArguments(F16_F32OUT, (m, n, k), A, B, C, Dt, gemm_mode=Mode.GemmSplitKParallel,
+                                 split_k_slices=split_k)
+    F16_F32OUT.run(args)
+    reduction_args = cutlass.ReductionArguments(REDUCTION, [m, n], split_k, args.ptr_D, Dt, C,
+                                                REDUCTION.epilogue_type(1.5, -0.5))
+    REDUCTION.run(reduction_args)
+    reduction_args.sync()
+    assert_close(F16_F32OUT, to_float64(Dt), 1.5 * (a @ b) - 0.5 * c, 2e-3)
+
+
 @pytest.mark.parametrize("name", list(PARTIALS_OPS))
 def test_parallel_split_k_partials_in_the_output_type(name):
     """PyCUTLASS's flow (workspace=arguments.ptr_D) on a GEMM whose partials are 16-bit: a reduction reading them as

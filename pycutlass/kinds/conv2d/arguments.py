@@ -24,7 +24,8 @@ from ...errors import ArgumentError
 from ...runtime.arguments import OperationArguments, memo_key
 from ...runtime.tensors import (PartialsAddress, TensorInfo, as_flat, describe, gathered_copy, pointer_operand,
                                 storage_type)
-from ..gemm.arguments import UNSET, check_split_k_output, coerce_output_op, compat_positional
+from ..gemm.arguments import (UNSET, check_split_k_output, coerce_output_op, compat_positional,
+                              zero_unwritten_partials)
 from ..gemm.modes import Mode as GemmMode
 from .operation import Conv2dOperation
 from .problem import Conv2dProblemSize, Operator, SplitKMode, interleaved_filter_gather
@@ -326,14 +327,15 @@ class Conv2dArguments(OperationArguments):
         self.workspace = 0
         if self.parallel:
             itemsize = op.C.element.bits // 8
-            self.workspace = self.tensors.allocate(op.workspace_elements(self.problem_size, SplitKMode.Parallel)
-                                                   * itemsize)
+            self._workspace_bytes = op.workspace_elements(self.problem_size, SplitKMode.Parallel) * itemsize
+            self.workspace = self.tensors.allocate(self._workspace_bytes)
             self.addresses["C"] = self.addresses["D"] = self.workspace
             self.c_strides = None
         if "C" not in self.addresses:  # beta == 0: the kernel does not read C
             self.addresses["C"] = self.addresses["D"]
             self.c_strides = None
-        self.ptr_D = PartialsAddress(self.workspace, op.C.element) if self.parallel else self.addresses["D"]
+        self.ptr_D = PartialsAddress(self.workspace, op.C.element, self._workspace_bytes) if self.parallel \
+            else self.addresses["D"]
         self.semaphore = 0
         self._semaphore_capacity = op.semaphore_count(self.problem_size, self.split_k_mode)
         if self._semaphore_capacity:
@@ -354,4 +356,7 @@ class Conv2dArguments(OperationArguments):
         if launch.semaphore_count > self._semaphore_capacity:
             raise ArgumentError(f"{self.operation.name}: serial split-K needs {launch.semaphore_count} semaphores, "
                                 f"{self._semaphore_capacity} were allocated")
+        if self.parallel:
+            slices = self.problem_size.split_k_slices
+            zero_unwritten_partials(self, launch, slices, self._workspace_bytes // slices)
 

@@ -167,6 +167,19 @@ def check_split_k_output(operation, mode, split_k_slices, output_op) -> None:
                             f"add up: use split_k_slices=1 or an integral alpha")
 
 
+def zero_unwritten_partials(arguments, launch, slices: int, slice_bytes: int) -> None:
+    """Parallel split-K: zero the workspace slices no thread block writes, so a reduction over all ``slices`` adds
+    zeros there. CUTLASS 2.x cuts K into chunks of whole 128-bit accesses, so a short K is split fewer ways than
+    asked (K=2 in 5 float32 slices: one chunk of 4, one slice written). The kernel's grid has one z layer per K
+    chunk in every 2.x swizzle; the device builder reports that grid (``launch``: the PreparedLaunch)."""
+    written = int(launch.grid[2])
+    if written < slices:
+        from ...runtime import driver
+
+        driver.memset_d8(arguments.workspace + written * slice_bytes, 0, (slices - written) * slice_bytes,
+                         arguments.stream)
+
+
 # Arguments of operations that GemmOperationUniversal builds for other kinds (visitor=True: gemm_evt; compute
 # capability 90: gemm_sm90), by operation type; each kind registers its class here when imported.
 VISITOR_ARGUMENTS: dict = {}
@@ -447,7 +460,7 @@ class GemmArguments(OperationArguments):
             # Partial products, packed in D's layout, one M x N slice per split.
             itemsize = op.C.element.bits // 8
             self.workspace = self.tensors.allocate(self.split_k_slices * m * n * itemsize)
-            self.ptr_D = PartialsAddress(self.workspace, op.C.element)
+            self.ptr_D = PartialsAddress(self.workspace, op.C.element, self.split_k_slices * m * n * itemsize)
             self.workspace_ld = n if op.C.layout is LayoutType.RowMajor else m
             self.addresses["C"] = self.addresses["D"] = self.workspace
             self.lds["C"] = self.lds["D"] = self.workspace_ld
@@ -484,3 +497,6 @@ class GemmArguments(OperationArguments):
         if launch.semaphore_count > getattr(self, "_semaphore_capacity", 0):
             raise ArgumentError(f"{self.operation.name}: serial split-K needs {launch.semaphore_count} semaphores, "
                                 f"{getattr(self, '_semaphore_capacity', 0)} were allocated")
+        if self.gemm_mode is Mode.GemmSplitKParallel:
+            m, n, _ = self.problem_size
+            zero_unwritten_partials(self, launch, self.split_k_slices, m * n * self.operation.C.element.bits // 8)

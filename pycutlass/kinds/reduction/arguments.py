@@ -37,6 +37,7 @@ class ReductionArguments(OperationArguments):
             self._producer = workspace
             workspace = workspace.ptr_D
         partials = workspace.element if isinstance(workspace, PartialsAddress) else None  # what split-K wrote
+        partials_bytes = workspace.nbytes if partials is not None else None
         if partials is not None and partials is not operation.element_workspace:
             raise ArgumentError(f"workspace: the split-K partial results are {partials.label} (the operation's "
                                 f"output type), but this ReductionOperation reads {operation.element_workspace.label}"
@@ -53,6 +54,12 @@ class ReductionArguments(OperationArguments):
                                 f"that owns it, got {workspace!r}")
         self.workspace = workspace
         self.partition_stride = m * n if partition_stride is None else int(partition_stride)
+        if partials_bytes is not None:  # a split-K workspace of known size: read no further than its end
+            needed = ((self.partitions - 1) * self.partition_stride + m * n) * partials.bits // 8
+            if needed > partials_bytes:
+                raise ArgumentError(f"workspace: {self.partitions} partitions of {m} x {n} (partition stride "
+                                    f"{self.partition_stride}) read {needed} bytes, but the split-K workspace holds "
+                                    f"{partials_bytes}: pass the producer's split_k_slices and its problem size")
         self.output_op = coerce_output_op(operation, output_op)
         layout = operation.matrix_layout
         contiguous = n if layout is LayoutType.RowMajor else m
@@ -96,16 +103,31 @@ class ReductionArguments(OperationArguments):
         if label == "source" and bias and info.numel == vector and (vector <= 1 or info.is_contiguous):
             return as_flat(info)
         if self.operation.C.layout is LayoutType.TensorNHWC and len(info.shape) == 4 and info.numel == m * n:
-            if info.is_contiguous and info.shape[3] == n:
+            # The convolution's output in NHWC dims: known from the producer's problem (wgrad's K x R x S x C has
+            # C, not N, last), else any N x P x Q x n
+            nhwc = self._producer_output_nhwc()
+            if info.is_contiguous and (tuple(info.shape) == nhwc if nhwc else info.shape[3] == n):
                 return as_flat(info)
             nn, k, p, q = info.shape
-            if k == n and all(size <= 1 or s == e for s, e, size in
-                              zip(info.strides, (p * q * k, 1, q * k, k), info.shape)):
+            if ((nn, p, q, k) == nhwc if nhwc else k == n) and all(
+                    size <= 1 or s == e for s, e, size in zip(info.strides, (p * q * k, 1, q * k, k), info.shape)):
                 return as_flat(info)  # NCHW in channels_last memory
-            raise ArgumentError(f"{label}: a TensorNHWC reduction writes packed NHWC: pass a contiguous (N, P, Q, "
-                                f"{n}) tensor, torch's channels_last (N, {n}, P, Q), or a packed 1-D one; got shape "
-                                f"{info.shape}, strides {info.strides}")
+            wanted = nhwc or ("N", "P", "Q", n)
+            raise ArgumentError(f"{label}: a TensorNHWC reduction writes packed NHWC: pass a contiguous "
+                                f"({', '.join(map(str, wanted))}) tensor, torch's channels_last ({wanted[0]}, "
+                                f"{wanted[3]}, {wanted[1]}, {wanted[2]}), or a packed 1-D one; got shape {info.shape}, "
+                                f"strides {info.strides}")
         return info
+
+    def _producer_output_nhwc(self) -> tuple | None:
+        """The NHWC extent of the convolution output the producer's partials belong to, when the producer (a
+        Conv2dArguments) was passed as the workspace."""
+        problem = getattr(self._producer, "problem_size", None)
+        kind = getattr(getattr(self._producer, "operation", None), "conv_kind", None)
+        if problem is None or kind is None or not hasattr(problem, "tensor_c_extent"):
+            return None
+        extent = problem.tensor_c_extent(kind)
+        return (extent.n(), extent.h(), extent.w(), extent.c())
 
     def _tensor_infos(self) -> list:
         return [info for info, _ in self._infos.values()]
