@@ -19,7 +19,7 @@ With --seed 3, --sm80 48 and --sm90 32 draw the GEMM configurations of the first
 its illegal address is #11, pycutlass_gemm_sm80_tensorop_f16f16f32_nnn_64x64x32_1x4x1_s4_a224_db881f83d1); the conv
 families are drawn after them, and each configuration's problem sizes come from its own seed.
 
-Families: ``gemm80`` (--sm80; nvcc; target sm_80, or sm_90 where the drawn cc is 90), ``gemm90`` (--sm90; NVRTC;
+Families: ``gemm80`` (--sm80; nvcc; target the GPU's architecture), ``gemm90`` (--sm90; NVRTC;
 sm_90), ``conv80`` (--conv80; nvcc), ``conv90`` (--conv90; NVRTC), ``grouped80`` (--grouped80; GemmOperationGrouped
 with an Sm80 tile, either scheduler mode; nvcc) and ``grouped90`` (--grouped90; the SM90 pointer-array kernel, a
 per-group bias now and then; NVRTC), ``gemmarray90`` (--array90; ``GemmOperationUniversal(90, ..., array=True)``,
@@ -58,6 +58,7 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
+import functools
 import json
 import os
 import random
@@ -98,10 +99,21 @@ def runnable(cfg) -> bool:
     return cfg["family"].startswith("conv") or cfg["epilogue"] != "FastLinearCombinationClamp"
 
 
+@functools.lru_cache(maxsize=None)
+def _gpu_arch() -> int | None:
+    from pycutlass.compiler.target import detected_compute_capability
+
+    return detected_compute_capability(0)
+
+
 def target_of(cfg) -> tuple[str, int]:
-    """(backend, arch) the parent compiles a configuration with, and its child loads it with."""
+    """(backend, arch) the parent compiles a configuration with, and its child loads it with: the GPU's own
+    architecture, since the child's arguments load the binary for their device (SASS does not run across major
+    architectures: an sm_80 binary would be compiled again for an H100 in the child, against its timeout), or on a
+    machine without a GPU (--dry-run) the drawn compute capability's."""
     nvrtc = cfg["family"].endswith("90") or cfg["family"] == "evt80"  # visitor trees: the EVT suite's backend
-    return ("nvrtc" if nvrtc else "nvcc"), (90 if cfg["cc"] == 90 else 80)
+    arch = 90 if cfg["cc"] == 90 else (_gpu_arch() or 80)
+    return ("nvrtc" if nvrtc else "nvcc"), arch
 
 
 def accepted(rng, family, count, tries=20000):
