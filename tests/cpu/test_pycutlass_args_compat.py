@@ -244,6 +244,8 @@ def test_reduction_reads_no_further_than_the_split_k_workspace():
         ReductionArguments(reduction, [M, N], 4, three_slices, dest)
     with pytest.raises(ArgumentError, match="partition stride"):
         ReductionArguments(reduction, [M, N], 3, three_slices, dest, partition_stride=2 * M * N)
+    with pytest.raises(ArgumentError, match=r"wrote 3 partitions .* partitions=2 would sum only part of them"):
+        ReductionArguments(reduction, [M, N], 2, three_slices, dest)
 
 
 def test_parallel_split_k_zeroes_the_slices_no_thread_block_writes(monkeypatch):

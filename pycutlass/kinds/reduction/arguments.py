@@ -60,6 +60,12 @@ class ReductionArguments(OperationArguments):
                 raise ArgumentError(f"workspace: {self.partitions} partitions of {m} x {n} (partition stride "
                                     f"{self.partition_stride}) read {needed} bytes, but the split-K workspace holds "
                                     f"{partials_bytes}: pass the producer's split_k_slices and its problem size")
+            slice_bytes = m * n * partials.bits // 8
+            if self.partition_stride == m * n and slice_bytes and partials_bytes % slice_bytes == 0 and \
+                    partials_bytes // slice_bytes != self.partitions:
+                raise ArgumentError(f"workspace: the split-K kernel wrote {partials_bytes // slice_bytes} partitions "
+                                    f"of {m} x {n}, but partitions={self.partitions} would sum only part of them: pass "
+                                    f"the producer's split_k_slices")
         self.output_op = coerce_output_op(operation, output_op)
         layout = operation.matrix_layout
         contiguous = n if layout is LayoutType.RowMajor else m
