@@ -419,6 +419,22 @@ def test_strided_dgrad_serial_split_k(name, ps, options):
     run_conv(op, ps, runs=2, **options)
 
 
+def run_f16_conv_split_k_parallel(op, ps, seed):
+    """Random f16 operands (torch channels_last), D poisoned, the partials of parallel split-K written:
+    (a, b, c, C, D, arguments)."""
+    kind = op.conv_kind
+    rng = np.random.default_rng(seed)
+    a = random_values(rng, tuple(ps.tensor_a_extent(kind)), F16)
+    b = random_values(rng, tuple(ps.tensor_b_extent(kind)), F16)
+    c = random_values(rng, tuple(ps.tensor_c_extent(kind)), F16)
+    A, B, C = to_lib(a, F16, "torch"), to_lib(b, F16, "torch"), to_lib(c, F16, "torch")
+    Dt = poisoned(c.shape, F16, "torch")
+    args = cutlass.Conv2dArguments(op, ps, A, B, None, None, split_k_mode=SplitKMode.Parallel,
+                                   split_k_slices=ps.split_k_slices)
+    op.run(args)
+    return a, b, c, C, Dt, args
+
+
 @pytest.mark.parametrize("name,ps,reduction", [
     ("fprop_f16_analytic_f32out", problem(2, 15, 17, 64, 64, 3, 3, split_k=4), "plain"),
     ("dgrad_f16_opt_unity_f32out", problem(2, 9, 10, 32, 64, 3, 3, split_k=3), "plain"),
@@ -429,18 +445,9 @@ def test_parallel_split_k(name, ps, reduction):
     op = CONV_OPS[name]
     red = REDUCTION if reduction == "plain" else REDUCTION_RELU
     kind = op.conv_kind
-    rng = np.random.default_rng(11)
-    a = random_values(rng, tuple(ps.tensor_a_extent(kind)), F16)
-    b = random_values(rng, tuple(ps.tensor_b_extent(kind)), F16)
-    c_extent = tuple(ps.tensor_c_extent(kind))
-    c = random_values(rng, c_extent, F16)
-    A, B, C = to_lib(a, F16, "torch"), to_lib(b, F16, "torch"), to_lib(c, F16, "torch")
-    Dt = poisoned(c_extent, F16, "torch")
-    args = cutlass.Conv2dArguments(op, ps, A, B, None, None, split_k_mode=SplitKMode.Parallel,
-                                   split_k_slices=ps.split_k_slices)
-    op.run(args)
+    a, b, c, C, Dt, args = run_f16_conv_split_k_parallel(op, ps, seed=11)
     m, n = args.reduction_problem_size
-    assert m * n == int(np.prod(c_extent))
+    assert m * n == c.size
     # The channels_last NCHW tensors are packed NHWC: their (M, N) row-major views are what the reduction writes.
     d2, c2 = Dt.permute(0, 2, 3, 1).reshape(m, n), C.permute(0, 2, 3, 1).reshape(m, n)
     assert d2.data_ptr() == Dt.data_ptr()
@@ -464,17 +471,8 @@ def test_parallel_split_k_into_4d_tensors(name, ps):
     is the K x RSC matrix the partials hold."""
     op = CONV_OPS[name]
     kind = op.conv_kind
-    rng = np.random.default_rng(12)
-    a = random_values(rng, tuple(ps.tensor_a_extent(kind)), F16)
-    b = random_values(rng, tuple(ps.tensor_b_extent(kind)), F16)
-    c_extent = tuple(ps.tensor_c_extent(kind))
-    c = random_values(rng, c_extent, F16)
-    A, B, C = to_lib(a, F16, "torch"), to_lib(b, F16, "torch"), to_lib(c, F16, "torch")
-    Dt = poisoned(c_extent, F16, "torch")
+    a, b, c, C, Dt, args = run_f16_conv_split_k_parallel(op, ps, seed=12)
     assert Dt.dim() == 4 and not Dt.is_contiguous()  # channels_last
-    args = cutlass.Conv2dArguments(op, ps, A, B, None, None, split_k_mode=SplitKMode.Parallel,
-                                   split_k_slices=ps.split_k_slices)
-    op.run(args)
     m, n = args.reduction_problem_size
     reduction_args = cutlass.ReductionArguments(REDUCTION_NHWC, [m, n], args.split_k_slices, args, Dt, C,
                                                 REDUCTION_NHWC.epilogue_type(1.5, -0.5))

@@ -266,11 +266,9 @@ def test_serial_split_k_reuse_resets_semaphores():
     del torch
 
 
-@pytest.mark.parametrize("split_k,reduction", [(2, "plain"), (5, "plain"), (4, "relu")])
-def test_parallel_split_k(split_k, reduction):
-    red = REDUCTION if reduction == "plain" else REDUCTION_RELU
-    m, n, k = 264, 256, 1000 + 8
-    rng = np.random.default_rng(4)
+def run_f16_split_k_parallel(m, n, k, split_k, seed):
+    """Random f16 operands, D poisoned, the float32 partials of F16_F32OUT written: (a, b, c, C, D, arguments)."""
+    rng = np.random.default_rng(seed)
     a, b = random_values(rng, (m, k), D.float16), random_values(rng, (k, n), D.float16)
     c = random_values(rng, (m, n), D.float16)
     A, B, C = (to_tensor(x, D.float16, lay, "torch") for x, lay in ((a, R), (b, CM), (c, R)))
@@ -278,6 +276,14 @@ def test_parallel_split_k(split_k, reduction):
     args = cutlass.GemmArguments(F16_F32OUT, (m, n, k), A, B, C, Dt, gemm_mode=Mode.GemmSplitKParallel,
                                  split_k_slices=split_k)
     F16_F32OUT.run(args)
+    return a, b, c, C, Dt, args
+
+
+@pytest.mark.parametrize("split_k,reduction", [(2, "plain"), (5, "plain"), (4, "relu")])
+def test_parallel_split_k(split_k, reduction):
+    red = REDUCTION if reduction == "plain" else REDUCTION_RELU
+    m, n, k = 264, 256, 1000 + 8
+    a, b, c, C, Dt, args = run_f16_split_k_parallel(m, n, k, split_k, seed=4)
     reduction_args = cutlass.ReductionArguments(red, [m, n], split_k, args, Dt, C, red.epilogue_type(1.5, -0.5))
     red.run(reduction_args)
     reduction_args.sync()
@@ -304,14 +310,7 @@ def test_parallel_split_k_with_fewer_k_chunks_than_slices(k, split_k, monkeypatc
 
     monkeypatch.setattr(DeviceTensors, "allocate", poisoned_allocate)
     m, n = 72, 256
-    rng = np.random.default_rng(7)
-    a, b = random_values(rng, (m, k), D.float16), random_values(rng, (k, n), D.float16)
-    c = random_values(rng, (m, n), D.float16)
-    A, B, C = (to_tensor(x, D.float16, lay, "torch") for x, lay in ((a, R), (b, CM), (c, R)))
-    Dt = poisoned_output((m, n), D.float16, R, "torch")
-    args = cutlass.GemmArguments(F16_F32OUT, (m, n, k), A, B, C, Dt, gemm_mode=Mode.GemmSplitKParallel,
-                                 split_k_slices=split_k)
-    F16_F32OUT.run(args)
+    a, b, c, C, Dt, args = run_f16_split_k_parallel(m, n, k, split_k, seed=7)
     reduction_args = cutlass.ReductionArguments(REDUCTION, [m, n], split_k, args.ptr_D, Dt, C,
                                                 REDUCTION.epilogue_type(1.5, -0.5))
     REDUCTION.run(reduction_args)
