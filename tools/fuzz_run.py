@@ -519,8 +519,9 @@ def _gemm_partials(op, reduction, problem, seed, output_op):
 def _conv_partials(op, reduction, problem, seed, output_op):
     """tests/gpu/test_conv2d.py's parallel split-K flow (C and D belong to the reduction, None for the conv): a
     RowMajor reduction writes the implicit GEMM's M x N row-major views of the channels_last tensors, a TensorNHWC
-    one the tensors themselves (wgrad: packed 1-D views, as PyCUTLASS passed them; ReductionArguments reads a 4-D
-    tensor as N*P*Q x K, not as the filter gradient's K x R*S*C). Returns (D, conv(A, B), C) as float64 NHWC."""
+    one the tensors themselves (wgrad given a bare ``ptr_D``: packed 1-D views, as PyCUTLASS passed them; without
+    the producer's problem, ReductionArguments reads a 4-D tensor as N*P*Q x K, not as the filter gradient's
+    K x R*S*C). Returns (D, conv(A, B), C) as float64 NHWC."""
     from pycutlass.conv import Operator, SplitKMode
     from tests.gpu import test_conv2d as conv_suite
     from tests.gpu.gemm_cases import random_values
@@ -545,7 +546,7 @@ def _conv_partials(op, reduction, problem, seed, output_op):
     destination, source = Dt, C
     if reduction.C.layout is not cutlass.TensorNHWC:
         destination, source = (t.permute(0, 2, 3, 1).reshape(m, n) for t in (Dt, C))  # views of NHWC memory
-    elif kind is Operator.wgrad:
+    elif kind is Operator.wgrad and problem["workspace"] == "ptr_D":
         destination, source = (t.permute(0, 2, 3, 1).reshape(-1) for t in (Dt, C))
     workspace = arguments if problem["workspace"] == "arguments" else arguments.ptr_D
     reduction_arguments = cutlass.ReductionArguments(reduction, [m, n], arguments.split_k_slices, workspace,
