@@ -347,6 +347,12 @@ class Conv2dArguments(OperationArguments):
         gemm = self.problem_size.implicit_gemm_size(self.operation.conv_kind)
         return gemm.m(), gemm.n()
 
+    @property
+    def reduction_output_nhwc(self) -> tuple[int, int, int, int]:
+        """The NHWC extent of the output those slices reduce to (wgrad: the filter's K, R, S, C)."""
+        extent = self.problem_size.tensor_c_extent(self.operation.conv_kind)
+        return extent.n(), extent.h(), extent.w(), extent.c()
+
     def bind(self, loaded_op=None):
         return self.operation.make_abi_arguments(
             self.problem_size, self.addresses["A"], self.addresses["B"], self.addresses["C"], self.addresses["D"],

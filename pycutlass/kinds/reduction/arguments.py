@@ -54,18 +54,8 @@ class ReductionArguments(OperationArguments):
                                 f"that owns it, got {workspace!r}")
         self.workspace = workspace
         self.partition_stride = m * n if partition_stride is None else int(partition_stride)
-        if partials_bytes is not None:  # a split-K workspace of known size: read no further than its end
-            needed = ((self.partitions - 1) * self.partition_stride + m * n) * partials.bits // 8
-            if needed > partials_bytes:
-                raise ArgumentError(f"workspace: {self.partitions} partitions of {m} x {n} (partition stride "
-                                    f"{self.partition_stride}) read {needed} bytes, but the split-K workspace holds "
-                                    f"{partials_bytes}: pass the producer's split_k_slices and its problem size")
-            slice_bytes = m * n * partials.bits // 8
-            if self.partition_stride == m * n and slice_bytes and partials_bytes % slice_bytes == 0 and \
-                    partials_bytes // slice_bytes != self.partitions:
-                raise ArgumentError(f"workspace: the split-K kernel wrote {partials_bytes // slice_bytes} partitions "
-                                    f"of {m} x {n}, but partitions={self.partitions} would sum only part of them: pass "
-                                    f"the producer's split_k_slices")
+        if partials_bytes is not None:
+            _check_partials_extent(partials, partials_bytes, self.partitions, self.partition_stride, m, n)
         self.output_op = coerce_output_op(operation, output_op)
         layout = operation.matrix_layout
         contiguous = n if layout is LayoutType.RowMajor else m
@@ -111,7 +101,7 @@ class ReductionArguments(OperationArguments):
         if self.operation.C.layout is LayoutType.TensorNHWC and len(info.shape) == 4 and info.numel == m * n:
             # The convolution's output in NHWC dims: known from the producer's problem (wgrad's K x R x S x C has
             # C, not N, last), else any N x P x Q x n
-            nhwc = self._producer_output_nhwc()
+            nhwc = getattr(self._producer, "reduction_output_nhwc", None)
             if info.is_contiguous and (tuple(info.shape) == nhwc if nhwc else info.shape[3] == n):
                 return as_flat(info)
             nn, k, p, q = info.shape
@@ -124,16 +114,6 @@ class ReductionArguments(OperationArguments):
                                 f"{wanted[3]}, {wanted[1]}, {wanted[2]}), or a packed 1-D one; got shape {info.shape}, "
                                 f"strides {info.strides}")
         return info
-
-    def _producer_output_nhwc(self) -> tuple | None:
-        """The NHWC extent of the convolution output the producer's partials belong to, when the producer (a
-        Conv2dArguments) was passed as the workspace."""
-        problem = getattr(self._producer, "problem_size", None)
-        kind = getattr(getattr(self._producer, "operation", None), "conv_kind", None)
-        if problem is None or kind is None or not hasattr(problem, "tensor_c_extent"):
-            return None
-        extent = problem.tensor_c_extent(kind)
-        return (extent.n(), extent.h(), extent.w(), extent.c())
 
     def _tensor_infos(self) -> list:
         return [info for info, _ in self._infos.values()]
@@ -162,3 +142,18 @@ class ReductionArguments(OperationArguments):
         a.source, a.ld_source = self.addresses["source"], self.lds["source"]
         fill_epilogue(a, self.output_op)
         return a
+
+
+def _check_partials_extent(element, nbytes: int, partitions: int, partition_stride: int, m: int, n: int) -> None:
+    """A split-K workspace of known size (``nbytes`` of ``element`` partials): read no further than its end, and with
+    the default stride sum every slice the kernel wrote, not part of them."""
+    needed = ((partitions - 1) * partition_stride + m * n) * element.bits // 8
+    if needed > nbytes:
+        raise ArgumentError(f"workspace: {partitions} partitions of {m} x {n} (partition stride {partition_stride}) "
+                            f"read {needed} bytes, but the split-K workspace holds {nbytes}: pass the producer's "
+                            f"split_k_slices and its problem size")
+    slice_bytes = m * n * element.bits // 8
+    if partition_stride == m * n and slice_bytes and nbytes % slice_bytes == 0 and nbytes // slice_bytes != partitions:
+        raise ArgumentError(f"workspace: the split-K kernel wrote {nbytes // slice_bytes} partitions of {m} x {n}, "
+                            f"but partitions={partitions} would sum only part of them: pass the producer's "
+                            f"split_k_slices")
