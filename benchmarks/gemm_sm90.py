@@ -1,7 +1,8 @@
 """SM90 (CUTLASS 3.x) GEMM against torch in the same process: a grid of configurations per shape and data type, fp8
-against torch._scaled_mm, fused bias + GELU against eager addmm + gelu, and the host cost of launching.
+against torch._scaled_mm, fused bias + GELU against eager addmm + gelu (``fused_tanh``: gelu_taylor against gelu(approximate="tanh"), not run
+by default), and the host cost of launching.
 
-    python benchmarks/gemm_sm90.py [--dtypes f16 bf16 fp8 fused host] [--out benchmarks/results/gemm_sm90.json]
+    python benchmarks/gemm_sm90.py [--dtypes f16 bf16 fp8 fused fused_tanh host] [--out benchmarks/results/gemm_sm90.json]
 
 Every kernel's output is checked once against torch (output NaN-poisoned first) before it is timed; a kernel that
 disagrees is reported as wrong and never timed. Times: median of triton's do_bench (L2 flushed between repetitions),
@@ -85,6 +86,8 @@ def operations(dtypes=("f16", "bf16", "fp8", "fused", "host")) -> dict:
         ops["fp8"] = [make_op(D.float8_e4m3, c, out=D.bfloat16) for c in FP8_GRID]
     if "fused" in dtypes:
         ops["fused"] = [make_op(D.float16, c, activation="gelu", bias="column") for c in GRID[:11]]
+    if "fused_tanh" in dtypes:  # GELU's tanh form against torch's gelu(approximate="tanh")
+        ops["fused_tanh"] = [make_op(D.float16, c, activation="gelu_taylor", bias="column") for c in GRID[:11]]
     return {name: list(dict.fromkeys(found)) for name, found in ops.items()}
 
 
@@ -227,7 +230,9 @@ def summarize(label, shape, mnk, torch_ms, timings, rows, results, torch_fn):
     print(row, flush=True)
 
 
-def fused_section(ops, rows, results):
+def fused_section(ops, rows, results, approximate="none"):
+    """Fused bias + GELU against eager addmm + gelu; ``approximate="tanh"``: the ops' gelu_taylor against torch's
+    tanh form."""
     import torch
     import torch.nn.functional as F
 
@@ -235,11 +240,12 @@ def fused_section(ops, rows, results):
     A = torch.randn(m, k, device="cuda", dtype=torch.float16)
     Bt = torch.randn(n, k, device="cuda", dtype=torch.float16)
     bias = torch.randn(n, device="cuda", dtype=torch.float16)
-    torch_ms = bench_ms(lambda: F.gelu(torch.addmm(bias, A, Bt.t())))
-    reference = F.gelu(torch.addmm(bias, A, Bt.t()).float()).half()
+    eager = lambda: F.gelu(torch.addmm(bias, A, Bt.t()), approximate=approximate)  # noqa: E731
+    torch_ms = bench_ms(eager)
+    reference = F.gelu(torch.addmm(bias, A, Bt.t()).float(), approximate=approximate).half()
     timings = [(op, {}, *time_op(op, m, n, k, A, Bt.t(), reference, 1e-2, bias=bias)) for op in ops]
-    summarize("f16 GEMM+bias+GELU", "4096^3", (m, n, k), torch_ms, timings, rows, results,
-              lambda: F.gelu(torch.addmm(bias, A, Bt.t())))
+    label = "f16 GEMM+bias+GELU" + (f" ({approximate})" if approximate != "none" else "")
+    summarize(label, "4096^3", (m, n, k), torch_ms, timings, rows, results, eager)
 
 
 def host_section(op, rows, results):
@@ -344,6 +350,8 @@ def main() -> None:
         fp8_section(ops["fp8"], tables.setdefault("fp8", []), results.setdefault("fp8", []))
     if "fused" in args.dtypes:
         fused_section(ops["fused"], tables.setdefault("fused", []), results.setdefault("fused", []))
+    if "fused_tanh" in args.dtypes:
+        fused_section(ops["fused_tanh"], tables.setdefault("fused", []), results.setdefault("fused_tanh", []), "tanh")
     if "host" in args.dtypes:
         host_section(ops["host"][0], tables.setdefault("host", []), results.setdefault("host", []))
     for title, rows in tables.items():

@@ -15,7 +15,8 @@ import pycutlass as cutlass
 from pycutlass.epilogue.activations import reference as activation_reference  # float64 formulas
 
 ACTIVATIONS = {"relu": cutlass.relu, "leaky_relu": cutlass.leaky_relu, "tanh": cutlass.tanh,
-               "sigmoid": cutlass.sigmoid, "silu": cutlass.silu, "hardswish": cutlass.hardswish, "gelu": cutlass.gelu}
+               "sigmoid": cutlass.sigmoid, "silu": cutlass.silu, "hardswish": cutlass.hardswish, "gelu": cutlass.gelu,
+               "gelu_taylor": cutlass.gelu_taylor}
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--activation", choices=ACTIVATIONS, default="gelu")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pycutlass as cutlass
 from pycutlass import EpilogueVisitTree, reduction_op
 from pycutlass.gemm import Mode
-from pycutlass.epilogue import gelu, hardswish, leaky_relu, relu, sigmoid, silu, tanh
+from pycutlass.epilogue import gelu, gelu_taylor, hardswish, leaky_relu, relu, sigmoid, silu, tanh
 
 MATH = cutlass.MathInstruction([16, 8, 16], cutlass.float16, cutlass.float16, cutlass.float32,
                                cutlass.OpClass.TensorOp, cutlass.MathOperation.multiply_add)
@@ -27,6 +27,7 @@ class Unary_(EpilogueVisitTree):  # PyCUTLASS 2.11's UnaryEpilogue_ and every ac
         T = leaky_relu.numpy(accum, 0.2)
         Z = alpha * T + beta * c
         U = relu.numpy(Z) + sigmoid.numpy(Z) - tanh.numpy(Z) * silu.numpy(Z) + hardswish.numpy(Z) / 2.0 + gelu.numpy(Z)
+        U = U - gelu_taylor.numpy(Z) / 4.0
         return U
 
 

@@ -37,7 +37,7 @@ SWIZZLES = {s.name: s for s in (_types.IdentitySwizzle1, _types.IdentitySwizzle2
                                 _types.IdentitySwizzle8, _types.HorizontalSwizzle, _types.BatchedIdentitySwizzle,
                                 _types.StridedDgradIdentitySwizzle1, _types.StridedDgradIdentitySwizzle4,
                                 _types.StridedDgradHorizontalSwizzle)}
-ACTIVATIONS = ("identity", "relu", "leaky_relu", "tanh", "sigmoid", "silu", "hardswish", "gelu")
+ACTIVATIONS = ("identity", "relu", "leaky_relu", "tanh", "sigmoid", "silu", "hardswish", "gelu", "gelu_taylor")
 EPILOGUES = ("LinearCombination", "LinearCombinationGeneric", "LinearCombinationClamp", "FastLinearCombinationClamp")
 
 
@@ -216,7 +216,7 @@ def draw_gemmarray90(rng):
     return cfg
 
 
-EVT_ACTIVATIONS = ("relu", "sigmoid", "tanh", "silu", "hardswish", "gelu", "leaky_relu")
+EVT_ACTIVATIONS = ("relu", "sigmoid", "tanh", "silu", "hardswish", "gelu", "gelu_taylor", "leaky_relu")
 
 
 def draw_evt_tree(rng, tile) -> str:
@@ -279,10 +279,9 @@ def draw_evt80(rng):
 def evt_class(source: str):
     """The EpilogueVisitTree subclass of a drawn ``__call__`` source (its name from the source's hash)."""
     from pycutlass import EpilogueVisitTree, reduction_op
-    from pycutlass.epilogue import gelu, hardswish, leaky_relu, relu, sigmoid, silu, tanh
+    from pycutlass.epilogue import ACTIVATIONS as activations
 
-    namespace = dict(reduction_op=reduction_op, gelu=gelu, hardswish=hardswish, leaky_relu=leaky_relu, relu=relu,
-                     sigmoid=sigmoid, silu=silu, tanh=tanh)
+    namespace = dict(activations, reduction_op=reduction_op)
     exec(compile(source, "<evt tree>", "exec"), namespace)  # noqa: S102  (our own drawn source)
     return type(f"FuzzTree{zlib.crc32(source.encode()):08x}_", (EpilogueVisitTree,),
                 {"__call__": namespace["__call__"]})

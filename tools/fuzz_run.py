@@ -185,7 +185,7 @@ def compile_all(plan, jobs):
 
 
 # --- checking (child) ---------------------------------------------------------------------------------------------
-_APPROXIMATE = ("tanh", "sigmoid", "silu", "gelu", "hardswish")
+_APPROXIMATE = ("tanh", "sigmoid", "silu", "gelu", "gelu_taylor", "hardswish")
 
 
 def tolerance(op) -> float:

@@ -39,6 +39,7 @@ BINARY_OPS = {"add": "cutlass::plus", "sub": "cutlass::minus", "mul": "cutlass::
 UNARY_OPS = {"relu": "cutlass::epilogue::thread::ReLu", "tanh": "cutlass::epilogue::thread::Tanh",
              "sigmoid": "cutlass::epilogue::thread::Sigmoid", "silu": "cutlass::epilogue::thread::SiLu",
              "hardswish": "cutlass::epilogue::thread::HardSwish", "gelu": "cutlass::epilogue::thread::GELU",
+             "gelu_taylor": "cutlass::epilogue::thread::GELU_taylor",
              "leaky_relu": None}  # leaky_relu takes a constant slope: emitted as its own functor
 INPUT_KINDS = ("tensor", "row", "column", "scalar")
 REDUCTION_DIRECTIONS = ("row", "column")

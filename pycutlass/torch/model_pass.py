@@ -206,6 +206,7 @@ _METHOD_ACTIVATIONS = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "s
                        "tanh": "tanh", "tanh_": "tanh"}
 _MODULE_ACTIVATIONS = {nn.ReLU: "relu", nn.GELU: "gelu", nn.SiLU: "silu", nn.Hardswish: "hardswish",
                        nn.Sigmoid: "sigmoid", nn.Tanh: "tanh", nn.LeakyReLU: "leaky_relu"}
+_GELU_FORMS = {"none": "gelu", "tanh": "gelu_taylor"}  # torch's approximate= -> the CUTLASS functor
 
 
 @dataclass
@@ -382,7 +383,8 @@ def _batchnorm(gm: fx.GraphModule, node: fx.Node | None, source: fx.Node) -> nn.
 
 
 def _activation(gm: fx.GraphModule, node: fx.Node | None, source: fx.Node) -> tuple[str, float] | None:
-    """(activation, arg) when ``node`` applies a supported activation to ``source``; GELU only in its erf form."""
+    """(activation, arg) when ``node`` applies a supported activation to ``source``; GELU's tanh form
+    (``approximate="tanh"``) becomes gelu_taylor, CUTLASS's GELU_taylor."""
     if node is None:
         return None
     if node.op == "call_module":
@@ -390,8 +392,10 @@ def _activation(gm: fx.GraphModule, node: fx.Node | None, source: fx.Node) -> tu
         name = _MODULE_ACTIVATIONS.get(type(module))
         if name is None or node.args != (source,) or node.kwargs:
             return None
-        if name == "gelu" and module.approximate != "none":
-            return None
+        if name == "gelu":
+            name = _GELU_FORMS.get(module.approximate)
+            if name is None:
+                return None
         return name, float(module.negative_slope) if name == "leaky_relu" else 0.0
     if node.op == "call_method":
         name = _METHOD_ACTIVATIONS.get(node.target)
@@ -405,8 +409,10 @@ def _activation(gm: fx.GraphModule, node: fx.Node | None, source: fx.Node) -> tu
         return None
     if args.pop("input") is not source or any(isinstance(v, fx.Node) for v in args.values()):
         return None
-    if name == "gelu" and args["approximate"] != "none":
-        return None
+    if name == "gelu":
+        name = _GELU_FORMS.get(args["approximate"])
+        if name is None:
+            return None
     return name, float(args["negative_slope"]) if name == "leaky_relu" else 0.0
 
 

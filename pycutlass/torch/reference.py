@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-ACTIVATIONS = ("identity", "relu", "gelu", "silu", "hardswish", "sigmoid", "tanh", "leaky_relu")
+ACTIVATIONS = ("identity", "relu", "gelu", "gelu_taylor", "silu", "hardswish", "sigmoid", "tanh", "leaky_relu")
 
 
 _ACTIVATION_FUNCTIONS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu, "hardswish": F.hardswish,
@@ -13,9 +13,12 @@ _ACTIVATION_FUNCTIONS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu, "hardsw
 
 
 def activate(x: torch.Tensor, activation: str, activation_arg: float = 0.0) -> torch.Tensor:
-    """CUTLASS's epilogue activations (GELU is the exact erf form; leaky_relu's slope is ``activation_arg``)."""
+    """CUTLASS's epilogue activations (gelu is the exact erf form, gelu_taylor torch's tanh form; leaky_relu's slope
+    is ``activation_arg``)."""
     if activation == "identity":
         return x
+    if activation == "gelu_taylor":
+        return F.gelu(x, approximate="tanh")
     if activation == "leaky_relu":
         return F.leaky_relu(x, activation_arg)
     function = _ACTIVATION_FUNCTIONS.get(activation)

@@ -136,7 +136,7 @@ def test_clamp_accepts_outputs_with_limits(out, acc):
 def test_reduction_with_activations_compiles_alone(compiler_state):
     compiler.nvrtc()
     ops = []
-    for name in ("leaky_relu", "silu", "hardswish", "sigmoid", "relu", "tanh", "gelu", "identity"):
+    for name in ("leaky_relu", "silu", "hardswish", "sigmoid", "relu", "tanh", "gelu", "gelu_taylor", "identity"):
         ep = cutlass.LinearCombinationGeneric(getattr(cutlass, name)(F32), F16, 8, F32, F32)
         ops.append(cutlass.ReductionOperation((4, 256), cutlass.TensorDescription(F16, cutlass.RowMajor, 8), F32,
                                               F32, F32, ep, count=8, arch=90))

@@ -34,11 +34,14 @@ def _expected(name, x, *args):
             return v * min(max(v + 3.0, 0.0), 6.0) / 6.0
         if name == "gelu":
             return 0.5 * v * (1.0 + math.erf(v / math.sqrt(2.0)))
+        if name == "gelu_taylor":  # torch.nn.GELU(approximate="tanh")
+            return 0.5 * v * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (v + 0.044715 * v ** 3)))
         raise KeyError(name)
     return np.array([one(float(v)) for v in x])
 
 
-@pytest.mark.parametrize("name", ["identity", "relu", "leaky_relu", "tanh", "sigmoid", "silu", "hardswish", "gelu"])
+@pytest.mark.parametrize("name", ["identity", "relu", "leaky_relu", "tanh", "sigmoid", "silu", "hardswish", "gelu",
+                                  "gelu_taylor"])
 def test_activation_numpy(name):
     factory = getattr(cutlass, name)
     args = (0.125,) if name == "leaky_relu" else ()

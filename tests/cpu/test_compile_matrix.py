@@ -35,7 +35,7 @@ BASES = {
 }
 FUNCTORS = ("LinearCombination", "LinearCombinationClamp", "FastLinearCombinationClamp", "LinearCombinationGeneric")
 KINDS = ("gemm", "grouped", "fprop", "dgrad", "wgrad", "reduction")
-ACTIVATIONS = ("relu", "leaky_relu", "tanh", "sigmoid", "silu", "hardswish", "gelu", "identity")
+ACTIVATIONS = ("relu", "leaky_relu", "tanh", "sigmoid", "silu", "hardswish", "gelu", "gelu_taylor", "identity")
 
 
 def _epilogue(functor, out, alignment, acc, activation):

@@ -333,7 +333,7 @@ def test_fast_linear_combination_clamp():
 
 
 def test_linear_combination_generic_and_activations():
-    for name in ("identity", "relu", "leaky_relu", "tanh", "sigmoid", "silu", "hardswish", "gelu"):
+    for name in ("identity", "relu", "leaky_relu", "tanh", "sigmoid", "silu", "hardswish", "gelu", "gelu_taylor"):
         activation = getattr(cutlass, name)(cutlass.float32)
         generic = cutlass.LinearCombinationGeneric(activation, cutlass.float16, 8, cutlass.float32, cutlass.float32)
         assert generic.kind == "LinearCombinationGeneric" and generic.activation is activation

@@ -26,7 +26,7 @@ DTYPE_LAYOUT = [(cfg, lay) for cfg in ("f16", "bf16", "tf32", "f64", "f32_simt")
 DTYPE_LAYOUT += [(cfg, (R, CM, R)) for cfg in ("f16acc16", "f16_1688", "bf16_1688", "f32_ma", "f32_fast_f32",
                                                 "f32_fast_f16", "f32_fast_bf16", "f64_simt")]
 DTYPE_LAYOUT += [("f32_simt", (CM, R, CM)), ("f64_simt", (CM, CM, R))]
-ACTIVATIONS = ["relu", "leaky_relu", "tanh", "sigmoid", "silu", "hardswish", "gelu"]
+ACTIVATIONS = ["relu", "leaky_relu", "tanh", "sigmoid", "silu", "hardswish", "gelu", "gelu_taylor"]
 SWIZZLES = [cutlass.IdentitySwizzle1, cutlass.IdentitySwizzle2, cutlass.IdentitySwizzle4, cutlass.IdentitySwizzle8]
 
 

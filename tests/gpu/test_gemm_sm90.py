@@ -88,12 +88,13 @@ TYPE_OPS = {
     "f16_nosmem": sm90_op(D.float16, (R, CM, CM), epilogue_schedule=ES.NoSmemWarpSpecialized),
     "f16_stages4": sm90_op(D.float16, (R, CM, R), stages=4),
 }
-ACTIVATIONS = ["relu", "leaky_relu", "tanh", "sigmoid", "silu", "hardswish", "gelu"]
+ACTIVATIONS = ["relu", "leaky_relu", "tanh", "sigmoid", "silu", "hardswish", "gelu", "gelu_taylor"]
 EPILOGUE_OPS = {f"{act}_bias{bias or 'none'}": sm90_op(D.float16, (R, CM, R if i % 2 else CM), activation=act,
                                                        bias=bias, kernel=KS.TmaWarpSpecializedPingpong if i % 3 == 2
                                                        else KS.Auto, tile=(64, 128, 64) if i % 3 == 2
                                                        else (128, 128, 64))
-                for i, (act, bias) in enumerate(zip(ACTIVATIONS, ["row", "column", None, "row", "column", None, "row"]))}
+                for i, (act, bias) in enumerate(zip(ACTIVATIONS, ["row", "column", None, "row", "column", None, "row",
+                                                                    "column"]))}
 EPILOGUE_OPS["identity_biascolumn"] = sm90_op(D.bfloat16, (R, CM, R), bias="column")
 EPILOGUE_OPS["identity_biasrow_streamk"] = sm90_op(D.float16, (R, CM, R), bias="row", scheduler=TS.StreamK)
 # LinearCombinationClamp / FastLinearCombinationClamp: int8 -> int8 (the common use), int32, f16 and bf16 outputs.

@@ -74,7 +74,7 @@ GEMM_CASES = [  # (dtype, a row-major, b row-major, epilogue input, activation, 
     *[(dt, ar, br, "none", "identity", "sm80") for dt in (torch.float16, torch.bfloat16)
       for ar in (True, False) for br in (True, False)],
     *[(dt, True, False, "bias", act, "sm80") for dt in (torch.float16, torch.bfloat16)
-      for act in ("relu", "gelu", "silu", "leaky_relu", "hardswish", "sigmoid", "tanh")],
+      for act in ("relu", "gelu", "gelu_taylor", "silu", "leaky_relu", "hardswish", "sigmoid", "tanh")],
     (torch.float16, True, False, "c", "identity", "sm80"), (torch.bfloat16, False, True, "c", "relu", "sm80"),
     (torch.float16, True, False, "bias", "identity", "auto"), (torch.bfloat16, True, False, "bias", "identity", "auto"),
     (torch.bfloat16, True, False, "bias", "gelu", "auto"), (torch.float16, True, True, "c", "gelu", "auto"),
