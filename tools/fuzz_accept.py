@@ -362,9 +362,25 @@ def draw_splitk80(rng):
     return cfg
 
 
+def draw_splitk90(rng):
+    """Parallel split-K on an SM90 GEMM (PyCUTLASS's GemmSplitKParallel: the L mode over equal K slices, partial sums
+    in ``c_elem`` with 16-byte rows for TMA) and the ReductionOperation that sums them. The producer takes the
+    Default tile scheduler and no bias, which parallel split-K needs; every schedule, cluster and layout else."""
+    cfg = draw_gemm90(rng)
+    workspace = _splitk_workspace(rng, D[cfg["acc"]])
+    compute = cfg["element_epilogue"]
+    if workspace.is_integer and compute == "float16":
+        compute = None
+    cfg.update(family="splitk90", producer="gemm90", tile_scheduler="Default", bias=None, c_elem=workspace.name,
+               c_align=128 // workspace.bits, epilogue="LinearCombination", activation="identity",
+               element_epilogue=compute)
+    cfg["reduction"] = draw_reduction(rng, workspace, cfg["layouts"][2])
+    return cfg
+
+
 DRAWERS = {"gemm80": draw_gemm80, "conv80": draw_conv80, "gemm90": draw_gemm90, "conv90": draw_conv90,
            "grouped80": draw_grouped80, "grouped90": draw_grouped90, "gemmarray90": draw_gemmarray90,
-           "evt80": draw_evt80, "splitk80": draw_splitk80}
+           "evt80": draw_evt80, "splitk80": draw_splitk80, "splitk90": draw_splitk90}
 
 
 # --- building ------------------------------------------------------------------------------------------------------
@@ -383,7 +399,7 @@ def _epilogue(cfg):
 
 
 def build(cfg):
-    """The configuration's main operation (for "splitk80": the producer of the partial sums)."""
+    """The configuration's main operation (for "splitk80" / "splitk90": the producer of the partial sums)."""
     if cfg.get("producer"):
         return build(dict(cfg, family=cfg["producer"], producer=None))
     math = cutlass.MathInstruction(cfg["inst"], D[cfg["element"]], D[cfg["element"]], D[cfg["acc"]],
@@ -423,7 +439,8 @@ def build(cfg):
 
 
 def companions(cfg):
-    """The operations that run after the main one: the split-K reduction of a "splitk80" configuration, else []."""
+    """The operations that run after the main one: the split-K reduction of a "splitk80" / "splitk90"
+    configuration, else []."""
     spec = cfg.get("reduction")  # its output's element, alignment (= count) and epilogue as _epilogue reads them
     if spec is None:
         return []

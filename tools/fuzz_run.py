@@ -26,7 +26,8 @@ per-group bias now and then; NVRTC), ``gemmarray90`` (--array90; ``GemmOperation
 Mode.Array on lists of 1 to 5 matrices; NVRTC), ``evt80`` (--evt80; Sm80-family GEMMs whose epilogue is a random
 visitor tree, ``tools/fuzz_accept.py::draw_evt_tree``; NVRTC), ``splitk80`` (--splitk80; parallel split-K: an
 Sm80-family GEMM, now and then an NHWC conv2d, writing partial sums with a plain LinearCombination, and the
-ReductionOperation that sums them into D with its own epilogue; both nvcc). The parent compiles each (backend, arch)
+ReductionOperation that sums them into D with its own epilogue; both nvcc) and ``splitk90`` (--splitk90; the same
+with an SM90 GEMM producer, GemmSplitKParallel's L mode over equal K slices; both NVRTC). The parent compiles each (backend, arch)
 group with ``add_module(ops, jobs=--jobs)`` (every operation of a configuration: ``fuzz_accept.build_all``; a failing
 batch is recompiled one operation at a time, to attribute the failures), then starts ``fuzz_run.py --one '<json>'``
 per configuration (``--parallel`` at a time, each with ``--timeout`` seconds). The child rebuilds the operations from
@@ -86,7 +87,7 @@ DONE_MARK = "FUZZ-DONE"     # the child finished its cases (what follows is tear
 DEFECTS = ("COMPILE-FAIL", "WRONG", "ERROR", "CRASH", "HANG", "MEMCHECK")
 STATUSES = ("ok", "argument-rejected") + DEFECTS
 FAMILIES = ("gemm80", "gemm90", "conv80", "conv90", "grouped80", "grouped90", "gemmarray90",
-            "evt80", "splitk80")  # drawn in this order
+            "evt80", "splitk80", "splitk90")  # drawn in this order
 D = cutlass.DataType
 
 
@@ -372,7 +373,7 @@ def draw_splitk_problem(cfg, op, rng, attempt):
         channels = "k" if cfg["conv_kind"] == "fprop" else "c"  # the implicit GEMM's N: K, C, or R*S*C (wgrad)
         conv[channels] = _round_up(conv[channels], count)
         return dict(conv, split_k=split["slices"], workspace=split["workspace"])
-    need = _gemm_size_multiples(cfg, op)
+    need = _gemm_size_multiples(dict(cfg, family=cfg["producer"]), op)
     contiguous = "n" if cfg["reduction"]["layout"] == "RowMajor" else "m"
     need[contiguous] = lcm(need[contiguous], count)
     if attempt >= 2:
@@ -381,12 +382,14 @@ def draw_splitk_problem(cfg, op, rng, attempt):
     for dim, top in (("m", 320), ("n", 320), ("k", 400 if cfg["acc"] == "float16" else 1024)):
         size = rng.randint(1, 8) if rng.random() < 0.15 else rng.randint(1, top)
         sizes[dim] = _round_up(size, need[dim])
+    if cfg["producer"] == "gemm90":  # the L mode: equal K slices, each starting where TMA can (need["k"])
+        sizes["k"] = _round_up(-(-sizes["k"] // split["slices"]), need["k"]) * split["slices"]
     return dict(sizes, **split)
 
 
 def draw_problem(cfg, op, rng, attempt):
     """A random problem within what the operation's alignments allow (later attempts: stride and dilation 1)."""
-    if cfg["family"] == "splitk80":
+    if cfg["family"] in ("splitk80", "splitk90"):
         return draw_splitk_problem(cfg, op, rng, attempt)
     if cfg["family"].startswith("gemm"):
         return draw_gemm_problem(cfg, op, rng, attempt)
@@ -589,7 +592,7 @@ def run_splitk(cfg, op, problem, seed):
 def run_problem(cfg, op, problem, seed):
     """Run one case; raises what the runner raises."""
     gemm_suite, conv_suite = _suites()
-    if cfg["family"] == "splitk80":
+    if cfg["family"] in ("splitk80", "splitk90"):
         run_splitk(cfg, op, problem, seed)
         return
     if cfg["family"].startswith("grouped"):
@@ -944,7 +947,7 @@ def _interrupt(signum, frame):
 def family_counts(args) -> dict:
     return {"gemm80": args.sm80, "gemm90": args.sm90, "conv80": args.conv80, "conv90": args.conv90,
             "grouped80": args.grouped80, "grouped90": args.grouped90, "gemmarray90": args.array90,
-            "evt80": args.evt80, "splitk80": args.splitk80}
+            "evt80": args.evt80, "splitk80": args.splitk80, "splitk90": args.splitk90}
 
 
 def orchestrate(args, plan):
@@ -1065,6 +1068,8 @@ def parse(argv=None):
                         help="SM90 pointer-array GEMM configurations (gemmarray90: array=True, lists of matrices)")
     parser.add_argument("--splitk80", type=int, default=0,
                         help="Sm80-family parallel split-K GEMMs / conv2ds and their ReductionOperations (splitk80)")
+    parser.add_argument("--splitk90", type=int, default=0,
+                        help="SM90 GEMM parallel split-K (the L mode) and its ReductionOperations (splitk90)")
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=16, help="parallel compile units")
     parser.add_argument("--parallel", type=int, default=8, help="child processes at once (sharing the GPU)")

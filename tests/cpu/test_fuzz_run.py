@@ -493,3 +493,40 @@ def test_splitk_reference_and_tolerance():
         poisoned[0, 0] = np.nan
         with pytest.raises(AssertionError):
             fuzz_run.check(reduction, poisoned, reference, tol=tol)
+
+
+def test_splitk90_pairs_an_sm90_producer_with_problems_its_l_mode_takes():
+    """splitk90: an SM90 GEMM (Default tile scheduler, no bias, a plain LinearCombination, partials with 16-byte
+    rows) and its reduction, both NVRTC for sm_90; problems split K into equal slices that start 16-byte aligned in
+    a K-contiguous operand (what GemmSplitKParallel's SM90 arguments check), the reduced extent a multiple of the
+    reduction's count."""
+    import random
+
+    import pycutlass as cutlass
+
+    D = cutlass.DataType
+    plan = fuzz_run.draw_plan(45, {"splitk90": 12})
+    assert len(plan) == 12
+    seen = collections.Counter()
+    for entry, op in plan:
+        cfg = json.loads(json.dumps(entry["cfg"]))
+        assert (entry["backend"], entry["arch"]) == ("nvrtc", 90) and cfg["producer"] == "gemm90"
+        producer, reduction = fuzz_run.fuzz_accept.build_all(cfg)
+        assert [producer.name, reduction.name] == fuzz_run.entry_names(entry)
+        assert producer.compute_capability == 90 and producer.tile_scheduler.name == "Default"
+        assert producer.bias is None and not producer.array
+        assert producer.epilogue_functor.kind == "LinearCombination"
+        assert reduction.element_workspace is producer.C.element is not D.int8
+        assert producer.C.alignment * producer.C.element.bits == 128 and reduction.C.layout is producer.C.layout
+        seen[producer.tile_description.math_instruction.element_a.name] += 1
+        rng = random.Random(entry["seed"])
+        for attempt in (0, 0, 2):
+            p = fuzz_run.draw_problem(cfg, op, rng, attempt)
+            assert 2 <= p["slices"] <= 5 and p["k"] % p["slices"] == 0
+            chunk = p["k"] // p["slices"]
+            for desc, k_contiguous in ((producer.A, cutlass.RowMajor), (producer.B, cutlass.ColumnMajor)):
+                if desc.layout is k_contiguous:
+                    assert chunk * desc.element.bits % 128 == 0, (p, desc)
+            _assert_contiguous_extents_aligned("splitk90", op, p["m"], p["n"], p["k"])
+            assert (p["n"] if reduction.C.layout is cutlass.RowMajor else p["m"]) % reduction.count == 0
+    assert len(seen) >= 2, seen
