@@ -76,7 +76,7 @@ def draw_common(rng, math, wide_c):
     cfg = dict(math, a_elem=mem.name, b_elem=mem.name, c_elem=out.name,
                a_align=_align(rng, mem), b_align=_align(rng, mem), c_align=_align(rng, out, wide_c),
                epilogue=epi, activation=rng.choice(ACTIVATIONS),
-               element_epilogue=rng.choice([None, None, None, "float32", "float16", "float64"]))
+               element_epilogue=rng.choice([None, None, None, "float32", "float16", "bfloat16", "float64"]))
     if rng.random() < 0.5:  # users often use one alignment for A and B
         cfg["b_align"] = cfg["a_align"]
     return cfg
@@ -338,7 +338,8 @@ def draw_reduction(rng, workspace, layout):
     epilogue = rng.choices(EPILOGUES[:3], weights=(5, 4, 2))[0]
     if epilogue == "LinearCombinationClamp" and out not in (D.int8, D.int32, D.float16, D.bfloat16):
         epilogue = "LinearCombination"  # CUTLASS's clamp needs numeric_limits of the output
-    compute = None if out is D.float64 else rng.choice([None, None, None, "float32", "float16", "float64"])
+    compute = None if out is D.float64 else rng.choice([None, None, None, "float32", "float16", "bfloat16",
+                                                         "float64"])
     widest = 1 if out is D.float64 else 128 // out.bits  # (float64 tensors are accessed one element at a time)
     count = widest if rng.random() < 0.5 else rng.choice([c for c in (1, 2, 4, 8, 16) if c <= widest])
     threads, rows = rng.choice([1, 2, 3, 8, 16, 24, 32, 32, 64, 128]), rng.choice([1, 2, 3, 4, 4, 8, 16])
@@ -353,8 +354,8 @@ def draw_splitk80(rng):
     cfg = _splitk_producer(rng)
     workspace = _splitk_workspace(rng, D[cfg["acc"]])
     compute = cfg["element_epilogue"]
-    if workspace.is_integer and compute == "float16":
-        compute = None  # a float16 epilogue would round integer partials (a lossy choice, not a defect)
+    if workspace.is_integer and compute in ("float16", "bfloat16"):
+        compute = None  # a 16-bit epilogue would round integer partials (a lossy choice, not a defect)
     cfg.update(family="splitk80", c_elem=workspace.name, c_align=_align(rng, workspace, cfg["producer"] == "gemm80"),
                epilogue="LinearCombination", activation="identity", element_epilogue=compute)
     layout = cfg["layouts"][2] if cfg["producer"] == "gemm80" else rng.choice(["RowMajor", "TensorNHWC"])
@@ -369,7 +370,7 @@ def draw_splitk90(rng):
     cfg = draw_gemm90(rng)
     workspace = _splitk_workspace(rng, D[cfg["acc"]])
     compute = cfg["element_epilogue"]
-    if workspace.is_integer and compute == "float16":
+    if workspace.is_integer and compute in ("float16", "bfloat16"):
         compute = None
     cfg.update(family="splitk90", producer="gemm90", tile_scheduler="Default", bias=None, c_elem=workspace.name,
                c_align=128 // workspace.bits, epilogue="LinearCombination", activation="identity",

@@ -155,6 +155,11 @@ class FastLinearCombinationClamp(EpilogueFunctor):
         super().__post_init__()
 
 
+# Activations whose CUTLASS functor has no bfloat16_t form (Tanh, Sigmoid, SiLu return fast_tanh / fast_exp's float
+# result as T; bfloat16_t converts from float only explicitly). The others compile and compute in bfloat16.
+BFLOAT16_UNCOMPILABLE = ("tanh", "sigmoid", "silu")
+
+
 class LinearCombinationGeneric(EpilogueFunctor):
     """D = activation(alpha * accumulator + beta * C). First argument: an activation such as ``relu(float32)``."""
 
@@ -170,6 +175,12 @@ class LinearCombinationGeneric(EpilogueFunctor):
         object.__setattr__(self, "element_accumulator", element_accumulator)
         object.__setattr__(self, "element_epilogue", element_epilogue)
         self.__post_init__()
+        if self.element_epilogue is DataType.bfloat16 and activation.name in BFLOAT16_UNCOMPILABLE:
+            raise DescriptionError(
+                f"LinearCombinationGeneric: {activation.name} cannot compute in bfloat16: CUTLASS's "
+                f"{activation.cpp_template.rsplit('::', 1)[-1]}<bfloat16_t> returns the float of its fast "
+                f"{'tanh' if activation.name == 'tanh' else 'exp'} where a bfloat16_t is due, which does not "
+                f"compile; pass element_epilogue=float32 (or float16)")
 
     def __repr__(self) -> str:
         # The activation's full repr (with its compute type) keeps operation names unique.
