@@ -2,7 +2,8 @@
 against torch._scaled_mm, fused bias + GELU against eager addmm + gelu (``fused_tanh``: gelu_taylor against gelu(approximate="tanh"), not run
 by default), and the host cost of launching.
 
-    python benchmarks/gemm_sm90.py [--dtypes f16 bf16 fp8 fused fused_tanh host] [--out benchmarks/results/gemm_sm90.json]
+    python benchmarks/gemm_sm90.py [--dtypes f16 bf16 fp8 fused fused_tanh host]
+                                   [--out benchmarks/results/gemm_sm90.json]
 
 Every kernel's output is checked once against torch (output NaN-poisoned first) before it is timed; a kernel that
 disagrees is reported as wrong and never timed. Times: median of triton's do_bench (L2 flushed between repetitions),

@@ -24,7 +24,8 @@ from .description.types import (BatchedIdentitySwizzle, DataType, EpilogueSchedu
                                  OpClass, StridedDgradHorizontalSwizzle, StridedDgradIdentitySwizzle1,
                                  StridedDgradIdentitySwizzle4, SwizzlingFunctor)
 from .epilogue import (FastLinearCombinationClamp, LinearCombination, LinearCombinationClamp,
-                       LinearCombinationGeneric, gelu, gelu_taylor, hardswish, identity, leaky_relu, relu, sigmoid, silu, tanh)
+                       LinearCombinationGeneric, gelu, gelu_taylor, hardswish, identity, leaky_relu, relu, sigmoid,
+                       silu, tanh)
 from .epilogue.visitor import EpilogueVisitTree, reduction_op
 from .errors import (ArgumentError, CacheError, CacheIntegrityWarning, CompilationError, CudaError,
                      DescriptionError, NoGpuError, PyCutlassError, ToolchainError)
@@ -71,8 +72,8 @@ __all__ = [
     "StridedDgradHorizontalSwizzle", "StridedDgradIdentitySwizzle1", "StridedDgradIdentitySwizzle4",
     "SwizzlingFunctor", "Target", "Tensor4DCoord", "TensorC32RSK32", "TensorDescription", "TensorNC32HW32", "TensorNHWC",
     "TileDescription", "ToolchainError", "bfloat16", "compiler", "conv", "description", "emit", "epilogue",
-    "errors", "float16", "cache", "kinds", "session", "float32", "float64", "gelu", "gelu_taylor", "gemm", "get_allocated_size", "get_memory_pool",
-    "hardswish", "identity", "int32", "int8", "leaky_relu", "relu", "runtime", "sigmoid", "silu",
+    "errors", "float16", "cache", "kinds", "session", "float32", "float64", "gelu", "gemm", "get_allocated_size", "get_memory_pool",
+    "gelu_taylor", "hardswish", "identity", "int32", "int8", "leaky_relu", "relu", "runtime", "sigmoid", "silu",
     "tanh", "tfloat32", "utils", "EpilogueVisitTree", "reduction_op",
     "KernelScheduleType", "EpilogueScheduleType", "TileSchedulerType", "float8_e4m3", "float8_e5m2",
 ]

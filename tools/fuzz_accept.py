@@ -318,6 +318,12 @@ def _splitk_workspace(rng, acc):
     return rng.choice([D.float16, D.bfloat16])
 
 
+def _partials_compute(workspace, compute):
+    """The producer's epilogue compute type: not 16 bits for integer partials (it would round them, a lossy choice
+    rather than a defect)."""
+    return None if workspace.is_integer and compute in ("float16", "bfloat16") else compute
+
+
 def _reduction_outputs(workspace):
     if workspace is D.float64:
         return [D.float64]
@@ -353,9 +359,7 @@ def draw_splitk80(rng):
     ``c_elem``, and under "reduction" the ReductionOperation that sums them into D (``build_all``)."""
     cfg = _splitk_producer(rng)
     workspace = _splitk_workspace(rng, D[cfg["acc"]])
-    compute = cfg["element_epilogue"]
-    if workspace.is_integer and compute in ("float16", "bfloat16"):
-        compute = None  # a 16-bit epilogue would round integer partials (a lossy choice, not a defect)
+    compute = _partials_compute(workspace, cfg["element_epilogue"])
     cfg.update(family="splitk80", c_elem=workspace.name, c_align=_align(rng, workspace, cfg["producer"] == "gemm80"),
                epilogue="LinearCombination", activation="identity", element_epilogue=compute)
     layout = cfg["layouts"][2] if cfg["producer"] == "gemm80" else rng.choice(["RowMajor", "TensorNHWC"])
@@ -369,9 +373,7 @@ def draw_splitk90(rng):
     Default tile scheduler and no bias, which parallel split-K needs; every schedule, cluster and layout else."""
     cfg = draw_gemm90(rng)
     workspace = _splitk_workspace(rng, D[cfg["acc"]])
-    compute = cfg["element_epilogue"]
-    if workspace.is_integer and compute in ("float16", "bfloat16"):
-        compute = None
+    compute = _partials_compute(workspace, cfg["element_epilogue"])
     cfg.update(family="splitk90", producer="gemm90", tile_scheduler="Default", bias=None, c_elem=workspace.name,
                c_align=128 // workspace.bits, epilogue="LinearCombination", activation="identity",
                element_epilogue=compute)

@@ -27,8 +27,8 @@ Mode.Array on lists of 1 to 5 matrices; NVRTC), ``evt80`` (--evt80; Sm80-family 
 visitor tree, ``tools/fuzz_accept.py::draw_evt_tree``; NVRTC), ``splitk80`` (--splitk80; parallel split-K: an
 Sm80-family GEMM, now and then an NHWC conv2d, writing partial sums with a plain LinearCombination, and the
 ReductionOperation that sums them into D with its own epilogue; both nvcc) and ``splitk90`` (--splitk90; the same
-with an SM90 GEMM producer, GemmSplitKParallel's L mode over equal K slices; both NVRTC). The parent compiles each (backend, arch)
-group with ``add_module(ops, jobs=--jobs)`` (every operation of a configuration: ``fuzz_accept.build_all``; a failing
+with an SM90 GEMM producer, GemmSplitKParallel's L mode over equal K slices; both NVRTC). The parent compiles each
+(backend, arch) group with ``add_module(ops, jobs=--jobs)`` (every operation of a configuration: ``fuzz_accept.build_all``; a failing
 batch is recompiled one operation at a time, to attribute the failures), then starts ``fuzz_run.py --one '<json>'``
 per configuration (``--parallel`` at a time, each with ``--timeout`` seconds). The child rebuilds the operations from
 its cfg (``fuzz_accept.build_all``; the names must be the ones the parent compiled), sets the same target arch and

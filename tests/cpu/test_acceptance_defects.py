@@ -580,8 +580,8 @@ def test_sixteen_bit_compute_epilogues_compile(compiler_state):
             for functor in functors:
                 ops.append(cutlass.GemmOperationUniversal(
                     80, tile, cutlass.TensorDescription(F16, cutlass.RowMajor, 8),
-                    cutlass.TensorDescription(F16, cutlass.ColumnMajor, 8), cutlass.TensorDescription(out, cutlass.RowMajor, align),
-                    functor))
+                    cutlass.TensorDescription(F16, cutlass.ColumnMajor, 8),
+                    cutlass.TensorDescription(out, cutlass.RowMajor, align), functor))
                 if out is F16 and functor.activation is not None and functor.activation.name in ("gelu", "hardswish"):
                     ops.append(_conv(Operator.fprop, epilogue=functor))
                     ops.append(cutlass.ReductionOperation((4, 256), cutlass.TensorDescription(F16, cutlass.RowMajor, 8),
