@@ -17,6 +17,10 @@ class EpilogueArguments:
     activation_args: tuple[float, ...] = ()
 
 
+# The types an epilogue computes in (tfloat32 and fp8 are operand formats for tensor cores).
+COMPUTE_TYPES = (DataType.float16, DataType.bfloat16, DataType.float32, DataType.float64)
+
+
 @dataclass(frozen=True)
 class EpilogueFunctor:
     element_output: DataType
@@ -34,6 +38,14 @@ class EpilogueFunctor:
         if self.element_epilogue.is_integer:
             raise DescriptionError(f"{type(self).__name__}: the epilogue computes in a floating-point type, "
                                    f"got {self.element_epilogue.label}")
+        if self.element_epilogue not in COMPUTE_TYPES:
+            why = ("the tensor cores' operand format (float32 rounded to a 10-bit mantissa), not an arithmetic type"
+                   if self.element_epilogue is DataType.tfloat32 else
+                   "a storage format of 2-3 significant bits that CUTLASS's activations do not build in")
+            raise DescriptionError(
+                f"{type(self).__name__}: element_epilogue {self.element_epilogue.label} is {why}; alpha * accumulator "
+                f"+ beta * C computes in one of {', '.join(t.label for t in COMPUTE_TYPES)} (float32 for a "
+                f"tfloat32 GEMM)")
         # Up to 256 bits: tensor-op GEMM epilogues store C/D 32 bytes at a time (the operations check the rest).
         max_alignment = 256 // self.element_output.bits
         if not isinstance(self.alignment, int) or self.alignment < 1 or self.alignment > max_alignment \

@@ -587,3 +587,17 @@ def test_sixteen_bit_compute_epilogues_compile(compiler_state):
                     ops.append(cutlass.ReductionOperation((4, 256), cutlass.TensorDescription(F16, cutlass.RowMajor, 8),
                                                           F32, F32, compute, functor, count=8, arch=80))
     assert len(compiler.add_module(ops, jobs=2)) == len(ops)
+
+
+def test_epilogues_compute_only_in_arithmetic_types():
+    """element_epilogue tfloat32 or fp8 was accepted: fp8 with an activation did not compile, and both would round
+    alpha * accumulator + beta * C to a storage format. Every functor refuses them, naming what it computes in."""
+    for element in (D.tfloat32, D.float8_e4m3, D.float8_e5m2):
+        for build in (lambda e: cutlass.LinearCombination(F16, 8, F32, e),
+                      lambda e: cutlass.LinearCombinationClamp(F16, 8, F32, e),
+                      lambda e: cutlass.LinearCombinationGeneric(cutlass.relu(F32), F16, 8, F32, e)):
+            with pytest.raises(DescriptionError, match=f"element_epilogue {element.label} is .*float16, bfloat16, "
+                                                       f"float32, float64"):
+                build(element)
+    for element in (F16, D.bfloat16, F32):
+        cutlass.LinearCombination(F16, 8, F32, element)
