@@ -341,6 +341,18 @@ def test_splitk_draws_mostly_build_their_reduction():
     assert producers >= 40 and reductions >= 0.9 * producers, (producers, reductions)
 
 
+def _split_k_pairs(seed, family, count):
+    """(entry, cfg rebuilt from its JSON record, producer, reduction) for ``count`` drawn ``family``
+    configurations; both operations rebuild under the names the plan recorded."""
+    plan = fuzz_run.draw_plan(seed, {family: count})
+    assert len(plan) == count
+    for entry, op in plan:
+        cfg = json.loads(json.dumps(entry["cfg"]))
+        producer, reduction = fuzz_run.fuzz_accept.build_all(cfg)
+        assert [producer.name, reduction.name] == fuzz_run.entry_names(entry) == [op.name, entry["companions"][0]]
+        yield entry, cfg, producer, reduction
+
+
 def test_splitk_configurations_pair_a_producer_with_its_reduction():
     """40 accepted splitk80 configurations: both operations rebuild under the names the plan recorded from the JSON
     record; the producer writes raw partial sums (a plain LinearCombination, no interleaved layout) in the type the
@@ -349,15 +361,9 @@ def test_splitk_configurations_pair_a_producer_with_its_reduction():
     import pycutlass as cutlass
 
     D = cutlass.DataType
-    plan = fuzz_run.draw_plan(41, {"splitk80": 40})
-    assert len(plan) == 40
     seen = collections.Counter()
-    for entry, op in plan:
-        cfg = json.loads(json.dumps(entry["cfg"]))
+    for entry, cfg, producer, reduction in _split_k_pairs(41, "splitk80", 40):
         assert (entry["backend"], entry["arch"]) == ("nvcc", cfg["cc"])
-        built = fuzz_run.fuzz_accept.build_all(cfg)
-        assert [o.name for o in built] == fuzz_run.entry_names(entry) == [op.name, entry["companions"][0]]
-        producer, reduction = built
         assert isinstance(reduction, cutlass.ReductionOperation) and reduction.compute_capability == cfg["cc"]
         assert reduction.element_workspace is producer.C.element is D[cfg["c_elem"]]
         assert producer.C.element is not D.int8
@@ -505,14 +511,9 @@ def test_splitk90_pairs_an_sm90_producer_with_problems_its_l_mode_takes():
     import pycutlass as cutlass
 
     D = cutlass.DataType
-    plan = fuzz_run.draw_plan(45, {"splitk90": 12})
-    assert len(plan) == 12
     seen = collections.Counter()
-    for entry, op in plan:
-        cfg = json.loads(json.dumps(entry["cfg"]))
+    for entry, cfg, producer, reduction in _split_k_pairs(45, "splitk90", 12):
         assert (entry["backend"], entry["arch"]) == ("nvrtc", 90) and cfg["producer"] == "gemm90"
-        producer, reduction = fuzz_run.fuzz_accept.build_all(cfg)
-        assert [producer.name, reduction.name] == fuzz_run.entry_names(entry)
         assert producer.compute_capability == 90 and producer.tile_scheduler.name == "Default"
         assert producer.bias is None and not producer.array
         assert producer.epilogue_functor.kind == "LinearCombination"
@@ -521,12 +522,12 @@ def test_splitk90_pairs_an_sm90_producer_with_problems_its_l_mode_takes():
         seen[producer.tile_description.math_instruction.element_a.name] += 1
         rng = random.Random(entry["seed"])
         for attempt in (0, 0, 2):
-            p = fuzz_run.draw_problem(cfg, op, rng, attempt)
+            p = fuzz_run.draw_problem(cfg, producer, rng, attempt)
             assert 2 <= p["slices"] <= 5 and p["k"] % p["slices"] == 0
             chunk = p["k"] // p["slices"]
             for desc, k_contiguous in ((producer.A, cutlass.RowMajor), (producer.B, cutlass.ColumnMajor)):
                 if desc.layout is k_contiguous:
                     assert chunk * desc.element.bits % 128 == 0, (p, desc)
-            _assert_contiguous_extents_aligned("splitk90", op, p["m"], p["n"], p["k"])
+            _assert_contiguous_extents_aligned("splitk90", producer, p["m"], p["n"], p["k"])
             assert (p["n"] if reduction.C.layout is cutlass.RowMajor else p["m"]) % reduction.count == 0
     assert len(seen) >= 2, seen
