@@ -332,3 +332,15 @@ def test_calls_that_cannot_be_bound_are_counted_per_operation():
     dispatch._remember(("sig",), operation, None)  # Params that cannot be patched: the next call builds again
     dispatch._remember(("sig",), operation, None)
     assert dispatch.unbound_calls == {"pycutlass_gemm_x": 2} and ("sig",) not in dispatch._bound
+
+
+@pytest.mark.parametrize("activation", [a for a in pct.ACTIVATIONS if a != "leaky_relu"])
+def test_torch_reference_activations_agree_with_the_float64_formulas(activation):
+    """The torch ops' reference (torch's functions, e.g. gelu(approximate="tanh") for gelu_taylor) and the
+    descriptions' float64 numpy formulas (what the kernel suites compare against) are the same functions."""
+    from pycutlass.epilogue.activations import reference as numpy_reference
+
+    x = torch.linspace(-6.0, 6.0, 241, dtype=torch.float64)
+    torch.testing.assert_close(reference.activate(x, activation), torch.from_numpy(numpy_reference(activation,
+                                                                                                      x.numpy())),
+                               rtol=1e-12, atol=1e-12)
