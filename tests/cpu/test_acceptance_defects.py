@@ -601,3 +601,39 @@ def test_epilogues_compute_only_in_arithmetic_types():
                 build(element)
     for element in (F16, D.bfloat16, F32):
         cutlass.LinearCombination(F16, 8, F32, element)
+
+
+# --- interleaved int8 main loops: warps per K / 32 row (compile sweep, seed 405) ---------------------------------------
+def _interleaved(kind, shape, warps):
+    math = cutlass.MathInstruction([16, 8, 32], S8, S8, S32, TensorOp, cutlass.MathOperation.multiply_add_saturate)
+    tile = cutlass.TileDescription(list(shape), 3, list(warps), math)
+    epilogue = cutlass.LinearCombinationClamp(S8, 8, S32)
+    if kind == "gemm":
+        return cutlass.GemmOperationUniversal(
+            80, tile, cutlass.TensorDescription(S8, cutlass.ColumnMajorInterleaved32, 16),
+            cutlass.TensorDescription(S8, cutlass.RowMajorInterleaved32, 16),
+            cutlass.TensorDescription(S8, cutlass.ColumnMajorInterleaved32, 8), epilogue)
+    return Conv2dOperation(Operator.fprop, IteratorAlgorithm.optimized, 80, tile,
+                           cutlass.TensorDescription(S8, cutlass.TensorNC32HW32, 16),
+                           cutlass.TensorDescription(S8, cutlass.TensorC32RSK32, 16),
+                           cutlass.TensorDescription(S8, cutlass.TensorNC32HW32, 8), StrideSupport.Strided, epilogue,
+                           cutlass.IdentitySwizzle1)
+
+
+@pytest.mark.parametrize("kind", ["gemm", "conv"])
+def test_interleaved_int8_tiles_give_each_warp_one_k_row(kind):
+    """The interleaved-32 main loop's transposed thread map static_asserts one K / 32 row per warp: a 32x128x128
+    tile on two warps (drawn by the compile sweep) and 64x64x64 on one were accepted and did not compile."""
+    for shape, warps in (((32, 128, 128), (1, 2, 1)), ((64, 64, 64), (1, 1, 1))):
+        with pytest.raises(DescriptionError, match=r"K / 32 = \d rows.*'Contiguous iteration has to be one'"):
+            _interleaved(kind, shape, warps)
+    for shape, warps in (((64, 64, 64), (2, 1, 1)), ((128, 128, 64), (2, 2, 1)), ((32, 32, 128), (2, 2, 1))):
+        _interleaved(kind, shape, warps)
+
+
+@pytest.mark.slow
+def test_interleaved_int8_tiles_at_the_rule_boundary_compile(compiler_state):
+    compiler.nvcc()
+    ops = [_interleaved(kind, shape, warps) for kind in ("gemm", "conv")
+           for shape, warps in (((64, 64, 64), (2, 1, 1)), ((32, 32, 128), (2, 2, 1)), ((256, 64, 128), (4, 1, 1)))]
+    assert len(compiler.add_module(ops, jobs=2)) == len(ops)

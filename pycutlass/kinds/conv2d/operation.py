@@ -47,8 +47,8 @@ from ...epilogue.functors import EpilogueFunctor
 from ...errors import ArgumentError, DescriptionError
 from .abi import Conv2dArgs
 from ..base import TiledOperation, check_compute_capability
-from ..gemm.operation import (check_congruous_tile, check_crosswise_tile_k, check_narrow_warp_tiles,
-                              check_operand_types, check_simt_warp_tile, thread_map_problem)
+from ..gemm.operation import (check_congruous_tile, check_crosswise_tile_k, check_interleaved_thread_maps,
+                              check_narrow_warp_tiles, check_operand_types, check_simt_warp_tile, thread_map_problem)
 
 # C++ spellings of the conv enums (kept here: only this operation uses them).
 CONV_OPERATOR = {Operator.fprop: "cutlass::conv::Operator::kFprop", Operator.dgrad: "cutlass::conv::Operator::kDgrad",
@@ -184,6 +184,7 @@ class Conv2dOperation(TiledOperation):
                 if desc.alignment != 16:
                     raise DescriptionError(f"{what}: interleaved int8 fprop reads 128-bit vectors: {label} "
                                            f"alignment must be 16, got {desc.alignment}")
+            check_interleaved_thread_maps(self.tile_description, what)
         elif layouts != (_NHWC, _NHWC, _NHWC):
             raise DescriptionError(f"{what}: A, B and C must all be TensorNHWC (int8 fprop may use the interleaved "
                                    f"NC32HW32/C32RSK32 layouts); got {[layout.value for layout in layouts]}")

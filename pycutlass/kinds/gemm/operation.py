@@ -369,6 +369,26 @@ def mainloop_thread_map_problem(tile: TileDescription, A: TensorDescription, B: 
                               fast_f16, predicates)
 
 
+def check_interleaved_thread_maps(tile: TileDescription, what: str) -> None:
+    """The interleaved-32 int8 main loop (GEMM and conv fprop) must cover its tiles in one pass per warp.
+
+    DefaultMmaCore for ColumnMajorInterleaved<32> x RowMajorInterleaved<32> (default_mma_core_sm80.h) reads each
+    operand with a PitchLinearWarpRakedThreadMap over (extent * 32) x (K / 32) in 16-element vectors, warps first
+    along K / 32, and writes shared memory through its TransposePitchLinearThreadMap, which static_asserts
+    "Contiguous iteration has to be one": the map's K / 32 rows must be split over the warps with one each, i.e.
+    tile K / 32 <= number of warps. (The warps left over split M or N; that every thread gets an access there is
+    ``check_operand_types``' rule.) Found by a compile sweep (seed 405): a 32x128x128 tile on two warps was accepted
+    and did not compile."""
+    k = tile.threadblock_shape[2]
+    warps = tile.warp_count[0] * tile.warp_count[1] * tile.warp_count[2]
+    k_rows = k // 32
+    if k_rows > warps:
+        raise DescriptionError(
+            f"{what}: the interleaved int8 main loop gives each warp one of the tile's K / 32 = {k_rows} rows of "
+            f"32-element groups (TransposePitchLinearThreadMap static_asserts 'Contiguous iteration has to be one'), "
+            f"and this tile has {warps} warp(s); use tile K <= {32 * warps} or more warps")
+
+
 def check_crosswise_tile_k(tile: TileDescription, operands, what: str) -> None:
     """A K-contiguous tensor-op operand must fit one tile K row in a 128-byte shared-memory line.
 
@@ -592,6 +612,7 @@ class GemmOperationUniversal(TiledOperation):
             for label, desc in (("A", self.A), ("B", self.B)):
                 if desc.alignment != 16:
                     raise DescriptionError(f"interleaved int8 GEMM needs {label} alignment 16, got {desc.alignment}")
+            check_interleaved_thread_maps(self.tile_description, type(self).__name__)
             return
         check_crosswise_tile_k(self.tile_description, (("A", self.A, self.A.layout is LayoutType.RowMajor),
                                                        ("B", self.B, self.B.layout is LayoutType.ColumnMajor)),
