@@ -459,8 +459,9 @@ class GemmArguments(OperationArguments):
         if self.gemm_mode is Mode.GemmSplitKParallel:
             # Partial products, packed in D's layout, one M x N slice per split.
             itemsize = op.C.element.bits // 8
-            self.workspace = self.tensors.allocate(self.split_k_slices * m * n * itemsize)
-            self.ptr_D = PartialsAddress(self.workspace, op.C.element, self.split_k_slices * m * n * itemsize)
+            self._slice_bytes = m * n * itemsize
+            self.workspace = self.tensors.allocate(self.split_k_slices * self._slice_bytes)
+            self.ptr_D = PartialsAddress(self.workspace, op.C.element, self.split_k_slices * self._slice_bytes)
             self.workspace_ld = n if op.C.layout is LayoutType.RowMajor else m
             self.addresses["C"] = self.addresses["D"] = self.workspace
             self.lds["C"] = self.lds["D"] = self.workspace_ld
@@ -498,5 +499,4 @@ class GemmArguments(OperationArguments):
             raise ArgumentError(f"{self.operation.name}: serial split-K needs {launch.semaphore_count} semaphores, "
                                 f"{getattr(self, '_semaphore_capacity', 0)} were allocated")
         if self.gemm_mode is Mode.GemmSplitKParallel:
-            m, n, _ = self.problem_size
-            zero_unwritten_partials(self, launch, self.split_k_slices, m * n * self.operation.C.element.bits // 8)
+            zero_unwritten_partials(self, launch, self.split_k_slices, self._slice_bytes)
