@@ -18,7 +18,7 @@ from .errors import ArgumentError
 
 _S = TypeVar("_S", bound="SessionState")
 
-_OPTIONS = ("backend", "target", "cache_path", "device", "progress", "split_builders")
+_OPTIONS = ("backend", "target", "cache_path", "device", "progress")
 
 
 class Session:
@@ -29,9 +29,7 @@ class Session:
       ``target``     the GPU to compile for (``90``, ``"sm_90"``, ``"90a"``; default: the device's own);
       ``cache_path`` the artifact database (default: ``$PYCUTLASS_CACHE_DIR`` or the user cache directory);
       ``device``     the default device ordinal for host tensors (default: the thread's current CUDA device);
-      ``progress``   show progress bars for long compiles (default: only on a terminal);
-      ``split_builders`` compile an SM90 unit's kernels and Params builders as two programs at once (True, False;
-                     default None: where a core would otherwise sit idle, e.g. one operation on a 2-core machine).
+      ``progress``   show progress bars for long compiles (default: only on a terminal).
     """
 
     def __init__(self, **options):

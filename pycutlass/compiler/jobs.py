@@ -15,7 +15,6 @@ import sys
 import threading
 
 from ..errors import CompilationError
-from . import images
 
 log = logging.getLogger("pycutlass.compiler")
 
@@ -52,10 +51,9 @@ class _Children:
                 pass
 
 
-def _compile_in_worker(children: _Children, backend, source: str, target, unit_name: str,
-                       part_flags: tuple = ()) -> bytes:
+def _compile_in_worker(children: _Children, backend, source: str, target, unit_name: str) -> bytes:
     arch = target.arch
-    header = json.dumps({"backend": backend.name, "extra_flags": [*backend.extra_flags, *part_flags], "arch": arch,
+    header = json.dumps({"backend": backend.name, "extra_flags": list(backend.extra_flags), "arch": arch,
                          "unit_name": unit_name})
     proc = children.start([sys.executable, "-m", "pycutlass.compiler.worker"])
     try:
@@ -76,47 +74,30 @@ def _compile_in_worker(children: _Children, backend, source: str, target, unit_n
                            f"{proc.returncode}{killed}", log=err.decode(errors="replace")[-20000:], source=source)
 
 
-def run_units(units, backend, jobs: int, progress: bool | None, parts=None):
-    """``units``: (operations, target, source, unit_name). ``parts``: per unit, the extra flags of each program it
-    compiles as (default: one program, no flags); a unit of several programs compiles them at once, beside the
-    ``jobs`` units, and packs their cubins into one binary (compiler/images.py). Yields (operations, target,
-    binary or CompilationError) per unit."""
+def run_units(units, backend, jobs: int, progress: bool | None):
+    """``units``: (operations, target, source, unit_name). Yields (operations, target, cubin or CompilationError)."""
     if not units:
         return
-    parts = parts or [((),)] * len(units)
-    extra = sum(len(p) - 1 for p in parts)
     children = _Children()
-    pool = futures.ThreadPoolExecutor(max_workers=max(1, min(jobs, len(units)) + extra),
+    pool = futures.ThreadPoolExecutor(max_workers=max(1, min(jobs, len(units))),
                                       thread_name_prefix="pycutlass-compile")
     bar = _progress_bar(len(units), sum(len(ops) for ops, *_ in units), backend.name, progress)
     try:
-        pending, outputs = {}, {}
-        for index, ((ops, target, source, unit_name), flags) in enumerate(zip(units, parts)):
-            log.info("compiling %d operation(s) with %s for %s%s: %s", len(ops), backend.name, target.name,
-                     f" as {len(flags)} programs" if len(flags) > 1 else "", ", ".join(op.name for op in ops))
-            outputs[index] = [None] * len(flags)
-            for part, part_flags in enumerate(flags):
-                name = unit_name if len(flags) == 1 else f"{unit_name}_part{part}"
-                future = pool.submit(_compile_in_worker, children, backend, source, target, name, part_flags)
-                pending[future] = (index, part)
+        pending = {}
+        for ops, target, source, unit_name in units:
+            log.info("compiling %d operation(s) with %s for %s: %s", len(ops), backend.name, target.name,
+                     ", ".join(op.name for op in ops))
+            pending[pool.submit(_compile_in_worker, children, backend, source, target, unit_name)] = (ops, target)
         for done in futures.as_completed(pending):
-            index, part = pending[done]
-            ops, target = units[index][:2]
-            if outputs[index] is None:  # another part of this unit failed already
-                continue
+            ops, arch = pending[done]
             try:
-                outputs[index][part] = done.result()
+                result = done.result()
             except CompilationError as error:
                 log.warning("%s failed for %s", backend.name, ", ".join(op.name for op in ops))
-                outputs[index] = None
                 result = error
-            else:
-                if any(image is None for image in outputs[index]):
-                    continue
-                result = images.pack(outputs[index])
             if bar is not None:
                 bar.update(len(ops))
-            yield ops, target, result
+            yield ops, arch, result
     except BaseException:  # KeyboardInterrupt above all: stop every compiler now, leave nothing running
         children.kill_all()
         pool.shutdown(wait=False, cancel_futures=True)

@@ -3,8 +3,7 @@
 Flow for each target: key every operation; take hits from this session's memory, then from the artifact cache
 (verified on load); claim the misses so concurrent processes compile each key once; compile what is still missing
 in one translation unit (or ``jobs`` units in parallel worker processes; more units where one would hold too many
-operations, and fewer at once where memory is short: ``_units``, ``_parallel_units``; an SM90 unit's kernels and
-Params builders as two programs at once where cores are idle: ``_split_units``); store; report.
+operations, and fewer at once where memory is short: ``_units``, ``_parallel_units``); store; report.
 """
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ from ..description.target import Target
 from ..emit.emitter import translation_unit
 from ..errors import ArgumentError, CompilationError, DescriptionError
 from ..session import Session, SessionState
-from . import images, toolchain
+from . import toolchain
 from .backends import Backend, NvccBackend, NvrtcBackend, backend_by_name
 from .jobs import run_units
 from .target import detected_compute_capability
@@ -281,16 +280,14 @@ class Compiler(SessionState):
             failures = []
             progress = self.session.options.get("progress")
             units = _units(still_missing, jobs)
-            workers = _parallel_units(units, jobs)
-            parts = _split_units(units, workers, self.session.options.get("split_builders"))
-            for unit_ops, t, result in run_units(units, backend, workers, progress, parts):
+            for unit_ops, t, result in run_units(units, backend, _parallel_units(units, jobs), progress):
                 if isinstance(result, CompilationError):
                     failures.append((unit_ops, result))
                     continue
                 entries = [(keys[(op, t)], op.name, {"kernel": op.kernel_symbol, "builder": op.builder_symbol,
                                                      "backend": backend.name, "target": t.name,
                                                      "description": op.describe()}) for op in unit_ops]
-                sha = cache.store(entries, result, images.kind(result))
+                sha = cache.store(entries, result, "cubin")
                 for op in unit_ops:
                     results[keys[(op, t)]] = self._remember(keys[(op, t)], result, sha, op, backend, t)
                 report.compiled += len(unit_ops)
@@ -369,47 +366,6 @@ def _parallel_units(units, jobs: int | None) -> int:
                      per_unit, available)
             workers = fits
     return workers
-
-
-# A unit whose operations guard their kernels and their Params builders apart (``separable_builders``: the SM90
-# kinds, kinds/gemm_sm90/kernel_entry.cu.j2) can compile as two programs at once, one per part, packed into one
-# binary (compiler/images.py). The kernels' front end is the long pole: f16 128x128x64 cooperative on an idle
-# 2-core machine took 29.8 s as one program, 26.2 s for the kernel alone and 6.0 s for the builder alone, and the
-# two side by side finished in 26.2 s. Splitting costs CPU (the builder re-instantiates the collectives), so it
-# only happens on cores the units would leave idle, and where the builders' memory fits too.
-SPLIT_PARTS = (("-DPYCUTLASS_PART_KERNELS",), ("-DPYCUTLASS_PART_BUILDERS",))
-WHOLE = ((),)
-_BUILDERS_BASE_GB, _BUILDERS_OPERATION_GB = 1.0, 0.3
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def _split_units(units, workers: int, setting) -> list[tuple]:
-    """Each unit's programs: ``WHOLE``, or ``SPLIT_PARTS`` (kernels and builders at once). ``setting`` is the
-    session's ``split_builders``: True splits every separable unit, False none, None (the default) as many as
-    there are cores the ``workers`` units leave idle and memory for."""
-    if setting not in (None, True, False):
-        raise ArgumentError(f"Session option split_builders must be True, False or None (automatic), got {setting!r}")
-    separable = [i for i, (ops, *_) in enumerate(units) if all(getattr(op, "separable_builders", False)
-                                                               for op in ops)]
-    if setting is None:
-        separable = separable[:max(0, _usable_cores() - workers)]
-        available = _available_gb() if separable else None
-        if available is not None:
-            heavy = [len(ops) for ops, *_ in units if any(_is_heavy(op) for op in ops)] or [0]
-            spare = available - workers * (_HEAVY_BASE_GB + _HEAVY_OPERATION_GB * max(heavy))
-            while separable and spare < sum(_BUILDERS_BASE_GB + _BUILDERS_OPERATION_GB * len(units[i][0])
-                                            for i in separable):
-                separable.pop()
-    elif setting is False:
-        separable = []
-    chosen = set(separable)
-    return [SPLIT_PARTS if i in chosen else WHOLE for i in range(len(units))]
 
 
 def _check_operations(operations) -> list:

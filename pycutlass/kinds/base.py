@@ -36,9 +36,6 @@ class Operation:
 
     kind = "operation"
     abi_struct_type = None  # the kind's argument struct (kinds/<kind>/abi.py)
-    # True where the kind's template guards its kernels (PYCUTLASS_PART_BUILDERS) and everything else
-    # (PYCUTLASS_PART_KERNELS) apart, so a unit may compile them as two programs (compiler/manager.py)
-    separable_builders = False
 
     @property
     def family(self) -> str:

@@ -9,9 +9,7 @@ from __future__ import annotations
 import ctypes
 import functools
 
-from ..compiler import images
 from ..errors import CudaError, NoGpuError
-
 
 def _driver():
     from cuda.bindings import driver
@@ -93,37 +91,14 @@ def device_name(ordinal: int) -> str:
     return raw.split(b"\0", 1)[0].decode(errors="replace") if isinstance(raw, bytes) else str(raw)
 
 
-class LoadedImages(tuple):
-    """The modules of a binary that packs several cubins (``compiler.images``); symbols are looked up in each."""
-
-
 def load_module(binary: bytes, what: str):
-    """Load into the current context (the caller made its device's context current): one CUmodule, or a
-    LoadedImages of one per image when the binary packs several."""
+    """Load into the current context (the caller made its device's context current)."""
     driver = _driver()
-    modules = [check(driver.cuModuleLoadData(image), "cuModuleLoadData", what) for image in images.unpack(binary)]
-    return modules[0] if len(modules) == 1 else LoadedImages(modules)
-
-
-def _lookup(module, symbol: str, call: str):
-    """cuModuleGetFunction / cuModuleGetGlobal in a module, or in the first image of a LoadedImages that has it."""
-    driver = _driver()
-    get = getattr(driver, call)
-    for image in module[:-1] if isinstance(module, LoadedImages) else ():
-        err, *values = get(image, symbol.encode())
-        if err == driver.CUresult.CUDA_SUCCESS:
-            return values[0] if len(values) == 1 else tuple(values)
-    last = module[-1] if isinstance(module, LoadedImages) else module
-    return check(get(last, symbol.encode()), f"{call}({symbol})", symbol)
+    return check(driver.cuModuleLoadData(binary), "cuModuleLoadData", what)
 
 
 def get_function(module, symbol: str):
-    return _lookup(module, symbol, "cuModuleGetFunction")
-
-
-def get_global(module, symbol: str) -> tuple:
-    """(device address, size in bytes) of a ``__device__`` variable."""
-    return _lookup(module, symbol, "cuModuleGetGlobal")
+    return check(_driver().cuModuleGetFunction(module, symbol.encode()), f"cuModuleGetFunction({symbol})", symbol)
 
 
 def set_dynamic_shared_memory(function, nbytes: int, what: str) -> None:

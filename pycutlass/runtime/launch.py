@@ -87,7 +87,9 @@ class LoadedOperation:
         """An ``extern "C" __device__ const int`` the emitted code exports (e.g. a kernel's shared memory)."""
         found = self._globals.get(symbol)
         if found is None:
-            address, size = driver.get_global(self.module, symbol)
+            cuda = driver._driver()
+            address, size = driver.check(cuda.cuModuleGetGlobal(self.module, symbol.encode()),
+                                         f"cuModuleGetGlobal({symbol})", self.name)
             if int(size) != 4:
                 raise CudaError(f"{symbol} is {int(size)} bytes, expected an int", operation=self.name)
             holder = ctypes.c_int32()

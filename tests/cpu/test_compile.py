@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import pycutlass as cutlass
-from pycutlass import ArgumentError, CompilationError, ToolchainError, compiler
+from pycutlass import CompilationError, ToolchainError, compiler
 from pycutlass.cache import ArtifactCache
 from pycutlass.compiler import toolchain
 from pycutlass.compiler.backends import NvccBackend, NvrtcBackend
@@ -83,14 +83,10 @@ def new_compiler(backend=None) -> Compiler:
 
 
 def assert_cubin(binary: bytes, ops) -> None:
-    """A cubin, or cubins packed by a split compile (compiler/images.py), holding every operation's symbols."""
-    from pycutlass.compiler import images
-
-    for image in images.unpack(binary):
-        assert image[:4] == ELF_MAGIC
-        assert image[4] == 2  # ELFCLASS64
-        (machine,) = struct.unpack_from("<H", image, 18)
-        assert machine == EM_CUDA
+    assert binary[:4] == ELF_MAGIC
+    assert binary[4] == 2  # ELFCLASS64
+    (machine,) = struct.unpack_from("<H", binary, 18)
+    assert machine == EM_CUDA
     for op in ops:
         for symbol in (op.kernel_symbol, op.builder_symbol):
             assert symbol.encode() + b"\x00" in binary, symbol
@@ -425,56 +421,3 @@ def test_units_cap_sm90_operations_and_run_as_many_as_memory_holds(monkeypatch):
     light_units = manager._units(light, 3)
     monkeypatch.setattr(manager, "_available_gb", lambda: 1.0)
     assert manager._parallel_units(light_units, 3) == 3  # CUTLASS 2.x units are not held back
-
-
-def test_packed_images_round_trip_and_refuse_a_damaged_header():
-    from pycutlass.compiler import images
-    from pycutlass.errors import CacheError
-
-    kernels, builders = ELF_MAGIC + b"k" * 100, ELF_MAGIC + b"b" * 37
-    packed = images.pack([kernels, builders])
-    assert packed.startswith(images.MAGIC) and images.kind(packed) == "cubins"
-    assert images.unpack(packed) == [kernels, builders]
-    assert images.pack([kernels]) == kernels and images.unpack(kernels) == [kernels]  # one image: a plain cubin
-    assert images.kind(kernels) == "cubin"
-    for damaged in (packed[:-1], packed + b"x", packed[:len(images.MAGIC) + 2]):
-        with pytest.raises(CacheError, match="packed binary"):
-            images.unpack(damaged)
-
-
-def test_split_units_use_idle_cores_and_memory_only(monkeypatch):
-    """An SM90 unit compiles as two programs (kernels, builders) where its worker leaves a core idle and memory
-    allows; split_builders=True / False force it either way; kinds without guarded parts never split."""
-    from pycutlass.compiler import manager
-    from pycutlass.description.target import Target
-
-    class Op:
-        def __init__(self, name, family, separable):
-            self.name, self.family, self.separable_builders = name, family, separable
-
-    target = Target(90)
-    heavy = [(Op(f"h{i}", "sm90", True), target) for i in range(16)]
-    light = [(Op(f"l{i}", "sm80", False), target) for i in range(3)]
-    monkeypatch.setattr(manager, "translation_unit", lambda ops: "")
-    monkeypatch.setattr(manager, "_available_gb", lambda: 20.0)
-    split, whole = manager.SPLIT_PARTS, manager.WHOLE
-
-    def parts(missing, jobs, cores, setting=None):
-        monkeypatch.setattr(manager, "_usable_cores", lambda: cores)
-        units = manager._units(missing, jobs)
-        return [p for p in manager._split_units(units, manager._parallel_units(units, jobs), setting)]
-
-    assert parts(heavy[:1], None, 2) == [split]  # one operation on two cores: the builder takes the idle core
-    assert parts(heavy[:1], None, 1) == [whole]
-    assert parts(heavy[:2], 2, 2) == [whole, whole]  # a batch keeps both cores busy already
-    assert parts(heavy[:2], 2, 4) == [split, split]
-    assert parts(heavy[:2], 2, 3) == [split, whole]
-    assert parts(light, None, 8) == [whole]  # CUTLASS 2.x kinds keep one program
-    assert parts(heavy[:2], 2, 2, True) == [split, split] and parts(heavy[:1], None, 8, False) == [whole]
-    assert parts(light, None, 8, True) == [whole]
-    monkeypatch.setattr(manager, "_available_gb", lambda: 3.5)  # the kernels' program alone needs ~3.7 GB
-    assert parts(heavy[:1], None, 2) == [whole]
-    monkeypatch.setattr(manager, "_available_gb", lambda: 5.5)
-    assert parts(heavy[:1], None, 2) == [split]
-    with pytest.raises(ArgumentError, match="split_builders"):
-        parts(heavy[:1], None, 2, "yes")

@@ -385,19 +385,3 @@ def test_cubins_hold_real_kernels_and_no_traps():
     """NVRTC without a native __int128 compiles CUTLASS's 128-bit division to a trap, and some constexpr collectives
     can compile to an empty kernel: neither may reach a user. Scans the SASS of every operation here."""
     scan_cubins(OPS.values())
-
-
-@pytest.mark.parametrize("split", [True, False], ids=["two-programs", "one-program"])
-def test_units_compiled_as_two_programs_run_like_one(split, tmp_path):
-    """A unit compiled as its kernels' and its builders' programs at once (split_builders=True, one binary of two
-    cubins) loads as two modules and computes what the one-program unit computes."""
-    from pycutlass.compiler import images
-
-    op = sm90_op(D.float16, (R, CM, R), tile=(128, 128, 64), cluster=(2, 1, 1),
-                 kernel=KS.TmaWarpSpecializedCooperative, activation="relu", bias="column")
-    session = cutlass.Session(backend="nvrtc", cache_path=tmp_path / "c.db", progress=False, split_builders=split)
-    with session.activate():
-        kernel = cutlass.compiler.add_module([op])[0]
-        assert len(images.unpack(kernel.binary)) == (2 if split else 1)
-        run_case(op, 1000, 3000, 520, bias=True)
-        run_case(op, 8, 264, 136, batch=2, bias=True, seed=1)

@@ -58,7 +58,6 @@ class Conv2dOperationSm90(Conv2dOperation):
     kind = "conv2d_sm90"
     abi_struct_type = Sm90Conv2dArgs
     required_backend = "nvrtc"  # the builder needs -default-device (see gemm_sm90)
-    separable_builders = True  # kernel and builder compile apart (kinds/gemm_sm90/kernel_entry.cu.j2)
 
     def __new__(cls, *args, **kwargs):
         return object.__new__(cls)

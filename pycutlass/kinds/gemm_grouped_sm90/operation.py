@@ -84,7 +84,6 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
     kind = "gemm_grouped_sm90"
     abi_struct_type = Sm90GroupedGemmArgs
     required_backend = "nvrtc"  # the builder needs -default-device (see gemm_sm90)
-    separable_builders = True  # kernel and builder compile apart (kinds/gemm_sm90/kernel_entry.cu.j2)
 
     def __new__(cls, *args, **kwargs):
         return object.__new__(cls)

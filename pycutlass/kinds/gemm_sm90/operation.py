@@ -158,7 +158,6 @@ class GemmOperationSm90(GemmOperationUniversal):
     kind = "gemm_sm90"
     abi_struct_type = Sm90GemmArgs
     required_backend = "nvrtc"
-    separable_builders = True  # kernel and builder compile apart (kinds/gemm_sm90/kernel_entry.cu.j2)
     array = False  # built for Mode.Array's lists of matrices (the pointer-array kernel, kinds/gemm_array_sm90)
     # FastLinearCombinationClamp is the clamp of LinearCombinationClamp here (exact int32 -> float conversion), so
     # CUTLASS 2.x's K <= 256 limit of its fast converters does not apply.
