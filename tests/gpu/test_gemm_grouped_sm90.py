@@ -14,7 +14,7 @@ from pycutlass import GemmGroupedArguments
 from pycutlass import KernelScheduleType as KS
 from pycutlass.gemm import GemmCoord
 
-from .conftest import precompile_module, relative_error
+from .conftest import precompile_module, relative_error, scan_cubins
 from .gemm_cases import CM, D, R
 from .test_gemm_grouped import (Group, _activation_args, check_padded_leading_dimensions, check_reused_arguments,
                                 mixed_problems, run_group)
@@ -234,24 +234,7 @@ def test_bad_inputs_are_rejected_before_launch():
 def test_cubins_hold_real_kernels_and_no_traps():
     """Scan the SASS: no trap (NVRTC without native __int128, or tensormap.replace compiled out), and each kernel has
     a warpgroup MMA and a TMA load."""
-    import shutil
-    import subprocess
-    import tempfile
-
-    cuobjdump = shutil.which("cuobjdump")
-    if cuobjdump is None:
-        pytest.skip("cuobjdump (CUDA toolkit) is not on PATH")
-    for op in [*OPS.values(), *BIAS_OPS.values(), *CLAMP_OPS.values()]:
-        kernel = cutlass.compiler.add_module([op])[0]
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
-            handle.write(kernel.binary)
-            handle.flush()
-            sass = subprocess.run([cuobjdump, "-sass", handle.name], capture_output=True, text=True).stdout
-        assert "BPT" not in sass, f"trap instruction in the SASS of {op.name}"
-        body = next((f for f in sass.split("Function : ")[1:] if f.startswith(op.name + "\n")
-                     or f.startswith(op.name + " ")), "")
-        assert "GMMA" in body, f"{op.name}: no warpgroup MMA in its kernel"
-        assert "UTMALDG" in body, f"{op.name}: no TMA load in its kernel"
+    scan_cubins([*OPS.values(), *BIAS_OPS.values(), *CLAMP_OPS.values()])
 
 
 # --- per-group bias --------------------------------------------------------------------------------------------
