@@ -346,8 +346,10 @@ def test_pycutlass_module_paths():
         library.nonsense
     with pytest.raises(ImportError, match="epilogue visitor tree"):
         import pycutlass.parser  # noqa: F401
-    with pytest.raises(ImportError, match="testbeds.*ReferenceModule"):
-        import pycutlass.test  # noqa: F401
+    import pycutlass.test as testbeds  # PyCUTLASS's testbeds: GEMM and conv2d; grouped names the alternative
+
+    with pytest.raises(AttributeError, match="TestbedGrouped was part of PyCUTLASS 2.11.*run_grouped"):
+        testbeds.TestbedGrouped
 
 
 def test_star_import_gives_what_pycutlass_scripts_use():

@@ -180,9 +180,10 @@ def test_modes_and_split_k(no_device):
     with pytest.raises(ArgumentError, match="SplitKMode.Parallel writes raw partial sums"):
         g = op(epilogue=pc.LinearCombinationGeneric(pc.relu(F32), F16, 8, F32, F32))
         Conv2dArguments(g, ps, x, w, None, None, None, SplitKMode.Parallel, 2)
-    # Parallel with one slice is an ordinary launch.
-    single = Conv2dArguments(f, ps, x, w, c, d, None, SplitKMode.Parallel, 1)
-    assert not single.parallel
+    # Parallel with one slice still writes raw partials to the workspace (as GemmSplitKParallel and PyCUTLASS do):
+    # PyCUTLASS's conv testbed reduces one slice with a ReductionOperation.
+    single = Conv2dArguments(f, ps, x, w, c, d, f.epilogue_type(2.0, 1.0), SplitKMode.Parallel, 1)
+    assert single.parallel and (single.output_op.alpha, single.output_op.beta) == (1.0, 0.0)
 
 
 def test_split_k_with_an_int8_output_is_refused(no_device):

@@ -27,7 +27,7 @@ LAYERS = [
     ("api", ["", "gemm", "conv", "cli", "__main__", "utils", "utils.*", "tune.cli",
              # PyCUTLASS 2.11's module paths (docs/porting.md)
              "_compat", "gemm_operation", "conv2d_operation", "reduction_operation", "memory_manager", "library",
-             "parser", "test"]),
+             "parser", "test", "test.*"]),
 ]
 
 

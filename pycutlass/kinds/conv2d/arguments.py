@@ -181,7 +181,9 @@ class Conv2dArguments(OperationArguments):
         if functor.kind == "FastLinearCombinationClamp" and gemm.k() > _FAST_CLAMP_MAX_K:
             raise ArgumentError(f"FastLinearCombinationClamp is exact only for an implicit GEMM K <= "
                                 f"{_FAST_CLAMP_MAX_K}; this problem has K = R*S*C = {gemm.k()}")
-        self.parallel = self.split_k_mode is SplitKMode.Parallel and self.split_k_slices > 1
+        # Parallel writes raw partials to the workspace even for one slice (as GemmSplitKParallel and PyCUTLASS
+        # do): the ReductionOperation that follows reads them from there.
+        self.parallel = self.split_k_mode is SplitKMode.Parallel
         # The implicit GEMM's split-K: the same rules for integer outputs as the GEMM's
         check_split_k_output(operation, GemmMode.GemmSplitKParallel if self.parallel else GemmMode.Gemm,
                              self.split_k_slices, self.output_op)

@@ -34,6 +34,10 @@ class ReductionArguments(OperationArguments):
         self.partitions = int(partitions)
         self._producer = None
         if hasattr(workspace, "ptr_D"):
+            if not isinstance(workspace.ptr_D, PartialsAddress):
+                raise ArgumentError(f"workspace: these {type(workspace).__name__} write D itself, not split-K partial "
+                                    f"results; build them with gemm_mode=GemmSplitKParallel (GEMM) or "
+                                    f"split_k_mode=SplitKMode.Parallel (Conv2d) for a ReductionOperation to reduce")
             self._producer = workspace
             workspace = workspace.ptr_D
         partials = workspace.element if isinstance(workspace, PartialsAddress) else None  # what split-K wrote

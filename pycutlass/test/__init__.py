@@ -1,0 +1,23 @@
+"""``pycutlass.test``: PyCUTLASS 2.11's testbeds, so its users' unit tests keep running.
+
+    from pycutlass.test import *
+    assert test_all_gemm(operation, "universal")        # GemmUniversalLauncher over PyCUTLASS's sweep
+    assert test_all_conv2d(conv_operation)              # Conv2dLauncher over pycutlass's conv sizes
+
+Results are checked against float64 references of the whole epilogue (activations included), not by the
+exact comparison with a host GEMM in the operands' types that PyCUTLASS made; cases an operation's arguments refuse
+are skipped and listed in ``launcher.skipped``. Importing this module needs no GPU; running does.
+"""
+from __future__ import annotations
+
+from .._compat import missing_names
+from .conv2d_testbed import Conv2dLauncher, test_all_conv2d
+from .gemm_testbed import GemmUniversalLauncher, test_all_gemm
+from .profiler import GpuTimer
+
+__getattr__ = missing_names(__name__, {
+    "TestbedGrouped": "check grouped GEMMs with ReferenceModule(...).run_grouped (pycutlass.utils.reference_model)",
+    "get_name": "use operation.name (or operation.procedural_name) for test names",
+})
+
+__all__ = ["Conv2dLauncher", "GemmUniversalLauncher", "GpuTimer", "test_all_conv2d", "test_all_gemm"]

@@ -1,0 +1,114 @@
+"""What the GEMM and conv testbeds share: PyCUTLASS 2.11's inputs (small integers from a seed), float64 references
+of the epilogue, and the verdict."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ..description.types import DataType
+from ..epilogue.activations import reference as activation_reference
+from ..errors import ArgumentError
+
+log = logging.getLogger("pycutlass.test")
+
+SEED = 2080  # PyCUTLASS 2.11's testbeds' default seed
+
+_NUMPY = {DataType.float64: np.float64, DataType.float32: np.float32, DataType.tfloat32: np.float32,
+          DataType.float16: np.float16, DataType.int8: np.int8, DataType.int32: np.int32}
+_ML_DTYPES = {DataType.bfloat16: "bfloat16", DataType.float8_e4m3: "float8_e4m3fn",
+              DataType.float8_e5m2: "float8_e5m2"}
+
+
+def numpy_type(element: DataType):
+    """The numpy type a testbed's host tensors use for ``element`` (bfloat16 and fp8 through ml_dtypes, as
+    PyCUTLASS's through the ``bfloat16`` package)."""
+    if element in _NUMPY:
+        return _NUMPY[element]
+    if element in _ML_DTYPES:
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise ArgumentError(f"the testbeds keep {element.label} tensors in numpy, which needs ml_dtypes "
+                                f"(pip install ml_dtypes)") from None
+        return getattr(ml_dtypes, _ML_DTYPES[element])
+    raise ArgumentError(f"the testbeds do not support {element.label} tensors")
+
+
+def scope(element: DataType) -> tuple[int, int]:
+    """PyCUTLASS's value range by the operand's width: small integers, exact in every type and every sum here."""
+    if element.bits == 1:
+        return 0, 1
+    if element.bits <= 8:
+        return -1, 1
+    if element.bits == 16:
+        return -4, 4
+    return -8, 8
+
+
+def uniform_integers(rng: np.random.Generator, size, element: DataType, bounds) -> np.ndarray:
+    low, high = bounds
+    return rng.integers(low, high + 1, size=size).astype(np.float64).astype(numpy_type(element))
+
+
+def activation_arguments(functor, given) -> tuple:
+    """The activation's runtime arguments: PyCUTLASS's testbeds passed only alpha and beta, so an activation that
+    takes more (leaky_relu) needs them from the caller."""
+    given = tuple(given)
+    needed = getattr(functor, "num_activation_args", 0)
+    if len(given) != needed:
+        names = list(functor.activation.argument_names) if functor.activation else []
+        raise ArgumentError(f"{functor.describe()} takes {needed} activation argument(s) {names}: pass "
+                            f"activation_args=(...) to the testbed, got {given!r}")
+    return given
+
+
+def epilogue_reference(functor, element_out: DataType, accumulator, source, alpha, beta, activation_args=()):
+    """D = act(alpha * accumulator + beta * C) in float64, then what the output conversion does: integers round
+    and saturate, the Clamp epilogues clamp to the output's range."""
+    x = float(alpha) * accumulator + (float(beta) * source if source is not None else 0.0)
+    if functor.activation is not None:
+        x = activation_reference(functor.activation.name, x, *activation_args)
+    if element_out.is_integer:
+        info = np.iinfo(np.int8 if element_out is DataType.int8 else np.int32)
+        return np.clip(np.rint(x), info.min, info.max)
+    if "Clamp" in functor.kind:
+        finite = float(np.finfo(np.float16).max) if element_out is DataType.float16 else \
+            float(np.finfo(np.float32).max) if element_out is DataType.float32 else None
+        if finite is not None:
+            x = np.clip(x, -finite, finite)
+    return x
+
+
+_TOLERANCE = {DataType.float64: 1e-12, DataType.float32: 1e-5, DataType.float16: 2e-3, DataType.bfloat16: 1.5e-2,
+              DataType.float8_e4m3: 8e-2, DataType.float8_e5m2: 1.5e-1}
+
+
+def tolerance(functor, element_out: DataType, accumulator: DataType) -> float:
+    """The relative (Frobenius) error a correct result stays under: the output's rounding, widened where the
+    epilogue or the accumulator computes in 16 bits."""
+    tol = _TOLERANCE.get(element_out, 1e-5)
+    if functor.element_epilogue.bits <= 16 or accumulator.bits <= 16:
+        tol = max(tol, 1e-2)
+    return tol
+
+
+def matches(got, reference, functor, element_out: DataType, accumulator: DataType) -> tuple[bool, str]:
+    """(passed, what was wrong). Integer outputs are exact (a float epilogue's rounding ties may differ by one)."""
+    got = np.asarray(got, dtype=np.float64)
+    reference = np.asarray(reference, dtype=np.float64)
+    if not np.all(np.isfinite(got)):
+        return False, f"{int(np.sum(~np.isfinite(got)))} non-finite output element(s)"
+    if element_out.is_integer:
+        limit = 0 if functor.kind == "LinearCombination" else 1
+        worst = float(np.max(np.abs(got - reference), initial=0.0))
+        return worst <= limit, f"largest difference {worst} (allowed {limit})"
+    norm = float(np.linalg.norm(reference)) or 1.0
+    error = float(np.linalg.norm(got - reference)) / norm
+    tol = tolerance(functor, element_out, accumulator)
+    return error <= tol, f"relative error {error:.3g} (tolerance {tol:.3g})"
+
+
+def poisoned(size: int, element: DataType) -> np.ndarray:
+    """An output buffer every element of which a run must overwrite (NaN, or -77 for integers)."""
+    return np.full(size, -77 if element.is_integer else np.nan).astype(numpy_type(element))

@@ -1,0 +1,215 @@
+"""PyCUTLASS 2.11's conv2d testbed: ``Conv2dLauncher`` runs one problem and checks it, ``test_all_conv2d`` sweeps a
+set of problem sizes (and PyCUTLASS's split-K sweep) for an operation.
+
+The default sizes are pycutlass's own (PyCUTLASS took CUTLASS's C++ list, which its Python bindings exposed): 1x1,
+3x3, 5x5-by-dilation and 7x7 filters, rectangular filters and strides, padding, odd extents, batch > 1, with
+channel counts that are multiples of the operation's access widths. Inputs, the NaN-poisoned output, the float64
+reference of the whole epilogue and the skipping of refused cases are as in the GEMM testbed (``gemm_testbed``).
+NHWC tensors only: the interleaved (NC32HW32) layouts raise ``ArgumentError``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..description.coords import MatrixCoord
+from ..description.types import LayoutType
+from ..errors import ArgumentError, DescriptionError
+from ..kinds.conv2d.problem import (Conv2dProblemSize, IteratorAlgorithm, Operator, SplitKMode, StrideSupport,
+                                    implicit_gemm_problem_size, implicit_gemm_tensor_a_extent,
+                                    implicit_gemm_tensor_b_extent, implicit_gemm_tensor_c_extent)
+from ..runtime.memory import get_allocated_size
+from ..utils.reference_model import conv2d_dgrad, conv2d_fprop, conv2d_wgrad
+from . import _common
+from .profiler import GpuTimer
+
+
+def _extent(coord) -> tuple:
+    return coord.n(), coord.h(), coord.w(), coord.c()
+
+
+class Conv2dLauncher:
+    """Runs ``operation`` on one problem at a time and checks it (``run`` returns True or False; with
+    ``profiling=True`` the average milliseconds per run instead)."""
+
+    def __init__(self, operation, seed: int = _common.SEED, interleaved: bool = False,
+                 enable_cached_results: bool = True, profiling: bool = False, warmup_iterations: int = 500,
+                 iterations: int = 500, verification: bool = True, activation_args=(), **kwargs) -> None:
+        from .. import compiler
+        from ..kinds.reduction.operation import ReductionOperation
+
+        if interleaved or any(d.layout is not LayoutType.TensorNHWC for d in (operation.A, operation.B, operation.C)):
+            raise ArgumentError("the conv2d testbed runs NHWC operations only; check interleaved (NC32HW32) "
+                                "convolutions with pycutlass.utils.reference_model on deinterleaved tensors")
+        self.operation = operation
+        self.conv_kind = operation.conv_kind
+        self.functor = operation.epilogue_functor
+        self.activation_args = _common.activation_arguments(self.functor, activation_args)
+        self.accumulator = operation.tile_description.math_instruction.element_accumulator
+        for description in (operation.A, operation.B, operation.C):
+            _common.numpy_type(description.element)
+        self.seed, self.verification, self.profiling = int(seed), bool(verification), bool(profiling)
+        self.warmup_iterations, self.iterations = int(warmup_iterations), int(iterations)
+        self.sleep_time = float(kwargs.get("sleep", 0))
+        self.bounds = _common.scope(operation.A.element)
+        self.timer = GpuTimer()
+        self.skipped: list[str] = []
+        try:
+            self.reduction_operation = ReductionOperation(
+                shape=MatrixCoord(4, 32 * operation.C.alignment), C=operation.C,
+                element_accumulator=self.accumulator, element_workspace=operation.C.element,
+                element_compute=self.functor.element_epilogue,
+                epilogue_functor=self.functor, count=operation.C.alignment)
+        except DescriptionError as error:
+            self.reduction_operation = None
+            self._no_reduction = str(error)
+        compiler.add_module([op for op in (operation, self.reduction_operation) if op is not None])
+
+    def host_reference(self, problem_size, tensor_A, tensor_B, tensor_C, alpha, beta):
+        """The float64 reference of D (4-D, the output's extent) from 4-D float64 operands."""
+        compute = {Operator.fprop: conv2d_fprop, Operator.dgrad: conv2d_dgrad,
+                   Operator.wgrad: conv2d_wgrad}[self.conv_kind]
+        accumulator = compute(tensor_A, tensor_B, problem_size)
+        return _common.epilogue_reference(self.functor, self.operation.C.element, accumulator, tensor_C, alpha, beta,
+                                          self.activation_args)
+
+    def run(self, problem_size, split_k_mode=SplitKMode.Serial, alpha: float = 1.0, beta: float = 0.0):
+        from ..kinds.conv2d.arguments import Conv2dArguments
+        from ..kinds.reduction.arguments import ReductionArguments
+
+        op = self.operation
+        before = get_allocated_size()
+        rng = np.random.default_rng(self.seed)
+        shapes = [_extent(f(self.conv_kind, problem_size)) for f in (
+            implicit_gemm_tensor_a_extent, implicit_gemm_tensor_b_extent, implicit_gemm_tensor_c_extent)]
+        a, b, c = (_common.uniform_integers(rng, shape, d.element, self.bounds)
+                   for shape, d in zip(shapes, (op.A, op.B, op.C)))
+        tensor_D = _common.poisoned(int(np.prod(shapes[2])), op.C.element)
+        slices = problem_size.split_k_slices
+        parallel = split_k_mode == SplitKMode.Parallel
+        case = f"{problem_size} split_k_mode={SplitKMode(split_k_mode).name} alpha={alpha} beta={beta}"
+        try:
+            if parallel and self.reduction_operation is None:
+                raise ArgumentError(f"no ReductionOperation for this output: {self._no_reduction}")
+            arguments = Conv2dArguments(op, problem_size, a.ravel(), b.ravel(), c.ravel(), tensor_D,
+                                        output_op=op.epilogue_type(alpha, beta, *self.activation_args),
+                                        split_k_mode=split_k_mode, split_k_slices=slices)
+            reduction_arguments = None
+            if parallel:
+                gemm = implicit_gemm_problem_size(self.conv_kind, problem_size)
+                reduction_arguments = ReductionArguments(
+                    self.reduction_operation, problem_size=[gemm.m(), gemm.n()], partitions=slices,
+                    workspace=arguments, destination=tensor_D, source=c.ravel(),
+                    output_op=self.reduction_operation.epilogue_type(alpha, beta, *self.activation_args))
+        except ArgumentError as error:
+            self.skipped.append(f"{case}: {error}")
+            _common.log.info("skipped %s: %s", case, error)
+            return True
+        op.run(arguments)
+        if parallel:
+            self.reduction_operation.run(reduction_arguments)
+        passed = True
+        if self.verification:
+            (reduction_arguments if parallel else arguments).sync()
+            reference = self.host_reference(problem_size, a.astype(np.float64), b.astype(np.float64),
+                                            c.astype(np.float64), alpha, beta)
+            passed, detail = _common.matches(tensor_D.reshape(shapes[2]), reference, self.functor, op.C.element,
+                                             self.accumulator)
+            if not passed:
+                print(f"{self.conv_kind.name} {case}: {detail}")
+        runtime = None
+        if self.profiling:
+            import time
+
+            time.sleep(self.sleep_time)
+            for _ in range(self.warmup_iterations):
+                self._once(arguments, reduction_arguments)
+            self.timer.start(arguments.stream)
+            for _ in range(self.iterations):
+                self._once(arguments, reduction_arguments)
+            self.timer.stop_and_wait(arguments.stream)
+            runtime = self.timer.duration(self.iterations)
+        del arguments, reduction_arguments
+        after = get_allocated_size()
+        assert after == before, f"{after - before} bytes of device memory were not released after {case}"
+        return runtime if self.profiling else passed
+
+    def _once(self, arguments, reduction_arguments) -> None:
+        self.operation.run(arguments)
+        if reduction_arguments is not None:
+            self.reduction_operation.run(reduction_arguments)
+
+
+def default_problem_sizes(operation) -> list:
+    """pycutlass's default conv sizes for ``operation``: channel counts in multiples of its access widths (exactly
+    A's width for fixed_channels)."""
+    unit = max(8, operation.A.alignment, operation.B.alignment, operation.C.alignment)
+    fixed = operation.iterator_algorithm is IteratorAlgorithm.fixed_channels
+
+    def size(n, h, w, c, k, r, s, pad=(0, 0), stride=(1, 1), dilation=(1, 1)):
+        c = operation.A.alignment if fixed else c * unit
+        return Conv2dProblemSize((n, h, w, c), (k * unit, r, s, c), (pad[0], pad[0], pad[1], pad[1]), stride,
+                                 dilation)
+
+    return [
+        size(1, 1, 1, 1, 1, 1, 1),
+        size(1, 8, 8, 2, 1, 3, 3, pad=(1, 1)),
+        size(1, 7, 9, 1, 2, 3, 3, pad=(1, 1), stride=(2, 2)),
+        size(2, 11, 13, 3, 1, 3, 3, pad=(2, 2), dilation=(2, 2)),
+        size(1, 16, 16, 4, 2, 1, 1, stride=(2, 2)),
+        size(3, 5, 5, 1, 1, 3, 2, pad=(1, 0), stride=(1, 2)),
+        size(1, 17, 11, 2, 3, 3, 3, pad=(1, 1)),
+        size(1, 23, 21, 1, 1, 7, 7, pad=(3, 3), stride=(2, 2)),
+        size(2, 9, 9, 4, 4, 3, 3),
+        size(1, 4, 4, 1, 1, 2, 2, stride=(2, 2)),
+    ]
+
+
+def test_all_conv2d(operation, conv_test_sizes=(), interleaved: bool = False, compilation_mode: str = "nvcc",
+                    **launcher_kwargs) -> bool:
+    """The default sizes plus ``conv_test_sizes`` (serial, one slice, alpha 1, beta 0), then PyCUTLASS's split-K
+    sweep on one size (serial and parallel, 1-4 and 201 slices, alpha 2, beta 2). Skips what each kernel
+    specializes away (unity-stride dgrad on strides > 1; strided dgrad on stride 1). Returns False when any
+    result is wrong. ``compilation_mode``: "nvcc" or "nvrtc", the session's backend for this call."""
+    from .. import compiler
+
+    if compilation_mode not in ("nvcc", "nvrtc"):
+        raise ArgumentError(f"compilation_mode must be 'nvcc' or 'nvrtc', got {compilation_mode!r}")
+    previous = compiler.backend()
+    getattr(compiler, compilation_mode)()
+    try:
+        return _sweep(operation, list(conv_test_sizes), interleaved, launcher_kwargs)
+    finally:
+        compiler.use(previous)
+
+
+def _sweep(operation, extra_sizes, interleaved, launcher_kwargs) -> bool:
+    launcher = Conv2dLauncher(operation, interleaved=interleaved, **launcher_kwargs)
+    dgrad = operation.conv_kind is Operator.dgrad
+    strided = getattr(operation, "stride_support", None) is StrideSupport.Strided
+    passed = True
+    seen = []
+    for problem in default_problem_sizes(operation) + extra_sizes:
+        if problem in seen:
+            continue
+        unit_stride = problem.stride_h == 1 and problem.stride_w == 1
+        if dgrad and (unit_stride if strided else not unit_stride):
+            continue
+        if operation.iterator_algorithm is IteratorAlgorithm.few_channels and problem.C % operation.A.alignment:
+            continue
+        seen.append(problem)
+        passed = launcher.run(problem) and passed
+    if operation.iterator_algorithm in (IteratorAlgorithm.fixed_channels, IteratorAlgorithm.few_channels):
+        return passed
+    if dgrad and strided:
+        return launcher.run(Conv2dProblemSize((1, 56, 56, 8), (8, 1, 1, 8), (0, 0, 0, 0), (2, 2), (1, 1))) and passed
+    split_k_size = Conv2dProblemSize((1, 17, 11, 288), (160, 3, 3, 288), (1, 1, 1, 1), (1, 1), (1, 1))
+    for mode in (SplitKMode.Parallel, SplitKMode.Serial):
+        for slices in (1, 2, 3, 4, 201):
+            passed = launcher.run(split_k_size.reset_split_k_slices(slices), mode, 2.0, 2.0) and passed
+    if launcher.skipped:
+        _common.log.warning("test_all_conv2d(%s): %d case(s) refused by the arguments and skipped, e.g. %s",
+                            operation.name, len(launcher.skipped), launcher.skipped[0])
+    return passed
+
+
+test_all_conv2d.__test__ = False  # a library function: pytest must not collect it from ``from pycutlass.test import *``

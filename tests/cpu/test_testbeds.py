@@ -1,0 +1,128 @@
+"""PyCUTLASS 2.11's testbeds (pycutlass.test) without a GPU: the sweeps they run, their references and verdicts,
+and what they refuse up front."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pycutlass as cutlass
+from pycutlass import ArgumentError
+from pycutlass.gemm import Mode
+from pycutlass.test import _common, conv2d_testbed, gemm_testbed
+
+D = cutlass.DataType
+R, CM = cutlass.RowMajor, cutlass.ColumnMajor
+
+
+def gemm_op(element=D.float16, acc=D.float32, functor=None, tile=(128, 128, 32), stages=3):
+    math = cutlass.MathInstruction([16, 8, 16], element, element, acc, cutlass.OpClass.TensorOp)
+    tile_description = cutlass.TileDescription(list(tile), stages, [2, 2, 1], math)
+    a, b, c = (cutlass.TensorDescription(element, layout, 8) for layout in (R, CM, R))
+    functor = functor or cutlass.LinearCombination(element, 8, acc, D.float32)
+    return cutlass.GemmOperationUniversal(80, tile_description, a, b, c, functor)
+
+
+def conv_op(kind=cutlass.conv.Operator.fprop, algorithm=cutlass.conv.IteratorAlgorithm.optimized,
+            stride=cutlass.conv.StrideSupport.Unity, alignment=8, swizzle=cutlass.IdentitySwizzle1):
+    math = cutlass.MathInstruction([16, 8, 16], D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp)
+    tile = cutlass.TileDescription([128, 128, 32], 3, [2, 2, 1], math)
+    a, b, c = (cutlass.TensorDescription(D.float16, cutlass.TensorNHWC, alignment) for _ in range(3))
+    return cutlass.Conv2dOperation(kind, algorithm, 80, tile, a, b, c, stride,
+                                   cutlass.LinearCombination(D.float16, alignment, D.float32, D.float32), swizzle)
+
+
+def test_star_import_gives_the_testbeds_and_pytest_does_not_collect_them():
+    namespace = {}
+    exec("from pycutlass.test import *", namespace)
+    for name in ("GemmUniversalLauncher", "Conv2dLauncher", "test_all_gemm", "test_all_conv2d", "GpuTimer"):
+        assert name in namespace, name
+    assert namespace["test_all_gemm"].__test__ is False and namespace["test_all_conv2d"].__test__ is False
+
+
+def test_universal_sweep_is_pycutlass_s(monkeypatch):
+    """f16 tensor op 128x128x32, 3 stages: M in {8, 488}, N in {8, 496}, K in {8, 88, 280}, slices 1..7 where
+    K / slices >= 2 * tile K, both modes, alpha 1, beta 2."""
+    calls = []
+    monkeypatch.setattr(cutlass.compiler, "add_module", lambda ops, **kw: None)
+    monkeypatch.setattr(gemm_testbed.GemmUniversalLauncher, "run",
+                        lambda self, mode, size, count, alpha, beta: calls.append(
+                            (mode, size.m(), size.n(), size.k(), count, alpha, beta)) or True)
+    assert cutlass.test.test_all_gemm(gemm_op(), "universal")
+    expected = [(mode, m, n, k, count, 1.0, 2.0) for mode in (Mode.Gemm, Mode.GemmSplitKParallel)
+                for m in (8, 488) for n in (8, 496) for k in (8, 88, 280) for count in (1, 2, 3, 5, 7)
+                if k // count >= 64]
+    assert calls == expected and len(calls) == 32
+    calls.clear()
+    assert cutlass.test.test_all_gemm(gemm_op(), "multistage")
+    assert calls == [(Mode.Gemm, m, n, k, 1, 1.0, 0.0) for m in (16, 528) for n in (16, 528) for k in (32, 112)]
+    monkeypatch.setattr(gemm_testbed.GemmUniversalLauncher, "run", lambda self, *a: False)
+    assert cutlass.test.test_all_gemm(gemm_op()) is False  # the first wrong result ends the sweep
+    with pytest.raises(ArgumentError, match="testcase"):
+        cutlass.test.test_all_gemm(gemm_op(), "everything")
+    with pytest.raises(ArgumentError, match="interleaved"):
+        cutlass.test.test_all_gemm(gemm_op(), "interleaved")
+
+
+def test_conv_sweep_skips_what_each_kernel_specializes_away(monkeypatch):
+    runs = []
+    monkeypatch.setattr(cutlass.compiler, "add_module", lambda ops, **kw: None)
+    monkeypatch.setattr(conv2d_testbed.Conv2dLauncher, "run",
+                        lambda self, size, mode=cutlass.conv.SplitKMode.Serial, alpha=1.0, beta=0.0:
+                        runs.append((size, mode, alpha, beta)) or True)
+    fprop = conv_op()
+    assert cutlass.test.test_all_conv2d(fprop)
+    sizes = conv2d_testbed.default_problem_sizes(fprop)
+    assert [r[0] for r in runs[:len(sizes)]] == sizes
+    assert all(size.C % 8 == 0 and size.K % 8 == 0 for size in sizes)
+    split = runs[len(sizes):]
+    assert [(r[1], r[0].split_k_slices) for r in split] == [
+        (mode, n) for mode in (cutlass.conv.SplitKMode.Parallel, cutlass.conv.SplitKMode.Serial)
+        for n in (1, 2, 3, 4, 201)] and all(r[2:] == (2.0, 2.0) for r in split)
+    runs.clear()
+    cutlass.test.test_all_conv2d(conv_op(cutlass.conv.Operator.dgrad))  # unity-stride dgrad: stride 1 only
+    assert runs and all(r[0].stride_h == r[0].stride_w == 1 for r in runs)
+    runs.clear()
+    cutlass.test.test_all_conv2d(conv_op(cutlass.conv.Operator.dgrad, stride=cutlass.conv.StrideSupport.Strided,
+                                         swizzle=cutlass.StridedDgradIdentitySwizzle1))
+    assert runs and all((r[0].stride_h, r[0].stride_w) != (1, 1) for r in runs)
+    runs.clear()
+    fixed = conv_op(algorithm=cutlass.conv.IteratorAlgorithm.fixed_channels, alignment=4)
+    cutlass.test.test_all_conv2d(fixed)
+    assert runs and all(r[0].C == 4 for r in runs) and all(r[1] == cutlass.conv.SplitKMode.Serial for r in runs)
+
+
+def test_references_and_verdicts():
+    relu = cutlass.LinearCombinationGeneric(cutlass.relu(D.float32), D.float16, 8)
+    acc = np.array([[-3.0, 2.0], [5.0, -1.0]])
+    c = np.array([[1.0, 1.0], [-1.0, 0.0]])
+    ref = _common.epilogue_reference(relu, D.float16, acc, c, 2.0, 1.0)
+    assert np.array_equal(ref, [[0.0, 5.0], [9.0, 0.0]])
+    plain = cutlass.LinearCombination(D.int8, 16, D.int32, D.float32)
+    assert np.array_equal(_common.epilogue_reference(plain, D.int8, np.array([300.0, -2.4]), None, 1.0, 0.0),
+                          [127.0, -2.0])  # rounds and saturates
+    assert _common.matches(ref, ref, relu, D.float16, D.float32)[0]
+    poisoned = ref.copy()
+    poisoned[0, 0] = np.nan
+    assert not _common.matches(poisoned, ref, relu, D.float16, D.float32)[0]  # NaN left behind fails
+    assert not _common.matches(ref + 0.5, ref, relu, D.float16, D.float32)[0]
+    assert not _common.matches(np.array([127.0, -1.0]), np.array([127.0, -2.0]), plain, D.int8, D.int32)[0]
+    assert np.isnan(_common.poisoned(4, D.float16)).all() and (_common.poisoned(4, D.int8) == -77).all()
+    values = _common.uniform_integers(np.random.default_rng(2080), (1000,), D.float16, _common.scope(D.float16))
+    assert values.dtype == np.float16 and set(np.unique(values)) <= set(range(-4, 5))
+
+
+def test_what_the_testbeds_refuse_up_front(monkeypatch):
+    monkeypatch.setattr(cutlass.compiler, "add_module", lambda ops, **kw: None)
+    leaky = gemm_op(functor=cutlass.LinearCombinationGeneric(cutlass.leaky_relu(D.float32), D.float16, 8))
+    with pytest.raises(ArgumentError, match="activation_args"):
+        cutlass.test.GemmUniversalLauncher(leaky)
+    assert cutlass.test.GemmUniversalLauncher(leaky, activation_args=(0.1,)).activation_args == (0.1,)
+    with pytest.raises(ArgumentError, match="NHWC"):
+        cutlass.test.Conv2dLauncher(conv_op(), interleaved=True)
+    with pytest.raises(ArgumentError, match="compilation_mode"):
+        cutlass.test.test_all_gemm(gemm_op(), compilation_mode="clang")
+    try:
+        import ml_dtypes  # noqa: F401
+    except ImportError:
+        with pytest.raises(ArgumentError, match="ml_dtypes"):
+            cutlass.test.GemmUniversalLauncher(gemm_op(D.bfloat16))
