@@ -93,8 +93,11 @@ def tolerance(functor, element_out: DataType, accumulator: DataType) -> float:
     return tol
 
 
-def matches(got, reference, functor, element_out: DataType, accumulator: DataType) -> tuple[bool, str]:
-    """(passed, what was wrong). Integer outputs are exact (a float epilogue's rounding ties may differ by one)."""
+def matches(got, reference, functor, element_out: DataType, accumulator: DataType,
+            serial_slices: int = 1) -> tuple[bool, str]:
+    """(passed, what was wrong). Integer outputs are exact (a float epilogue's rounding ties may differ by one).
+    ``serial_slices``: serial split-K rounds each slice's partial result into D, so a 16-bit float D carries that
+    many roundings of partial sums (the tolerance grows with them)."""
     got = np.asarray(got, dtype=np.float64)
     reference = np.asarray(reference, dtype=np.float64)
     if not np.all(np.isfinite(got)):
@@ -106,9 +109,25 @@ def matches(got, reference, functor, element_out: DataType, accumulator: DataTyp
     norm = float(np.linalg.norm(reference)) or 1.0
     error = float(np.linalg.norm(got - reference)) / norm
     tol = tolerance(functor, element_out, accumulator)
+    if element_out.bits <= 16:
+        tol *= max(1, int(serial_slices))
     return error <= tol, f"relative error {error:.3g} (tolerance {tol:.3g})"
 
 
 def poisoned(size: int, element: DataType) -> np.ndarray:
     """An output buffer every element of which a run must overwrite (NaN, or -77 for integers)."""
     return np.full(size, -77 if element.is_integer else np.nan).astype(numpy_type(element))
+
+
+def reduction_for(operation):
+    """PyCUTLASS's ReductionOperation for an operation's parallel split-K: its epilogue, over partials in its output
+    type (what pycutlass's split-K writes). Raises DescriptionError where no reduction takes that output."""
+    from ..description.coords import MatrixCoord
+    from ..kinds.reduction.operation import ReductionOperation
+
+    functor = operation.epilogue_functor
+    return ReductionOperation(
+        shape=MatrixCoord(4, 32 * operation.C.alignment), C=operation.C,
+        element_accumulator=operation.tile_description.math_instruction.element_accumulator,
+        element_workspace=operation.C.element, element_compute=functor.element_epilogue, epilogue_functor=functor,
+        count=operation.C.alignment)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..description.coords import MatrixCoord
 from ..description.types import LayoutType
 from ..errors import ArgumentError, DescriptionError
 from ..kinds.conv2d.problem import (Conv2dProblemSize, IteratorAlgorithm, Operator, SplitKMode, StrideSupport,
@@ -35,7 +34,6 @@ class Conv2dLauncher:
                  enable_cached_results: bool = True, profiling: bool = False, warmup_iterations: int = 500,
                  iterations: int = 500, verification: bool = True, activation_args=(), **kwargs) -> None:
         from .. import compiler
-        from ..kinds.reduction.operation import ReductionOperation
 
         if interleaved or any(d.layout is not LayoutType.TensorNHWC for d in (operation.A, operation.B, operation.C)):
             raise ArgumentError("the conv2d testbed runs NHWC operations only; check interleaved (NC32HW32) "
@@ -54,11 +52,7 @@ class Conv2dLauncher:
         self.timer = GpuTimer()
         self.skipped: list[str] = []
         try:
-            self.reduction_operation = ReductionOperation(
-                shape=MatrixCoord(4, 32 * operation.C.alignment), C=operation.C,
-                element_accumulator=self.accumulator, element_workspace=operation.C.element,
-                element_compute=self.functor.element_epilogue,
-                epilogue_functor=self.functor, count=operation.C.alignment)
+            self.reduction_operation = _common.reduction_for(operation)
         except DescriptionError as error:
             self.reduction_operation = None
             self._no_reduction = str(error)
@@ -113,7 +107,7 @@ class Conv2dLauncher:
             reference = self.host_reference(problem_size, a.astype(np.float64), b.astype(np.float64),
                                             c.astype(np.float64), alpha, beta)
             passed, detail = _common.matches(tensor_D.reshape(shapes[2]), reference, self.functor, op.C.element,
-                                             self.accumulator)
+                                             self.accumulator, 1 if parallel else slices)
             if not passed:
                 print(f"{self.conv_kind.name} {case}: {detail}")
         runtime = None
@@ -177,18 +171,19 @@ def test_all_conv2d(operation, conv_test_sizes=(), interleaved: bool = False, co
     previous = compiler.backend()
     getattr(compiler, compilation_mode)()
     try:
-        return _sweep(operation, list(conv_test_sizes), interleaved, launcher_kwargs)
+        return sweep(Conv2dLauncher(operation, interleaved=interleaved, **launcher_kwargs), list(conv_test_sizes))
     finally:
         compiler.use(previous)
 
 
-def _sweep(operation, extra_sizes, interleaved, launcher_kwargs) -> bool:
-    launcher = Conv2dLauncher(operation, interleaved=interleaved, **launcher_kwargs)
+def sweep(launcher: Conv2dLauncher, extra_sizes=()) -> bool:
+    """``test_all_conv2d``'s cases on a launcher of one's own (whose ``skipped`` then tells what was refused)."""
+    operation = launcher.operation
     dgrad = operation.conv_kind is Operator.dgrad
     strided = getattr(operation, "stride_support", None) is StrideSupport.Strided
     passed = True
     seen = []
-    for problem in default_problem_sizes(operation) + extra_sizes:
+    for problem in default_problem_sizes(operation) + list(extra_sizes):
         if problem in seen:
             continue
         unit_stride = problem.stride_h == 1 and problem.stride_w == 1

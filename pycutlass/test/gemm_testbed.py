@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..description.coords import GemmCoord, MatrixCoord
+from ..description.coords import GemmCoord
 from ..description.types import LayoutType, OpClass
 from ..errors import ArgumentError, DescriptionError
 from ..kinds.gemm.modes import Mode
@@ -53,7 +53,6 @@ class GemmUniversalLauncher:
                  profiling: bool = False, warmup_iterations: int = 500, iterations: int = 500,
                  activation_args=(), **kwargs) -> None:
         from .. import compiler
-        from ..kinds.reduction.operation import ReductionOperation
 
         self.operation = operation
         self.functor = operation.epilogue_functor
@@ -70,12 +69,8 @@ class GemmUniversalLauncher:
         self.bounds = _common.scope(operation.A.element)
         self.timer = GpuTimer()
         self.skipped: list[str] = []  # cases the arguments refused, with why
-        try:  # PyCUTLASS's reduction for parallel split-K: the operation's epilogue, over partials in its output type
-            self.reduction_operation = ReductionOperation(
-                shape=MatrixCoord(4, 32 * operation.C.alignment), C=operation.C,
-                element_accumulator=self.accumulator, element_workspace=operation.C.element,
-                element_compute=self.functor.element_epilogue,
-                epilogue_functor=self.functor, count=operation.C.alignment)
+        try:
+            self.reduction_operation = _common.reduction_for(operation)
         except DescriptionError as error:
             self.reduction_operation = None
             self._no_reduction = str(error)
@@ -131,7 +126,8 @@ class GemmUniversalLauncher:
             (reduction_arguments if parallel else arguments).sync()
             reference = self.host_reference(problem_size, a, b, c, alpha, beta)
             got = _unpack(tensor_D, op.C.layout, m, n)
-            passed, detail = _common.matches(got, reference, self.functor, op.C.element, self.accumulator)
+            passed, detail = _common.matches(got, reference, self.functor, op.C.element, self.accumulator,
+                                             batch_count if mode is Mode.Gemm else 1)
             if not passed:
                 print(f"problem: {m}, {n}, {k}\n batch_count: {batch_count}\n mode: {mode.name}\n {detail}")
         runtime = None
@@ -178,12 +174,17 @@ def test_all_gemm(operation, testcase: str = "universal", compilation_mode: str 
     previous = compiler.backend()
     getattr(compiler, compilation_mode)()
     try:
-        return _sweep(operation, testcase, launcher_kwargs)
+        if testcase == "interleaved" and not operation.A.layout.is_interleaved:
+            raise ArgumentError("testcase='interleaved' needs an operation with interleaved-32 layouts")
+        launcher = GemmUniversalLauncher(operation, interleaved=testcase == "interleaved", **launcher_kwargs)
+        return sweep(launcher, testcase)
     finally:
         compiler.use(previous)
 
 
-def _sweep(operation, testcase: str, launcher_kwargs) -> bool:
+def sweep(launcher: GemmUniversalLauncher, testcase: str = "universal") -> bool:
+    """``test_all_gemm``'s cases on a launcher of one's own (whose ``skipped`` then tells what was refused)."""
+    operation = launcher.operation
     tile = operation.tile_description
     math = tile.math_instruction
     smallest = min(operation.A.element.bits, operation.B.element.bits)
@@ -195,8 +196,6 @@ def _sweep(operation, testcase: str, launcher_kwargs) -> bool:
                                       operation.B.layout is LayoutType.ColumnMajor) else alignment
     tile_k, stages = tile.threadblock_shape[2], _effective_stages(tile)
     if testcase == "interleaved":
-        if not operation.A.layout.is_interleaved:
-            raise ArgumentError("testcase='interleaved' needs an operation with interleaved-32 layouts")
         modes, ms, ns = [Mode.Gemm], [32, 512 + 32], [32, 512 + 32]
         ks, slices, alphas, betas = [32, tile_k * stages + 32], [1], [1.0], [0.0]
     elif testcase == "multistage":
@@ -207,7 +206,6 @@ def _sweep(operation, testcase: str, launcher_kwargs) -> bool:
         ms, ns = [alignment_m, 512 - 3 * alignment_m], [alignment_n, 512 - 2 * alignment_n]
         ks = [alignment_k, tile_k * stages - alignment_k, tile_k * stages * 3 - alignment_k]
         slices, alphas, betas = [1, 2, 3, 5, 7], [1.0], [2.0]
-    launcher = GemmUniversalLauncher(operation, interleaved=testcase == "interleaved", **launcher_kwargs)
     for mode in modes:
         for m in ms:
             for n in ns:

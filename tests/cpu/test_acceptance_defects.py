@@ -637,3 +637,27 @@ def test_interleaved_int8_tiles_at_the_rule_boundary_compile(compiler_state):
     ops = [_interleaved(kind, shape, warps) for kind in ("gemm", "conv")
            for shape, warps in (((64, 64, 64), (2, 1, 1)), ((32, 32, 128), (2, 2, 1)), ((256, 64, 128), (4, 1, 1)))]
     assert len(compiler.add_module(ops, jobs=2)) == len(ops)
+
+
+def _wgrad_simt(tile, warps, stages=7, algorithm=IteratorAlgorithm.optimized, out=cutlass.DataType.float16):
+    F32 = cutlass.DataType.float32
+    math = cutlass.MathInstruction([1, 1, 1], F32, F32, F32, cutlass.OpClass.Simt)
+    td = cutlass.TileDescription(tile, stages, warps, math)
+    a = cutlass.TensorDescription(F32, cutlass.TensorNHWC, 1)
+    c = cutlass.TensorDescription(out, cutlass.TensorNHWC, 1)
+    return Conv2dOperation(Operator.wgrad, algorithm, 80, td, a, a, c, StrideSupport.Strided,
+                           cutlass.LinearCombination(out, 1, F32, F32), cutlass.IdentitySwizzle2)
+
+
+def test_optimized_wgrad_output_gradient_loads_fit_its_32_predicate_bits():
+    """Found by PyCUTLASS's conv testbed over drawn configurations on the H100 (testbed-sweep seed 1): the
+    optimized wgrad output-gradient iterator sets one predicate bit per load in a uint32_t with no static_assert;
+    128x32x16 SIMT on one warp takes 64 loads and computed every problem wrong (relative error 0.6-0.7). On the
+    H100, 2x1 warps (32 loads), 64x32x8 (16 loads) and the analytic iterator were correct."""
+    with pytest.raises(DescriptionError, match="optimized wgrad output-gradient iterator.*64 loads"):
+        _wgrad_simt([128, 32, 16], [1, 1, 1])
+    with pytest.raises(DescriptionError, match="output-gradient iterator"):
+        _wgrad_simt([128, 32, 16], [1, 1, 1], stages=3, out=cutlass.DataType.float32)
+    _wgrad_simt([128, 32, 16], [2, 1, 1])
+    _wgrad_simt([64, 32, 8], [1, 1, 1])
+    _wgrad_simt([128, 32, 16], [1, 1, 1], algorithm=IteratorAlgorithm.analytic)

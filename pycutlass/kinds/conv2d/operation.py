@@ -227,12 +227,21 @@ class Conv2dOperation(TiledOperation):
         # filter_tile_access_iterator_optimized.h: Iterations::kStrided * kContiguous < its bits).
         filter_mask = (self.iterator_algorithm is IteratorAlgorithm.optimized
                        and self.conv_kind in (Operator.fprop, Operator.dgrad))
+        # The optimized wgrad output-gradient iterator (operand A) sets bit (c + s * Iterations::kContiguous) of its
+        # uint32_t predicates_ for every load, with no static_assert: past 32 loads the shift overflows and the
+        # predicates come out wrong (found on an H100: 128x32x16 SIMT on one warp, 64 loads, relative error 0.7).
+        wgrad_mask = self.iterator_algorithm is IteratorAlgorithm.optimized and self.conv_kind is Operator.wgrad
 
         def one_contiguous_access(label, desc, is_k_major, per_access, iterations, where):
             if is_k_major and iterations[0] != 1:
                 return (f"CUTLASS's convolution iterator for {where} takes one access along K per thread "
                         f"(static_assert 'Require Iterations::kContiguous == 1'), but its thread map gives "
                         f"{iterations[0]}; use a smaller tile K or more warps")
+            if label == "A" and wgrad_mask and iterations[0] * iterations[1] > 32:
+                return (f"CUTLASS's optimized wgrad output-gradient iterator keeps one predicate bit per load in 32 "
+                        f"bits, but {where} takes {iterations[0] * iterations[1]} loads per thread (its shift "
+                        f"overflows and the results are wrong); use more warps, a smaller tile M or K, or the "
+                        f"analytic iterator")
             if label == "B" and filter_mask:
                 loads = iterations[1] * (iterations[0] if self.conv_kind is Operator.dgrad else 1)
                 bits = 32 * (per_access // desc.alignment)
