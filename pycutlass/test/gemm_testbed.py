@@ -189,6 +189,8 @@ def sweep(launcher: GemmUniversalLauncher, testcase: str = "universal") -> bool:
     math = tile.math_instruction
     smallest = min(operation.A.element.bits, operation.B.element.bits)
     alignment = 1 if math.opcode_class is OpClass.Simt else 128 // smallest
+    # PyCUTLASS's sizes, kept multiples of every operand's access width (a wider C would refuse them all)
+    alignment = max(alignment, operation.A.alignment, operation.B.alignment, operation.C.alignment)
     simt_int8 = math.opcode_class is OpClass.Simt and operation.A.element.bits == 8
     alignment_m = 4 if simt_int8 and operation.A.layout is LayoutType.ColumnMajor else alignment
     alignment_n = 4 if simt_int8 and operation.A.layout is LayoutType.RowMajor else alignment
