@@ -131,3 +131,17 @@ def reduction_for(operation):
         element_accumulator=operation.tile_description.math_instruction.element_accumulator,
         element_workspace=operation.C.element, element_compute=functor.element_epilogue, epilogue_functor=functor,
         count=operation.C.alignment)
+
+
+def sweep_verdict(launcher, what: str, attempts: int, skipped_before: int, passed: bool) -> bool:
+    """A sweep's result: False, with the reason printed, when the arguments refused every case (a sweep that ran
+    nothing has shown nothing); the refused cases are logged either way."""
+    refused = len(launcher.skipped) - skipped_before
+    if refused:
+        log.warning("%s(%s): %d of %d case(s) refused by the arguments and skipped, e.g. %s", what,
+                    launcher.operation.name, refused, attempts, launcher.skipped[skipped_before])
+    if attempts and refused == attempts:
+        print(f"{what}: the arguments refused all {attempts} cases, so nothing ran; the first refusal: "
+              f"{launcher.skipped[skipped_before]}")
+        return False
+    return passed

@@ -181,7 +181,13 @@ def sweep(launcher: Conv2dLauncher, extra_sizes=()) -> bool:
     operation = launcher.operation
     dgrad = operation.conv_kind is Operator.dgrad
     strided = getattr(operation, "stride_support", None) is StrideSupport.Strided
-    passed = True
+    skipped_before, attempts, passed = len(launcher.skipped), 0, True
+
+    def run(*case) -> None:
+        nonlocal attempts, passed
+        attempts += 1
+        passed = launcher.run(*case) and passed
+
     seen = []
     for problem in default_problem_sizes(operation) + list(extra_sizes):
         if problem in seen:
@@ -192,19 +198,15 @@ def sweep(launcher: Conv2dLauncher, extra_sizes=()) -> bool:
         if operation.iterator_algorithm is IteratorAlgorithm.few_channels and problem.C % operation.A.alignment:
             continue
         seen.append(problem)
-        passed = launcher.run(problem) and passed
-    if operation.iterator_algorithm in (IteratorAlgorithm.fixed_channels, IteratorAlgorithm.few_channels):
-        return passed
+        run(problem)
     if dgrad and strided:
-        return launcher.run(Conv2dProblemSize((1, 56, 56, 8), (8, 1, 1, 8), (0, 0, 0, 0), (2, 2), (1, 1))) and passed
-    split_k_size = Conv2dProblemSize((1, 17, 11, 288), (160, 3, 3, 288), (1, 1, 1, 1), (1, 1), (1, 1))
-    for mode in (SplitKMode.Parallel, SplitKMode.Serial):
-        for slices in (1, 2, 3, 4, 201):
-            passed = launcher.run(split_k_size.reset_split_k_slices(slices), mode, 2.0, 2.0) and passed
-    if launcher.skipped:
-        _common.log.warning("test_all_conv2d(%s): %d case(s) refused by the arguments and skipped, e.g. %s",
-                            operation.name, len(launcher.skipped), launcher.skipped[0])
-    return passed
+        run(Conv2dProblemSize((1, 56, 56, 8), (8, 1, 1, 8), (0, 0, 0, 0), (2, 2), (1, 1)))
+    elif operation.iterator_algorithm not in (IteratorAlgorithm.fixed_channels, IteratorAlgorithm.few_channels):
+        split_k_size = Conv2dProblemSize((1, 17, 11, 288), (160, 3, 3, 288), (1, 1, 1, 1), (1, 1), (1, 1))
+        for mode in (SplitKMode.Parallel, SplitKMode.Serial):
+            for slices in (1, 2, 3, 4, 201):
+                run(split_k_size.reset_split_k_slices(slices), mode, 2.0, 2.0)
+    return _common.sweep_verdict(launcher, "test_all_conv2d", attempts, skipped_before, passed)
 
 
 test_all_conv2d.__test__ = False  # a library function: pytest must not collect it from ``from pycutlass.test import *``

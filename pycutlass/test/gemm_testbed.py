@@ -208,6 +208,7 @@ def sweep(launcher: GemmUniversalLauncher, testcase: str = "universal") -> bool:
         ms, ns = [alignment_m, 512 - 3 * alignment_m], [alignment_n, 512 - 2 * alignment_n]
         ks = [alignment_k, tile_k * stages - alignment_k, tile_k * stages * 3 - alignment_k]
         slices, alphas, betas = [1, 2, 3, 5, 7], [1.0], [2.0]
+    skipped_before, attempts = len(launcher.skipped), 0
     for mode in modes:
         for m in ms:
             for n in ns:
@@ -217,12 +218,10 @@ def sweep(launcher: GemmUniversalLauncher, testcase: str = "universal") -> bool:
                             continue  # PyCUTLASS skips K too small for its slices
                         for alpha in alphas:
                             for beta in betas:
+                                attempts += 1
                                 if not launcher.run(mode, GemmCoord(m, n, k), count, alpha, beta):
                                     return False
-    if launcher.skipped:
-        _common.log.warning("test_all_gemm(%s): %d case(s) refused by the arguments and skipped, e.g. %s",
-                            operation.name, len(launcher.skipped), launcher.skipped[0])
-    return True
+    return _common.sweep_verdict(launcher, "test_all_gemm", attempts, skipped_before, True)
 
 
 test_all_gemm.__test__ = False  # a library function: pytest must not collect it from ``from pycutlass.test import *``

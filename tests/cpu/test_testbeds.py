@@ -126,3 +126,17 @@ def test_what_the_testbeds_refuse_up_front(monkeypatch):
     except ImportError:
         with pytest.raises(ArgumentError, match="ml_dtypes"):
             cutlass.test.GemmUniversalLauncher(gemm_op(D.bfloat16))
+
+
+def test_a_sweep_whose_cases_were_all_refused_fails(monkeypatch, capsys):
+    """A sweep that ran nothing has shown nothing: test_all_gemm returns False when the arguments refused every
+    case (e.g. an SM90 operation built with a bias vector, which PyCUTLASS's testbeds never pass)."""
+    monkeypatch.setattr(cutlass.compiler, "add_module", lambda ops, **kw: None)
+
+    def refuse(self, mode, size, count, alpha, beta):
+        self.skipped.append("refused")
+        return True
+
+    monkeypatch.setattr(gemm_testbed.GemmUniversalLauncher, "run", refuse)
+    assert cutlass.test.test_all_gemm(gemm_op()) is False
+    assert "refused all 32 cases" in capsys.readouterr().out
