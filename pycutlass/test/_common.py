@@ -8,7 +8,7 @@ import numpy as np
 
 from ..description.types import DataType
 from ..epilogue.activations import reference as activation_reference
-from ..errors import ArgumentError
+from ..errors import ArgumentError, DescriptionError
 
 log = logging.getLogger("pycutlass.test")
 
@@ -145,3 +145,86 @@ def sweep_verdict(launcher, what: str, attempts: int, skipped_before: int, passe
               f"{launcher.skipped[skipped_before]}")
         return False
     return passed
+
+
+class Launcher:
+    """What GemmUniversalLauncher and Conv2dLauncher share: settings, the split-K reduction, compiling both, and one
+    checked (or profiled) run."""
+
+    def __init__(self, operation, seed, verification, profiling, warmup_iterations, iterations, activation_args,
+                 kwargs) -> None:
+        from .. import compiler
+        from .profiler import GpuTimer
+
+        self.operation = operation
+        self.functor = operation.epilogue_functor
+        self.activation_args = activation_arguments(self.functor, activation_args)
+        self.accumulator = operation.tile_description.math_instruction.element_accumulator
+        for description in (operation.A, operation.B, operation.C):
+            numpy_type(description.element)  # bfloat16 / fp8 without ml_dtypes: say so now
+        self.seed, self.verification, self.profiling = int(seed), bool(verification), bool(profiling)
+        self.warmup_iterations, self.iterations = int(warmup_iterations), int(iterations)
+        self.sleep_time = float(kwargs.get("sleep", 0))
+        self.bounds = scope(operation.A.element)
+        self.timer = GpuTimer()
+        self.skipped: list[str] = []  # cases the arguments refused, with why
+        try:
+            self.reduction_operation = reduction_for(operation)
+        except DescriptionError as error:
+            self.reduction_operation = None
+            self._no_reduction = str(error)
+        compiler.add_module([op for op in (operation, self.reduction_operation) if op is not None])
+
+    def reduction_arguments(self, arguments, problem_size, partitions, destination, source, alpha, beta):
+        from ..kinds.reduction.arguments import ReductionArguments
+
+        if self.reduction_operation is None:
+            raise ArgumentError(f"no ReductionOperation for this output: {self._no_reduction}")
+        return ReductionArguments(self.reduction_operation, problem_size=problem_size, partitions=partitions,
+                                  workspace=arguments, destination=destination, source=source,
+                                  output_op=self.reduction_operation.epilogue_type(alpha, beta,
+                                                                                   *self.activation_args))
+
+    def execute(self, case: str, build, reference, output, serial_slices: int, report):
+        """Build the arguments (``build()`` -> (arguments, reduction arguments or None); an ArgumentError skips the
+        case), run, then compare ``output()`` with ``reference()`` (``report(detail)`` on a mismatch) or profile.
+        True / False, or milliseconds per run when profiling."""
+        from ..runtime.memory import get_allocated_size
+
+        before = get_allocated_size()
+        try:
+            arguments, reduction = build()
+        except ArgumentError as error:
+            self.skipped.append(f"{case}: {error}")
+            log.info("skipped %s: %s", case, error)
+            return True
+        self._once(arguments, reduction)
+        passed = True
+        if self.verification:
+            (reduction or arguments).sync()
+            passed, detail = matches(output(), reference(), self.functor, self.operation.C.element,
+                                     self.accumulator, serial_slices)
+            if not passed:
+                report(detail)
+        runtime = self._profile(arguments, reduction) if self.profiling else None
+        del arguments, reduction
+        after = get_allocated_size()
+        assert after == before, f"{after - before} bytes of device memory were not released after {case}"
+        return runtime if self.profiling else passed
+
+    def _once(self, arguments, reduction) -> None:
+        self.operation.run(arguments)
+        if reduction is not None:
+            self.reduction_operation.run(reduction)
+
+    def _profile(self, arguments, reduction) -> float:
+        import time
+
+        time.sleep(self.sleep_time)
+        for _ in range(self.warmup_iterations):
+            self._once(arguments, reduction)
+        self.timer.start(arguments.stream)
+        for _ in range(self.iterations):
+            self._once(arguments, reduction)
+        self.timer.stop_and_wait(arguments.stream)
+        return self.timer.duration(self.iterations)

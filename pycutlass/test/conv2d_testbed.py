@@ -12,51 +12,31 @@ from __future__ import annotations
 import numpy as np
 
 from ..description.types import LayoutType
-from ..errors import ArgumentError, DescriptionError
+from ..errors import ArgumentError
 from ..kinds.conv2d.problem import (Conv2dProblemSize, IteratorAlgorithm, Operator, SplitKMode, StrideSupport,
                                     implicit_gemm_problem_size, implicit_gemm_tensor_a_extent,
                                     implicit_gemm_tensor_b_extent, implicit_gemm_tensor_c_extent)
-from ..runtime.memory import get_allocated_size
 from ..utils.reference_model import conv2d_dgrad, conv2d_fprop, conv2d_wgrad
 from . import _common
-from .profiler import GpuTimer
 
 
 def _extent(coord) -> tuple:
     return coord.n(), coord.h(), coord.w(), coord.c()
 
 
-class Conv2dLauncher:
+class Conv2dLauncher(_common.Launcher):
     """Runs ``operation`` on one problem at a time and checks it (``run`` returns True or False; with
     ``profiling=True`` the average milliseconds per run instead)."""
 
     def __init__(self, operation, seed: int = _common.SEED, interleaved: bool = False,
                  enable_cached_results: bool = True, profiling: bool = False, warmup_iterations: int = 500,
                  iterations: int = 500, verification: bool = True, activation_args=(), **kwargs) -> None:
-        from .. import compiler
-
         if interleaved or any(d.layout is not LayoutType.TensorNHWC for d in (operation.A, operation.B, operation.C)):
             raise ArgumentError("the conv2d testbed runs NHWC operations only; check interleaved (NC32HW32) "
                                 "convolutions with pycutlass.utils.reference_model on deinterleaved tensors")
-        self.operation = operation
+        super().__init__(operation, seed, verification, profiling, warmup_iterations, iterations, activation_args,
+                         kwargs)
         self.conv_kind = operation.conv_kind
-        self.functor = operation.epilogue_functor
-        self.activation_args = _common.activation_arguments(self.functor, activation_args)
-        self.accumulator = operation.tile_description.math_instruction.element_accumulator
-        for description in (operation.A, operation.B, operation.C):
-            _common.numpy_type(description.element)
-        self.seed, self.verification, self.profiling = int(seed), bool(verification), bool(profiling)
-        self.warmup_iterations, self.iterations = int(warmup_iterations), int(iterations)
-        self.sleep_time = float(kwargs.get("sleep", 0))
-        self.bounds = _common.scope(operation.A.element)
-        self.timer = GpuTimer()
-        self.skipped: list[str] = []
-        try:
-            self.reduction_operation = _common.reduction_for(operation)
-        except DescriptionError as error:
-            self.reduction_operation = None
-            self._no_reduction = str(error)
-        compiler.add_module([op for op in (operation, self.reduction_operation) if op is not None])
 
     def host_reference(self, problem_size, tensor_A, tensor_B, tensor_C, alpha, beta):
         """The float64 reference of D (4-D, the output's extent) from 4-D float64 operands."""
@@ -68,10 +48,8 @@ class Conv2dLauncher:
 
     def run(self, problem_size, split_k_mode=SplitKMode.Serial, alpha: float = 1.0, beta: float = 0.0):
         from ..kinds.conv2d.arguments import Conv2dArguments
-        from ..kinds.reduction.arguments import ReductionArguments
 
         op = self.operation
-        before = get_allocated_size()
         rng = np.random.default_rng(self.seed)
         shapes = [_extent(f(self.conv_kind, problem_size)) for f in (
             implicit_gemm_tensor_a_extent, implicit_gemm_tensor_b_extent, implicit_gemm_tensor_c_extent)]
@@ -81,56 +59,22 @@ class Conv2dLauncher:
         slices = problem_size.split_k_slices
         parallel = split_k_mode == SplitKMode.Parallel
         case = f"{problem_size} split_k_mode={SplitKMode(split_k_mode).name} alpha={alpha} beta={beta}"
-        try:
-            if parallel and self.reduction_operation is None:
-                raise ArgumentError(f"no ReductionOperation for this output: {self._no_reduction}")
+
+        def build():
             arguments = Conv2dArguments(op, problem_size, a.ravel(), b.ravel(), c.ravel(), tensor_D,
                                         output_op=op.epilogue_type(alpha, beta, *self.activation_args),
                                         split_k_mode=split_k_mode, split_k_slices=slices)
-            reduction_arguments = None
-            if parallel:
-                gemm = implicit_gemm_problem_size(self.conv_kind, problem_size)
-                reduction_arguments = ReductionArguments(
-                    self.reduction_operation, problem_size=[gemm.m(), gemm.n()], partitions=slices,
-                    workspace=arguments, destination=tensor_D, source=c.ravel(),
-                    output_op=self.reduction_operation.epilogue_type(alpha, beta, *self.activation_args))
-        except ArgumentError as error:
-            self.skipped.append(f"{case}: {error}")
-            _common.log.info("skipped %s: %s", case, error)
-            return True
-        op.run(arguments)
-        if parallel:
-            self.reduction_operation.run(reduction_arguments)
-        passed = True
-        if self.verification:
-            (reduction_arguments if parallel else arguments).sync()
-            reference = self.host_reference(problem_size, a.astype(np.float64), b.astype(np.float64),
-                                            c.astype(np.float64), alpha, beta)
-            passed, detail = _common.matches(tensor_D.reshape(shapes[2]), reference, self.functor, op.C.element,
-                                             self.accumulator, 1 if parallel else slices)
-            if not passed:
-                print(f"{self.conv_kind.name} {case}: {detail}")
-        runtime = None
-        if self.profiling:
-            import time
+            if not parallel:
+                return arguments, None
+            gemm = implicit_gemm_problem_size(self.conv_kind, problem_size)
+            return arguments, self.reduction_arguments(arguments, [gemm.m(), gemm.n()], slices, tensor_D,
+                                                       c.ravel(), alpha, beta)
 
-            time.sleep(self.sleep_time)
-            for _ in range(self.warmup_iterations):
-                self._once(arguments, reduction_arguments)
-            self.timer.start(arguments.stream)
-            for _ in range(self.iterations):
-                self._once(arguments, reduction_arguments)
-            self.timer.stop_and_wait(arguments.stream)
-            runtime = self.timer.duration(self.iterations)
-        del arguments, reduction_arguments
-        after = get_allocated_size()
-        assert after == before, f"{after - before} bytes of device memory were not released after {case}"
-        return runtime if self.profiling else passed
-
-    def _once(self, arguments, reduction_arguments) -> None:
-        self.operation.run(arguments)
-        if reduction_arguments is not None:
-            self.reduction_operation.run(reduction_arguments)
+        return self.execute(
+            case, build,
+            lambda: self.host_reference(problem_size, *(x.astype(np.float64) for x in (a, b, c)), alpha, beta),
+            lambda: tensor_D.reshape(shapes[2]), 1 if parallel else slices,
+            lambda detail: print(f"{self.conv_kind.name} {case}: {detail}"))
 
 
 def default_problem_sizes(operation) -> list:

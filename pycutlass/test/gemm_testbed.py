@@ -13,11 +13,9 @@ import numpy as np
 
 from ..description.coords import GemmCoord
 from ..description.types import LayoutType, OpClass
-from ..errors import ArgumentError, DescriptionError
+from ..errors import ArgumentError
 from ..kinds.gemm.modes import Mode
-from ..runtime.memory import get_allocated_size
 from . import _common
-from .profiler import GpuTimer
 
 
 def _pack(matrix: np.ndarray, layout: LayoutType) -> np.ndarray:
@@ -44,7 +42,7 @@ def _unpack(flat: np.ndarray, layout: LayoutType, rows: int, cols: int) -> np.nd
     raise ArgumentError(f"the GEMM testbed does not read {layout.value} outputs")
 
 
-class GemmUniversalLauncher:
+class GemmUniversalLauncher(_common.Launcher):
     """Runs ``operation`` on one problem at a time and checks it (``run`` returns True or False; with
     ``profiling=True`` the average milliseconds per run instead). ``activation_args``: for activations that take
     arguments (leaky_relu), which PyCUTLASS's testbed could not pass."""
@@ -52,29 +50,10 @@ class GemmUniversalLauncher:
     def __init__(self, operation, seed: int = _common.SEED, interleaved: bool = False, verification: bool = True,
                  profiling: bool = False, warmup_iterations: int = 500, iterations: int = 500,
                  activation_args=(), **kwargs) -> None:
-        from .. import compiler
-
-        self.operation = operation
-        self.functor = operation.epilogue_functor
-        self.activation_args = _common.activation_arguments(self.functor, activation_args)
-        math = operation.tile_description.math_instruction
-        self.accumulator = math.element_accumulator
-        self.math_operation = math.math_operation
-        for description in (operation.A, operation.B, operation.C):
-            _common.numpy_type(description.element)  # bfloat16 / fp8 without ml_dtypes: say so now
-        self.seed, self.interleaved = int(seed), bool(interleaved)
-        self.verification, self.profiling = bool(verification), bool(profiling)
-        self.warmup_iterations, self.iterations = int(warmup_iterations), int(iterations)
-        self.sleep_time = float(kwargs.get("sleep", 0))
-        self.bounds = _common.scope(operation.A.element)
-        self.timer = GpuTimer()
-        self.skipped: list[str] = []  # cases the arguments refused, with why
-        try:
-            self.reduction_operation = _common.reduction_for(operation)
-        except DescriptionError as error:
-            self.reduction_operation = None
-            self._no_reduction = str(error)
-        compiler.add_module([op for op in (operation, self.reduction_operation) if op is not None])
+        super().__init__(operation, seed, verification, profiling, warmup_iterations, iterations, activation_args,
+                         kwargs)
+        self.interleaved = bool(interleaved)
+        self.math_operation = operation.tile_description.math_instruction.math_operation
 
     def _operands(self, m: int, n: int, k: int):
         rng = np.random.default_rng(self.seed)
@@ -92,69 +71,27 @@ class GemmUniversalLauncher:
 
     def run(self, mode, problem_size, batch_count: int = 1, alpha: float = 1.0, beta: float = 0.0):
         from ..kinds.gemm.arguments import GemmArguments
-        from ..kinds.reduction.arguments import ReductionArguments
 
         op = self.operation
         m, n, k = problem_size.m(), problem_size.n(), problem_size.k()
-        before = get_allocated_size()
         a, b, c = self._operands(m, n, k)
-        tensor_A, tensor_B = _pack(a, op.A.layout), _pack(b, op.B.layout)
         tensor_C = _pack(c, op.C.layout)
         tensor_D = _common.poisoned(m * n, op.C.element)
         parallel = mode is Mode.GemmSplitKParallel
-        case = f"{mode.name} {m}x{n}x{k} split_k_slices={batch_count} alpha={alpha} beta={beta}"
-        try:
-            if parallel and self.reduction_operation is None:
-                raise ArgumentError(f"no ReductionOperation for this output: {self._no_reduction}")
-            output_op = op.epilogue_type(alpha, beta, *self.activation_args)
-            arguments = GemmArguments(op, problem_size, tensor_A, tensor_B, tensor_C, tensor_D,
-                                      output_op=output_op, gemm_mode=mode, split_k_slices=batch_count)
-            reduction_arguments = ReductionArguments(
-                self.reduction_operation, problem_size=[m, n], partitions=batch_count, workspace=arguments,
-                destination=tensor_D, source=tensor_C,
-                output_op=self.reduction_operation.epilogue_type(alpha, beta, *self.activation_args)) \
-                if parallel else None
-        except ArgumentError as error:
-            self.skipped.append(f"{case}: {error}")
-            _common.log.info("skipped %s: %s", case, error)
-            return True
-        op.run(arguments)
-        if parallel:
-            self.reduction_operation.run(reduction_arguments)
-        passed = True
-        if self.verification:
-            (reduction_arguments if parallel else arguments).sync()
-            reference = self.host_reference(problem_size, a, b, c, alpha, beta)
-            got = _unpack(tensor_D, op.C.layout, m, n)
-            passed, detail = _common.matches(got, reference, self.functor, op.C.element, self.accumulator,
-                                             batch_count if mode is Mode.Gemm else 1)
-            if not passed:
-                print(f"problem: {m}, {n}, {k}\n batch_count: {batch_count}\n mode: {mode.name}\n {detail}")
-        runtime = None
-        if self.profiling:
-            runtime = self._profile(arguments, reduction_arguments)
-        del arguments, reduction_arguments
-        after = get_allocated_size()
-        assert after == before, f"{after - before} bytes of device memory were not released after {case}"
-        return runtime if self.profiling else passed
 
-    def _profile(self, arguments, reduction_arguments) -> float:
-        import time
+        def build():
+            arguments = GemmArguments(op, problem_size, _pack(a, op.A.layout), _pack(b, op.B.layout), tensor_C,
+                                      tensor_D, output_op=op.epilogue_type(alpha, beta, *self.activation_args),
+                                      gemm_mode=mode, split_k_slices=batch_count)
+            return arguments, (self.reduction_arguments(arguments, [m, n], batch_count, tensor_D, tensor_C, alpha,
+                                                        beta) if parallel else None)
 
-        time.sleep(self.sleep_time)
-
-        def once():
-            self.operation.run(arguments)
-            if reduction_arguments is not None:
-                self.reduction_operation.run(reduction_arguments)
-
-        for _ in range(self.warmup_iterations):
-            once()
-        self.timer.start(arguments.stream)
-        for _ in range(self.iterations):
-            once()
-        self.timer.stop_and_wait(arguments.stream)
-        return self.timer.duration(self.iterations)
+        return self.execute(
+            f"{mode.name} {m}x{n}x{k} split_k_slices={batch_count} alpha={alpha} beta={beta}", build,
+            lambda: self.host_reference(problem_size, a, b, c, alpha, beta),
+            lambda: _unpack(tensor_D, op.C.layout, m, n), batch_count if mode is Mode.Gemm else 1,
+            lambda detail: print(f"problem: {m}, {n}, {k}\n batch_count: {batch_count}\n mode: {mode.name}\n "
+                                 f"{detail}"))
 
 
 def _effective_stages(tile_description) -> int:

@@ -140,3 +140,90 @@ def test_a_sweep_whose_cases_were_all_refused_fails(monkeypatch, capsys):
     monkeypatch.setattr(gemm_testbed.GemmUniversalLauncher, "run", refuse)
     assert cutlass.test.test_all_gemm(gemm_op()) is False
     assert "refused all 32 cases" in capsys.readouterr().out
+
+
+class _HostGemm:
+    """Stands in for GemmArguments on a machine without a GPU: ``sync()`` writes what a correct kernel (or, with
+    ``wrong``, a kernel off by one in one element) would have written into D."""
+
+    wrong = False
+
+    def __init__(self, op, problem_size, A, B, C, D, output_op, gemm_mode, split_k_slices):
+        self.op, self.size, self.tensors, self.output_op, self.stream = op, problem_size, (A, B, C, D), output_op, 0
+
+    def sync(self):
+        m, n, k = self.size.m(), self.size.n(), self.size.k()
+        A, B, C, D = self.tensors
+        a = A.astype(np.float64).reshape(m, k) if self.op.A.layout is R else A.astype(np.float64).reshape(k, m).T
+        b = B.astype(np.float64).reshape(k, n) if self.op.B.layout is R else B.astype(np.float64).reshape(n, k).T
+        c = C.astype(np.float64).reshape(m, n) if self.op.C.layout is R else C.astype(np.float64).reshape(n, m).T
+        d = _common.epilogue_reference(self.op.epilogue_functor, self.op.C.element, a @ b, c, self.output_op.alpha,
+                                       self.output_op.beta, self.output_op.activation_args)
+        if self.wrong:
+            d[0, 0] += 64.0
+        D[:] = (d if self.op.C.layout is R else d.T).ravel()
+
+
+@pytest.mark.parametrize("layouts", [(R, CM, R), (CM, R, CM)])
+def test_the_gemm_launcher_checks_what_the_kernel_wrote(monkeypatch, layouts):
+    """The whole launcher path without a GPU: operands packed in each layout, D poisoned, the result unpacked and
+    judged against the float64 reference; a kernel that leaves D poisoned, or gets one element wrong, fails."""
+    import pycutlass.kinds.gemm.arguments as gemm_arguments
+    import pycutlass.runtime.memory as memory
+
+    monkeypatch.setattr(cutlass.compiler, "add_module", lambda ops, **kw: None)
+    monkeypatch.setattr(memory, "get_allocated_size", lambda session=None: 0)
+    monkeypatch.setattr(gemm_arguments, "GemmArguments", _HostGemm)
+    math = cutlass.MathInstruction([16, 8, 16], D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp)
+    tile = cutlass.TileDescription([128, 128, 32], 3, [2, 2, 1], math)
+    a, b, c = (cutlass.TensorDescription(D.float16, layout, 8) for layout in layouts)
+    op = cutlass.GemmOperationUniversal(80, tile, a, b, c, cutlass.LinearCombinationGeneric(
+        cutlass.relu(D.float32), D.float16, 8))
+    ran = []
+    monkeypatch.setattr(type(op), "run", lambda self, arguments: ran.append(arguments))
+    launcher = cutlass.test.GemmUniversalLauncher(op)
+    size = cutlass.GemmCoord(40, 24, 72)
+    assert launcher.run(Mode.Gemm, size, 1, 1.0, 2.0) and len(ran) == 1
+    monkeypatch.setattr(_HostGemm, "wrong", True)
+    assert launcher.run(Mode.Gemm, size, 1, 1.0, 2.0) is False
+    monkeypatch.setattr(_HostGemm, "sync", lambda self: None)  # the kernel wrote nothing: NaN stays
+    assert launcher.run(Mode.Gemm, size, 1, 1.0, 2.0) is False
+
+
+class _HostConv:
+    """Stands in for Conv2dArguments without a GPU: ``sync()`` writes the correct D (or, with ``wrong``, not)."""
+
+    wrong = False
+
+    def __init__(self, op, problem_size, A, B, C, D, output_op, split_k_mode, split_k_slices):
+        self.op, self.size, self.tensors, self.output_op, self.stream = op, problem_size, (A, B, C, D), output_op, 0
+
+    def sync(self):
+        from pycutlass.conv import implicit_gemm_tensor_a_extent, implicit_gemm_tensor_b_extent
+        from pycutlass.utils.reference_model import conv2d_fprop
+
+        A, B, C, D = self.tensors
+        kind, ps = self.op.conv_kind, self.size
+        a = A.astype(np.float64).reshape(tuple(implicit_gemm_tensor_a_extent(kind, ps)))
+        b = B.astype(np.float64).reshape(tuple(implicit_gemm_tensor_b_extent(kind, ps)))
+        acc = conv2d_fprop(a, b, ps)
+        d = _common.epilogue_reference(self.op.epilogue_functor, self.op.C.element, acc,
+                                       C.astype(np.float64).reshape(acc.shape), self.output_op.alpha,
+                                       self.output_op.beta)
+        D[:] = (d + (1.0 if self.wrong else 0.0)).ravel()
+
+
+def test_the_conv_launcher_checks_what_the_kernel_wrote(monkeypatch):
+    import pycutlass.kinds.conv2d.arguments as conv_arguments
+    import pycutlass.runtime.memory as memory
+
+    monkeypatch.setattr(cutlass.compiler, "add_module", lambda ops, **kw: None)
+    monkeypatch.setattr(memory, "get_allocated_size", lambda session=None: 0)
+    monkeypatch.setattr(conv_arguments, "Conv2dArguments", _HostConv)
+    op = conv_op()
+    monkeypatch.setattr(type(op), "run", lambda self, arguments: None)
+    launcher = cutlass.test.Conv2dLauncher(op)
+    problem = cutlass.Conv2dProblemSize((2, 7, 9, 16), (24, 3, 3, 16), (1, 1, 1, 1), (2, 1), (1, 1))
+    assert launcher.run(problem, cutlass.conv.SplitKMode.Serial, 2.0, 1.0)
+    monkeypatch.setattr(_HostConv, "wrong", True)
+    assert launcher.run(problem, cutlass.conv.SplitKMode.Serial, 2.0, 1.0) is False
