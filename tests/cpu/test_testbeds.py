@@ -227,3 +227,16 @@ def test_the_conv_launcher_checks_what_the_kernel_wrote(monkeypatch):
     assert launcher.run(problem, cutlass.conv.SplitKMode.Serial, 2.0, 1.0)
     monkeypatch.setattr(_HostConv, "wrong", True)
     assert launcher.run(problem, cutlass.conv.SplitKMode.Serial, 2.0, 1.0) is False
+
+
+def test_testbed_sweep_draws_deterministically_without_a_gpu():
+    """tools/testbed_sweep.py --dry-run: the configurations a seed draws (no bias vectors, NHWC convolutions)."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "tools/testbed_sweep.py", "--gemm80", "3", "--conv80", "2", "--gemm90", "1",
+               "--seed", "5", "--dry-run"]
+    first, again = (subprocess.run(command, capture_output=True, text=True, check=True).stdout for _ in range(2))
+    lines = first.splitlines()
+    assert first == again and [line.split()[0] for line in lines] == ["gemm80"] * 3 + ["conv80"] * 2 + ["gemm90"]
+    assert all("NC32HW32" not in line for line in lines) and "bias=row" not in first and "bias=column" not in first
