@@ -52,14 +52,13 @@ def uniform_integers(rng: np.random.Generator, size, element: DataType, bounds) 
 
 
 def activation_arguments(functor, given) -> tuple:
-    """The activation's runtime arguments: PyCUTLASS's testbeds passed only alpha and beta, so an activation that
-    takes more (leaky_relu) needs them from the caller."""
+    """The activation's runtime arguments, checked by the functor itself: PyCUTLASS's testbeds passed only alpha
+    and beta, so an activation that takes more (leaky_relu) needs them from the caller."""
     given = tuple(given)
-    needed = getattr(functor, "num_activation_args", 0)
-    if len(given) != needed:
-        names = list(functor.activation.argument_names) if functor.activation else []
-        raise ArgumentError(f"{functor.describe()} takes {needed} activation argument(s) {names}: pass "
-                            f"activation_args=(...) to the testbed, got {given!r}")
+    try:
+        functor.make_arguments(1.0, 0.0, *given)
+    except ArgumentError as error:
+        raise ArgumentError(f"{error}; pass them to the testbed as activation_args=(...)") from None
     return given
 
 
