@@ -1,15 +1,17 @@
 """PyCUTLASS 2.11 client code over random configurations: draw what the descriptions accept (tools/fuzz_accept.py's
 drawing, deterministic by --seed) and run PyCUTLASS's own testbeds on each, as its unit tests do:
-``test_all_gemm(op, "universal")`` (``"interleaved"`` for interleaved int8) and ``test_all_conv2d(op)``.
+``test_all_gemm(op, "universal")`` (``"interleaved"`` for interleaved int8), ``test_all_conv2d(op)`` (Sm80-family
+and SM90 convolutions) and ``TestbedGrouped(op).run(n)`` (Sm80-family and SM90 grouped GEMMs, through
+``gemm_grouped_testbed.sweep``).
 
     # GPU host (16 cores): compile everything in parallel, then one subprocess per configuration, 8 at once
-    PYCUTLASS_CACHE_DIR=/tmp/tbcache python tools/testbed_sweep.py --gemm80 24 --conv80 12 --gemm90 8 --seed 1 \\
-        --jobs 16 --parallel 8 --out testbed-sweep.jsonl
+    PYCUTLASS_CACHE_DIR=/tmp/tbcache python tools/testbed_sweep.py --gemm80 24 --conv80 12 --gemm90 8 --conv90 3 \\
+        --grouped80 6 --grouped90 3 --seed 1 --jobs 16 --parallel 8 --out testbed-sweep.jsonl
     # what would be drawn (no GPU)
     python tools/testbed_sweep.py --gemm80 24 --conv80 12 --gemm90 8 --seed 1 --dry-run
 
 A configuration passes when its testbed returns True; FAIL is a wrong result, CRASH a dead process, TIMEOUT a hang.
-Interleaved convolutions are not drawn (the conv testbed runs NHWC only).
+Interleaved convolutions are not drawn (the conv testbed runs NHWC only), nor operations with pycutlass's bias vectors.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import pycutlass as cutlass  # noqa: E402
 from pycutlass.compiler.manager import Compiler  # noqa: E402
 from pycutlass.test import _common  # noqa: E402
 
-FAMILIES = ("gemm80", "conv80", "gemm90")
+FAMILIES = ("gemm80", "conv80", "gemm90", "conv90", "grouped80", "grouped90")
 
 
 def draw_configs(seed: int, counts: dict) -> list:
@@ -44,9 +46,9 @@ def draw_configs(seed: int, counts: dict) -> list:
             cfg, op, _ = fuzz_accept.draw(rng, family)
             if op is None or op.name in seen:
                 continue
-            if family == "conv80" and op.A.layout is not cutlass.TensorNHWC:
+            if family.startswith("conv") and op.A.layout is not cutlass.TensorNHWC:
                 continue
-            if getattr(op, "bias", None):  # SM90 bias vectors: pycutlass's extension, not in PyCUTLASS's testbeds
+            if getattr(op, "bias", None):  # bias vectors: pycutlass's extension, not in PyCUTLASS's testbeds
                 continue
             seen.add(op.name)
             picked.append(dict(cfg, family=family))
@@ -60,14 +62,17 @@ def activation_args(op) -> tuple:
 
 
 def run_one(cfg) -> dict:
-    from pycutlass.test import conv2d_testbed, gemm_testbed
+    from pycutlass.test import conv2d_testbed, gemm_grouped_testbed, gemm_testbed
 
     op = fuzz_accept.build(cfg)
     start = time.time()
     kwargs = dict(activation_args=activation_args(op))
-    if cfg["family"] == "conv80":
+    if cfg["family"].startswith("conv"):
         launcher = cutlass.test.Conv2dLauncher(op, **kwargs)
         passed = conv2d_testbed.sweep(launcher)
+    elif cfg["family"].startswith("grouped"):
+        launcher = cutlass.test.TestbedGrouped(op, **kwargs)
+        passed = gemm_grouped_testbed.sweep(launcher)
     else:
         launcher = cutlass.test.GemmUniversalLauncher(op, interleaved=op.A.layout.is_interleaved, **kwargs)
         passed = gemm_testbed.sweep(launcher, "interleaved" if op.A.layout.is_interleaved else "universal")
@@ -82,6 +87,8 @@ def precompile(configs, jobs: int) -> None:
         op = fuzz_accept.build(cfg)
         group = sm90 if op.family != "sm80" else sm80
         group.append(op)
+        if cfg["family"].startswith("grouped"):
+            continue  # the grouped testbed runs no split-K
         try:  # the split-K reduction is an Sm80-family kernel whatever the producer
             sm80.append(_common.reduction_for(op))
         except cutlass.DescriptionError:

@@ -3,6 +3,7 @@
     from pycutlass.test import *
     assert test_all_gemm(operation, "universal")        # GemmUniversalLauncher over PyCUTLASS's sweep
     assert test_all_conv2d(conv_operation)              # Conv2dLauncher over pycutlass's conv sizes
+    assert TestbedGrouped(grouped_operation).run(24)    # 24 random problems as one group
 
 Results are checked against float64 references of the whole epilogue (activations included), not by the
 exact comparison with a host GEMM in the operands' types that PyCUTLASS made; cases an operation's arguments refuse
@@ -12,12 +13,12 @@ from __future__ import annotations
 
 from .._compat import missing_names
 from .conv2d_testbed import Conv2dLauncher, test_all_conv2d
+from .gemm_grouped_testbed import TestbedGrouped
 from .gemm_testbed import GemmUniversalLauncher, test_all_gemm
 from .profiler import GpuTimer
 
 __getattr__ = missing_names(__name__, {
-    "TestbedGrouped": "check grouped GEMMs with ReferenceModule(...).run_grouped (pycutlass.utils.reference_model)",
     "get_name": "use operation.name (or operation.procedural_name) for test names",
 })
 
-__all__ = ["Conv2dLauncher", "GemmUniversalLauncher", "GpuTimer", "test_all_conv2d", "test_all_gemm"]
+__all__ = ["Conv2dLauncher", "GemmUniversalLauncher", "GpuTimer", "TestbedGrouped", "test_all_conv2d", "test_all_gemm"]

@@ -147,11 +147,11 @@ def sweep_verdict(launcher, what: str, attempts: int, skipped_before: int, passe
 
 
 class Launcher:
-    """What GemmUniversalLauncher and Conv2dLauncher share: settings, the split-K reduction, compiling both, and one
-    checked (or profiled) run."""
+    """What the GEMM, conv and grouped testbeds share: settings, the split-K reduction (``with_reduction``),
+    compiling, and one checked (or profiled) run."""
 
     def __init__(self, operation, seed, verification, profiling, warmup_iterations, iterations, activation_args,
-                 kwargs) -> None:
+                 kwargs, with_reduction: bool = True) -> None:
         from .. import compiler
         from .profiler import GpuTimer
 
@@ -167,11 +167,12 @@ class Launcher:
         self.bounds = scope(operation.A.element)
         self.timer = GpuTimer()
         self.skipped: list[str] = []  # cases the arguments refused, with why
-        try:
-            self.reduction_operation = reduction_for(operation)
-        except DescriptionError as error:
-            self.reduction_operation = None
-            self._no_reduction = str(error)
+        self.reduction_operation, self._no_reduction = None, "this testbed runs no split-K reduction"
+        if with_reduction:
+            try:
+                self.reduction_operation = reduction_for(operation)
+            except DescriptionError as error:
+                self._no_reduction = str(error)
         compiler.add_module([op for op in (operation, self.reduction_operation) if op is not None])
 
     def reduction_arguments(self, arguments, problem_size, partitions, destination, source, alpha, beta):
@@ -184,10 +185,11 @@ class Launcher:
                                   output_op=self.reduction_operation.epilogue_type(alpha, beta,
                                                                                    *self.activation_args))
 
-    def execute(self, case: str, build, reference, output, serial_slices: int, report):
+    def execute(self, case: str, build, reference, output, serial_slices: int, report, compare=None):
         """Build the arguments (``build()`` -> (arguments, reduction arguments or None); an ArgumentError skips the
-        case), run, then compare ``output()`` with ``reference()`` (``report(detail)`` on a mismatch) or profile.
-        True / False, or milliseconds per run when profiling."""
+        case), run, then compare ``output()`` with ``reference()`` (or call ``compare()`` -> (passed, detail)
+        where one output is not enough), ``report(detail)`` on a mismatch; or profile. True / False, or
+        milliseconds per run when profiling."""
         from ..runtime.memory import get_allocated_size
 
         before = get_allocated_size()
@@ -201,8 +203,8 @@ class Launcher:
         passed = True
         if self.verification:
             (reduction or arguments).sync()
-            passed, detail = matches(output(), reference(), self.functor, self.operation.C.element,
-                                     self.accumulator, serial_slices)
+            passed, detail = compare() if compare is not None else matches(
+                output(), reference(), self.functor, self.operation.C.element, self.accumulator, serial_slices)
             if not passed:
                 report(detail)
         runtime = self._profile(arguments, reduction) if self.profiling else None

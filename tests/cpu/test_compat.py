@@ -346,10 +346,12 @@ def test_pycutlass_module_paths():
         library.nonsense
     with pytest.raises(ImportError, match="epilogue visitor tree"):
         import pycutlass.parser  # noqa: F401
-    import pycutlass.test as testbeds  # PyCUTLASS's testbeds: GEMM and conv2d; grouped names the alternative
+    import pycutlass.test as testbeds  # PyCUTLASS's testbeds: GEMM, conv2d and grouped
+    from pycutlass.test.gemm_grouped_testbed import TestbedGrouped
 
-    with pytest.raises(AttributeError, match="TestbedGrouped was part of PyCUTLASS 2.11.*run_grouped"):
-        testbeds.TestbedGrouped
+    assert testbeds.TestbedGrouped is TestbedGrouped
+    with pytest.raises(AttributeError, match="get_name was part of PyCUTLASS 2.11.*operation.name"):
+        testbeds.get_name
 
 
 def test_star_import_gives_what_pycutlass_scripts_use():

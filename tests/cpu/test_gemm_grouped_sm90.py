@@ -79,7 +79,7 @@ def _other_epilogue():
     (dict(out=D.int8), "C must be one of"),
     (dict(functor=_other_epilogue()), "not built for the SM90 grouped kernel.*bias=.column."),
     (dict(mode=cutlass.SchedulerMode.Host), "SchedulerMode.Device"),
-    (dict(swizzle=cutlass.BatchedIdentitySwizzle), "swizzling_functor"),
+    (dict(swizzle=cutlass.StridedDgradIdentitySwizzle1), "swizzling_functor"),
     (dict(warps=[4, 1, 1]), "warp_count is derived"),
     (dict(stages=8, tile=(128, 256, 64)), "shared memory"),
 ])

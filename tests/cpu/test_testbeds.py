@@ -8,7 +8,7 @@ import pytest
 import pycutlass as cutlass
 from pycutlass import ArgumentError
 from pycutlass.gemm import Mode
-from pycutlass.test import _common, conv2d_testbed, gemm_testbed
+from pycutlass.test import _common, conv2d_testbed, gemm_grouped_testbed, gemm_testbed
 
 D = cutlass.DataType
 R, CM = cutlass.RowMajor, cutlass.ColumnMajor
@@ -34,9 +34,11 @@ def conv_op(kind=cutlass.conv.Operator.fprop, algorithm=cutlass.conv.IteratorAlg
 def test_star_import_gives_the_testbeds_and_pytest_does_not_collect_them():
     namespace = {}
     exec("from pycutlass.test import *", namespace)
-    for name in ("GemmUniversalLauncher", "Conv2dLauncher", "test_all_gemm", "test_all_conv2d", "GpuTimer"):
+    for name in ("GemmUniversalLauncher", "Conv2dLauncher", "TestbedGrouped", "test_all_gemm", "test_all_conv2d",
+                 "GpuTimer"):
         assert name in namespace, name
     assert namespace["test_all_gemm"].__test__ is False and namespace["test_all_conv2d"].__test__ is False
+    assert namespace["TestbedGrouped"].__test__ is False
 
 
 def test_universal_sweep_is_pycutlass_s(monkeypatch):
@@ -227,6 +229,104 @@ def test_the_conv_launcher_checks_what_the_kernel_wrote(monkeypatch):
     assert launcher.run(problem, cutlass.conv.SplitKMode.Serial, 2.0, 1.0)
     monkeypatch.setattr(_HostConv, "wrong", True)
     assert launcher.run(problem, cutlass.conv.SplitKMode.Serial, 2.0, 1.0) is False
+
+
+def grouped_op(cc=80, layouts=(R, CM, R), functor=None, element=D.float16):
+    if cc == 90:  # an SM90 tile: CUTLASS's pointer-array grouped kernel
+        math = cutlass.MathInstruction([64, 128, 16], element, element, D.float32, cutlass.OpClass.TensorOp)
+        tile = cutlass.TileDescription([128, 128, 64], 0, None, math)
+    else:
+        math = cutlass.MathInstruction([16, 8, 16], element, element, D.float32, cutlass.OpClass.TensorOp)
+        tile = cutlass.TileDescription([128, 128, 32], 3, [2, 2, 1], math)
+    a, b, c = (cutlass.TensorDescription(element, layout, 8) for layout in layouts)
+    functor = functor or cutlass.LinearCombination(element, 8, D.float32, D.float32)
+    return cutlass.GemmOperationGrouped(cc, tile, a, b, c, functor, cutlass.IdentitySwizzle1)
+
+
+class _HostGrouped:
+    """Stands in for GemmGroupedArguments without a GPU: ``sync()`` writes every problem's correct D, or with
+    ``wrong_problem`` set, one element of that problem off by 1% of its norm."""
+
+    wrong_problem = None
+    built = []
+
+    def __init__(self, op, problem_sizes, A, B, C, D, output_op):
+        self.op, self.sizes, self.tensors, self.output_op, self.stream = op, problem_sizes, (A, B, C, D), output_op, 0
+        _HostGrouped.built.append(self)
+
+    def sync(self):
+        for index, (size, A, B, C, D) in enumerate(zip(self.sizes, *self.tensors)):
+            m, n, k = size.m(), size.n(), size.k()
+            a = gemm_testbed._unpack(A.astype(np.float64), self.op.A.layout, m, k)
+            b = gemm_testbed._unpack(B.astype(np.float64), self.op.B.layout, k, n)
+            c = gemm_testbed._unpack(C.astype(np.float64), self.op.C.layout, m, n)
+            d = _common.epilogue_reference(self.op.epilogue_functor, self.op.C.element, a @ b, c,
+                                           self.output_op.alpha, self.output_op.beta,
+                                           self.output_op.activation_args)
+            if index == self.wrong_problem and d.size:  # 1% of this problem's norm: far less of the group's
+                d[-1, -1] += 0.01 * np.linalg.norm(d) + 1.0
+            D[:] = (d if self.op.C.layout is R else d.T).ravel()
+
+
+@pytest.fixture
+def host_grouped(monkeypatch):
+    import pycutlass.kinds.gemm_grouped.arguments as grouped_arguments
+    import pycutlass.runtime.memory as memory
+
+    monkeypatch.setattr(cutlass.compiler, "add_module", lambda ops, **kw: None)
+    monkeypatch.setattr(memory, "get_allocated_size", lambda session=None: 0)
+    monkeypatch.setattr(grouped_arguments, "GemmGroupedArguments", _HostGrouped)
+    monkeypatch.setattr(_HostGrouped, "built", [])
+    return monkeypatch
+
+
+@pytest.mark.parametrize("layouts", [(R, CM, R), (CM, R, CM)])
+def test_the_grouped_testbed_checks_every_problem(host_grouped, layouts):
+    """TestbedGrouped end to end without a GPU: problems drawn from the seed in multiples of the access width, a few
+    degenerate; a single wrong element in one small problem fails the run, as does a kernel that writes nothing."""
+    op = grouped_op(layouts=layouts, functor=cutlass.LinearCombinationGeneric(cutlass.relu(D.float32), D.float16, 8))
+    host_grouped.setattr(type(op), "run", lambda self, arguments: None)
+    testbed = cutlass.test.TestbedGrouped(operation=op)
+    assert testbed.reduction_operation is None
+    assert testbed.run(24, 2.0, 1.0)
+    sizes = _HostGrouped.built[-1].sizes
+    assert len(sizes) == 24 and all(v % 8 == 0 for s in sizes for v in (s.m(), s.n(), s.k()))
+    assert any(0 in (s.m(), s.n(), s.k()) for s in sizes) and max(s.m() for s in sizes) > 256
+    smallest = min((i for i, s in enumerate(sizes) if s.m() * s.n()), key=lambda i: sizes[i].m() * sizes[i].n())
+    testbed = cutlass.test.TestbedGrouped(op)  # same seed: the same problems again
+    host_grouped.setattr(_HostGrouped, "wrong_problem", smallest)
+    assert testbed.run(24, 2.0, 1.0) is False
+    assert _HostGrouped.built[-1].sizes == sizes
+    host_grouped.setattr(_HostGrouped, "wrong_problem", None)
+    host_grouped.setattr(_HostGrouped, "sync", lambda self: None)  # nothing written: NaN stays
+    assert cutlass.test.TestbedGrouped(op).run(5) is False
+
+
+def test_the_grouped_testbed_sizes_sm90_problems_for_tma_and_refuses_what_it_cannot_check(host_grouped):
+    op = grouped_op(cc=90)
+    assert type(op).__name__.endswith("Sm90")
+    sizes = cutlass.test.TestbedGrouped(op).problem_sizes(64)
+    assert all(v % 8 == 0 for s in sizes for v in (s.m(), s.n(), s.k()))  # 16 bytes of float16
+    with pytest.raises(ArgumentError, match="problem_count must be at least 1"):
+        cutlass.test.TestbedGrouped(op).run(0)
+    with pytest.raises(ArgumentError, match="needs a GemmOperationGrouped"):
+        cutlass.test.TestbedGrouped(gemm_op())
+    biased = cutlass.GemmOperationGrouped(90, op.tile_description, op.A, op.B, op.C, op.epilogue_functor,
+                                          cutlass.IdentitySwizzle1, bias="column")
+    with pytest.raises(ArgumentError, match="bias"):
+        cutlass.test.TestbedGrouped(biased)
+
+
+def test_the_grouped_sweep_fails_when_every_case_was_refused(host_grouped, capsys):
+    op = grouped_op()
+
+    def refuse(*args, **kwargs):
+        raise ArgumentError("refused for the test")
+
+    host_grouped.setattr(_HostGrouped, "__init__", refuse)
+    testbed = cutlass.test.TestbedGrouped(op)
+    assert gemm_grouped_testbed.sweep(testbed) is False
+    assert len(testbed.skipped) == 12 and "refused all 12 cases" in capsys.readouterr().out
 
 
 def test_testbed_sweep_draws_deterministically_without_a_gpu():

@@ -41,8 +41,8 @@ import enum
 
 from ...description.tensor_description import TensorDescription
 from ...description.tile_description import TileDescription
-from ...description.types import (HorizontalSwizzle, IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4,
-                                 IdentitySwizzle8, LayoutType, SwizzlingFunctor)
+from ...description.types import (BatchedIdentitySwizzle, HorizontalSwizzle, IdentitySwizzle1, IdentitySwizzle2,
+                                 IdentitySwizzle4, IdentitySwizzle8, LayoutType, SwizzlingFunctor)
 from ...emit import names
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import ArgumentError, DescriptionError
@@ -56,8 +56,10 @@ PROBLEM_INFO_BYTES = 8
 PRECOMPUTE_THREADS = 256
 
 # The grouped kernel schedules tiles with its problem visitor; the swizzle only names a type it ignores.
-# Batched/strided swizzles make no sense for it and are rejected to avoid suggesting otherwise.
-GROUPED_SWIZZLES = (IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4, IdentitySwizzle8, HorizontalSwizzle)
+# BatchedIdentitySwizzle is accepted because PyCUTLASS 2.11's own grouped tests pass it; the strided-dgrad swizzles
+# belong to convolutions and are rejected.
+GROUPED_SWIZZLES = (IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4, IdentitySwizzle8, HorizontalSwizzle,
+                    BatchedIdentitySwizzle)
 
 _WHAT = "GemmOperationGrouped"
 
