@@ -73,6 +73,16 @@ def test_activation_numpy_reuses_the_module_reference():
     np.testing.assert_array_equal(cutlass.silu.numpy(X), reference("silu", X))
 
 
+def test_every_activation_reference_takes_empty_arrays():
+    """A grouped GEMM's degenerate problem (M or N = 0) has an empty output; its reference must be empty too."""
+    from pycutlass.epilogue.activations import ACTIVATIONS, reference
+
+    for name in ACTIVATIONS:
+        args = (0.1,) if name == "leaky_relu" else ()
+        got = reference(name, np.zeros((0, 8)), *args)
+        assert got.shape == (0, 8) and got.dtype == np.float64, name
+
+
 # --- 2. coordinates --------------------------------------------------------------------------------------------
 def test_tensor4d_coord_accessors():
     t = cutlass.Tensor4DCoord(2, 3, 5, 7)
