@@ -424,6 +424,7 @@ _KNOWN_RULES = (
     ("not built for the SM90 family", "epilogue not built for the SM90 family"),
     ("warpgroup MathInstruction", "wgmma instruction not supported"),
     ("Valid combinations:", "math instruction not supported"),
+    ("SM90 dgrad is built for stride", "SM90 dgrad needs stride_support unity"),
 )
 _PREFIX = re.compile(r"^[A-Za-z_][\w.]*(\(\w+\))?( \(\w+\))?: ")
 _NOISE = re.compile(r"\[[^\]]*\]|\([^)]*\)|(?<!\w)'[^']*'(?!\w)|\"[^\"]*\"")

@@ -86,7 +86,8 @@ _NHWC = cutlass.LayoutType.TensorNHWC
 
 
 def sm90_conv(element=_D.float16, tile=(128, 128, 64), cluster=(1, 1, 1), stages=0, warps=None, kind=None,
-              out=None, align=8, algorithm=None, functor=None, swizzle=None, acc=_D.float32, bias=False, **tile_kw):
+              out=None, align=8, algorithm=None, functor=None, swizzle=None, acc=_D.float32, bias=False,
+              stride_support=None, **tile_kw):
     math = cutlass.MathInstruction([64, tile[1], 16], element, element, acc, cutlass.OpClass.TensorOp)
     tile_d = cutlass.TileDescription(list(tile), stages, warps, math, cluster_shape=list(cluster), **tile_kw)
     out = out or element
@@ -94,9 +95,11 @@ def sm90_conv(element=_D.float16, tile=(128, 128, 64), cluster=(1, 1, 1), stages
     B = cutlass.TensorDescription(element, _NHWC, align)
     C = cutlass.TensorDescription(out, _NHWC, align)
     functor = functor or cutlass.LinearCombination(out, C.alignment, acc, _D.float32)
-    return cutlass.Conv2dOperation(kind or pconv.Operator.fprop, algorithm or pconv.IteratorAlgorithm.optimized, 90,
-                                   tile_d, A, B, C, pconv.StrideSupport.Strided, functor,
-                                   swizzle or cutlass.IdentitySwizzle1, bias=bias)
+    kind = kind or pconv.Operator.fprop
+    if stride_support is None:  # SM90 dgrad runs stride 1 only
+        stride_support = pconv.StrideSupport.Unity if kind is pconv.Operator.dgrad else pconv.StrideSupport.Strided
+    return cutlass.Conv2dOperation(kind, algorithm or pconv.IteratorAlgorithm.optimized, 90, tile_d, A, B, C,
+                                   stride_support, functor, swizzle or cutlass.IdentitySwizzle1, bias=bias)
 
 
 def test_conv2d_at_90_with_an_sm90_tile_builds_the_sm90_kind():
@@ -117,6 +120,8 @@ def test_conv2d_at_90_with_an_sm80_tile_keeps_the_sm80_kernel():
 
 @pytest.mark.parametrize("kw, match", [
     (dict(kind=pconv.Operator.wgrad, bias=True), "bias=True is for fprop and dgrad"),
+    (dict(kind=pconv.Operator.dgrad, stride_support=pconv.StrideSupport.Strided),
+     "SM90 dgrad is built for stride \\(1, 1\\) only: pass StrideSupport.Unity"),
     (dict(kind=pconv.Operator.wgrad, epilogue_schedule=cutlass.EpilogueScheduleType.TmaWarpSpecialized),
      "NoSmemWarpSpecialized"),
     (dict(bias="column"), "bias must be True"),

@@ -32,8 +32,9 @@ def sm90_conv(element, tile, cluster, kind=pconv.Operator.fprop, activation=None
         functor = cutlass.LinearCombination(element, 8, D.float32, D.float32)
     else:
         functor = cutlass.LinearCombinationGeneric(activation(D.float32), element, 8, D.float32, D.float32)
-    return cutlass.Conv2dOperation(kind, pconv.IteratorAlgorithm.optimized, 90, tile_d, *desc,
-                                   pconv.StrideSupport.Strided, functor, bias=bias)
+    stride_support = pconv.StrideSupport.Unity if kind is pconv.Operator.dgrad else pconv.StrideSupport.Strided
+    return cutlass.Conv2dOperation(kind, pconv.IteratorAlgorithm.optimized, 90, tile_d, *desc, stride_support,
+                                   functor, bias=bias)
 
 
 OPS = {"f16-128x128x64-c11": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1)),

@@ -26,7 +26,7 @@ from ...emit import names
 from ...emit.abi import TmaRecord, fill_epilogue
 from ...errors import ArgumentError, DescriptionError
 from ..conv2d.operation import Conv2dOperation, check_conv_enums
-from ..conv2d.problem import Conv2dProblemSize, IteratorAlgorithm, Mode, Operator
+from ..conv2d.problem import Conv2dProblemSize, IteratorAlgorithm, Mode, Operator, StrideSupport
 from ..gemm.operation import check_description_types
 from ..gemm_sm90.operation import GemmOperationSm90
 from .abi import Sm90Conv2dArgs
@@ -79,6 +79,11 @@ class Conv2dOperationSm90(Conv2dOperation):
         if bias and conv_kind is Operator.wgrad:
             raise DescriptionError(f"{what}: bias=True is for fprop and dgrad (a per-channel bias of the output "
                                    f"activation); wgrad writes a filter gradient")
+        if conv_kind is Operator.dgrad and stride_support is not StrideSupport.Unity:
+            # The kernel runs stride (1, 1) only (check_problem_size says why), so "Strided" would promise what no
+            # problem can use; the Sm80-family strided dgrad kernel is the one that takes strides.
+            raise DescriptionError(f"{what}: SM90 dgrad is built for stride (1, 1) only: pass StrideSupport.Unity, or "
+                                   f"an Sm80 tile (e.g. stages=3, warp_count=[2, 2, 1]) for a strided dgrad")
         if iterator_algorithm not in (IteratorAlgorithm.analytic, IteratorAlgorithm.optimized):
             raise DescriptionError(f"{what}: SM90 convolutions read activations through TMA im2col; the "
                                    f"{iterator_algorithm.name} iterator algorithm is Sm80-family only (pass "
