@@ -661,3 +661,36 @@ def test_optimized_wgrad_output_gradient_loads_fit_its_32_predicate_bits():
     _wgrad_simt([128, 32, 16], [2, 1, 1])
     _wgrad_simt([64, 32, 8], [1, 1, 1])
     _wgrad_simt([128, 32, 16], [1, 1, 1], algorithm=IteratorAlgorithm.analytic)
+
+
+class _TwoOutputs(cutlass.EpilogueVisitTree):  # fuzz seed 141's tree
+    def __call__(self, accum: 'tensor'):
+        t0 = accum - 0.5
+        t1 = accum + t0
+        t2 = 0.5 * t0
+        return t2, t1
+
+
+def _evt(tile, warps, c_align):
+    F16, F32 = cutlass.DataType.float16, cutlass.DataType.float32
+    math = cutlass.MathInstruction([16, 8, 16], F16, F16, F32, cutlass.OpClass.TensorOp)
+    td = cutlass.TileDescription(tile, 6, warps, math)
+    a = cutlass.TensorDescription(F16, cutlass.RowMajor, 2)
+    b = cutlass.TensorDescription(F16, cutlass.ColumnMajor, 2)
+    c = cutlass.TensorDescription(F16, cutlass.RowMajor, c_align)
+    tree = _TwoOutputs(cutlass.LinearCombination(F16, c_align, F32, F32), td, F32, c_align, F32, F16)
+    tree.initialize()
+    return cutlass.GemmOperationUniversal(90, td, a, b, c, tree, cutlass.IdentitySwizzle4, visitor=True)
+
+
+def test_visitor_epilogue_refuses_the_mixed_epilogue_on_16_wide_warp_tiles():
+    """Found by the fuzz (seed 141) on the H100: an Sm80 visitor GEMM, tile 16x16x32 on one warp, float16 C x 8
+    from float32 accumulators, wrote zeros to every output (both outputs of the tree, every problem). The same
+    CUTLASS iterator (TileIteratorTensorOpMixed) is why GEMMs refuse these warp tiles. On the H100, C alignment 4
+    or 2, and tiles 16x32 and 32x32 on one warp, were correct."""
+    with pytest.raises(DescriptionError, match=r"warp tile \[16, 16, 32\] is 16 wide in N.*mixed-precision"):
+        _evt([16, 16, 32], [1, 1, 1], 8)
+    _evt([16, 16, 32], [1, 1, 1], 4)
+    _evt([16, 16, 32], [1, 1, 1], 2)
+    _evt([16, 32, 32], [1, 1, 1], 8)
+    _evt([32, 32, 32], [1, 1, 1], 8)

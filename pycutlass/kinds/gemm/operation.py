@@ -116,14 +116,7 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
         problem = epilogue_thread_map_problem(tile, C)
         if problem:
             raise DescriptionError(f"{what}: {problem}")
-        if tile.warp_shape[1] == 16 and _uses_mixed_epilogue(C, math.element_accumulator):
-            # TileIteratorTensorOpMixed (DefaultIteratorsTensorOp's f16<-f32 x8, 16-bit<-s32 x8 and 8-bit<-s32
-            # specializations) compiles with 16-wide warp tiles but writes wrong results: relative error 0.84 on an
-            # H100 for f16 output, alignment 8, tile 32x16x32 with 2x1x1 warps.
-            raise DescriptionError(
-                f"{what}: warp tile {list(tile.warp_shape)} is 16 wide in N, which CUTLASS's mixed-precision epilogue "
-                f"(C {C.element.label} x {C.alignment} from {math.element_accumulator.label} accumulators) computes "
-                f"wrongly; use a warp tile 32 or 64 wide, or a smaller C alignment")
+        check_mixed_epilogue_warp_tile(tile, C, math.element_accumulator, what)
     if math.opcode_class is OpClass.TensorOp and tile.stages > 2:
         # Multistage main loops copy with cp.async, whose smallest transfer is 4 bytes.
         for label, desc in (("A", A), ("B", B)):
@@ -496,6 +489,19 @@ def check_narrow_warp_tiles(tile: TileDescription, C: TensorDescription | None, 
             f"accesses; CUTLASS's tensor-op epilogue needs at least 4 per warp row (with fewer, some problem sizes "
             f"come out wrong on an H100). Use a C alignment of at most {max(1, warp_n // 4)} or a warp tile at "
             f"least {4 * C.alignment} wide")
+
+
+def check_mixed_epilogue_warp_tile(tile: TileDescription, C: TensorDescription, accumulator: DataType,
+                                   what: str) -> None:
+    """TileIteratorTensorOpMixed (DefaultIteratorsTensorOp's f16<-f32 x8, 16-bit<-s32 x8 and 8-bit<-s32
+    specializations) compiles with 16-wide warp tiles but writes wrong results: relative error 0.84 on an H100 for
+    f16 output, alignment 8, tile 32x16x32 with 2x1x1 warps; all zeros through the Sm80 visitor epilogue (fuzz seed
+    141: tile 16x16x32 on one warp). Every tensor-op Sm80-family epilogue uses these iterators."""
+    if tile.warp_shape[1] == 16 and _uses_mixed_epilogue(C, accumulator):
+        raise DescriptionError(
+            f"{what}: warp tile {list(tile.warp_shape)} is 16 wide in N, which CUTLASS's mixed-precision epilogue "
+            f"(C {C.element.label} x {C.alignment} from {accumulator.label} accumulators) computes wrongly; use a "
+            f"warp tile 32 or 64 wide, or a smaller C alignment")
 
 
 def _uses_mixed_epilogue(C: TensorDescription, accumulator: DataType) -> bool:
