@@ -5,7 +5,10 @@ The default sizes are pycutlass's own (PyCUTLASS took CUTLASS's C++ list, which 
 3x3, 5x5-by-dilation and 7x7 filters, rectangular filters and strides, padding, odd extents, batch > 1, with
 channel counts that are multiples of the operation's access widths. Inputs, the NaN-poisoned output, the float64
 reference of the whole epilogue and the skipping of refused cases are as in the GEMM testbed (``gemm_testbed``).
-NHWC tensors only: the interleaved (NC32HW32) layouts raise ``ArgumentError``.
+Interleaved int8 fprop (NC32HW32 activations and output, C32RSK32 filter) runs as in PyCUTLASS
+(``test_all_conv2d(op, interleaved=True)``): the operands are drawn as NHWC / KRSC, interleaved for the kernel (the
+filter's reordering for the kernel is Conv2dArguments' own, as PyCUTLASS's testbed called ``reorder_convK``), and D
+is brought back to NPQK for the check; channel counts are then multiples of 32.
 """
 from __future__ import annotations
 
@@ -20,8 +23,24 @@ from ..utils.reference_model import conv2d_dgrad, conv2d_fprop, conv2d_wgrad
 from . import _common
 
 
+_INTERLEAVED = (LayoutType.TensorNC32HW32, LayoutType.TensorC32RSK32, LayoutType.TensorNC32HW32)
+
+
 def _extent(coord) -> tuple:
     return coord.n(), coord.h(), coord.w(), coord.c()
+
+
+def _interleave(x: np.ndarray, filter_: bool = False) -> np.ndarray:
+    """NHWC -> NC32HW32 (N, C/32, H, W, 32), or a KRSC filter -> C32RSK32 (C/32, R, S, K, 32); flattened."""
+    n, h, w, c = x.shape
+    order = (3, 1, 2, 0, 4) if filter_ else (0, 3, 1, 2, 4)
+    return np.ascontiguousarray(x.reshape(n, h, w, c // 32, 32).transpose(order)).ravel()
+
+
+def _deinterleave(flat: np.ndarray, shape) -> np.ndarray:
+    """An NC32HW32 output, flat, back to NHWC (``shape``)."""
+    n, h, w, c = shape
+    return flat.reshape(n, c // 32, h, w, 32).transpose(0, 2, 3, 1, 4).reshape(shape)
 
 
 class Conv2dLauncher(_common.Launcher):
@@ -31,11 +50,13 @@ class Conv2dLauncher(_common.Launcher):
     def __init__(self, operation, seed: int = _common.SEED, interleaved: bool = False,
                  enable_cached_results: bool = True, profiling: bool = False, warmup_iterations: int = 500,
                  iterations: int = 500, verification: bool = True, activation_args=(), **kwargs) -> None:
-        if interleaved or any(d.layout is not LayoutType.TensorNHWC for d in (operation.A, operation.B, operation.C)):
-            raise ArgumentError("the conv2d testbed runs NHWC operations only; check interleaved (NC32HW32) "
-                                "convolutions with pycutlass.utils.reference_model on deinterleaved tensors")
+        layouts = tuple(d.layout for d in (operation.A, operation.B, operation.C))
+        if interleaved and layouts != _INTERLEAVED:
+            raise ArgumentError(f"interleaved=True needs an NC32HW32 / C32RSK32 / NC32HW32 operation; its layouts "
+                                f"are {[layout.value for layout in layouts]}")
         super().__init__(operation, seed, verification, profiling, warmup_iterations, iterations, activation_args,
                          kwargs)
+        self.interleaved = layouts == _INTERLEAVED  # the operation says; PyCUTLASS's flag is then optional
         self.conv_kind = operation.conv_kind
 
     def host_reference(self, problem_size, tensor_A, tensor_B, tensor_C, alpha, beta):
@@ -56,24 +77,30 @@ class Conv2dLauncher(_common.Launcher):
         a, b, c = (_common.uniform_integers(rng, shape, d.element, self.bounds)
                    for shape, d in zip(shapes, (op.A, op.B, op.C)))
         tensor_D = _common.poisoned(int(np.prod(shapes[2])), op.C.element)
+        if self.interleaved:  # fprop: A activation, B filter, C/D output
+            packed = (_interleave(a), _interleave(b, filter_=True), _interleave(c))
+            output = lambda: _deinterleave(tensor_D, shapes[2])  # noqa: E731
+        else:
+            packed = (a.ravel(), b.ravel(), c.ravel())
+            output = lambda: tensor_D.reshape(shapes[2])  # noqa: E731
         slices = problem_size.split_k_slices
         parallel = split_k_mode == SplitKMode.Parallel
         case = f"{problem_size} split_k_mode={SplitKMode(split_k_mode).name} alpha={alpha} beta={beta}"
 
         def build():
-            arguments = Conv2dArguments(op, problem_size, a.ravel(), b.ravel(), c.ravel(), tensor_D,
+            arguments = Conv2dArguments(op, problem_size, *packed, tensor_D,
                                         output_op=op.epilogue_type(alpha, beta, *self.activation_args),
                                         split_k_mode=split_k_mode, split_k_slices=slices)
             if not parallel:
                 return arguments, None
             gemm = implicit_gemm_problem_size(self.conv_kind, problem_size)
             return arguments, self.reduction_arguments(arguments, [gemm.m(), gemm.n()], slices, tensor_D,
-                                                       c.ravel(), alpha, beta)
+                                                       packed[2], alpha, beta)
 
         return self.execute(
             case, build,
             lambda: self.host_reference(problem_size, *(x.astype(np.float64) for x in (a, b, c)), alpha, beta),
-            lambda: tensor_D.reshape(shapes[2]), 1 if parallel else slices,
+            output, 1 if parallel else slices,
             lambda detail: print(f"{self.conv_kind.name} {case}: {detail}"))
 
 
@@ -81,6 +108,8 @@ def default_problem_sizes(operation) -> list:
     """pycutlass's default conv sizes for ``operation``: channel counts in multiples of its access widths (exactly
     A's width for fixed_channels)."""
     unit = max(8, operation.A.alignment, operation.B.alignment, operation.C.alignment)
+    if operation.A.layout is LayoutType.TensorNC32HW32:
+        unit = max(unit, 32)  # interleaved tensors hold channels in groups of 32
     fixed = operation.iterator_algorithm is IteratorAlgorithm.fixed_channels
 
     def size(n, h, w, c, k, r, s, pad=(0, 0), stride=(1, 1), dilation=(1, 1)):

@@ -119,7 +119,7 @@ def test_what_the_testbeds_refuse_up_front(monkeypatch):
     with pytest.raises(ArgumentError, match="activation_args"):
         cutlass.test.GemmUniversalLauncher(leaky)
     assert cutlass.test.GemmUniversalLauncher(leaky, activation_args=(0.1,)).activation_args == (0.1,)
-    with pytest.raises(ArgumentError, match="NHWC"):
+    with pytest.raises(ArgumentError, match="interleaved=True needs an NC32HW32"):
         cutlass.test.Conv2dLauncher(conv_op(), interleaved=True)
     with pytest.raises(ArgumentError, match="compilation_mode"):
         cutlass.test.test_all_gemm(gemm_op(), compilation_mode="clang")
@@ -329,8 +329,71 @@ def test_the_grouped_sweep_fails_when_every_case_was_refused(host_grouped, capsy
     assert len(testbed.skipped) == 12 and "refused all 12 cases" in capsys.readouterr().out
 
 
+def interleaved_conv_op():
+    """PyCUTLASS's interleaved int8 fprop: NC32HW32 activation and output, C32RSK32 filter, a clamping epilogue."""
+    math = cutlass.MathInstruction([16, 8, 32], D.int8, D.int8, D.int32, cutlass.OpClass.TensorOp,
+                                   cutlass.MathOperation.multiply_add_saturate)
+    tile = cutlass.TileDescription([128, 128, 64], 3, [2, 2, 1], math)
+    a = cutlass.TensorDescription(D.int8, cutlass.TensorNC32HW32, 16)
+    b = cutlass.TensorDescription(D.int8, cutlass.TensorC32RSK32, 16)
+    c = cutlass.TensorDescription(D.int8, cutlass.TensorNC32HW32, 8)
+    return cutlass.Conv2dOperation(cutlass.conv.Operator.fprop, cutlass.conv.IteratorAlgorithm.optimized, 80, tile,
+                                   a, b, c, cutlass.conv.StrideSupport.Strided,
+                                   cutlass.LinearCombinationClamp(D.int8, 8, D.int32, D.float32))
+
+
+class _HostInterleavedConv(_HostConv):
+    """Reads NC32HW32 / C32RSK32 operands as the kernel does (its own index arithmetic, not the testbed's) and
+    writes an NC32HW32 D."""
+
+    def sync(self):
+        from pycutlass.utils.reference_model import conv2d_fprop
+
+        A, B, C, D = self.tensors
+        ps = self.size
+        n, h, w, c, k, r, s = ps.N, ps.H, ps.W, ps.C, ps.K, ps.R, ps.S
+        p, q = ps.P, ps.Q
+        a = np.empty((n, h, w, c))
+        flat_a = A.astype(np.float64)
+        for ni, hi, wi, ci in np.ndindex(n, h, w, c):  # offset = (((n * C/32 + c/32) * H + h) * W + w) * 32 + c%32
+            a[ni, hi, wi, ci] = flat_a[(((ni * (c // 32) + ci // 32) * h + hi) * w + wi) * 32 + ci % 32]
+        b = np.empty((k, r, s, c))
+        flat_b = B.astype(np.float64)
+        for ki, ri, si, ci in np.ndindex(k, r, s, c):  # offset = (((c/32 * R + r) * S + s) * K + k) * 32 + c%32
+            b[ki, ri, si, ci] = flat_b[(((ci // 32 * r + ri) * s + si) * k + ki) * 32 + ci % 32]
+        source = np.empty((n, p, q, k))
+        flat_c = C.astype(np.float64)
+        for ni, pi, qi, ki in np.ndindex(n, p, q, k):
+            source[ni, pi, qi, ki] = flat_c[(((ni * (k // 32) + ki // 32) * p + pi) * q + qi) * 32 + ki % 32]
+        d = _common.epilogue_reference(self.op.epilogue_functor, self.op.C.element, conv2d_fprop(a, b, ps), source,
+                                       self.output_op.alpha, self.output_op.beta)
+        if self.wrong:
+            d[0, 0, 0, 1] += 5.0
+        for ni, pi, qi, ki in np.ndindex(n, p, q, k):
+            D[(((ni * (k // 32) + ki // 32) * p + pi) * q + qi) * 32 + ki % 32] = d[ni, pi, qi, ki]
+
+
+def test_the_conv_launcher_runs_interleaved_int8_as_pycutlass_did(monkeypatch):
+    import pycutlass.kinds.conv2d.arguments as conv_arguments
+    import pycutlass.runtime.memory as memory
+
+    monkeypatch.setattr(cutlass.compiler, "add_module", lambda ops, **kw: None)
+    monkeypatch.setattr(memory, "get_allocated_size", lambda session=None: 0)
+    monkeypatch.setattr(conv_arguments, "Conv2dArguments", _HostInterleavedConv)
+    op = interleaved_conv_op()
+    monkeypatch.setattr(type(op), "run", lambda self, arguments: None)
+    launcher = cutlass.test.Conv2dLauncher(op, interleaved=True)
+    assert launcher.interleaved and cutlass.test.Conv2dLauncher(op).interleaved  # the operation says
+    problem = cutlass.Conv2dProblemSize((1, 5, 6, 64), (32, 3, 3, 64), (1, 1, 1, 1), (2, 1), (1, 1))
+    assert launcher.run(problem, cutlass.conv.SplitKMode.Serial, 0.5, 1.0)
+    monkeypatch.setattr(_HostInterleavedConv, "wrong", True)
+    assert launcher.run(problem, cutlass.conv.SplitKMode.Serial, 0.5, 1.0) is False
+    sizes = conv2d_testbed.default_problem_sizes(op)
+    assert all(size.C % 32 == 0 and size.K % 32 == 0 for size in sizes)
+
+
 def test_testbed_sweep_draws_deterministically_without_a_gpu():
-    """tools/testbed_sweep.py --dry-run: the configurations a seed draws (no bias vectors, NHWC convolutions)."""
+    """tools/testbed_sweep.py --dry-run: the configurations a seed draws (no bias vectors)."""
     import subprocess
     import sys
 
@@ -339,4 +402,4 @@ def test_testbed_sweep_draws_deterministically_without_a_gpu():
     first, again = (subprocess.run(command, capture_output=True, text=True, check=True).stdout for _ in range(2))
     lines = first.splitlines()
     assert first == again and [line.split()[0] for line in lines] == ["gemm80"] * 3 + ["conv80"] * 2 + ["gemm90"]
-    assert all("NC32HW32" not in line for line in lines) and "bias=row" not in first and "bias=column" not in first
+    assert "bias=row" not in first and "bias=column" not in first
