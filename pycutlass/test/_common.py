@@ -62,6 +62,10 @@ def activation_arguments(functor, given) -> tuple:
     return given
 
 
+# The largest finite value of each float output a Clamp epilogue takes (float16, bfloat16: 0x7F7F) and clips to.
+_FINITE_MAX = {DataType.float16: float(np.finfo(np.float16).max), DataType.bfloat16: 3.3895313892515355e38}
+
+
 def epilogue_reference(functor, element_out: DataType, accumulator, source, alpha, beta, activation_args=()):
     """D = act(alpha * accumulator + beta * C) in float64, then what the output conversion does: integers round
     and saturate, the Clamp epilogues clamp to the output's range."""
@@ -72,8 +76,7 @@ def epilogue_reference(functor, element_out: DataType, accumulator, source, alph
         info = np.iinfo(np.int8 if element_out is DataType.int8 else np.int32)
         return np.clip(np.rint(x), info.min, info.max)
     if "Clamp" in functor.kind:
-        finite = float(np.finfo(np.float16).max) if element_out is DataType.float16 else \
-            float(np.finfo(np.float32).max) if element_out is DataType.float32 else None
+        finite = _FINITE_MAX.get(element_out)
         if finite is not None:
             x = np.clip(x, -finite, finite)
     return x

@@ -102,6 +102,10 @@ def test_references_and_verdicts():
     plain = cutlass.LinearCombination(D.int8, 16, D.int32, D.float32)
     assert np.array_equal(_common.epilogue_reference(plain, D.int8, np.array([300.0, -2.4]), None, 1.0, 0.0),
                           [127.0, -2.0])  # rounds and saturates
+    for out, limit in ((D.float16, 65504.0), (D.bfloat16, 3.3895313892515355e38)):
+        clamp = cutlass.LinearCombinationClamp(out, 128 // out.bits, D.float32, D.float32)
+        clipped = _common.epilogue_reference(clamp, out, np.array([1e39, -1e39, 3.0]), None, 1.0, 0.0)
+        assert np.array_equal(clipped, [limit, -limit, 3.0]), out  # the Clamp epilogues clip to the output's range
     assert _common.matches(ref, ref, relu, D.float16, D.float32)[0]
     poisoned = ref.copy()
     poisoned[0, 0] = np.nan
