@@ -4,8 +4,8 @@ of random sizes from the seed, runs them as one group and checks every problem's
 As in the GEMM testbed (``gemm_testbed``): small-integer operands, NaN-poisoned outputs, float64 references of the
 whole epilogue (activations included), refused groups skipped into ``skipped``. Each problem is checked on its own,
 so a wrong small problem cannot hide behind a large one. Sizes are multiples of every operand's access width (for
-SM90 grouped kernels, of 16 bytes, which TMA needs for every stride); one in eight problems is degenerate (M, N or
-K = 0) where the operation accepts it, the rest span one access to a few hundred rows and columns and up to three
+SM90 grouped kernels, of 16 bytes, which TMA needs for every stride); about one in eight problems is degenerate (M, N
+or K = 0; both grouped kinds take them), the rest span one access to a few hundred rows and columns and up to three
 pipelines' worth of K. Operations built with ``bias=`` (pycutlass's SM90 extension) are not what PyCUTLASS tested
 and are refused at construction.
 """
