@@ -9,6 +9,7 @@ import pycutlass as cutlass
 from pycutlass import ArgumentError
 from pycutlass.gemm import Mode
 from pycutlass.test import _common, conv2d_testbed, gemm_grouped_testbed, gemm_testbed
+from tests.cpu.test_conv2d_arguments import op as conv_arguments_op
 
 D = cutlass.DataType
 R, CM = cutlass.RowMajor, cutlass.ColumnMajor
@@ -219,15 +220,20 @@ class _HostConv:
         D[:] = (d + (1.0 if self.wrong else 0.0)).ravel()
 
 
-def test_the_conv_launcher_checks_what_the_kernel_wrote(monkeypatch):
+def _host_conv(monkeypatch, stand_in, op):
+    """The conv launcher's path without a GPU: ``stand_in`` for Conv2dArguments, a kernel that does nothing."""
     import pycutlass.kinds.conv2d.arguments as conv_arguments
     import pycutlass.runtime.memory as memory
 
     monkeypatch.setattr(cutlass.compiler, "add_module", lambda ops, **kw: None)
     monkeypatch.setattr(memory, "get_allocated_size", lambda session=None: 0)
-    monkeypatch.setattr(conv_arguments, "Conv2dArguments", _HostConv)
-    op = conv_op()
+    monkeypatch.setattr(conv_arguments, "Conv2dArguments", stand_in)
     monkeypatch.setattr(type(op), "run", lambda self, arguments: None)
+    return op
+
+
+def test_the_conv_launcher_checks_what_the_kernel_wrote(monkeypatch):
+    op = _host_conv(monkeypatch, _HostConv, conv_op())
     launcher = cutlass.test.Conv2dLauncher(op)
     problem = cutlass.Conv2dProblemSize((2, 7, 9, 16), (24, 3, 3, 16), (1, 1, 1, 1), (2, 1), (1, 1))
     assert launcher.run(problem, cutlass.conv.SplitKMode.Serial, 2.0, 1.0)
@@ -333,19 +339,6 @@ def test_the_grouped_sweep_fails_when_every_case_was_refused(host_grouped, capsy
     assert len(testbed.skipped) == 12 and "refused all 12 cases" in capsys.readouterr().out
 
 
-def interleaved_conv_op():
-    """PyCUTLASS's interleaved int8 fprop: NC32HW32 activation and output, C32RSK32 filter, a clamping epilogue."""
-    math = cutlass.MathInstruction([16, 8, 32], D.int8, D.int8, D.int32, cutlass.OpClass.TensorOp,
-                                   cutlass.MathOperation.multiply_add_saturate)
-    tile = cutlass.TileDescription([128, 128, 64], 3, [2, 2, 1], math)
-    a = cutlass.TensorDescription(D.int8, cutlass.TensorNC32HW32, 16)
-    b = cutlass.TensorDescription(D.int8, cutlass.TensorC32RSK32, 16)
-    c = cutlass.TensorDescription(D.int8, cutlass.TensorNC32HW32, 8)
-    return cutlass.Conv2dOperation(cutlass.conv.Operator.fprop, cutlass.conv.IteratorAlgorithm.optimized, 80, tile,
-                                   a, b, c, cutlass.conv.StrideSupport.Strided,
-                                   cutlass.LinearCombinationClamp(D.int8, 8, D.int32, D.float32))
-
-
 class _HostInterleavedConv(_HostConv):
     """Reads NC32HW32 / C32RSK32 operands as the kernel does (its own index arithmetic, not the testbed's) and
     writes an NC32HW32 D."""
@@ -378,14 +371,8 @@ class _HostInterleavedConv(_HostConv):
 
 
 def test_the_conv_launcher_runs_interleaved_int8_as_pycutlass_did(monkeypatch):
-    import pycutlass.kinds.conv2d.arguments as conv_arguments
-    import pycutlass.runtime.memory as memory
-
-    monkeypatch.setattr(cutlass.compiler, "add_module", lambda ops, **kw: None)
-    monkeypatch.setattr(memory, "get_allocated_size", lambda session=None: 0)
-    monkeypatch.setattr(conv_arguments, "Conv2dArguments", _HostInterleavedConv)
-    op = interleaved_conv_op()
-    monkeypatch.setattr(type(op), "run", lambda self, arguments: None)
+    # PyCUTLASS's interleaved int8 fprop: NC32HW32 activation and output, C32RSK32 filter, a clamping epilogue
+    op = _host_conv(monkeypatch, _HostInterleavedConv, conv_arguments_op(interleaved=True))
     launcher = cutlass.test.Conv2dLauncher(op, interleaved=True)
     assert launcher.interleaved and cutlass.test.Conv2dLauncher(op).interleaved  # the operation says
     problem = cutlass.Conv2dProblemSize((1, 5, 6, 64), (32, 3, 3, 64), (1, 1, 1, 1), (2, 1), (1, 1))
