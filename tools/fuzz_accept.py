@@ -518,7 +518,8 @@ def cmd_compile(args):
     rng = random.Random(args.seed)
     picked = []
     want = {"gemm80": args.sm80 - args.sm80 // 2, "conv80": args.sm80 // 2,
-            "gemm90": args.sm90 - args.sm90 // 3, "conv90": args.sm90 // 3}
+            "gemm90": args.sm90 - args.sm90 // 3, "conv90": args.sm90 // 3,
+            "evt80": args.evt80, "grouped80": args.grouped80}
     for family, n in want.items():
         seen = set()
         tries = 0
@@ -531,12 +532,15 @@ def cmd_compile(args):
             picked.append((cfg, op))
             n -= 1
     out = open(args.out, "a")
-    sm80 = [(c, o) for c, o in picked if o.family == "sm80"]
+    evt = [(c, o) for c, o in picked if c["family"] == "evt80"]
+    sm80 = [(c, o) for c, o in picked if o.family == "sm80" and c["family"] != "evt80"]
     sm90 = [(c, o) for c, o in picked if o.family != "sm80"]
     batches = []
     for i in range(0, len(sm80), args.batch):
         chunk = sm80[i:i + args.batch]
         batches.append((chunk, 80, i // args.batch % 3 == 2))  # every third batch with NVRTC
+    for i in range(0, len(evt), args.batch):  # visitor trees: NVRTC, the EVT suites' backend
+        batches.append((evt[i:i + args.batch], 80, True))
     for item in sm90:
         batches.append(([item], 90, False))
     for chunk, arch, nvrtc in batches:
@@ -595,6 +599,8 @@ def main(argv=None):
     p = sub.add_parser("compile")
     p.add_argument("--sm80", type=int, default=30)
     p.add_argument("--sm90", type=int, default=6)
+    p.add_argument("--evt80", type=int, default=0, help="visitor-tree GEMMs (compiled with NVRTC)")
+    p.add_argument("--grouped80", type=int, default=0, help="Sm80-family grouped GEMMs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--out", default="/tmp/fuzz_results.jsonl")
