@@ -694,3 +694,20 @@ def test_visitor_epilogue_refuses_the_mixed_epilogue_on_16_wide_warp_tiles():
     _evt([16, 16, 32], [1, 1, 1], 2)
     _evt([16, 32, 32], [1, 1, 1], 8)
     _evt([32, 32, 32], [1, 1, 1], 8)
+
+
+def test_interleaved_gemm_writes_c_eight_elements_per_access():
+    """Found by the compile-only sweep (seed 414): an interleaved int8 GEMM with C alignment 2 did not compile
+    (interleaved_epilogue.h: no output operator overload matches); 4 and 16 failed the same way with any epilogue,
+    8 compiles and is what the GPU suites run."""
+    I8, I32 = cutlass.DataType.int8, cutlass.DataType.int32
+    math = cutlass.MathInstruction([16, 8, 32], I8, I8, I32, cutlass.OpClass.TensorOp)
+    td = cutlass.TileDescription([128, 256, 64], 3, [2, 4, 1], math)
+    a = cutlass.TensorDescription(I8, cutlass.ColumnMajorInterleaved32, 16)
+    b = cutlass.TensorDescription(I8, cutlass.RowMajorInterleaved32, 16)
+    for alignment in (1, 2, 4, 16):
+        c = cutlass.TensorDescription(I8, cutlass.ColumnMajorInterleaved32, alignment)
+        with pytest.raises(DescriptionError, match="C alignment must be 8"):
+            cutlass.GemmOperationUniversal(80, td, a, b, c, cutlass.LinearCombinationClamp(I8, alignment, I32))
+    c = cutlass.TensorDescription(I8, cutlass.ColumnMajorInterleaved32, 8)
+    cutlass.GemmOperationUniversal(80, td, a, b, c, cutlass.LinearCombinationClamp(I8, 8, I32))

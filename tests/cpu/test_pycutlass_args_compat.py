@@ -48,8 +48,8 @@ def interleaved_gemm():
     math = pc.MathInstruction([16, 8, 32], S8, S8, S32, pc.OpClass.TensorOp, pc.MathOperation.multiply_add_saturate)
     tile = pc.TileDescription([128, 128, 64], 3, [2, 2, 1], math)
     return pc.GemmOperationUniversal(80, tile, td(S8, pc.ColumnMajorInterleaved32, 16),
-                                     td(S8, pc.RowMajorInterleaved32, 16), td(S8, pc.ColumnMajorInterleaved32, 16),
-                                     pc.LinearCombinationClamp(S8, 16, S32, F32))
+                                     td(S8, pc.RowMajorInterleaved32, 16), td(S8, pc.ColumnMajorInterleaved32, 8),
+                                     pc.LinearCombinationClamp(S8, 8, S32, F32))
 
 
 def f16_conv(kind=Operator.fprop):

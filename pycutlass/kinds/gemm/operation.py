@@ -618,6 +618,12 @@ class GemmOperationUniversal(TiledOperation):
             for label, desc in (("A", self.A), ("B", self.B)):
                 if desc.alignment != 16:
                     raise DescriptionError(f"interleaved int8 GEMM needs {label} alignment 16, got {desc.alignment}")
+            if self.C.alignment != 8:
+                # CUTLASS's interleaved epilogue (interleaved_epilogue.h) fails to compile its output operator call
+                # for C alignment 2, 4 or 16 (compile sweep seed 414); CUTLASS's generator builds these kernels with
+                # 8, the alignment the GPU suites run.
+                raise DescriptionError(f"interleaved int8 GEMM writes C with 8 elements per access (CUTLASS's "
+                                       f"interleaved epilogue); C alignment must be 8, got {self.C.alignment}")
             check_interleaved_thread_maps(self.tile_description, type(self).__name__)
             return
         check_crosswise_tile_k(self.tile_description, (("A", self.A, self.A.layout is LayoutType.RowMajor),
