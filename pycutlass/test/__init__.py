@@ -11,6 +11,8 @@ are skipped and listed in ``launcher.skipped``. Importing this module needs no G
 """
 from __future__ import annotations
 
+from .. import *  # noqa: F401,F403  (PyCUTLASS's testbeds did ``from pycutlass import *``; see __all__)
+from .. import __all__ as _pycutlass_names
 from .._compat import missing_names
 from .conv2d_testbed import Conv2dLauncher, test_all_conv2d
 from .gemm_grouped_testbed import TestbedGrouped
@@ -21,4 +23,7 @@ __getattr__ = missing_names(__name__, {
     "get_name": "use operation.name (or operation.procedural_name) for test names",
 })
 
-__all__ = ["Conv2dLauncher", "GemmUniversalLauncher", "GpuTimer", "TestbedGrouped", "test_all_conv2d", "test_all_gemm"]
+# PyCUTLASS's testbed modules began with ``from pycutlass import *`` and had no __all__, so its unit tests that only
+# do ``from pycutlass.test import *`` (the few- and fixed-channel conv tests) got MathInstruction, cutlass & co. here.
+__all__ = ["Conv2dLauncher", "GemmUniversalLauncher", "GpuTimer", "TestbedGrouped", "test_all_conv2d", "test_all_gemm",
+           *_pycutlass_names]
