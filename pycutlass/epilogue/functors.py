@@ -36,9 +36,8 @@ class EpilogueFunctor:
             if not isinstance(getattr(self, name), DataType):
                 raise DescriptionError(f"{type(self).__name__}.{name} must be a DataType, got {getattr(self, name)!r}")
         if self.element_epilogue.is_integer:
-            raise DescriptionError(f"{type(self).__name__}: the epilogue computes in a floating-point type, "
-                                   f"got {self.element_epilogue.label}")
-        if self.element_epilogue not in COMPUTE_TYPES:
+            self._check_integer_epilogue()
+        elif self.element_epilogue not in COMPUTE_TYPES:
             why = ("the tensor cores' operand format (float32 rounded to a 10-bit mantissa), not an arithmetic type"
                    if self.element_epilogue is DataType.tfloat32 else
                    "a storage format of 2-3 significant bits that CUTLASS's activations do not build in")
@@ -52,6 +51,22 @@ class EpilogueFunctor:
                 or self.alignment & (self.alignment - 1):
             raise DescriptionError(f"{type(self).__name__}.alignment {self.alignment!r} must be a power of two "
                                    f"<= {max_alignment} for {self.element_output.label}")
+
+    def _check_integer_epilogue(self) -> None:
+        """int32 compute, as PyCUTLASS 2.11's s8 -> s32 GEMM tests ask for: CUTLASS's LinearCombination(Clamp)
+        computes alpha * accumulator + beta * C in int32 (alpha and beta are then integers). Kept to int32
+        accumulators, and to the outputs whose conversion from int32 is exact or clamped: int32, or int8 after
+        LinearCombinationClamp (a plain int8 conversion would wrap)."""
+        outputs = (DataType.int32, DataType.int8) if self.kind == "LinearCombinationClamp" else (DataType.int32,)
+        if self.element_epilogue is not DataType.int32 or self.element_accumulator is not DataType.int32 or \
+                self.kind not in ("LinearCombination", "LinearCombinationClamp") or \
+                self.element_output not in outputs:
+            raise DescriptionError(
+                f"{type(self).__name__}: an integer epilogue computes in int32, for LinearCombination with int32 "
+                f"accumulators and int32 output or LinearCombinationClamp with int32 accumulators and int8/int32 "
+                f"output; got element_epilogue {self.element_epilogue.label}, accumulator "
+                f"{self.element_accumulator.label}, output {self.element_output.label}. Otherwise the epilogue "
+                f"computes in a floating-point type (float32)")
 
     def _wide_types(self) -> list[str]:
         """What makes this a float64 epilogue: a float64 output, accumulator or activation."""
@@ -91,6 +106,9 @@ class EpilogueFunctor:
         except (TypeError, ValueError):
             raise ArgumentError(f"epilogue arguments must be numbers, got alpha={alpha!r}, beta={beta!r}, "
                                 f"activation args={activation_args!r}") from None
+        if self.element_epilogue.is_integer and not all(v.is_integer() and abs(v) < 2 ** 31 for v in values[:2]):
+            raise ArgumentError(f"{self.describe()} computes in {self.element_epilogue.label}: alpha and beta must be "
+                                f"integers, got alpha={alpha!r}, beta={beta!r}")
         return EpilogueArguments(values[0], values[1], tuple(values[2:]))
 
     def describe(self) -> str:

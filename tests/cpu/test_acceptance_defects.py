@@ -230,9 +230,11 @@ def test_simt_kernels_take_alignment_one():
     for align in ((4, 2, 2), (2, 1, 1), (1, 1, 2)):
         with pytest.raises(DescriptionError, match="SIMT kernels access A, B and C one element at a time"):
             _gemm(element=F32, acc=F32, shape=(32, 64, 8), warps=(1, 2, 1), align=align, opclass=Simt)
-    with pytest.raises(DescriptionError, match="SIMT"):
-        _conv(Operator.fprop, element=F32, acc=F32, align=4, out_align=1, shape=(64, 64, 8), opclass=Simt)
+    with pytest.raises(DescriptionError, match="SIMT kernels access C one element at a time"):
+        _conv(Operator.fprop, element=F32, acc=F32, align=4, out_align=4, shape=(64, 64, 8), opclass=Simt)
     _gemm(element=F32, acc=F32, shape=(32, 64, 8), warps=(1, 2, 1), align=(1, 1, 1), opclass=Simt)
+    # SIMT convolutions ignore A's and B's declared alignment (PyCUTLASS 2.11's own SIMT conv tests declare 4)
+    _conv(Operator.fprop, element=F32, acc=F32, align=4, out_align=1, shape=(64, 64, 8), opclass=Simt)
 
 
 @pytest.mark.parametrize("out,align", [(S8, 1), (S8, 2), (F16, 4), (D.bfloat16, 2), (F16, 1)])

@@ -310,8 +310,10 @@ def test_epilogue_functor_checks():
             functor(cutlass.float32, 3, cutlass.float32, cutlass.float32)
         with pytest.raises(DescriptionError, match="power of two"):
             functor(cutlass.float32, 0, cutlass.float32, cutlass.float32)
-        with pytest.raises(DescriptionError, match="epilogue computes in a floating-point type, got int32"):
-            functor(cutlass.int8, 8, cutlass.int32, cutlass.int32)
+        with pytest.raises(DescriptionError, match="an integer epilogue computes in int32, for LinearCombination"):
+            functor(cutlass.float16, 8, cutlass.int32, cutlass.int32)  # int32 compute: int8/int32 outputs only
+        with pytest.raises(DescriptionError, match="an integer epilogue computes in int32"):
+            functor(cutlass.int32, 4, cutlass.float32, cutlass.int32)  # and int32 accumulators
         with pytest.raises(DescriptionError, match="element_output must be a DataType"):
             functor("float16", 8, cutlass.float32, cutlass.float32)
         with pytest.raises(DescriptionError, match="element_accumulator must be a DataType"):

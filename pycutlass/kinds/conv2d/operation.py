@@ -129,7 +129,7 @@ class Conv2dOperation(TiledOperation):
                                    f"bias=...), so leave bias out here; got bias={bias!r}")
         check_conv_enums(conv_kind, iterator_algorithm, stride_support, what)
         self.compute_capability = check_compute_capability(arch)
-        check_operand_types(tile_description, A, B, C, epilogue_functor, what)
+        check_operand_types(tile_description, A, B, C, epilogue_functor, what, wide_c=True, simt_wide_ab=True)
         if swizzling_functor not in CONV_SWIZZLES:
             raise DescriptionError(f"{what}: swizzling_functor must be one of "
                                    f"{[s.name for s in IDENTITY_SWIZZLES + STRIDED_DGRAD_SWIZZLES]}, "
@@ -232,6 +232,11 @@ class Conv2dOperation(TiledOperation):
         # predicates come out wrong (found on an H100: 128x32x16 SIMT on one warp, 64 loads, relative error 0.7).
         wgrad_mask = self.iterator_algorithm is IteratorAlgorithm.optimized and self.conv_kind is Operator.wgrad
 
+        def access_alignment(desc):
+            # The SIMT specializations build their iterators with the thread map's one-element access whatever
+            # AlignmentA/B say (default_conv2d_*.h); the declared alignment only tightens the arguments' checks.
+            return 1 if math.opcode_class is OpClass.Simt else desc.alignment
+
         def one_contiguous_access(label, desc, is_k_major, per_access, iterations, where):
             if is_k_major and iterations[0] != 1:
                 return (f"CUTLASS's convolution iterator for {where} takes one access along K per thread "
@@ -244,7 +249,7 @@ class Conv2dOperation(TiledOperation):
                         f"analytic iterator")
             if label == "B" and filter_mask:
                 loads = iterations[1] * (iterations[0] if self.conv_kind is Operator.dgrad else 1)
-                bits = 32 * (per_access // desc.alignment)
+                bits = 32 * (per_access // access_alignment(desc))
                 if loads >= bits:
                     return (f"CUTLASS's optimized {self.conv_kind.name} filter iterator packs one predicate bit per "
                             f"load into {bits} bits, which must outnumber the {loads} loads of {where} (static_assert "
@@ -285,8 +290,10 @@ class Conv2dOperation(TiledOperation):
             # AccessType access per thread-map vector: unlike TileIterator it has no kAccessesPerVector loop, so an
             # alignment below the thread map's vector loads a fraction of each vector into the wrong fragment slots
             # and the result is silently wrong. Multistage kernels (ImplicitGemmMultistage) loop correctly.
-            vector = 1 if math.opcode_class is OpClass.Simt or element is DataType.float64 else 128 // element.bits
-            for label, desc in (("A", self.A), ("B", self.B)):
+            # (SIMT iterators access one element whatever the declared alignment: see access_alignment above.)
+            simt = math.opcode_class is OpClass.Simt
+            vector = 1 if element is DataType.float64 else 128 // element.bits
+            for label, desc in () if simt else (("A", self.A), ("B", self.B)):
                 if desc.alignment != vector:
                     raise DescriptionError(
                         f"{what}: 2-stage strided dgrad loads A and B through CUTLASS's TileIteratorStridedDgrad, "

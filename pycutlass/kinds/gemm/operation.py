@@ -29,10 +29,12 @@ def check_description_types(tile, A, B, C, epilogue, what: str) -> None:
 
 
 def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDescription,
-                        C: TensorDescription, epilogue: EpilogueFunctor, what: str, wide_c: bool = False) -> None:
+                        C: TensorDescription, epilogue: EpilogueFunctor, what: str, wide_c: bool = False,
+                        simt_wide_ab: bool = False) -> None:
     """Shared by GEMM, grouped GEMM and conv2d: operand types must match the instruction and the epilogue.
 
-    ``wide_c``: the kind's tensor-op epilogue may store C/D with 256-bit accesses (GEMM and grouped GEMM).
+    ``wide_c``: the kind's tensor-op epilogue may store C/D with 256-bit accesses (GEMM and conv2d).
+    ``simt_wide_ab``: the kind's SIMT main loop ignores A's and B's alignment (conv2d), so any is correct there.
     """
     check_description_types(tile, A, B, C, epilogue, what)
     tile.check_sm80(what)
@@ -58,12 +60,14 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
     if C.access_bits > 128:
         # CUTLASS's PredicatedTileIterator stores AlignedArray<ElementOutput, kElementsPerAccess> with
         # arch::global_store<AccessType, 32> (cutlass/arch/memory.h), as CUTLASS's generator does for f16 -> f32 and
-        # s8 -> s32 GEMMs with C alignment 8; SIMT epilogues, interleaved outputs and convolutions are kept to 128.
+        # s8 -> s32 GEMMs with C alignment 8. Convolutions write their NHWC output through the same iterator
+        # (PyCUTLASS 2.11's tf32 conv tests use float32 C alignment 8). SIMT epilogues, interleaved outputs and the
+        # grouped kernels are kept to 128.
         if not wide_c or math.opcode_class is not OpClass.TensorOp or C.layout.is_interleaved:
             raise DescriptionError(
-                f"{what}: C alignment {C.alignment} x {C.element.bits} bits exceeds 128 bits; only tensor-op GEMM and "
-                f"grouped GEMM epilogues with RowMajor/ColumnMajor C store 256-bit vectors. Use alignment "
-                f"{128 // C.element.bits}")
+                f"{what}: C alignment {C.alignment} x {C.element.bits} bits exceeds 128 bits; only the tensor-op "
+                f"epilogues of GemmOperationUniversal and Conv2dOperation (RowMajor, ColumnMajor or NHWC C) store "
+                f"256-bit vectors. Use alignment {128 // C.element.bits}")
     if epilogue.element_accumulator is not math.element_accumulator:
         raise DescriptionError(f"{what}: the epilogue reads {epilogue.element_accumulator.label} accumulators but the "
                                f"math instruction accumulates in {math.element_accumulator.label}")
@@ -72,11 +76,14 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
         # and the SIMT cores of default_mma_core_sm80.h: a wider access static_asserts "Vectors implied by the
         # thread map must be divisible by the access type"), and its SIMT epilogue stores scalars (default_gemm.h:
         # "simt epilogue must operate on scalars"). CUTLASS's generator builds SIMT kernels with alignment 1 only.
-        for label, desc in (("A", A), ("B", B), ("C", C)):
+        # CUTLASS's SIMT conv kernels (default_conv2d_{fprop,dgrad,wgrad}.h) take AlignmentA/B and never use them:
+        # their iterators access what the SIMT thread map gives, one element. PyCUTLASS 2.11's own SIMT conv tests
+        # declare A and B with alignment 4; the alignment then only tightens what the arguments accept.
+        for label, desc in ((("C", C),) if simt_wide_ab else (("A", A), ("B", B), ("C", C))):
             if desc.alignment != 1:
-                raise DescriptionError(f"{what}: SIMT kernels access A, B and C one element at a time (CUTLASS's "
-                                       f"SIMT thread maps and epilogue), so {label} alignment must be 1, got "
-                                       f"{desc.alignment}")
+                raise DescriptionError(f"{what}: SIMT kernels access {'C' if simt_wide_ab else 'A, B and C'} one "
+                                       f"element at a time (CUTLASS's SIMT thread maps and epilogue), so {label} "
+                                       f"alignment must be 1, got {desc.alignment}")
     if math.opcode_class is OpClass.Simt:
         check_simt_epilogue_width(tile, what)
     check_f64_tensor_op_stages(tile, what)
@@ -561,6 +568,7 @@ VISITOR_OPERATION = None
 class GemmOperationUniversal(TiledOperation):
     kind = "gemm"
     abi_struct_type = GemmUniversalArgs
+    direct_store = False  # PyCUTLASS 2.11's register-to-global epilogue (Sm80 family, see _check_direct_store)
 
     def __new__(cls, *args, **kwargs):
         visitor = kwargs.get("visitor", args[7] if len(args) > 7 else False)
@@ -584,8 +592,11 @@ class GemmOperationUniversal(TiledOperation):
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueFunctor,
                  swizzling_functor: SwizzlingFunctor = IdentitySwizzle1, visitor: bool = False, *,
-                 array: bool = False):
+                 array: bool = False, direct_store: bool = False):
         self.compute_capability = check_compute_capability(arch)
+        if not isinstance(direct_store, bool):
+            raise DescriptionError(f"direct_store must be True or False, got {direct_store!r}")
+        self.direct_store = direct_store
         if not isinstance(array, bool):
             raise DescriptionError(f"array must be True or False, got {array!r}")
         # array=True builds the SM90 pointer-array kernel; a CUTLASS 2.x kernel runs every mode (Array included) as
@@ -599,7 +610,28 @@ class GemmOperationUniversal(TiledOperation):
                                    f"{[s.name for s in GEMM_SWIZZLES]}, got {swizzling_functor!r}")
         self._describe(arch, tile_description, A, B, C, epilogue_functor, swizzling_functor)
         self._check_layouts()
+        if direct_store:
+            self._check_direct_store()
         tile_description.check_shared_memory(arch)
+
+    def _check_direct_store(self) -> None:
+        """PyCUTLASS 2.11's ``direct_store=True``: CUTLASS's EpilogueDirectStore writes each thread's accumulators
+        straight from registers, two adjacent columns per store (epilogue_direct_store.h). It assumes the tensor-op
+        accumulator layout (rows lane / 4 + 8 i, columns 2 (lane % 4) + 8 j of 16x8 / 8x8 MMAs), one warp along K
+        (as every pycutlass tile), a row-major output (a ColumnMajor C is computed transposed here) and an output operator of at least two
+        elements; it guards the first column of each pair only, which the arguments' C alignment (>= 2) keeps in
+        bounds."""
+        what = "GemmOperationUniversal(direct_store=True)"
+        math = self.tile_description.math_instruction
+        if math.opcode_class is not OpClass.TensorOp:
+            raise DescriptionError(f"{what}: the direct-store epilogue assumes the tensor-op accumulator layout; got a "
+                                   f"{math.opcode_class.name} math instruction")
+        if self.C.layout.is_interleaved:
+            raise DescriptionError(f"{what}: the direct-store epilogue writes a row- or column-major C, got "
+                                   f"{self.C.layout.value}")
+        if self.C.alignment < 2:
+            raise DescriptionError(f"{what}: the direct-store epilogue stores two adjacent outputs at a time; C "
+                                   f"alignment must be at least 2, got {self.C.alignment}")
 
     def _check_layouts(self) -> None:
         math = self.tile_description.math_instruction
@@ -651,12 +683,13 @@ class GemmOperationUniversal(TiledOperation):
 
     # --- identity -------------------------------------------------------------------------------------------
     def _signature(self) -> tuple:
-        return ("gemm_universal", self.compute_capability, self.tile_description, self.A, self.B, self.C,
-                self.epilogue_functor, self.swizzling_functor)
+        signature = ("gemm_universal", self.compute_capability, self.tile_description, self.A, self.B, self.C,
+                     self.epilogue_functor, self.swizzling_functor)
+        return signature + ("direct_store",) if self.direct_store else signature
 
     def _readable_name(self) -> str:
         layouts = "".join(names.LAYOUT_SHORT[d.layout] for d in (self.A, self.B, self.C))
-        return f"gemm_{self._types_and_tile_name(layouts)}"
+        return f"gemm_{self._types_and_tile_name(layouts)}{'_ds' if self.direct_store else ''}"
 
     @property
     def transposed(self) -> bool:
@@ -665,6 +698,8 @@ class GemmOperationUniversal(TiledOperation):
 
     # --- emission -------------------------------------------------------------------------------------------
     def headers(self) -> list[str]:
+        # (direct_store's header is included by the template, after these: it uses MatrixShape and TensorRef
+        # without including them, and a unit's headers are not included in this order.)
         return ["cutlass/gemm/kernel/default_gemm_universal.h", "cutlass/gemm/threadblock/threadblock_swizzle.h",
                 *names.epilogue_headers(self.epilogue_functor)]
 
@@ -690,7 +725,8 @@ class GemmOperationUniversal(TiledOperation):
             threadblock_shape=tile.threadblock_shape, warp_shape=tile.warp_shape,
             instruction_shape=math.instruction_shape, swizzle=names.gemm_swizzle(self.swizzling_functor),
             stages=tile.stages, math_operation=names.MATH_OPERATION[math.cutlass_math_operation],
-            transposed=self.transposed, activation_args=activation.argument_names if activation else ())
+            transposed=self.transposed, activation_args=activation.argument_names if activation else (),
+            direct_store=self.direct_store)
 
     def describe(self) -> str:
         math = self.tile_description.math_instruction

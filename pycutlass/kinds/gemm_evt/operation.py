@@ -146,8 +146,11 @@ class GemmOperationEvt(TiledOperation):
 
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueVisitTree,
-                 swizzling_functor: SwizzlingFunctor = IdentitySwizzle1, visitor: bool = True):
+                 swizzling_functor: SwizzlingFunctor = IdentitySwizzle1, visitor: bool = True, *,
+                 direct_store: bool = False):
         what = "GemmOperationUniversal(visitor=True)"
+        if direct_store is not False:
+            raise DescriptionError(f"{what}: direct_store=True replaces the epilogue, which the visitor tree is")
         self.compute_capability = check_compute_capability(arch)
         if not isinstance(epilogue_functor, EpilogueVisitTree):
             raise DescriptionError(f"{what}: epilogue_functor must be an EpilogueVisitTree subclass instance, got "

@@ -184,9 +184,13 @@ class GemmOperationSm90(GemmOperationUniversal):
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueFunctor,
                  swizzling_functor: SwizzlingFunctor = IdentitySwizzle1, visitor: bool = False, bias=None,
-                 array: bool = False):
+                 array: bool = False, direct_store: bool = False):
         if arch != 90:
             raise DescriptionError(f"GemmOperationSm90 is compute capability 90, got {arch!r}")
+        if direct_store is not False:
+            raise DescriptionError("direct_store=True is the Sm80 family's register-to-global epilogue; the SM90 "
+                                   "kernels store through their own (TMA) epilogue. Use an Sm80 tile (with "
+                                   "warp_count) for direct_store")
         if array is not False:
             raise DescriptionError(f"array must be True (CUTLASS's pointer-array kernel, for Mode.Array with lists of "
                                    f"matrices) or False, got {array!r}" if array is not True else

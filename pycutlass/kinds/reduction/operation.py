@@ -41,8 +41,10 @@ class ReductionOperation(Operation):
                                    f"{epilogue_functor.alignment}")
         if epilogue_functor.element_accumulator is not element_accumulator:
             raise DescriptionError("ReductionOperation: the epilogue's accumulator type must be element_accumulator")
-        if count < 1 or count & (count - 1) or count * C.element.bits > 128:
-            raise DescriptionError(f"ReductionOperation: count {count} must be a power of two within one 128-bit "
+        # ReduceSplitK (reduction/kernel/reduce_split_k.h) moves AlignedArray<T, count> values: up to 256 bits,
+        # the widest C of a tensor-op GEMM or conv epilogue (float32 x 8), whose parallel split-K it reduces.
+        if count < 1 or count & (count - 1) or count * C.element.bits > 256:
+            raise DescriptionError(f"ReductionOperation: count {count} must be a power of two within one 256-bit "
                                    f"access of the {C.element.label} output")
         rows, cols = shape
         if rows < 1 or cols < count or cols % count or (cols // count) * rows > 1024:
