@@ -37,6 +37,7 @@ from .session import Session
 from .utils import Conv2dReferenceModule, ReferenceModule
 # PyCUTLASS 2.11's module paths, importable as attributes as there (all light: no torch, no CUDA).
 from . import conv2d_operation, gemm_operation, library, memory_manager, reduction_operation  # noqa: F401,E402
+from .library import GemmKind  # noqa: E402  (PyCUTLASS's `from pycutlass import *` carried library's names)
 
 __version__ = "0.1.0"
 
@@ -75,7 +76,7 @@ __all__ = [
     "errors", "float16", "cache", "kinds", "session", "float32", "float64", "gelu", "gemm", "get_allocated_size", "get_memory_pool",
     "gelu_taylor", "hardswish", "identity", "int32", "int8", "leaky_relu", "relu", "runtime", "sigmoid", "silu",
     "tanh", "tfloat32", "utils", "EpilogueVisitTree", "reduction_op",
-    "KernelScheduleType", "EpilogueScheduleType", "TileSchedulerType", "float8_e4m3", "float8_e5m2",
+    "KernelScheduleType", "EpilogueScheduleType", "TileSchedulerType", "float8_e4m3", "float8_e5m2", "GemmKind",
 ]
 
 # PyCUTLASS 2.11 came with a pybind module named `cutlass` holding the same names (cutlass.float16,

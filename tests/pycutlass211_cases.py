@@ -4,7 +4,10 @@ tests/cpu/test_pycutlass211_units.py and tests/gpu/test_pycutlass211_units.py):
 - ``GemmOperationUniversal(..., direct_store=True)``: CUTLASS's register-to-global epilogue (gemm_f16_sm80.py);
 - ``LinearCombination(Clamp)`` computing in int32 (gemm_s8_sm80.py's s8 -> s32 GEMMs);
 - SIMT convolutions declaring A/B alignment 4 (conv2d_*_simt_f32_sm80.py), which CUTLASS's SIMT conv kernels ignore;
-- tensor-op convolutions with 256-bit C stores (float32 C alignment 8, conv2d_*_tf32*_sm80.py).
+- tensor-op convolutions with 256-bit C stores (float32 C alignment 8, conv2d_*_tf32*_sm80.py), and grouped GEMMs
+  with them (test/unit/test_sm80.py);
+- warp tiles 128 wide in N for float32 outputs (test_sm80.py's fast-math test: 128x256x16 on 4x2 warps);
+- PyCUTLASS's spelling of the fast float32 instructions, [16, 8, 8] float16 + multiply_add_fast_f16 (test_sm80.py).
 """
 from __future__ import annotations
 
@@ -18,10 +21,11 @@ MO = cutlass.MathOperation
 
 
 def gemm(element, acc, out, layouts, align, tile=(128, 128, 32), warps=(2, 2, 1), stages=3, functor=None,
-         element_epilogue=None, direct_store=False, activation=None):
-    instruction = {D.float16: [16, 8, 16], D.bfloat16: [16, 8, 16], D.tfloat32: [16, 8, 8], D.int8: [16, 8, 32]}[element]
-    math = cutlass.MathInstruction(instruction, element, element, acc, T,
-                                   MO.multiply_add_saturate if element is D.int8 else MO.multiply_add)
+         element_epilogue=None, direct_store=False, activation=None, math_operation=None, grouped=None):
+    instruction = {D.float16: [16, 8, 16], D.bfloat16: [16, 8, 16], D.tfloat32: [16, 8, 8], D.int8: [16, 8, 32],
+                   D.float32: [16, 8, 8]}[element]
+    math = cutlass.MathInstruction(instruction, element, element, acc, T, math_operation or
+                                   (MO.multiply_add_saturate if element is D.int8 else MO.multiply_add))
     description = cutlass.TileDescription(list(tile), stages, list(warps), math)
     storage = D.float32 if element is D.tfloat32 else element
     A = cutlass.TensorDescription(storage, layouts[0], align[0])
@@ -31,6 +35,9 @@ def gemm(element, acc, out, layouts, align, tile=(128, 128, 32), warps=(2, 2, 1)
         epilogue = cutlass.LinearCombinationGeneric(activation(D.float32), out, align[2], acc, element_epilogue)
     else:
         epilogue = (functor or cutlass.LinearCombination)(out, align[2], acc, element_epilogue)
+    if grouped is not None:  # a SchedulerMode
+        return cutlass.GemmOperationGrouped(80, description, A, B, C, epilogue, cutlass.BatchedIdentitySwizzle,
+                                            precompute_mode=grouped)
     return cutlass.GemmOperationUniversal(80, description, A, B, C, epilogue, cutlass.IdentitySwizzle1,
                                           direct_store=direct_store)
 
@@ -61,6 +68,13 @@ GEMMS = {
                                        direct_store=True),
     # float32 C x 8 (256-bit stores, accepted since issue 9): its parallel split-K reduces 256 bits at a time
     "f16_f32_c8_split_k_parallel": gemm(F16, F32, F32, (R, CM, R), (8, 8, 8)),
+    # warp tiles 128 wide in N, float32 output (test_sm80.py's fast-math test runs 128x256x16 on 4x2 warps)
+    "tf32_f32_warp_n128": gemm(D.tfloat32, F32, F32, (R, R, CM), (4, 4, 4), tile=(128, 256, 16), warps=(4, 2, 1)),
+    "f16_f32_warp_n128": gemm(F16, F32, F32, (R, CM, R), (8, 8, 4), tile=(64, 256, 32), warps=(2, 2, 1)),
+    "bf16_f32_warp_n128_c8": gemm(D.bfloat16, F32, F32, (CM, R, R), (8, 8, 8), tile=(128, 256, 32),
+                                  warps=(4, 2, 1)),
+    "f32_fast_f16_warp_n128": gemm(F32, F32, F32, (CM, CM, R), (4, 4, 4), tile=(128, 256, 16), warps=(4, 2, 1),
+                                   math_operation=MO.multiply_add_fast_f16),
     # gemm_s8_sm80.py: s8 -> s32 with LinearCombinationClamp computing in int32 (ColumnMajor and RowMajor C)
     "s8_s32_clamp_int32_compute_n": gemm(S8, S32, S32, (R, CM, CM), (16, 16, 4), tile=(128, 128, 128),
                                          functor=cutlass.LinearCombinationClamp, element_epilogue=S32),
@@ -93,4 +107,14 @@ CONVS = {
                                             (2, 2, 1), 3, swizzle=cutlass.StridedDgradIdentitySwizzle1),
     "tf32_wgrad_optimized_c8": conv(WGRAD, OPTIMIZED, D.tfloat32, F32, F32, (4, 4, 8), (128, 128, 16), (2, 2, 1), 3),
     "f16_fprop_f32out_c8": conv(FPROP, OPTIMIZED, F16, F32, F32, (8, 8, 8), (128, 128, 64), (2, 2, 1), 3),
+    "f16_fprop_f32out_warp_n128": conv(FPROP, OPTIMIZED, F16, F32, F32, (8, 8, 4), (128, 256, 32), (2, 2, 1), 3),
+}
+
+HOST, DEVICE = cutlass.SchedulerMode.Host, cutlass.SchedulerMode.Device
+GROUPED = {
+    # test_sm80.py's grouped f16 -> f32 GEMMs with C alignment 8 (256-bit stores)
+    "f16_f32_c8_device": gemm(F16, F32, F32, (R, CM, R), (8, 8, 8), grouped=DEVICE),
+    "f16_f32_c8_host_cm": gemm(F16, F32, F32, (CM, R, CM), (8, 8, 8), grouped=HOST),
+    "tf32_f32_warp_n128_host": gemm(D.tfloat32, F32, F32, (R, CM, R), (4, 4, 4), tile=(128, 256, 16),
+                                    warps=(4, 2, 1), grouped=HOST),
 }

@@ -34,6 +34,9 @@ VALID_MATH_INSTRUCTIONS: dict[tuple, tuple[MathOperation, ...]] = {
     (_T, (16, 8, 32), DataType.float8_e5m2, _F32): (_MA,),
 }
 
+# PyCUTLASS's spelling of two fast float32 instructions (see MathInstruction.__post_init__).
+_FAST_SPELLINGS = ((_F16, _F16, MathOperation.multiply_add_fast_f16), (_BF16, _BF16, MathOperation.multiply_add_fast_bf16))
+
 # SM90 warpgroup MMA (wgmma): M is 64, N a multiple of 8 up to 256, K fixed by the operand width.
 # (element, accumulator) -> instruction K.
 WARPGROUP_MATH_INSTRUCTIONS: dict[tuple, int] = {
@@ -60,8 +63,23 @@ class MathInstruction:
     math_operation: MathOperation = MathOperation.multiply_add
 
     def __post_init__(self):
-        shape = tuple(int(x) for x in self.instruction_shape)
+        try:
+            shape = tuple(int(x) for x in self.instruction_shape)
+        except (TypeError, ValueError):
+            raise DescriptionError(
+                f"MathInstruction.instruction_shape must be three integers such as [16, 8, 16] (at compute capability "
+                f"90 also a warpgroup shape [64, n, k], or an Sm80 shape meaning 'the builder chooses'), got "
+                f"{self.instruction_shape!r}") from None
+        if len(shape) != 3:
+            raise DescriptionError(f"MathInstruction.instruction_shape must be three integers, got {list(shape)}")
         object.__setattr__(self, "instruction_shape", shape)
+        if shape == (16, 8, 8) and self.opcode_class is _T and \
+                (self.element_a, self.element_b, self.math_operation) in _FAST_SPELLINGS:
+            # PyCUTLASS 2.11 (test/unit/test_sm80.py) names the fast float32 instructions by the type the mma rounds
+            # the float32 operands to: [16, 8, 8] float16 + multiply_add_fast_f16 is CUTLASS's float32 GEMM with
+            # OpMultiplyAddFastF16 (float32 in memory). It is that instruction, so it is stored as such.
+            object.__setattr__(self, "element_a", _F32)
+            object.__setattr__(self, "element_b", _F32)
         for field, value, kind in (("element_a", self.element_a, DataType), ("element_b", self.element_b, DataType),
                                    ("element_accumulator", self.element_accumulator, DataType),
                                    ("opcode_class", self.opcode_class, OpClass),

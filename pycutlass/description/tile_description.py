@@ -13,7 +13,7 @@ from .types import EpilogueScheduleType, KernelScheduleType, OpClass, TileSchedu
 SM90_WARP_COUNTS = ((4, 1, 1), (8, 1, 1))
 
 # Warp-tile widths (N) that CUTLASS's tensor-op epilogues compute correctly.
-WARP_N_TENSOR_OP = (16, 32, 64)
+WARP_N_TENSOR_OP = (16, 32, 64, 128)  # 128: float32 output from float32 accumulators only (the operations check)
 
 
 def _triple(name: str, value) -> tuple[int, int, int]:
@@ -91,11 +91,11 @@ class TileDescription:
                         f"warp tile {list(warp)} (threadblock {list(tb)} / warps {list(warps)}) is not a multiple "
                         f"of the instruction shape {list(inst)} along {axis}")
             if warp[1] not in WARP_N_TENSOR_OP:
-                # CUTLASS's tensor-op epilogues take warp tiles 16, 32 or 64 wide (CUTLASS's generator never makes
-                # them wider). At 128 the mixed-precision epilogue (TileIteratorTensorOpMixed) picks one shared-memory
-                # pointer per 1024-bit column block and writes wrong results; 8 (and other widths) do not compile.
+                # CUTLASS's tensor-op epilogues take warp tiles 16, 32 or 64 wide, and 128 for float32 output
+                # (check_wide_warp_tile); 8 (and other widths) do not compile.
                 raise DescriptionError(f"warp tile {list(warp)} (threadblock {list(tb)} / warps {list(warps)}) must be "
-                                       f"16, 32 or 64 wide in N for tensor-op epilogues; change warp_count")
+                                       f"16, 32 or 64 wide in N for tensor-op epilogues (128 for float32 outputs); "
+                                       f"change warp_count")
             if self.math_instruction.element_a.bits == 64 and (warp[0] % 16 or warp[1] % 16):
                 # The 64-bit operand iterators (MmaTensorOpMultiplicandTileIterator for 64b, mma_tensor_op_tile_
                 # iterator_sm80.h) static_assert "Divisibility." unless the warp tile's M and N are multiples of 16.

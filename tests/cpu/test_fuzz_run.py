@@ -354,7 +354,7 @@ def _split_k_pairs(seed, family, count):
 
 
 def test_splitk_configurations_pair_a_producer_with_its_reduction():
-    """40 accepted splitk80 configurations: both operations rebuild under the names the plan recorded from the JSON
+    """60 accepted splitk80 configurations: both operations rebuild under the names the plan recorded from the JSON
     record; the producer writes raw partial sums (a plain LinearCombination, no interleaved layout) in the type the
     reduction reads (element_workspace), never int8; GEMM and conv producers, partials in the accumulator type and in
     a 16-bit output type, and the three reduction epilogues all come up."""
@@ -362,7 +362,7 @@ def test_splitk_configurations_pair_a_producer_with_its_reduction():
 
     D = cutlass.DataType
     seen = collections.Counter()
-    for entry, cfg, producer, reduction in _split_k_pairs(41, "splitk80", 40):
+    for entry, cfg, producer, reduction in _split_k_pairs(41, "splitk80", 60):
         assert (entry["backend"], entry["arch"]) == ("nvcc", cfg["cc"])
         assert isinstance(reduction, cutlass.ReductionOperation) and reduction.compute_capability == cfg["cc"]
         assert reduction.element_workspace is producer.C.element is D[cfg["c_elem"]]

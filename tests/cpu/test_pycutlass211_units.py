@@ -6,7 +6,7 @@ import pytest
 
 import pycutlass as cutlass
 from pycutlass import ArgumentError, DescriptionError, compiler
-from tests.pycutlass211_cases import CONVS, GEMMS, conv, gemm
+from tests.pycutlass211_cases import CONVS, GEMMS, GROUPED, conv, gemm
 
 D = cutlass.DataType
 R, CM = cutlass.RowMajor, cutlass.ColumnMajor
@@ -130,7 +130,8 @@ def test_they_compile_with_nvrtc(compiler_state):
            GEMMS["s8_s8_clamp_int32_compute_t"], CONVS["simt_dgrad_analytic_a4_strided_2stage"],
            CONVS["simt_wgrad_optimized_a4"], CONVS["tf32_dgrad_optimized_c8_strided"],
            reduction_for(CONVS["tf32_fprop_optimized_c8"]),  # float32 x 8: a 256-bit reduction
-           reduction_for(GEMMS["s8_s32_clamp_int32_compute_t"])]  # int32 compute
+           reduction_for(GEMMS["s8_s32_clamp_int32_compute_t"]),  # int32 compute
+           GEMMS["tf32_f32_warp_n128"], CONVS["f16_fprop_f32out_warp_n128"]]
     assert len(compiler.add_module(ops, jobs=2)) == len(ops)
 
 
@@ -141,3 +142,34 @@ def test_direct_store_compiles_alone_with_nvcc(compiler_state):
     compiler.nvcc()
     ops = [GEMMS["direct_store_f16_f32_nt_n"]]
     assert len(compiler.add_module(ops, jobs=1)) == 1
+
+
+# --- test/unit/test_sm80.py ----------------------------------------------------------------------------------------
+def test_gemm_kind_is_pycutlass_library_enum():
+    from pycutlass.library import GemmKind
+
+    assert cutlass.GemmKind is GemmKind and {"Universal", "Grouped"} <= set(GemmKind.__members__)
+
+
+def test_fast_math_instructions_in_pycutlass_spelling_are_the_float32_ones():
+    MO = cutlass.MathOperation
+    for element, op in ((D.float16, MO.multiply_add_fast_f16), (D.bfloat16, MO.multiply_add_fast_bf16)):
+        math = cutlass.MathInstruction([16, 8, 8], element, element, F32, cutlass.OpClass.TensorOp, op)
+        assert (math.element_a, math.element_b, math.math_operation) == (F32, F32, op)
+        assert math == cutlass.MathInstruction([16, 8, 8], F32, F32, F32, cutlass.OpClass.TensorOp, op)
+    # plain multiply_add at [16, 8, 8] stays a float16 instruction
+    assert cutlass.MathInstruction([16, 8, 8], F16, F16, F32, cutlass.OpClass.TensorOp).element_a is F16
+
+
+def test_instruction_shape_none_is_a_typed_error():
+    with pytest.raises(DescriptionError, match="instruction_shape must be three integers"):
+        cutlass.MathInstruction(None, F16, F16, F32, cutlass.OpClass.TensorOp)
+    with pytest.raises(DescriptionError, match="instruction_shape must be three integers"):
+        cutlass.MathInstruction([16, 8], F16, F16, F32, cutlass.OpClass.TensorOp)
+
+
+def test_grouped_gemms_store_256_bit_c_and_take_128_wide_warp_tiles():
+    assert GROUPED["f16_f32_c8_device"].C.access_bits == 256
+    assert GROUPED["tf32_f32_warp_n128_host"].tile_description.warp_shape[1] == 128
+    assert GEMMS["f32_fast_f16_warp_n128"].tile_description.math_instruction.math_operation is \
+        cutlass.MathOperation.multiply_add_fast_f16

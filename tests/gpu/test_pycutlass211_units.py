@@ -1,11 +1,12 @@
 """PyCUTLASS 2.11 unit-test configurations pycutlass accepts since session 15 (tests/pycutlass211_cases.py), run
-through the testbeds: float64 references, NaN-poisoned outputs, odd sizes, serial and parallel split-K."""
+through the testbeds: float64 references, NaN-poisoned outputs, odd sizes, serial and parallel split-K, random
+groups with degenerate problems."""
 from __future__ import annotations
 
 import pytest
 
-from pycutlass.test import test_all_conv2d, test_all_gemm
-from tests.pycutlass211_cases import CONVS, GEMMS
+from pycutlass.test import TestbedGrouped, test_all_conv2d, test_all_gemm
+from tests.pycutlass211_cases import CONVS, GEMMS, GROUPED
 
 from .conftest import precompile_module
 
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module", autouse=True)
 def _compiled():
-    precompile_module([*GEMMS.values(), *CONVS.values()], [])
+    precompile_module([*GEMMS.values(), *CONVS.values(), *GROUPED.values()], [])
 
 
 @pytest.mark.parametrize("name", sorted(GEMMS))
@@ -25,3 +26,8 @@ def test_gemm_universal_testbed(name):
 @pytest.mark.parametrize("name", sorted(CONVS))
 def test_conv2d_testbed(name):
     assert test_all_conv2d(CONVS[name])
+
+
+@pytest.mark.parametrize("name", sorted(GROUPED))
+def test_grouped_testbed(name):
+    assert TestbedGrouped(GROUPED[name]).run(24)

@@ -119,6 +119,8 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
                 f"{' or '.join(map(str, allowed))} elements per access only (DefaultIteratorsTensorOp "
                 f"static_asserts otherwise); C alignment is {C.alignment}. Use C alignment {allowed[-1]}, or an "
                 f"int32 / float32 output")
+    if math.opcode_class is OpClass.TensorOp:
+        check_wide_warp_tile(tile, C, math.element_accumulator, what)
     if math.opcode_class is OpClass.TensorOp and not C.layout.is_interleaved:
         problem = epilogue_thread_map_problem(tile, C)
         if problem:
@@ -509,6 +511,22 @@ def check_mixed_epilogue_warp_tile(tile: TileDescription, C: TensorDescription, 
             f"{what}: warp tile {list(tile.warp_shape)} is 16 wide in N, which CUTLASS's mixed-precision epilogue "
             f"(C {C.element.label} x {C.alignment} from {accumulator.label} accumulators) computes wrongly; use a "
             f"warp tile 32 or 64 wide, or a smaller C alignment")
+
+
+def check_wide_warp_tile(tile: TileDescription, C: TensorDescription, accumulator: DataType, what: str,
+                         visitor: bool = False) -> None:
+    """Warp tiles 128 wide in N: CUTLASS's generator never makes them, and its mixed-precision epilogue
+    (TileIteratorTensorOpMixed) picks one shared-memory pointer per 1024-bit column block there and writes wrong
+    results. The plain TileIteratorTensorOp of a float32 output from float32 accumulators is correct at 128 (GPU
+    suite tests/gpu/test_pycutlass211_units.py; PyCUTLASS 2.11's test_sm80.py runs 128x256x16 tiles on 4x2 warps)."""
+    if tile.warp_shape[1] != 128:
+        return
+    if visitor or C.layout.is_interleaved or C.element is not DataType.float32 or accumulator is not DataType.float32:
+        kind = ("the epilogue visitor tree" if visitor else "an interleaved output" if C.layout.is_interleaved else
+                f"{C.element.label} output from {accumulator.label} accumulators")
+        raise DescriptionError(f"{what}: warp tile {list(tile.warp_shape)} is 128 wide in N, which CUTLASS's tensor-op "
+                               f"epilogue runs correctly only for a row- or column-major float32 output from float32 "
+                               f"accumulators, not {kind}; use a warp tile 16, 32 or 64 wide (change warp_count)")
 
 
 def _uses_mixed_epilogue(C: TensorDescription, accumulator: DataType) -> bool:

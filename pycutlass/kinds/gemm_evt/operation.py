@@ -17,8 +17,8 @@ from ...errors import ArgumentError, DescriptionError
 from ..base import TiledOperation, check_compute_capability
 from ..gemm import operation as gemm_operation
 from ..gemm.operation import (check_congruous_tile, check_crosswise_tile_k, check_f64_tensor_op_stages,
-                              check_mixed_epilogue_warp_tile, check_narrow_warp_tiles, epilogue_thread_map_problem,
-                              gemm_fast_f16_core, mainloop_thread_map_problem)
+                              check_mixed_epilogue_warp_tile, check_narrow_warp_tiles, check_wide_warp_tile,
+                              epilogue_thread_map_problem, gemm_fast_f16_core, mainloop_thread_map_problem)
 from .abi import GemmEvtArgs
 
 _ROUND = "cutlass::FloatRoundStyle::round_to_nearest"
@@ -200,6 +200,7 @@ class GemmOperationEvt(TiledOperation):
         if problem:
             raise DescriptionError(f"{what}: {problem}")
         check_mixed_epilogue_warp_tile(tile_description, C, math.element_accumulator, what)
+        check_wide_warp_tile(tile_description, C, math.element_accumulator, what, visitor=True)
         _, warps_n, warps_k = tile_description.warp_count
         for name, node in epilogue_functor.description.outputs:
             if node.op != "reduction":

@@ -114,7 +114,7 @@ class GemmOperationGrouped(TiledOperation):
                                    f"capability 90); the CUTLASS 2.x kernel adds a bias as a broadcast C (one "
                                    f"vector per problem in Cs)")
         self.compute_capability = check_compute_capability(arch)
-        check_operand_types(tile_description, A, B, C, epilogue_functor, _WHAT)
+        check_operand_types(tile_description, A, B, C, epilogue_functor, _WHAT, wide_c=True)
         if not isinstance(precompute_mode, SchedulerMode):
             raise DescriptionError(f"{_WHAT}: precompute_mode must be pycutlass.SchedulerMode.Host or "
                                    f"pycutlass.SchedulerMode.Device, got {precompute_mode!r}")
