@@ -77,6 +77,8 @@ def draw_common(rng, math, wide_c):
                a_align=_align(rng, mem), b_align=_align(rng, mem), c_align=_align(rng, out, wide_c),
                epilogue=epi, activation=rng.choice(ACTIVATIONS),
                element_epilogue=rng.choice([None, None, None, "float32", "float16", "bfloat16", "float64"]))
+    if acc is D.int32 and rng.random() < 0.3:  # PyCUTLASS's s8 tests: LinearCombination(Clamp) computing in int32
+        cfg["element_epilogue"] = "int32"
     if rng.random() < 0.5:  # users often use one alignment for A and B
         cfg["b_align"] = cfg["a_align"]
     return cfg
@@ -98,12 +100,14 @@ def draw_gemm80(rng):
         cfg["layouts"] = [rng.choice(["RowMajor", "ColumnMajor"]) for _ in range(3)]
     cfg["swizzle"] = rng.choice(["IdentitySwizzle1", "IdentitySwizzle2", "IdentitySwizzle4", "IdentitySwizzle8",
                                  "BatchedIdentitySwizzle", "HorizontalSwizzle"])
+    if math["opclass"] == "TensorOp" and rng.random() < 0.15:
+        cfg["direct_store"] = True  # PyCUTLASS 2.11's register-to-global epilogue
     return cfg
 
 
 def draw_conv80(rng):
     math = draw_sm80_math(rng, conv=True)
-    cfg = dict(family="conv80", cc=rng.choice([80, 80, 90]), **draw_sm80_tile(rng), **draw_common(rng, math, False))
+    cfg = dict(family="conv80", cc=rng.choice([80, 80, 90]), **draw_sm80_tile(rng), **draw_common(rng, math, True))
     cfg["conv_kind"] = rng.choice(["fprop", "dgrad", "wgrad"])
     cfg["algorithm"] = rng.choices(["analytic", "optimized", "fixed_channels", "few_channels"],
                                    weights=(4, 4, 1, 1))[0]
@@ -185,6 +189,7 @@ def draw_grouped80(rng):
     """A GemmOperationGrouped at 80 (or 90 with an Sm80 tile): the GEMM drawing plus a scheduler mode."""
     cfg = draw_gemm80(rng)
     cfg["family"] = "grouped80"
+    cfg.pop("direct_store", None)  # GemmOperationUniversal's only
     if "Interleaved" in cfg["layouts"][0] and rng.random() < 0.8:
         cfg["layouts"] = [rng.choice(["RowMajor", "ColumnMajor"]) for _ in range(3)]
     cfg["precompute_mode"] = rng.choice(["Host", "Device"])
@@ -267,6 +272,7 @@ def draw_evt80(rng):
         cfg = draw_gemm80(rng)
         if (cfg["element"], cfg["acc"], cfg["opclass"]) == ("float16", "float32", "TensorOp"):
             break
+    cfg.pop("direct_store", None)  # the visitor tree is the epilogue
     out = rng.choice(["float16", "float32"])
     cfg.update(family="evt80", layouts=["RowMajor", "ColumnMajor", "RowMajor"], c_elem=out,
                c_align=rng.choice([2, 4, 8] if out == "float16" else [1, 2, 4]), epilogue="LinearCombination",
@@ -428,6 +434,8 @@ def build(cfg):
         kwargs = {"bias": cfg["bias"]} if cfg.get("bias") else {}
         if cfg.get("array"):
             kwargs["array"] = True
+        if cfg.get("direct_store"):
+            kwargs["direct_store"] = True
         op = cutlass.GemmOperationUniversal(cfg["cc"], tile, A, B, C, epilogue, swizzle, **kwargs)
     elif cfg["family"].startswith("grouped"):
         kwargs = {"bias": cfg["bias"]} if cfg.get("bias") else {}

@@ -291,8 +291,11 @@ def _suites():
     return gemm_suite, conv_suite
 
 
-def _alpha_beta(out):
-    """alpha and beta the runners pass: exact for integer outputs (int8 within its range), ordinary otherwise."""
+def _alpha_beta(out, functor=None):
+    """alpha and beta the runners pass: exact for integer outputs (int8 within its range), ordinary otherwise;
+    integers for an epilogue computing in int32."""
+    if functor is not None and functor.element_epilogue.is_integer:
+        return (1.0, 1.0) if out is D.int32 else (1.0, -1.0)
     return (1.0, 1.0) if out is D.int32 else (0.25, 1.0) if out is D.int8 else (1.25, -0.5)
 
 
@@ -466,7 +469,7 @@ def run_grouped(cfg, op, problem, seed):
     import numpy as np
 
     out = op.C.element
-    alpha, beta = _alpha_beta(out)
+    alpha, beta = _alpha_beta(out, getattr(op, "epilogue_functor", None))
     group = Group(op, problem["groups"], seed=seed)
     kwargs, bias = {}, None
     if cfg.get("bias"):
@@ -493,7 +496,7 @@ def run_gemm_lib(cfg, op, problem, seed):
         except ImportError:
             raise cutlass.ArgumentError("cupy is not installed here") from None  # recorded as not run
     out = op.C.element
-    alpha, beta = _alpha_beta(out)
+    alpha, beta = _alpha_beta(out, getattr(op, "epilogue_functor", None))
     got, reference = run_gemm(op, problem["m"], problem["n"], problem["k"], lib=problem["lib"], alpha=alpha,
                               beta=beta, activation_args=_activation_args(cfg), seed=seed)
     check(op, got, reference)
@@ -635,7 +638,7 @@ def run_problem(cfg, op, problem, seed):
     ps = conv_suite.problem(p["n"], p["h"], p["w"], p["c"], p["k"], p["r"], p["s"], tuple(p["pad"]),
                             tuple(p["stride"]), tuple(p["dilation"]), split_k=p.get("split_k", 1))
     out = op.C.element
-    alpha, beta = _alpha_beta(out)
+    alpha, beta = _alpha_beta(out, getattr(op, "epilogue_functor", None))
     bias = None
     if cfg.get("bias"):  # the SM90 fused bias: C is one value per output channel, added once
         bias, beta = "vector", 1.0
