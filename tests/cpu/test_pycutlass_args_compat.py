@@ -172,6 +172,20 @@ def test_gemm_pycutlass_positional_mode():
         GemmArguments(op, GemmCoord(M, N, K), A, B, C, D, Mode.Batched, 1)
 
 
+def test_gemm_split_k_splices_is_pycutlass_misspelling_of_split_k_slices():
+    """PyCUTLASS 2.11's README and test/frontend/test_frontend.py pass ``split_k_splices=1`` (its GemmArguments
+    ignored unknown keywords)."""
+    op = f16_gemm()
+    with pytest.warns(UserWarning, match="misspelling of split_k_slices"):
+        args = GemmArguments(op, GemmCoord(M, N, K), *gemm_tensors(), gemm_mode=Mode.GemmSplitKParallel,
+                             split_k_splices=2)
+    assert args.split_k_slices == 2
+    with pytest.raises(ArgumentError, match="disagree"):
+        GemmArguments(op, GemmCoord(M, N, K), *gemm_tensors(), split_k_slices=1, split_k_splices=2)
+    with pytest.raises(TypeError):  # other unknown keywords stay errors
+        GemmArguments(op, GemmCoord(M, N, K), *gemm_tensors(), split_k_slice=2)
+
+
 def test_conv_bias_keyword_and_auto_detection():
     op = f16_conv()
     ps = conv_problem()

@@ -185,6 +185,19 @@ def zero_unwritten_partials(arguments, launch, slices: int, slice_bytes: int) ->
 VISITOR_ARGUMENTS: dict = {}
 
 
+def split_k_slices_alias(split_k_slices, split_k_splices):
+    """``split_k_splices=``: PyCUTLASS 2.11's README and its frontend test spell the keyword so, and its
+    GemmArguments swallowed unknown keywords; here it is read as ``split_k_slices`` (a warning names the spelling)."""
+    import warnings
+
+    if split_k_slices is not UNSET and split_k_slices != split_k_splices:
+        raise ArgumentError(f"split_k_slices={split_k_slices!r} and split_k_splices={split_k_splices!r} disagree; "
+                            f"pass split_k_slices only")
+    warnings.warn("GemmArguments(split_k_splices=...) is PyCUTLASS 2.11's misspelling of split_k_slices; it is read "
+                  "as split_k_slices", UserWarning, stacklevel=3)
+    return split_k_splices
+
+
 class GemmArguments(OperationArguments):
     """D = epilogue(alpha * A @ B + beta * C) in one of four modes (``pycutlass.gemm.Mode``).
 
@@ -206,7 +219,7 @@ class GemmArguments(OperationArguments):
 
     def __init__(self, operation, problem_size, A, B, C, D, *positional, output_op=UNSET, gemm_mode=UNSET,
                  split_k_slices=UNSET, batch=UNSET, stream=UNSET, device=UNSET, session=UNSET, bias=None,
-                 reordered: bool = False):
+                 reordered: bool = False, split_k_splices=UNSET):
         # Signature: (operation, problem_size, A, B, C, D, output_op=None, gemm_mode=Mode.Gemm, split_k_slices=1,
         # batch=1, stream=None, device=None, session=None, *, bias=None, reordered=False), or PyCUTLASS's
         # (operation, problem_size, A, B, C, D, gemm_mode, **keywords).
@@ -217,6 +230,8 @@ class GemmArguments(OperationArguments):
                                       "gemm_mode", Mode)
             output_op, gemm_mode, split_k_slices, batch, stream, device, session = (
                 given[name] for name in self._POSITIONAL)
+        if split_k_splices is not UNSET:
+            split_k_slices = split_k_slices_alias(split_k_slices, split_k_splices)
         # (the plain keyword call stays cheap: it is the fast path's)
         output_op = None if output_op is UNSET else output_op
         gemm_mode = Mode.Gemm if gemm_mode is UNSET else gemm_mode

@@ -21,7 +21,7 @@ from ...runtime import driver
 from ...runtime.arguments import OperationArguments
 from ...runtime.tensors import describe, storage_type
 from ..gemm import arguments as gemm_arguments
-from ..gemm.arguments import GemmArguments, check_problem_alignment, coerce_problem_size
+from ..gemm.arguments import UNSET, GemmArguments, check_problem_alignment, coerce_problem_size, split_k_slices_alias
 from ..gemm.modes import Mode
 from .abi import GemmEvtArgs
 from .operation import GemmOperationEvt
@@ -32,7 +32,10 @@ COMPLETE_SUMS, TILE_PARTIALS_COMPUTE, TILE_PARTIALS_OUTPUT = 0, 1, 2
 
 class GemmEvtArguments(GemmArguments):
     def __init__(self, operation, problem_size, A, B, C=None, D=None, output_op=None, gemm_mode=Mode.Gemm,
-                 split_k_slices: int = 1, batch: int = 1, stream=None, device=None, session=None):
+                 split_k_slices: int = 1, batch: int = 1, stream=None, device=None, session=None, *,
+                 split_k_splices=UNSET):
+        if split_k_splices is not UNSET:
+            split_k_slices = split_k_slices_alias(UNSET if split_k_slices == 1 else split_k_slices, split_k_splices)
         if not isinstance(operation, GemmOperationEvt):
             raise ArgumentError(f"GemmEvtArguments needs a visitor GEMM, got {type(operation).__name__}")
         OperationArguments.__init__(self, operation, stream, device, session)
