@@ -78,7 +78,10 @@ def draw_common(rng, math, wide_c):
                epilogue=epi, activation=rng.choice(ACTIVATIONS),
                element_epilogue=rng.choice([None, None, None, "float32", "float16", "bfloat16", "float64"]))
     if acc is D.int32 and rng.random() < 0.3:  # PyCUTLASS's s8 tests: LinearCombination(Clamp) computing in int32
-        cfg["element_epilogue"] = "int32"
+        cfg["epilogue"] = rng.choice(["LinearCombination", "LinearCombinationClamp"])
+        cfg.update(element_epilogue="int32", c_elem="int32" if cfg["epilogue"] == "LinearCombination" else
+                   rng.choice(["int8", "int32"]))
+        cfg["c_align"] = _align(rng, D[cfg["c_elem"]], wide_c)
     if rng.random() < 0.5:  # users often use one alignment for A and B
         cfg["b_align"] = cfg["a_align"]
     return cfg

@@ -36,7 +36,28 @@ from pycutlass.test import _common  # noqa: E402
 FAMILIES = ("gemm80", "conv80", "gemm90", "conv90", "grouped80", "grouped90")
 
 
-def draw_configs(seed: int, counts: dict) -> list:
+def _wide_c(op) -> bool:
+    return op.C.access_bits > 128
+
+
+def _warp_n128(op) -> bool:
+    tile = op.tile_description
+    return (tile.warp_count is not None and not tile.sm90_only and tile.warp_shape[1] == 128
+            and tile.math_instruction.opcode_class.name == "TensorOp")
+
+
+# --feature: draw only operations that use something accepted since session 15 (PyCUTLASS 2.11's unit tests).
+FEATURES = {
+    "direct_store": lambda op: getattr(op, "direct_store", False),
+    "int32_epilogue": lambda op: op.epilogue_functor.element_epilogue.is_integer,
+    "simt_conv_alignment": lambda op: (op.kind == "conv2d" and op.tile_description.math_instruction.opcode_class.name
+                                       == "Simt" and max(op.A.alignment, op.B.alignment) > 1),
+    "wide_c": _wide_c,
+    "warp_n128": _warp_n128,
+}
+
+
+def draw_configs(seed: int, counts: dict, features=()) -> list:
     rng = random.Random(seed)
     picked = []
     for family in FAMILIES:
@@ -47,6 +68,8 @@ def draw_configs(seed: int, counts: dict) -> list:
             if op is None or op.name in seen:
                 continue
             if getattr(op, "bias", None):  # bias vectors: pycutlass's extension, not in PyCUTLASS's testbeds
+                continue
+            if features and not any(FEATURES[f](op) for f in features):
                 continue
             seen.add(op.name)
             picked.append(dict(cfg, family=family))
@@ -125,11 +148,13 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="testbed-sweep.jsonl")
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--one")
+    parser.add_argument("--feature", action="append", choices=sorted(FEATURES), default=[],
+                        help="draw only operations using this (repeatable: any of them)")
     args = parser.parse_args(argv)
     if args.one:
         print("RESULT " + json.dumps(run_one(json.loads(args.one))), flush=True)
         return 0
-    configs = draw_configs(args.seed, {f: getattr(args, f) for f in FAMILIES})
+    configs = draw_configs(args.seed, {f: getattr(args, f) for f in FAMILIES}, args.feature)
     if args.dry_run:
         for cfg in configs:
             print(cfg["family"], fuzz_accept.build(cfg).describe())

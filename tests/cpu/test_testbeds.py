@@ -394,3 +394,20 @@ def test_testbed_sweep_draws_deterministically_without_a_gpu():
     lines = first.splitlines()
     assert first == again and [line.split()[0] for line in lines] == ["gemm80"] * 3 + ["conv80"] * 2 + ["gemm90"]
     assert "bias=row" not in first and "bias=column" not in first
+
+
+@pytest.mark.parametrize("feature", ["direct_store", "simt_conv_alignment", "wide_c", "warp_n128", "int32_epilogue"])
+def test_testbed_sweep_draws_only_the_features_asked_for(feature):
+    """tools/testbed_sweep.py --feature: every drawn configuration uses it (what session 15 began to accept)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "testbed_sweep.py"
+    spec = importlib.util.spec_from_file_location("testbed_sweep_under_test", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    family = {"simt_conv_alignment": "conv80", "int32_epilogue": "gemm80"}.get(feature, "gemm80")
+    configs = sweep.draw_configs(7, {family: 3}, [feature])
+    assert len(configs) == 3
+    for cfg in configs:
+        assert sweep.FEATURES[feature](sweep.fuzz_accept.build(cfg)), cfg
