@@ -35,7 +35,8 @@ VALID_MATH_INSTRUCTIONS: dict[tuple, tuple[MathOperation, ...]] = {
 }
 
 # PyCUTLASS's spelling of two fast float32 instructions (see MathInstruction.__post_init__).
-_FAST_SPELLINGS = ((_F16, _F16, MathOperation.multiply_add_fast_f16), (_BF16, _BF16, MathOperation.multiply_add_fast_bf16))
+_FAST_SPELLINGS = ((_F16, _F16, MathOperation.multiply_add_fast_f16),
+                   (_BF16, _BF16, MathOperation.multiply_add_fast_bf16))
 
 # SM90 warpgroup MMA (wgmma): M is 64, N a multiple of 8 up to 256, K fixed by the operand width.
 # (element, accumulator) -> instruction K.

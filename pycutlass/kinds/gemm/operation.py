@@ -33,7 +33,7 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
                         simt_wide_ab: bool = False) -> None:
     """Shared by GEMM, grouped GEMM and conv2d: operand types must match the instruction and the epilogue.
 
-    ``wide_c``: the kind's tensor-op epilogue may store C/D with 256-bit accesses (GEMM and conv2d).
+    ``wide_c``: the kind's tensor-op epilogue may store C/D with 256-bit accesses (GEMM, grouped GEMM, conv2d).
     ``simt_wide_ab``: the kind's SIMT main loop ignores A's and B's alignment (conv2d), so any is correct there.
     """
     check_description_types(tile, A, B, C, epilogue, what)
@@ -60,14 +60,14 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
     if C.access_bits > 128:
         # CUTLASS's PredicatedTileIterator stores AlignedArray<ElementOutput, kElementsPerAccess> with
         # arch::global_store<AccessType, 32> (cutlass/arch/memory.h), as CUTLASS's generator does for f16 -> f32 and
-        # s8 -> s32 GEMMs with C alignment 8. Convolutions write their NHWC output through the same iterator
-        # (PyCUTLASS 2.11's tf32 conv tests use float32 C alignment 8). SIMT epilogues, interleaved outputs and the
-        # grouped kernels are kept to 128.
+        # s8 -> s32 GEMMs with C alignment 8. Grouped GEMMs and convolutions write through the same iterator
+        # (PyCUTLASS 2.11's tf32 conv tests and test_sm80.py's grouped GEMMs use float32 C alignment 8). SIMT
+        # epilogues and interleaved outputs are kept to 128.
         if not wide_c or math.opcode_class is not OpClass.TensorOp or C.layout.is_interleaved:
             raise DescriptionError(
                 f"{what}: C alignment {C.alignment} x {C.element.bits} bits exceeds 128 bits; only the tensor-op "
-                f"epilogues of GemmOperationUniversal and Conv2dOperation (RowMajor, ColumnMajor or NHWC C) store "
-                f"256-bit vectors. Use alignment {128 // C.element.bits}")
+                f"epilogues of GemmOperationUniversal, GemmOperationGrouped and Conv2dOperation (RowMajor, "
+                f"ColumnMajor or NHWC C) store 256-bit vectors. Use alignment {128 // C.element.bits}")
     if epilogue.element_accumulator is not math.element_accumulator:
         raise DescriptionError(f"{what}: the epilogue reads {epilogue.element_accumulator.label} accumulators but the "
                                f"math instruction accumulates in {math.element_accumulator.label}")
@@ -636,9 +636,9 @@ class GemmOperationUniversal(TiledOperation):
         """PyCUTLASS 2.11's ``direct_store=True``: CUTLASS's EpilogueDirectStore writes each thread's accumulators
         straight from registers, two adjacent columns per store (epilogue_direct_store.h). It assumes the tensor-op
         accumulator layout (rows lane / 4 + 8 i, columns 2 (lane % 4) + 8 j of 16x8 / 8x8 MMAs), one warp along K
-        (as every pycutlass tile), a row-major output (a ColumnMajor C is computed transposed here) and an output operator of at least two
-        elements; it guards the first column of each pair only, which the arguments' C alignment (>= 2) keeps in
-        bounds."""
+        (as every pycutlass tile), a row-major output (a ColumnMajor C is computed transposed here) and an output
+        operator of at least two elements; it guards the first column of each pair only, which the arguments' C
+        alignment (>= 2) keeps in bounds."""
         what = "GemmOperationUniversal(direct_store=True)"
         math = self.tile_description.math_instruction
         if math.opcode_class is not OpClass.TensorOp:
