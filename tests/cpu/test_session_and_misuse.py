@@ -179,13 +179,18 @@ print("FINISHED", flush=True)
 """
 
 
-def _compiler_processes(marker: str) -> list[str]:
+def _compiler_processes(marker: str, environment: str | None = None) -> list[str]:
+    """Command lines of running processes containing ``marker`` (and, given ``environment``, with that
+    ``NAME=value`` in their environment: this test's own, not another pycutlass compile on the machine)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if environment is not None and marker in cmdline:
+                if environment.encode() not in (entry / "environ").read_bytes().split(b"\0"):
+                    continue
         except OSError:
             continue
         if marker in cmdline:
@@ -212,7 +217,7 @@ def test_interrupt_stops_compilers_within_two_seconds(tmp_path, backend):
     try:
         assert proc.stdout.readline().strip() == "START"
         time.sleep(2.5)  # the compilers are running now
-        assert _compiler_processes("pycutlass.compiler.worker"), "no compile worker running"
+        assert _compiler_processes("pycutlass.compiler.worker", f"TMPDIR={workdir}"), "no compile worker running"
         start = time.perf_counter()
         proc.send_signal(signal.SIGINT)  # the Python process only, as Jupyter interrupts
         proc.wait(timeout=30)
@@ -224,6 +229,7 @@ def test_interrupt_stops_compilers_within_two_seconds(tmp_path, backend):
     assert "KeyboardInterrupt" in stderr and "FINISHED" not in proc.stdout.read()
     assert elapsed < 2.0, f"the interrupt took {elapsed:.1f} s"
     time.sleep(0.5)
-    assert not _compiler_processes("pycutlass.compiler.worker") and not _compiler_processes(str(workdir))
+    assert not _compiler_processes("pycutlass.compiler.worker", f"TMPDIR={workdir}")
+    assert not _compiler_processes(str(workdir))
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT COUNT(*) FROM claims").fetchone()[0] == 0  # no claim left behind
