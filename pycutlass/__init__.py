@@ -87,3 +87,15 @@ cutlass = _sys.modules[__name__]
 if "cutlass" not in _sys.modules and _importlib_util.find_spec("cutlass") is None:
     _sys.modules["cutlass"] = cutlass
 __all__.append("cutlass")
+
+
+def __getattr__(name: str):
+    # PyCUTLASS 2.11's `from pycutlass import *` carried `rmm` (its memory manager imported it); its scripts call
+    # `rmm.rmm_cupy_allocator`. Imported only when asked for, so `import pycutlass` stays light.
+    if name == "rmm":
+        from ._compat import library
+        return library("rmm")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__.append("rmm")

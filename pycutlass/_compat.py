@@ -4,11 +4,38 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import types
 
 # PyCUTLASS 2.11's modules imported these at the top, and its scripts use them through ``from ... import *``
 # without importing them (examples/40_cutlass_py/customizable/conv2d.py calls torch.* after
 # ``from pycutlass.conv2d_operation import *``). They are imported only when such a name is asked for.
-_LIBRARIES = ("torch",)
+_LIBRARIES = ("torch", "rmm")
+
+# rmm 23.06 dropped the top-level allocator names PyCUTLASS-era scripts call (``rmm.rmm_cupy_allocator``); they live
+# in rmm.allocators now. The ``rmm`` handed out above is rmm itself with those names added back.
+_RMM_MOVED = {"rmm_cupy_allocator": "rmm.allocators.cupy", "rmm_torch_allocator": "rmm.allocators.torch",
+              "RMMNumbaManager": "rmm.allocators.numba"}
+
+
+class _LegacyRmm(types.ModuleType):
+    """``rmm`` as PyCUTLASS 2.11's namespaces carried it: every attribute of the installed rmm, plus the
+    allocators it has since moved to submodules."""
+
+    def __init__(self):
+        super().__init__("rmm", "rmm, with the allocator names of rmm < 23.06 (see pycutlass._compat)")
+
+    def __getattr__(self, name: str):
+        if name in _RMM_MOVED:
+            return getattr(importlib.import_module(_RMM_MOVED[name]), name)
+        return getattr(importlib.import_module("rmm"), name)
+
+    def __dir__(self):
+        return sorted(set(dir(importlib.import_module("rmm"))) | set(_RMM_MOVED))
+
+
+def library(name: str):
+    """One of ``_LIBRARIES``, imported now."""
+    return _LegacyRmm() if name == "rmm" else importlib.import_module(name)
 
 
 def star_names(names: list[str]) -> list[str]:
@@ -21,7 +48,7 @@ def missing_names(module: str, replacements: dict[str, str]):
     hands out the libraries PyCUTLASS's module namespaces carried (imported on first use)."""
     def __getattr__(name: str):
         if name in _LIBRARIES:
-            return importlib.import_module(name)
+            return library(name)
         if name in replacements:
             raise AttributeError(f"{module}.{name} was part of PyCUTLASS 2.11 and does not exist in pycutlass: "
                                  f"{replacements[name]} (see docs/porting.md)")

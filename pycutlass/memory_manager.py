@@ -11,4 +11,4 @@ __getattr__ = missing_names(__name__, {
     "todevice": _ARGS, "device_mem_alloc": _ARGS, "align_size": _ARGS,
 })
 
-__all__ = ["get_allocated_size", "get_memory_pool"]
+__all__ = ["get_allocated_size", "get_memory_pool", "rmm"]

@@ -377,6 +377,25 @@ def test_star_import_gives_what_pycutlass_scripts_use():
         assert name in namespace, name
 
 
+def test_star_import_carries_rmm_with_its_old_allocator_names():
+    """PyCUTLASS 2.11's frontend test calls ``cp.cuda.set_allocator(rmm.rmm_cupy_allocator)`` with the ``rmm`` its
+    star import carried; rmm 23.06 moved that allocator to rmm.allocators.cupy."""
+    import subprocess
+    import sys
+
+    code = ("import sys, pycutlass\n"
+            "assert 'rmm' not in sys.modules  # import pycutlass stays light\n"
+            "from pycutlass import *\n"
+            "import rmm as real, rmm.allocators.cupy as moved\n"
+            "assert rmm.rmm_cupy_allocator is moved.rmm_cupy_allocator\n"
+            "assert rmm.mr is real.mr and rmm.reinitialize is real.reinitialize\n"
+            "from pycutlass.memory_manager import rmm as rmm2\n"
+            "assert rmm2.rmm_cupy_allocator is moved.rmm_cupy_allocator\n"
+            "try:\n    rmm.not_in_rmm\nexcept AttributeError:\n    print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
 def test_pycutlass_scripts_import_cutlass_and_star_import_it(tmp_path):
     """PyCUTLASS 2.11 scripts do `import pycutlass; from pycutlass import *; import cutlass` and use both names."""
     import subprocess
