@@ -9,6 +9,10 @@ signal) or hangs is recorded against itself alone: the other configurations run 
         --seed 3 --jobs 16 --parallel 8 --timeout 120 --out fuzz-run.jsonl 2>&1 | tee fuzz-run.log
     # what would be drawn (no compile, no GPU): one line per configuration, each rebuilt and checked
     python tools/fuzz_run.py --sm80 48 --sm90 32 --conv80 32 --conv90 16 --seed 3 --dry-run
+    # compile the same draw here (no GPU) for an H100 host, so that its run loads instead of compiling: carry the
+    # cache there (xz took a 38.5 MB one, 64 operations, to 3.4 MB) and point PYCUTLASS_CACHE_DIR at it
+    PYCUTLASS_CACHE_DIR=.gpucache python tools/fuzz_run.py --sm80 48 --sm90 32 --conv80 32 --conv90 16 \\
+        --seed 3 --jobs 2 --compile-only --arch 90
     # rerun one configuration in this process (a "cfg" object, or a whole JSONL record: then its exact problem
     # size and data seed), optionally under compute-sanitizer's memcheck
     PYCUTLASS_CACHE_DIR=/tmp/fuzzcache python tools/fuzz_run.py --config "$(sed -n 17p fuzz-run.jsonl)" --sanitize
@@ -107,13 +111,14 @@ def _gpu_arch() -> int | None:
     return detected_compute_capability(0)
 
 
-def target_of(cfg) -> tuple[str, int]:
+def target_of(cfg, arch: int | None = None) -> tuple[str, int]:
     """(backend, arch) the parent compiles a configuration with, and its child loads it with: the GPU's own
     architecture, since the child's arguments load the binary for their device (SASS does not run across major
-    architectures: an sm_80 binary would be compiled again for an H100 in the child, against its timeout), or on a
-    machine without a GPU (--dry-run) the drawn compute capability's."""
+    architectures: an sm_80 binary would be compiled again for an H100 in the child, against its timeout), or
+    ``arch`` where given (--arch: compiling here for a GPU host), or on a machine without a GPU (--dry-run) the
+    drawn compute capability's."""
     nvrtc = cfg["family"].endswith("90") or cfg["family"] == "evt80"  # visitor trees: the EVT suite's backend
-    arch = 90 if cfg["cc"] == 90 else (_gpu_arch() or 80)
+    arch = 90 if cfg["cc"] == 90 else (arch or _gpu_arch() or 80)
     return ("nvrtc" if nvrtc else "nvcc"), arch
 
 
@@ -130,7 +135,7 @@ def accepted(rng, family, count, tries=20000):
     return found
 
 
-def draw_plan(seed, counts):
+def draw_plan(seed, counts, arch: int | None = None):
     """[(entry, op)]: entry = {index, family, backend, arch, name, seed, cfg} (and ``companions``, the names of the
     operations that run after ``op``: a split-K reduction). The families are drawn in FAMILIES' order from one
     Random(seed) (so --sm80/--sm90 with the same seed draw the GEMMs earlier runs drew), then each configuration gets
@@ -139,8 +144,8 @@ def draw_plan(seed, counts):
     drawn = [(family, cfg, op) for family in FAMILIES for cfg, op in accepted(rng, family, counts.get(family, 0))]
     plan = []
     for index, (family, cfg, op) in enumerate(drawn):
-        backend, arch = target_of(cfg)
-        entry = dict(index=index, family=family, backend=backend, arch=arch, name=op.name,
+        backend, target = target_of(cfg, arch)
+        entry = dict(index=index, family=family, backend=backend, arch=target, name=op.name,
                      seed=rng.randint(0, 2**31 - 1), cfg=cfg)
         companions = fuzz_accept.companions(cfg)
         if companions:
@@ -1090,6 +1095,10 @@ def parse(argv=None):
                                                                "compile, no GPU")
     parser.add_argument("--no-compile", action="store_true", help="skip the parent's compile step (the cache is "
                                                                   "warm, or children compile what they miss)")
+    parser.add_argument("--compile-only", action="store_true", help="compile the drawn configurations into the "
+                        "cache and stop (no GPU): fill a cache here for a GPU host, with --arch")
+    parser.add_argument("--arch", type=int, default=None, help="target of the Sm80-family configurations (default: "
+                        "this machine's GPU, else 80); give the GPU host's, e.g. 90, with --compile-only")
     parser.add_argument("--config", default=None, help="rerun one configuration in this process: a cfg object or "
                                                        "a JSONL record (JSON text or a file)")
     parser.add_argument("--sanitize", action="store_true", help="run children (or --config) under "
@@ -1114,7 +1123,13 @@ def main(argv=None):
             os.execvpe(command[0], command, env)
         run_config(args)
         return 0
-    plan = draw_plan(args.seed, family_counts(args))
+    plan = draw_plan(args.seed, family_counts(args), args.arch)
+    if args.compile_only:
+        failed = compile_all(plan, args.jobs)
+        for name, error in failed.items():
+            print(f"COMPILE-FAIL {name}: {error[-600:]}", flush=True)
+        print(f"compiled {len(plan)} configurations; {len(failed)} operations failed", flush=True)
+        return 1 if failed else 0
     if args.dry_run:
         for entry, op in plan:
             again = [built.name for built in fuzz_accept.build_all(json.loads(json.dumps(entry["cfg"])))]

@@ -9,6 +9,9 @@ and SM90 convolutions) and ``TestbedGrouped(op).run(n)`` (Sm80-family and SM90 g
         --grouped80 6 --grouped90 3 --seed 1 --jobs 16 --parallel 8 --out testbed-sweep.jsonl
     # what would be drawn (no GPU)
     python tools/testbed_sweep.py --gemm80 24 --conv80 12 --gemm90 8 --seed 1 --dry-run
+    # compile that draw here (no GPU) into a cache to carry to an H100 host
+    PYCUTLASS_CACHE_DIR=.gpucache python tools/testbed_sweep.py --gemm80 24 --conv80 12 --gemm90 8 --seed 1 \\
+        --jobs 2 --compile-only --arch 90
 
 A configuration passes when its testbed returns True; FAIL is a wrong result, CRASH a dead process, TIMEOUT a hang.
 Operations with pycutlass's bias vectors are not drawn (PyCUTLASS's testbeds have no bias).
@@ -101,8 +104,9 @@ def run_one(cfg) -> dict:
             "seconds": round(time.time() - start, 1)}
 
 
-def precompile(configs, jobs: int) -> None:
-    """Every operation and its split-K reduction, per (backend, target), in parallel units."""
+def precompile(configs, jobs: int) -> int:
+    """Every operation and its split-K reduction, per (backend, target), in parallel units; how many units failed."""
+    failures = 0
     sm80, sm90 = [], []
     for cfg in configs:
         op = fuzz_accept.build(cfg)
@@ -119,6 +123,8 @@ def precompile(configs, jobs: int) -> None:
             report = Compiler.of().add_module(ops, jobs=jobs, errors="report")
             for unit, error in report.failures:
                 print(f"COMPILE-FAIL {[o.name for o in unit]}: {str(error)[:300]}", flush=True)
+            failures += len(report.failures)
+    return failures
 
 
 def child(cfg, timeout: int) -> dict:
@@ -148,6 +154,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="testbed-sweep.jsonl")
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--one")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="compile the drawn operations into the cache and stop (no GPU); with --arch")
+    parser.add_argument("--arch", type=int, default=None,
+                        help="target of the Sm80-family operations (default: this machine's GPU)")
     parser.add_argument("--feature", action="append", choices=sorted(FEATURES), default=[],
                         help="draw only operations using this (repeatable: any of them)")
     args = parser.parse_args(argv)
@@ -159,7 +169,12 @@ def main(argv=None) -> int:
         for cfg in configs:
             print(cfg["family"], fuzz_accept.build(cfg).describe())
         return 0
-    precompile(configs, args.jobs)
+    if args.arch:
+        cutlass.compiler.set_target_arch(args.arch)
+    failures = precompile(configs, args.jobs)
+    if args.compile_only:
+        print(f"compiled {len(configs)} configurations; {failures} compile unit(s) failed", flush=True)
+        return 1 if failures else 0
     counts = {}
     with open(args.out, "a") as out, futures.ThreadPoolExecutor(args.parallel) as pool:
         for cfg, record in zip(configs, pool.map(lambda c: child(c, args.timeout), configs)):

@@ -532,3 +532,23 @@ def test_splitk90_pairs_an_sm90_producer_with_problems_its_l_mode_takes():
             _assert_contiguous_extents_aligned("splitk90", producer, p["m"], p["n"], p["k"])
             assert (p["n"] if reduction.C.layout is cutlass.RowMajor else p["m"]) % reduction.count == 0
     assert len(seen) >= 2, seen
+
+
+def test_compile_only_fills_the_cache_for_the_given_arch(monkeypatch, capsys):
+    """--compile-only --arch 90 (no GPU here): every configuration compiles for sm_90, Sm80-family ones included,
+    so a GPU host loads them from the carried cache; a failure exits 1 and is named."""
+    import pycutlass as cutlass
+
+    counts = ["--sm80", "3", "--sm90", "1", "--conv80", "1", "--conv90", "0", "--splitk80", "1", "--seed", "9"]
+    targets, compiled = set(), []
+    monkeypatch.setattr(fuzz_run, "select", lambda backend, arch: targets.add((backend, arch)))
+    monkeypatch.setattr(cutlass.compiler, "add_module", lambda ops, jobs=None: compiled.extend(o.name for o in ops))
+    assert fuzz_run.main(counts + ["--compile-only", "--arch", "90", "--jobs", "1"]) == 0
+    assert targets == {("nvcc", 90), ("nvrtc", 90)}
+    plan = fuzz_run.draw_plan(9, {"gemm80": 3, "gemm90": 1, "conv80": 1, "splitk80": 1}, arch=90)
+    assert sorted(compiled) == sorted(name for entry, _ in plan for name in fuzz_run.entry_names(entry))
+    assert "compiled 6 configurations; 0 operations failed" in capsys.readouterr().out
+
+    monkeypatch.setattr(fuzz_run, "compile_all", lambda plan, jobs: {plan[0][1].name: "error: boom"})
+    assert fuzz_run.main(counts + ["--compile-only", "--arch", "90"]) == 1
+    assert f"COMPILE-FAIL {plan[0][1].name}: error: boom" in capsys.readouterr().out

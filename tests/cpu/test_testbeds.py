@@ -411,3 +411,39 @@ def test_testbed_sweep_draws_only_the_features_asked_for(feature):
     assert len(configs) == 3
     for cfg in configs:
         assert sweep.FEATURES[feature](sweep.fuzz_accept.build(cfg)), cfg
+
+
+def test_testbed_sweep_compile_only_targets_the_given_arch(monkeypatch, capsys):
+    """tools/testbed_sweep.py --compile-only --arch 90: compiles the drawn operations (and their split-K
+    reductions) for sm_90 and stops; a failed unit exits 1."""
+    import importlib.util
+    from pathlib import Path
+
+    import pycutlass as cutlass
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "testbed_sweep.py"
+    spec = importlib.util.spec_from_file_location("testbed_sweep_compile_only", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    calls, failures = [], []
+
+    class FakeCompiler:
+        @staticmethod
+        def of():
+            return FakeCompiler
+
+        @staticmethod
+        def add_module(ops, jobs=None, errors=None):
+            calls.append((cutlass.session.current().options["target"].compute_capability, [op.name for op in ops]))
+            return type("Report", (), {"failures": failures})()
+
+    monkeypatch.setattr(sweep, "Compiler", FakeCompiler)
+    monkeypatch.setattr(sweep, "child", lambda cfg, timeout: pytest.fail("--compile-only ran a configuration"))
+    session = cutlass.Session()
+    with session.activate():
+        assert sweep.main(["--gemm80", "2", "--conv80", "1", "--seed", "3", "--compile-only", "--arch", "90"]) == 0
+        assert calls and all(arch == 90 for arch, _ in calls)
+        assert any(name.startswith("pycutlass_reduce") for _, names in calls for name in names)
+        assert "compiled 3 configurations; 0 compile unit(s) failed" in capsys.readouterr().out
+        failures.append(([type("Op", (), {"name": "pycutlass_broken"})()], "error: boom"))
+        assert sweep.main(["--gemm80", "1", "--seed", "3", "--compile-only", "--arch", "90"]) == 1
