@@ -23,6 +23,7 @@ SUITES = {"tests.gpu.test_gemm": (("NVCC_OPS", "nvcc"), ("NVRTC_OPS", "nvrtc")),
           "tests.gpu.test_gemm_grouped_sm90": (("OPS", "nvrtc"), ("BIAS_OPS", "nvrtc"), ("CLAMP_OPS", "nvrtc")),
           "tests.gpu.test_gemm_array_sm90": (("OPS", "nvrtc"),),
           "benchmarks/grouped_gemm.py": (("operations", "nvcc"), ("sm90_operations", "nvrtc")),
+          "benchmarks/grouped_gemm_diagnose.py": (("operations", "nvrtc"),),
           "tests.gpu.test_conv2d": (("NVCC_OPS", "nvcc"), ("NVRTC_OPS", "nvrtc")),
           "tests.gpu.test_conv2d_sm90": (("ALL_OPS", "nvrtc"),),
           "benchmarks/conv2d.py": (("operations", "nvcc"), ("sm90_operations", "nvrtc"))}
