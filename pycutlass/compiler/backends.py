@@ -5,7 +5,6 @@ so the runtime's launch path is shared.
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -146,10 +145,3 @@ def backend_by_name(name: str, extra_flags: tuple[str, ...] = ()) -> Backend:
     if name == "nvrtc":
         return NvrtcBackend(extra_flags)
     raise ValueError(f"unknown compiler backend {name!r}; choose 'nvcc' or 'nvrtc'")
-
-
-def compile_in_subprocess(backend_name: str, extra_flags: tuple[str, ...], source: str, arch: int,
-                          unit_name: str) -> bytes:
-    """Entry point for process pools: NVRTC serializes compiles across threads of one process."""
-    os.environ.setdefault("PYCUTLASS_COMPILE_WORKER", "1")
-    return backend_by_name(backend_name, extra_flags).compile(source, arch, unit_name)

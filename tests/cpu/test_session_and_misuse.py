@@ -174,7 +174,7 @@ sys.path.insert(0, sys.argv[3])
 from test_session_and_misuse import f16_gemm
 with c.Session(target=90, cache_path=sys.argv[1], backend=sys.argv[2], progress=False).activate():
     print("START", flush=True)
-    c.compiler.add_module([f16_gemm(3), f16_gemm(4)], jobs=2)
+    c.compiler.add_module([f16_gemm(stages) for stages in (3, 4, 5, 6)], jobs=2)  # two units of two, ~6 s each
 print("FINISHED", flush=True)
 """
 
@@ -216,8 +216,16 @@ def test_interrupt_stops_compilers_within_two_seconds(tmp_path, backend):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     try:
         assert proc.stdout.readline().strip() == "START"
-        time.sleep(2.5)  # the compilers are running now
-        assert _compiler_processes("pycutlass.compiler.worker", f"TMPDIR={workdir}"), "no compile worker running"
+        # Wait for this test's own workers (a fixed sleep raced them on machines of other speeds), then let the
+        # compilers get going before the interrupt.
+        deadline = time.monotonic() + 60
+        while not _compiler_processes("pycutlass.compiler.worker", f"TMPDIR={workdir}"):
+            if proc.poll() is not None:
+                pytest.fail(f"the compile ended before a worker was seen (exit {proc.returncode}): "
+                            f"{proc.stdout.read()[-500:]} {proc.stderr.read()[-2000:]}")
+            assert time.monotonic() < deadline, "no compile worker within 60 s"
+            time.sleep(0.05)
+        time.sleep(1.0)
         start = time.perf_counter()
         proc.send_signal(signal.SIGINT)  # the Python process only, as Jupyter interrupts
         proc.wait(timeout=30)
