@@ -5,7 +5,7 @@
   (b) the same groups with M rounded up to 128: the same tiles, no partial ones (what the padding costs);
   (c) 64 equal groups of M 512 (256 full tiles), and (d) of M 520 (the case's rows, 320 tiles, each group's last
       tile nearly empty);
-  (e) 8 groups of M 4160: an eighth of the B matrices (32 MB against 256 MB) and of the descriptor switches;
+  (e) 8 groups of M 4160: an eighth of the B matrices (34 MB against 268 MB) and of the descriptor switches;
   (f) one group of M 33,280: no switch at all and one B (then torch.matmul on the same operands too).
 
 A persistent CTA's consecutive tiles lie 132 tiles apart, so in (a)-(d) nearly every tile re-targets its TMA
