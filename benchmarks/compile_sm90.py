@@ -3,7 +3,7 @@ operation, and a batch compiled by one add_module call in parallel units.
 
     python benchmarks/compile_sm90.py [--batch 4] [--jobs 2] [--out benchmarks/results/compile_sm90.json]
 
-Goals (issue 7, 2-core machine): one cold operation <= 20 s; a batch of 8 <= 10 s per operation.
+Goals (2-core machine): one cold operation <= 20 s; a batch of 8 <= 10 s per operation.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ split-K, and its dgrad runs stride 1 only (strided dgrad layers show no SM90 res
 two families per layer. A 1x1 stride-1 convolution is a GEMM over the NHWC tensors viewed as matrices, so for
 those layers the SM90 column also tries pycutlass's SM90 GEMM (``SM90_GEMM``: stream-K for the long GEMM K, wide persistent tiles for fprop; labelled
 "sm90 GEMM"; it splits the long GEMM K of wgrad, which the conv kernels cannot).
-Targets (issue 10), geomean of best/cuDNN: fprop >= 0.9x, wgrad >= 0.8x, dgrad >= 1.0x.
+Targets, geomean of best/cuDNN: fprop >= 0.9x, wgrad >= 0.8x, dgrad >= 1.0x.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Which kernels cuBLAS runs for the gemm_sm90 benchmark shapes (torch.profiler): what its heuristics pick on
 this GPU, to compare tile shapes, clusters and split-K with the SM90 grid.
 
-    python benchmarks/cublas_kernels.py > benchmarks/results/cublas-kernels-h100.log
+    python benchmarks/cublas_kernels.py
 """
 import os
 import sys

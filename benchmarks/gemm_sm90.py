@@ -36,8 +36,8 @@ COOP, PP, WS = KS.TmaWarpSpecializedCooperative, KS.TmaWarpSpecializedPingpong, 
 # (tile, cluster, kernel schedule, tile scheduler): with DEFAULT, 15 compiled configurations per 16-bit type. The
 # 64x32 and 64x64 tiles give decode shapes (M <= 128) 2-4x the CTAs of 64x128, to stream B from more SMs; 128x192
 # covers a 3000-wide output in one wave; 64x128 on a 2x1 cluster is what cuBLAS runs for f16 1024^3
-# (cublas-kernels-h100.log). They replace configurations that were never within 1% of the best in the fifth
-# session's run (gemm_sm90-splitk-h100.json): 128x128 c1x2 coop, 128x128 c1x1 pp, 256x128 c1x1 coop, 64x256 pp.
+# (benchmarks/cublas_kernels.py). They replace configurations that were never within 1% of the best on an H100:
+# 128x128 c1x2 coop, 128x128 c1x1 pp, 256x128 c1x1 coop, 64x256 pp.
 GRID = [((128, 128, 64), (2, 1, 1), COOP, TS.Default), ((128, 256, 64), (1, 1, 1), COOP, TS.Default),
         ((128, 256, 64), (2, 1, 1), COOP, TS.Default), ((256, 128, 64), (1, 2, 1), COOP, TS.Default),
         ((128, 192, 64), (2, 1, 1), COOP, TS.Default), ((128, 128, 64), (2, 1, 1), PP, TS.Default),

@@ -64,7 +64,7 @@ CASES = {
 }
 TARGET_CASE = "64 x (M 16..1024), N=2048, K=1024"
 TARGET_SPEEDUP = 2.0
-H100_LOOP_US = 932  # the loop time on an H100, for reference
+H100_LOOP_US = 932  # the loop's time on an H100, for reference
 
 # dtype -> (element, relative tolerance against the loop's result)
 DTYPES = {"bf16": (D.bfloat16, 2e-2), "f16": (D.float16, 1e-2)}

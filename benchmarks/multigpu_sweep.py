@@ -1,4 +1,4 @@
-"""Issue 12's two-GPU goals: the benchmark phase of one sweep on one GPU vs on two GPUs of the same host, and the
+"""Two-GPU goals of a sweep: the benchmark phase of one sweep on one GPU vs on two GPUs of the same host, and the
 rank agreement of the two GPUs on the same pairs.
 
     python benchmarks/multigpu_sweep.py [--space sm80-f16] [--out benchmarks/results/multigpu_sweep.json]

@@ -24,7 +24,7 @@ D = cutlass.DataType
 KS = cutlass.KernelScheduleType
 HIDDEN, INTERMEDIATE, LAYERS = 4096, 14336, 4
 # (tile, kernel schedule) per projection and token count, after the grid's winners on these decode shapes
-# (gemm_sm90-paired-h100.json): up (N = 14336) 64x128 (112 CTAs per 64 rows); down (N = 4096) 64x32 for 16 tokens
+# (benchmarks/gemm_sm90.py on an H100): up (N = 14336) 64x128 (112 CTAs per 64 rows); down (N = 4096) 64x32 for 16 tokens
 # (128 CTAs) and 64x64 for 128 (128 CTAs).
 WS = KS.TmaWarpSpecialized
 CONFIGS = {16: (((64, 128, 64), WS), ((64, 32, 64), WS)), 128: (((64, 128, 64), WS), ((64, 64, 64), WS))}

@@ -1,5 +1,5 @@
-"""What zeroing stream-K's workspace costs: the whole workspace before every launch (pycutlass until the ninth
-session) against only its barriers (what CUTLASS's initialize_workspace zeroes, and what run() does now).
+"""What zeroing stream-K's workspace costs: the whole workspace before every launch against only its
+barriers (what CUTLASS's initialize_workspace zeroes, and what run() does).
 
     python benchmarks/stream_k_workspace.py [--out benchmarks/results/stream_k_workspace.json]
 

@@ -1,4 +1,4 @@
-"""Issue 8's goals on a GPU host: a large sweep, autotune quality, pow2 dispatch loss, selection, Tuned overhead.
+"""Tuning goals on a GPU host: a large sweep, autotune quality, pow2 dispatch loss, selection, Tuned overhead.
 
     python benchmarks/tune.py --stages sweep              # >= 150 f16 configurations x >= 24 shapes, compile included
     python benchmarks/tune.py --stages rerun              # the same sweep again with nothing to compile

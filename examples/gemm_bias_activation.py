@@ -18,7 +18,7 @@ ACTIVATIONS = {"relu": cutlass.relu, "leaky_relu": cutlass.leaky_relu, "tanh": c
                "sigmoid": cutlass.sigmoid, "silu": cutlass.silu, "hardswish": cutlass.hardswish, "gelu": cutlass.gelu,
                "gelu_taylor": cutlass.gelu_taylor}
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--activation", choices=ACTIVATIONS, default="gelu")
 parser.add_argument("--leaky-slope", type=float, default=0.1, help="negative slope of leaky_relu")
 args = parser.parse_args()

@@ -16,7 +16,7 @@ import pycutlass as cutlass
 from pycutlass import GemmOperationGrouped, SchedulerMode
 from pycutlass import GemmGroupedArguments
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--scheduler", choices=[m.value for m in SchedulerMode], default="Device")
 args = parser.parse_args()
 

@@ -23,7 +23,7 @@ from tabulate import tabulate
 import common
 import pycutlass as cutlass
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--shape", type=int, nargs=3, default=[4096, 4096, 4096], metavar=("M", "N", "K"))
 parser.add_argument("--quick", action="store_true", help="a 4-point grid (3 valid tiles), for a smoke test")
 parser.add_argument("--repeats", type=int, default=10, help="timed repeats per tile (median reported)")

@@ -1,4 +1,4 @@
-"""Seed 004's flow for PyTorch: a model's Conv2d + BatchNorm + ReLU and Linear + GELU layers swapped for fused CUTLASS
+"""Optimizing a PyTorch model: its Conv2d + BatchNorm + ReLU and Linear + GELU layers swapped for fused CUTLASS
 kernels (partition), each distinct call tuned against torch (tune), the result saved with its tuning decisions and
 loaded back without tuning again (build).
 
@@ -22,7 +22,7 @@ except ImportError:
 
 import pycutlass.torch as pct
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--batch", type=int, default=16)
 args = parser.parse_args()
 

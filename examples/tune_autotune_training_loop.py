@@ -1,4 +1,4 @@
-"""Seed 003's autotuning: a tuned GEMM inside a training-style loop whose batch size varies, with a persistent
+"""Autotuning: a tuned GEMM inside a training-style loop whose batch size varies, with a persistent
 tuning cache keyed by power-of-two buckets of M, N, K.
 
     python examples/tune_autotune_training_loop.py [--space sm80-f16-small] [--db PATH] [--steps 40]
@@ -18,7 +18,7 @@ from pycutlass.tune.autotune import Tuned
 from pycutlass.tune.space import SearchSpace
 from pycutlass.tune.sweep import Sweep
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--space", default="sm80-f16-small")
 parser.add_argument("--db", type=Path, default=None)
 parser.add_argument("--steps", type=int, default=40)

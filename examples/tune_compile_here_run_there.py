@@ -1,4 +1,4 @@
-"""Seed 001's compile here, run there: build a bundle of compiled kernels on a machine without a GPU, run it on
+"""Compile here, run there: build a bundle of compiled kernels on a machine without a GPU, run it on
 the GPU host without compiling, bring the results back, and correlate time with kernel resources.
 
     python examples/tune_compile_here_run_there.py --target 90          # here: writes the bundle
@@ -18,7 +18,7 @@ from pycutlass.tune.problems import explicit_problems
 from pycutlass.tune.space import SearchSpace
 from pycutlass.tune.sweep import Sweep
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--space", default="sm80-f16-small")
 parser.add_argument("--target", default=None, help="the GPU that will run it (default: this GPU's, else 90)")
 parser.add_argument("--out", type=Path, default=None)

@@ -1,4 +1,4 @@
-"""Seed 000's flow on a small grid: compile a search space (remembering failures), sweep it over a model's GEMM
+"""A tuning sweep on a small grid: compile a search space (remembering failures), sweep it over a model's GEMM
 shapes, pick the minimum kernel set at an efficiency threshold, and draw the heatmap and the Pareto curve.
 
     python examples/tune_sweep_select_heatmap.py                       # sm80-f16-small x llama-3-8b, batch 1..512
@@ -18,7 +18,7 @@ from pycutlass.tune.problems import model_problems
 from pycutlass.tune.space import SearchSpace
 from pycutlass.tune.sweep import Sweep
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--space", default="sm80-f16-small", help="a preset or a .toml space file")
 parser.add_argument("--model", default="llama-3-8b")
 parser.add_argument("--min-efficiency", type=float, default=0.98)

@@ -1,4 +1,4 @@
-"""Operations PyCUTLASS 2.11's own unit tests build that pycutlass refused until session 15 (shared by
+"""Operations PyCUTLASS 2.11's own unit tests build that need relaxed validation (shared by
 tests/cpu/test_pycutlass211_units.py and tests/gpu/test_pycutlass211_units.py):
 
 - ``GemmOperationUniversal(..., direct_store=True)``: CUTLASS's register-to-global epilogue (gemm_f16_sm80.py);
@@ -66,7 +66,7 @@ GEMMS = {
                                          warps=(2, 2, 1), stages=4, direct_store=True),
     "direct_store_tf32_f32_nn_n": gemm(D.tfloat32, F32, F32, (CM, CM, CM), (4, 4, 4), tile=(64, 64, 32),
                                        direct_store=True),
-    # float32 C x 8 (256-bit stores, accepted since issue 9): its parallel split-K reduces 256 bits at a time
+    # float32 C x 8 (256-bit stores): its parallel split-K reduces 256 bits at a time
     "f16_f32_c8_split_k_parallel": gemm(F16, F32, F32, (R, CM, R), (8, 8, 8)),
     # warp tiles 128 wide in N, float32 output (test_sm80.py's fast-math test runs 128x256x16 on 4x2 warps)
     "tf32_f32_warp_n128": gemm(D.tfloat32, F32, F32, (R, R, CM), (4, 4, 4), tile=(128, 256, 16), warps=(4, 2, 1)),

@@ -116,7 +116,7 @@ def occupancy(function, block_threads: int, shared_memory_bytes: int, what: str)
 def kernel_launcher():
     """``(cuLaunchKernelEx, CUDA_SUCCESS)`` of cuda.bindings, for launchers that keep them. A launch passes a
     ``launch_config`` made once per stream instead of cuLaunchKernel's grid, block, shared memory and stream
-    (converted on every call): run() 4.5 against 5.4 us on an H100 host (gemm_sm90-session8-h100.json)."""
+    (converted on every call): run() 4.5 against 5.4 us on an H100 host."""
     driver = _driver()
     return driver.cuLaunchKernelEx, driver.CUresult.CUDA_SUCCESS
 

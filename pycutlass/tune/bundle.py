@@ -1,4 +1,4 @@
-"""Compile here, run there (seed 001): one portable file with a sweep's compiled kernels.
+"""Compile here, run there: one portable file with a sweep's compiled kernels.
 
     pycutlass bundle export --space sm80-f16 --problems square:256:4096:256 --target 90 sweep.bundle   # no GPU
     pycutlass sweep --bundle sweep.bundle --db results.db                                              # GPU host

@@ -1,4 +1,4 @@
-"""Resources vs performance (seed 001): which kernel resource predicts time, per problem class.
+"""Resources vs performance: which kernel resource predicts time, per problem class.
 
 Times are normalized per problem (time / best time of that problem) so problems of different sizes compare; the
 Spearman rank correlation of each resource with that ratio is reported per problem class (by default the M bucket:

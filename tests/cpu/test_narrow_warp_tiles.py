@@ -1,4 +1,4 @@
-"""Warp tiles the Sm80-family tensor-op kernels compute wrongly, found by tools/fuzz_run.py on an H100 (2026-11-24):
+"""Warp tiles the Sm80-family tensor-op kernels compute wrongly, found by tools/fuzz_run.py on an H100:
 every configuration below ran against a float64 reference in its own process, and so did its transposed twin (a
 ColumnMajor C swapped for a RowMajor one with A and B exchanged): both failed or both passed, so the kernel is at
 fault, not the transposition. The rejected ones must stay rejected, the accepted ones accepted."""
@@ -52,7 +52,7 @@ WRONG_OR_CRASHED = {
         math_op=cutlass.MathOperation.multiply_add_fast_bf16),
     "f16 C x 16 on a 32-wide warp tile": dict(shape=(256, 32, 32), warps=(2, 1, 1), layouts=(C, R, R),
                                               aligns=(2, 4, 16), stages=4, inst=[16, 8, 8]),
-    # f32 operands multiplied in f16 / bf16, warp M 16: every size wrong (seed 21, then 16 bisecting variants, 2026-11-24)
+    # f32 operands multiplied in f16 / bf16, warp M 16: every size wrong (fuzz_run --seed 21, then 16 bisecting variants)
     "f32 fast-f16 warp 16x64 (seed 21)": dict(
         element=D.float32, shape=(32, 128, 16), warps=(2, 2, 1), layouts=(R, C, R), aligns=(1, 2, 4), stages=7,
         out=D.bfloat16, math_op=cutlass.MathOperation.multiply_add_fast_f16),

@@ -1,4 +1,4 @@
-"""What PyCUTLASS 2.11's own unit tests (test/gemm, test/conv of its tree) build, accepted since session 15: their
+"""What PyCUTLASS 2.11's own unit tests (test/gemm, test/conv of its tree) build: their
 descriptions, rejections with reasons, emission, NVRTC compiles. GPU results: tests/gpu/test_pycutlass211_units.py."""
 from __future__ import annotations
 

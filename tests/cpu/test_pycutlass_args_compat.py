@@ -1,4 +1,4 @@
-"""CPU tests of PyCUTLASS 2.11's Arguments semantics (issue #9): ``bias=``, PyCUTLASS's positional mode, raw
+"""CPU tests of PyCUTLASS 2.11's Arguments semantics: ``bias=``, PyCUTLASS's positional mode, raw
 ``CUdeviceptr`` operands, packed 1-D grouped operands, interleaved operands reordered inside the Arguments, the
 fast path's keys for the new keywords, a TensorNHWC reduction and ``operation.rt_module.emit()``.
 

@@ -398,7 +398,7 @@ def test_testbed_sweep_draws_deterministically_without_a_gpu():
 
 @pytest.mark.parametrize("feature", ["direct_store", "simt_conv_alignment", "wide_c", "warp_n128", "int32_epilogue"])
 def test_testbed_sweep_draws_only_the_features_asked_for(feature):
-    """tools/testbed_sweep.py --feature: every drawn configuration uses it (what session 15 began to accept)."""
+    """tools/testbed_sweep.py --feature: every drawn configuration uses it."""
     import importlib.util
     from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""Issue #9: configurations CUTLASS computes correctly that validation used to reject, and the ones it still rejects.
+"""Configurations CUTLASS computes correctly that validation used to reject, and the ones it still rejects.
 
 (a) float64 (and other) tensor-op warp tiles 16 wide in N (CUTLASS's own DGEMM tile 32x32x16 with 2x2x1 warps);
     8 wide (and f64 warp M/N not multiples of 16) still rejected: the 64-bit operand iterators static_assert.
@@ -131,7 +131,7 @@ def test_c_alignment_256_bits_rejected_elsewhere():
         gemm(D.float32, D.float32, [128, 128, 8], [4, 2, 1], 1, 8, opclass=S)
     math = cutlass.MathInstruction([16, 8, 16], D.float16, D.float16, D.float32, T)
     tile = cutlass.TileDescription([128, 128, 32], 3, [2, 2, 1], math)
-    # grouped GEMMs store 256 bits too since session 15 (PyCUTLASS 2.11's test_sm80.py builds them)
+    # grouped GEMMs store 256 bits too (PyCUTLASS 2.11's test_sm80.py builds them)
     cutlass.GemmOperationGrouped(90, tile, cutlass.TensorDescription(D.float16, R, 8),
                                  cutlass.TensorDescription(D.float16, CM, 8), cutlass.TensorDescription(D.float32, R, 8),
                                  cutlass.LinearCombination(D.float32, 8, D.float32))

@@ -1,4 +1,4 @@
-"""PyCUTLASS 2.11 unit-test configurations pycutlass accepts since session 15 (tests/pycutlass211_cases.py), run
+"""PyCUTLASS 2.11 unit-test configurations (tests/pycutlass211_cases.py), run
 through the testbeds: float64 references, NaN-poisoned outputs, odd sizes, serial and parallel split-K, random
 groups with degenerate problems."""
 from __future__ import annotations

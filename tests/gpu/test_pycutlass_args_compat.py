@@ -1,4 +1,4 @@
-"""PyCUTLASS 2.11 client code on the GPU (issue #9): ``bias=`` on GEMM / Conv2d / Reduction Arguments (and its
+"""PyCUTLASS 2.11 client code on the GPU: ``bias=`` on GEMM / Conv2d / Reduction Arguments (and its
 auto-detection), PyCUTLASS's positional mode, raw ``CUdeviceptr`` operands, packed 1-D grouped operands, interleaved
 int8 B reordered inside the Arguments (and ``reordered=True``), parallel split-K convolutions reduced by a
 TensorNHWC ReductionOperation, and the fast path for seen problems with the new keywords. Random inputs,
