@@ -1,4 +1,5 @@
-"""Configurations CUTLASS computes correctly that validation used to reject, and the ones it still rejects.
+"""Configurations at the edge of validation: the ones CUTLASS computes correctly (accepted) and the ones it does not
+(rejected).
 
 (a) float64 (and other) tensor-op warp tiles 16 wide in N (CUTLASS's own DGEMM tile 32x32x16 with 2x2x1 warps);
     8 wide (and f64 warp M/N not multiples of 16) still rejected: the 64-bit operand iterators static_assert.

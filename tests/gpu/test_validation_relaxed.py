@@ -1,4 +1,4 @@
-"""On the GPU: configurations validation used to reject, run against float64 references.
+"""On the GPU: configurations at the edge of validation that it accepts, run against float64 references.
 
 (a) warp tiles 16 wide in N: float64 32x32x16 with 2x2x1 warps (CUTLASS's own DGEMM tile) in every layout, and the
     other epilogue paths (f16 -> f32 x 4, f16 accumulators, tf32, int8 -> int32, the mixed f16 <= f32 x 8 epilogue);
