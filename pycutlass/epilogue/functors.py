@@ -78,8 +78,9 @@ class EpilogueFunctor:
 
     def _resolve_element_epilogue(self) -> None:
         """A float64 epilogue computes in float64. CUTLASS computes alpha, beta and the activation in ElementCompute
-        (= element_epilogue), so float32 there rounds every float64 result to about 3e-8 (seen with hardswish on
-        an f64 dgrad): omitted, element_epilogue becomes float64; given narrower, the description is rejected."""
+        (= element_epilogue), so float32 there rounds every float64 result to about 3e-8: omitted,
+        element_epilogue becomes float64; given narrower, the description is rejected. (A float64 reference must be
+        float64 too: torch's CUDA F.hardswish is 2^-25 high on float64 tensors, see pycutlass.torch.reference.)"""
         if not isinstance(self.element_output, DataType) or not isinstance(self.element_accumulator, DataType):
             return  # reported by the type checks below
         wide = self._wide_types()

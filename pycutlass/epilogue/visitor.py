@@ -295,7 +295,9 @@ class EpilogueVisitTree:
                                   elements_per_access, element_compute, element_output)
         epilogue_functor.initialize()   # optional: tracing happens at construction
 
-    ``elementwise_functor`` (PyCUTLASS's base epilogue) is accepted and unused. Equal trees (same traced
+    ``element_compute`` left out (None) is float64 for a float64 accumulator or output, else float32 (PyCUTLASS's
+    default); a float64 tree computing in anything narrower is rejected. ``elementwise_functor`` (PyCUTLASS's base
+    epilogue) is accepted and unused. Equal trees (same traced
     description and types) compare equal and hash alike: they are part of the operation's name.
     """
 
@@ -303,10 +305,10 @@ class EpilogueVisitTree:
     activation = None
 
     def __init__(self, elementwise_functor=None, tile_description=None, element_accumulator=DataType.float32,
-                 elements_per_access: int = 1, element_compute=DataType.float32, element_output=DataType.float16):
+                 elements_per_access: int = 1, element_compute=None, element_output=DataType.float16):
         for label, element in (("element_accumulator", element_accumulator), ("element_compute", element_compute),
                                ("element_output", element_output)):
-            if not isinstance(element, DataType):
+            if not isinstance(element, DataType) and not (label == "element_compute" and element is None):
                 raise DescriptionError(f"{type(self).__name__}: {label} must be a pycutlass data type, got "
                                        f"{element!r}")
         if isinstance(elements_per_access, bool) or not isinstance(elements_per_access, int) or \
@@ -318,6 +320,7 @@ class EpilogueVisitTree:
         self.elementwise_functor = elementwise_functor
         self.tile_description = tile_description
         self.element_accumulator = element_accumulator
+        element_compute = self._resolve_element_compute(element_accumulator, element_compute, element_output)
         self.element_compute = element_compute
         self.element_epilogue = element_compute
         self.element_output = element_output
@@ -325,6 +328,21 @@ class EpilogueVisitTree:
         self.elements_per_access = elements_per_access
         self.description = trace(self, self.__call__)
         self._check_types()
+
+    def _resolve_element_compute(self, element_accumulator, element_compute, element_output):
+        """As the functors' element_epilogue: a float64 tree (float64 accumulator or output) computes in float64,
+        since every node's arithmetic, activation and constant is in element_compute and float32 would round the
+        float64 results to about 3e-8. Omitted: float64 for a float64 tree, else float32; narrower: rejected."""
+        wide = [f"{label} float64" for label, element in (("element_accumulator", element_accumulator),
+                                                          ("element_output", element_output))
+                if element is DataType.float64]
+        if element_compute is None:
+            return DataType.float64 if wide else DataType.float32
+        if wide and element_compute is not DataType.float64:
+            raise DescriptionError(f"{type(self).__name__}: a float64 tree ({', '.join(wide)}) must compute in "
+                                   f"float64: every node computes in element_compute, and {element_compute.label} "
+                                   f"would round the float64 results; pass element_compute=float64 or leave it out")
+        return element_compute
 
     def _check_types(self):
         if self.element_compute not in (DataType.float32, DataType.float64):

@@ -14,13 +14,19 @@ _ACTIVATION_FUNCTIONS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu, "hardsw
 
 def activate(x: torch.Tensor, activation: str, activation_arg: float = 0.0) -> torch.Tensor:
     """CUTLASS's epilogue activations (gelu is the exact erf form, gelu_taylor torch's tanh form; leaky_relu's slope
-    is ``activation_arg``)."""
+    is ``activation_arg``). Float64 tensors get float64 results on every device (hardswish by CUTLASS's formula)."""
     if activation == "identity":
         return x
     if activation == "gelu_taylor":
         return F.gelu(x, approximate="tanh")
     if activation == "leaky_relu":
         return F.leaky_relu(x, activation_arg)
+    if activation == "hardswish" and x.dtype is torch.float64:
+        # CUTLASS's HardSwish<double>: x * relu6(x + 3) / 6 in float64. torch's CUDA kernel multiplies by
+        # 1.0f / 6.0f, a float32 constant, which puts every float64 result 2^-25 (3e-8) high. The constant ends of
+        # relu6 are constants here so that the gradient is F.hardswish's at the kinks too (0 at -3, 1 at 3).
+        relu6 = torch.where((x > -3.0) & (x < 3.0), x + 3.0, torch.where(x >= 3.0, 6.0, 0.0))
+        return x * relu6 / 6.0
     function = _ACTIVATION_FUNCTIONS.get(activation)
     if function is None:
         raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
