@@ -14,7 +14,8 @@ PACKAGE = Path(pycutlass.__file__).parent
 LAYERS = [
     ("state", ["errors", "session"]),
     ("descriptions", ["description", "description.*", "epilogue", "epilogue.*"]),
-    ("emit", ["emit", "emit.*", "kinds.base", "kinds.*.operation", "kinds.*.abi", "kinds.*.problem",
+    # kinds.registry imports a kind's arguments (kind runtime) by module path only, when an arguments constructor asks
+    ("emit", ["emit", "emit.*", "kinds.base", "kinds.registry", "kinds.*.operation", "kinds.*.abi", "kinds.*.problem",
               "kinds.*.modes"]),
     ("cache", ["cache", "cache.*"]),
     ("compile", ["compiler", "compiler.*"]),

@@ -46,6 +46,7 @@ from ...emit.abi import fill_epilogue
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import ArgumentError, DescriptionError
 from .abi import Conv2dArgs
+from .. import registry
 from ..base import TiledOperation, check_compute_capability
 from ..gemm.operation import (check_congruous_tile, check_crosswise_tile_k, check_interleaved_thread_maps,
                               check_narrow_warp_tiles, check_operand_types, check_simt_warp_tile, thread_map_problem)
@@ -107,14 +108,12 @@ class Conv2dOperation(TiledOperation):
     abi_struct_type = Conv2dArgs
 
     def __new__(cls, *args, **kwargs):
-        arch = kwargs.get("arch", args[2] if len(args) > 2 else None)
-        if cls is Conv2dOperation and arch == 90 and not isinstance(arch, bool):
+        if cls is Conv2dOperation:
             # Compute capability 90 with an SM90 tile (the SM90 GEMM's rule) picks kinds/conv2d_sm90; a tile that
             # states an Sm80 warp arrangement keeps the Sm80-family kernel (it runs on Hopper).
-            tile = kwargs.get("tile_description", args[3] if len(args) > 3 else None)
-            for subclass in cls.__subclasses__():
-                if getattr(subclass, "kind", None) == "conv2d_sm90" and subclass.takes(tile):
-                    return object.__new__(subclass)
+            built = registry.operation_class("Conv2dOperation", kwargs.get("arch", args[2] if len(args) > 2 else None),
+                                             kwargs.get("tile_description", args[3] if len(args) > 3 else None))
+            return object.__new__(built)  # Python then runs its class's __init__
         return super().__new__(cls)
 
     def __init__(self, conv_kind: Operator, iterator_algorithm: IteratorAlgorithm, arch: int,

@@ -10,6 +10,7 @@ from ...epilogue.functors import EpilogueArguments
 from ...errors import ArgumentError
 from ...runtime.arguments import OperationArguments, memo_key
 from ...runtime.tensors import PartialsAddress, describe, gathered_copy, pointer_operand, storage_type
+from .. import registry
 from .abi import GemmUniversalArgs
 from .matrix import MatrixGeometry, check_output_geometry, matrix_geometry
 from .modes import Mode, interleaved_column_gather
@@ -180,11 +181,6 @@ def zero_unwritten_partials(arguments, launch, slices: int, slice_bytes: int) ->
                          arguments.stream)
 
 
-# Arguments of operations that GemmOperationUniversal builds for other kinds (visitor=True: gemm_evt; compute
-# capability 90: gemm_sm90), by operation type; each kind registers its class here when imported.
-VISITOR_ARGUMENTS: dict = {}
-
-
 def split_k_slices_alias(split_k_slices, split_k_splices):
     """``split_k_splices=``: PyCUTLASS 2.11's README and its frontend test spell the keyword so, and its
     GemmArguments swallowed unknown keywords; here it is read as ``split_k_slices`` (a warning names the spelling)."""
@@ -208,11 +204,12 @@ class GemmArguments(OperationArguments):
     """
 
     def __new__(cls, operation=None, *args, **kwargs):
-        visitor_arguments = VISITOR_ARGUMENTS.get(type(operation))  # kinds/gemm_evt registers its Arguments
-        if cls is GemmArguments and visitor_arguments is not None:
-            # Python then runs the subclass's __init__ once (calling the class here ran it twice: every Arguments
-            # object was validated, copied and built two times).
-            return super().__new__(visitor_arguments)
+        if cls is GemmArguments:
+            # The operation's kind may have its own arguments (the registry says: gemm_evt, gemm_sm90, ...). Python
+            # then runs that subclass's __init__ once (calling the class here would run it twice).
+            found = registry.arguments_class("GemmArguments", operation)
+            if found is not None:
+                return super().__new__(found)
         return super().__new__(cls)
 
     _POSITIONAL = ("output_op", "gemm_mode", "split_k_slices", "batch", "stream", "device", "session")

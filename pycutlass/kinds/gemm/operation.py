@@ -9,6 +9,7 @@ from ...emit import names
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import DescriptionError
 from .abi import GemmUniversalArgs
+from .. import registry
 from ..base import TiledOperation, check_compute_capability
 
 _PLAIN = (LayoutType.RowMajor, LayoutType.ColumnMajor)
@@ -579,33 +580,26 @@ def epilogue_thread_map_problem(tile: TileDescription, C: TensorDescription) -> 
     return None
 
 
-# The epilogue-visitor-tree operation (kinds/gemm_evt registers it): GemmOperationUniversal(..., visitor=True) builds it.
-VISITOR_OPERATION = None
-
-
 class GemmOperationUniversal(TiledOperation):
     kind = "gemm"
     abi_struct_type = GemmUniversalArgs
     direct_store = False  # PyCUTLASS 2.11's register-to-global epilogue (Sm80 family, see _check_direct_store)
 
     def __new__(cls, *args, **kwargs):
+        if cls is not GemmOperationUniversal:
+            return super().__new__(cls)
+        # The registry picks the kind: visitor=True the epilogue visitor tree, compute capability 90 with an SM90
+        # tile the CUTLASS 3.x family (array=True its pointer-array kernel), anything else this class.
         visitor = kwargs.get("visitor", args[7] if len(args) > 7 else False)
-        if visitor and cls is GemmOperationUniversal and VISITOR_OPERATION is not None:
-            kwargs = dict(kwargs)
-            if kwargs.pop("array", False) is not False:
-                raise DescriptionError("array=True builds the SM90 pointer-array kernel, which has no epilogue visitor "
-                                       "tree; visitor operations run Mode.Array with tensors holding the batch")
-            return VISITOR_OPERATION(*args, **kwargs)
-        arch = kwargs.get("arch", args[0] if args else None)
-        if cls is GemmOperationUniversal and arch == 90 and not isinstance(arch, bool):
-            # Compute capability 90 picks the CUTLASS 3.x family (kinds/gemm_sm90 subclasses this class), except for
-            # a tile that states an Sm80 warp arrangement: PyCUTLASS 2.11 scripts pass the device's 90 with those,
-            # and get the CUTLASS 2.x kernel they were written for (it runs on Hopper).
-            tile = kwargs.get("tile_description", args[1] if len(args) > 1 else None)
-            for subclass in cls.__subclasses__():
-                if getattr(subclass, "kind", None) == "gemm_sm90" and subclass.takes(tile):
-                    return subclass.__new__(subclass, *args, **kwargs)  # Python then runs its class's __init__
-        return super().__new__(cls)
+        built = registry.operation_class("GemmOperationUniversal", kwargs.get("arch", args[0] if args else None),
+                                         kwargs.get("tile_description", args[1] if len(args) > 1 else None),
+                                         visitor=visitor, array=kwargs.get("array", args[9] if len(args) > 9 else False))
+        if built is cls:
+            return super().__new__(cls)
+        if not issubclass(built, cls):  # (the visitor kind, whose signature has no array=): built whole here
+            kwargs = {key: value for key, value in kwargs.items() if key != "array"}
+            return built(*args, **kwargs)
+        return object.__new__(built)  # Python then runs its class's __init__
 
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueFunctor,

@@ -16,7 +16,6 @@ from ...errors import ArgumentError
 from ...runtime.arguments import OperationArguments
 from ...runtime.launch import PreparedLaunch
 from ..gemm.arguments import GemmArguments
-from ..gemm import arguments as gemm_arguments
 from ..gemm.modes import Mode
 from ..gemm_grouped.arguments import fill_group_arrays, pack_problem_arrays
 from ..gemm_grouped_sm90.arguments import _check_knobs as _check_group_knobs
@@ -125,7 +124,4 @@ class GemmArgumentsArraySm90(GemmArgumentsSm90):
 
     def before_launch(self) -> None:
         """Nothing: the tensormap slots are written by the kernel before it reads them."""
-
-
-gemm_arguments.VISITOR_ARGUMENTS[GemmOperationArraySm90] = GemmArgumentsArraySm90
 __all__ = ["GemmArguments", "GemmArgumentsArraySm90"]

@@ -105,6 +105,3 @@ class GemmOperationArraySm90(sm90.GemmOperationSm90):
 
     def describe(self) -> str:
         return grouped.ptr_array_description(self, "array")
-
-
-sm90.ARRAY_OPERATION = GemmOperationArraySm90

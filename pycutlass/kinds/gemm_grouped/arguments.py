@@ -27,6 +27,7 @@ from ...runtime.tensors import DeviceTensors, describe, storage_type
 from ..gemm.arguments import (check_problem_alignment, coerce_output_op, coerce_problem_size,
                              problem_alignment_checks)
 from ..gemm.matrix import MatrixGeometry, check_output_geometry, matrix_geometry
+from .. import registry
 from .abi import GemmGroupedArgs
 from .operation import PRECOMPUTE_THREADS, GemmOperationGrouped, SchedulerMode
 
@@ -134,14 +135,14 @@ class GemmGroupedArguments(OperationArguments):
     None entries) when beta is 0. One alpha/beta (``output_op``) applies to the whole group.
     """
 
-    operation_type = GemmOperationGrouped  # subclasses for other grouped kinds name theirs
+    operation_type = GemmOperationGrouped  # the operations these arguments take (each grouped kind names its own)
 
     def __new__(cls, operation=None, *args, **kwargs):
         if cls is GemmGroupedArguments:
             # Another grouped kind (kinds/gemm_grouped_sm90) subclasses these arguments for its operations.
-            for subclass in cls.__subclasses__():
-                if isinstance(operation, subclass.operation_type):
-                    return object.__new__(subclass)  # Python then runs the subclass's __init__
+            found = registry.arguments_class("GemmGroupedArguments", operation)
+            if found is not None:
+                return object.__new__(found)  # Python then runs the subclass's __init__
         return super().__new__(cls)
 
     def __init__(self, operation, problem_sizes, As=None, Bs=None, Cs=None, Ds=None, output_op=None, stream=None,

@@ -47,6 +47,7 @@ from ...emit import names
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import ArgumentError, DescriptionError
 from .abi import GemmGroupedArgs
+from .. import registry
 from ..base import TiledOperation, check_compute_capability
 from ..gemm.operation import GemmOperationUniversal, check_operand_types
 
@@ -94,15 +95,12 @@ class GemmOperationGrouped(TiledOperation):
     abi_struct_type = GemmGroupedArgs
 
     def __new__(cls, *args, **kwargs):
-        arch = kwargs.get("arch", args[0] if args else None)
-        if cls is GemmOperationGrouped and arch == 90 and not isinstance(arch, bool):
-            # Compute capability 90 picks a CUTLASS 3.x kind that subclasses this one (kinds/gemm_grouped_sm90) when
-            # the tile means it; a tile with an Sm80 warp arrangement keeps this CUTLASS 2.x kernel (it runs on Hopper).
-            tile = kwargs.get("tile_description", args[1] if len(args) > 1 else None)
-            for subclass in cls.__subclasses__():
-                takes = getattr(subclass, "takes", None)
-                if takes is not None and takes(tile):
-                    return object.__new__(subclass)  # Python then runs the subclass's __init__
+        if cls is GemmOperationGrouped:
+            # Compute capability 90 with an SM90 tile picks the CUTLASS 3.x kind (kinds/gemm_grouped_sm90, a subclass
+            # of this one); a tile with an Sm80 warp arrangement keeps this CUTLASS 2.x kernel (it runs on Hopper).
+            built = registry.operation_class("GemmOperationGrouped", kwargs.get("arch", args[0] if args else None),
+                                             kwargs.get("tile_description", args[1] if len(args) > 1 else None))
+            return object.__new__(built)  # Python then runs its class's __init__
         return super().__new__(cls)
 
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,

@@ -8,7 +8,6 @@ from ...errors import ArgumentError
 from ...emit.abi import fill_epilogue
 from ...runtime.launch import PreparedLaunch, loaded, prepare
 from ...runtime.tensors import describe
-from ..gemm import arguments as gemm_arguments
 from ..gemm.arguments import UNSET, GemmArguments
 from ..gemm.modes import Mode
 from .abi import Sm90GemmArgs
@@ -293,6 +292,3 @@ def _check_knobs(operation, raster_order, swizzle, decomposition, sm_count) -> t
     if sm_count is not None and (isinstance(sm_count, bool) or not isinstance(sm_count, int) or sm_count < 1):
         raise ArgumentError(f"sm_count must be a positive integer, got {sm_count!r}")
     return (RASTER_ORDERS[raster_order], swizzle or 0, DECOMPOSITIONS[decomposition], sm_count or 0)
-
-
-gemm_arguments.VISITOR_ARGUMENTS[GemmOperationSm90] = GemmArgumentsSm90

@@ -26,6 +26,7 @@ from ...emit import names
 from ...emit.emitter import render
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import DescriptionError
+from .. import registry
 from ..gemm.operation import GemmOperationUniversal, check_description_types
 from ...emit.abi import TmaRecord
 from .abi import Sm90GemmArgs
@@ -137,10 +138,6 @@ def epilogue_suffix(functor: EpilogueFunctor) -> str:
     return f"_{functor.activation.name}" if functor.activation else ""
 
 
-# The Array-mode operation (kinds/gemm_array_sm90 sets it): GemmOperationUniversal(90, ..., array=True) builds it.
-ARRAY_OPERATION = None
-
-
 def _array_requested(args: tuple, kwargs: dict) -> bool:
     """Whether ``GemmOperationUniversal(90, tile, A, B, C, epilogue, swizzle, visitor, bias, array)`` says array=True."""
     return kwargs.get("array", args[9] if len(args) > 9 else False) is True
@@ -167,9 +164,10 @@ class GemmOperationSm90(GemmOperationUniversal):
     serial_split_k_through_output = False
 
     def __new__(cls, *args, **kwargs):
-        # array=True builds the pointer-array kernel (kinds/gemm_array_sm90 subclasses this class and registers it).
-        if cls is GemmOperationSm90 and _array_requested(args, kwargs) and ARRAY_OPERATION is not None:
-            return object.__new__(ARRAY_OPERATION)  # Python then runs its __init__
+        # array=True builds the pointer-array kernel (kinds/gemm_array_sm90, a subclass of this one).
+        if cls is GemmOperationSm90 and _array_requested(args, kwargs):
+            array_kind = registry.select("GemmOperationUniversal", sm90_tile=True, array=True)
+            return object.__new__(array_kind.operation_class())  # Python then runs its __init__
         return object.__new__(cls)
 
     @staticmethod
