@@ -37,6 +37,28 @@ class Operation:
     kind = "operation"
     abi_struct_type = None  # the kind's argument struct (kinds/<kind>/abi.py)
 
+    # Traits the compiler, emitter, runtime, tune and torch read; a kind overrides what differs for it.
+    required_backend: str | None = None
+    """The compiler backend this kind's code needs ("nvrtc"), or None for the session's own."""
+    unit_macros: tuple[str, ...] = ()
+    """Macros the operation's whole translation unit must define (the compiler never mixes different sets)."""
+    pdl_refusal: str | None = "only SM90 GEMM kernels wait on the previous grid (griddepcontrol.wait)"
+    """Why arguments may not launch this kernel with programmatic dependent launch (None: they may)."""
+    bias = None
+    """The fused bias vector the kernel adds (SM90 kinds: "row"/"column" for GEMM, True for conv); None: none."""
+    conv_kind = None
+    """A convolution's operator (fprop, dgrad, wgrad); None for the other kinds."""
+    epilogue_functor = None
+    """The epilogue functor (``output_op``'s type), set by every kind's constructor."""
+
+    def preamble(self) -> str | list[str]:
+        """Code before any include of the translation unit (one string, or several deduplicated one by one)."""
+        return ""
+
+    def shared_code(self) -> str:
+        """Code every operation of this kind in a unit shares (identical text is emitted once)."""
+        return ""
+
     @property
     def family(self) -> str:
         """The CUTLASS template family this operation is written in (e.g. "sm80")."""
@@ -138,6 +160,11 @@ class RuntimeModule:
 
 class TiledOperation(Operation):
     """An operation with a tile description and A, B, C operands (GEMM, grouped GEMM, conv)."""
+
+    fast_clamp_max_k: int | None = 256
+    """The largest K FastLinearCombinationClamp is exact for (CUTLASS 2.x's fast converters); None: every K."""
+    serial_split_k_through_output = True
+    """Whether serial split-K passes each K slice's partial result through D (CUTLASS 2.x's semaphore reduction)."""
 
     def _describe(self, arch: int, tile_description, A, B, C, epilogue_functor, swizzling_functor) -> None:
         """Record the fields every tiled kind has (after its own argument checks)."""

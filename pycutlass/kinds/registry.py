@@ -14,6 +14,7 @@ import importlib
 from dataclasses import dataclass
 
 from ..errors import DescriptionError
+from .families.sm90 import is_sm90_tile
 
 
 @dataclass(frozen=True)
@@ -65,13 +66,6 @@ _BY_NAME = {kind.name: kind for kind in KINDS}
 def kind(name: str) -> Kind:
     """The kind whose folder is ``name``."""
     return _BY_NAME[name]
-
-
-def is_sm90_tile(tile) -> bool:
-    """Whether a tile given with compute capability 90 means the SM90 (CUTLASS 3.x) family: any tile but one that
-    states an Sm80 warp arrangement (a warp_count other than the one CUTLASS 3.x derives), as PyCUTLASS 2.11 scripts
-    pass the device's 90 with those and get the CUTLASS 2.x kernel they were written for (it runs on Hopper)."""
-    return kind("gemm_sm90").operation_class().takes(tile)
 
 
 def operation_kind(constructor: str, arch, tile, *, visitor=False, array=False) -> Kind:

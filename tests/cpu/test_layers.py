@@ -15,8 +15,8 @@ LAYERS = [
     ("state", ["errors", "session"]),
     ("descriptions", ["description", "description.*", "epilogue", "epilogue.*"]),
     # kinds.registry imports a kind's arguments (kind runtime) by module path only, when an arguments constructor asks
-    ("emit", ["emit", "emit.*", "kinds.base", "kinds.registry", "kinds.*.operation", "kinds.*.abi", "kinds.*.problem",
-              "kinds.*.modes"]),
+    ("emit", ["emit", "emit.*", "kinds.base", "kinds.registry", "kinds.families", "kinds.families.*",
+              "kinds.*.operation", "kinds.*.abi", "kinds.*.problem", "kinds.*.modes"]),
     ("cache", ["cache", "cache.*"]),
     ("compile", ["compiler", "compiler.*"]),
     ("runtime", ["runtime", "runtime.*"]),

@@ -259,3 +259,47 @@ def test_no_module_registers_into_another_or_asks_for_subclasses():
         if found:
             offenders[str(path.relative_to(PACKAGE.parent))] = found
     assert not offenders, json.dumps(offenders, indent=1)
+
+
+# --- the operation protocol is declared -------------------------------------------------------------------------
+
+def trait_probes(source: str, declared: set[str]) -> list[str]:
+    """``getattr(op, "trait", default)`` on an operation (a name or attribute called ``op``, ``operation`` or
+    ``*_op``) for a trait the operation base declares: it should be read plainly."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" \
+                and len(node.args) == 3 and isinstance(node.args[1], ast.Constant) and node.args[1].value in declared:
+            target = node.args[0]
+            label = target.id if isinstance(target, ast.Name) else target.attr if isinstance(target, ast.Attribute) \
+                else ""
+            if label in ("op", "operation") or label.endswith("_op"):
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_every_trait_the_layers_read_is_declared_on_the_operation_base():
+    from pycutlass.kinds.base import Operation, TiledOperation
+
+    declared = {name for name in dir(TiledOperation) if not name.startswith("__")}
+    for trait in ("required_backend", "unit_macros", "pdl_refusal", "bias", "conv_kind", "epilogue_functor",
+                  "preamble", "shared_code", "family", "abi_structs", "name", "fast_clamp_max_k",
+                  "serial_split_k_through_output"):
+        assert trait in declared, trait
+    assert Operation.pdl_refusal and Operation.required_backend is None and Operation.unit_macros == ()
+    assert trait_probes('x = getattr(op, "required_backend", None)\n', declared)
+    assert trait_probes('x = getattr(self.operation, "bias", None)\n', declared)
+    assert not trait_probes('x = getattr(props, "bias", None)\n', declared)
+    offenders = {str(path.relative_to(PACKAGE.parent)): trait_probes(path.read_text(), declared)
+                 for path in sorted(PACKAGE.rglob("*.py"))}
+    assert not {path: found for path, found in offenders.items() if found}
+
+
+def test_sm90_kinds_share_one_set_of_family_traits():
+    from pycutlass.kinds.families.sm90 import Sm90Operation
+
+    for name in ("gemm_sm90", "gemm_grouped_sm90", "gemm_array_sm90", "conv2d_sm90"):
+        cls = registry.kind(name).operation_class()
+        assert issubclass(cls, Sm90Operation) and cls.family == "sm90" and cls.required_backend == "nvrtc"
+        for trait in ("family", "required_backend", "takes", "cluster_shape", "shared_code"):
+            assert trait not in vars(cls), f"{name} declares {trait} again"

@@ -21,6 +21,7 @@ import enum
 
 from ...description.coords import GemmCoord, MatrixCoord, Tensor4DCoord
 from ...errors import ArgumentError
+from ..base import Operation
 
 
 class Operator(enum.Enum):
@@ -273,10 +274,9 @@ class Conv2dProblemSize:
 
     def check_operation(self, operation) -> None:
         """Raise ``ArgumentError`` naming the first constraint of ``operation`` this problem breaks."""
-        check = getattr(operation, "check_problem_size", None)
-        if check is None:
+        if not isinstance(operation, Operation) or operation.conv_kind is None:
             raise ArgumentError(f"{operation!r} is not a convolution operation")
-        check(self)
+        operation.check_problem_size(self)
 
 
 def _rebuild(*args) -> Conv2dProblemSize:

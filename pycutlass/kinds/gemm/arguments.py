@@ -156,7 +156,7 @@ def check_split_k_output(operation, mode, split_k_slices, output_op) -> None:
         raise ArgumentError(f"parallel split-K writes its partial sums in the operation's {element.label} output "
                             f"type, which would clamp them; build the operation with an int32 output for the "
                             f"partials and reduce them into {element.label} with a ReductionOperation")
-    if mode is not Mode.Gemm or not getattr(operation, "serial_split_k_through_output", True):
+    if mode is not Mode.Gemm or not operation.serial_split_k_through_output:
         return
     if element.bits < 32:
         raise ArgumentError(f"serial split-K (split_k_slices={split_k_slices}) stores each K slice's partial result "
@@ -281,7 +281,7 @@ class GemmArguments(OperationArguments):
         m, n, k = self.problem_size
         check_problem_alignment(operation, m, n, k)
         functor = operation.epilogue_functor
-        fast_clamp_max_k = getattr(operation, "fast_clamp_max_k", 256)  # None: exact for every K (SM90)
+        fast_clamp_max_k = operation.fast_clamp_max_k  # None: exact for every K (SM90)
         if functor.kind == "FastLinearCombinationClamp" and fast_clamp_max_k is not None and k > fast_clamp_max_k:
             raise ArgumentError(f"FastLinearCombinationClamp is exact only for K <= {fast_clamp_max_k}, got K={k}")
         check_split_k_output(operation, mode, self.split_k_slices, self.output_op)

@@ -39,7 +39,6 @@ class GemmOperationArraySm90(sm90.GemmOperationSm90):
 
     kind = "gemm_array_sm90"
     abi_struct_type = Sm90GroupedGemmArgs
-    required_backend = "nvrtc"  # the builder needs -default-device (see gemm_sm90)
     array = True
     pdl_refusal = "CUTLASS's pointer-array kernels do not wait on the previous grid (no griddepcontrol.wait)"
 

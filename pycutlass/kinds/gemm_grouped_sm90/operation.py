@@ -22,12 +22,12 @@ from ...description.tile_description import TileDescription
 from ...description.types import (DataType, EpilogueScheduleType, IdentitySwizzle1, KernelScheduleType, LayoutType,
                                   OpClass, SwizzlingFunctor, TileSchedulerType)
 from ...emit import names
-from ...emit.abi import TmaRecord
 from ...emit.emitter import render
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import DescriptionError
 from ..gemm.operation import check_description_types
 from ..gemm_grouped.operation import GROUPED_SWIZZLES, GemmOperationGrouped, SchedulerMode
+from ..families.sm90 import Sm90Operation, check_tma_operand, derived_warp_count
 from ..gemm_sm90 import operation as sm90
 from .abi import Sm90GroupedGemmArgs, Sm90GroupedSizesArgs
 
@@ -62,7 +62,7 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-class GemmOperationGroupedSm90(GemmOperationGrouped):
+class GemmOperationGroupedSm90(Sm90Operation, GemmOperationGrouped):
     """``GemmOperationGrouped(90, tile_description, A, B, C, epilogue_functor, swizzling_functor=IdentitySwizzle1,
     precompute_mode=SchedulerMode.Device, bias=None)`` with an SM90 tile.
 
@@ -83,15 +83,9 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
 
     kind = "gemm_grouped_sm90"
     abi_struct_type = Sm90GroupedGemmArgs
-    required_backend = "nvrtc"  # the builder needs -default-device (see gemm_sm90)
 
     def __new__(cls, *args, **kwargs):
         return object.__new__(cls)
-
-    @staticmethod
-    def takes(tile) -> bool:
-        """Whether ``GemmOperationGrouped(90, tile, ...)`` means this kind: the rule of ``GemmOperationUniversal(90)``."""
-        return sm90.GemmOperationSm90.takes(tile)
 
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueFunctor,
@@ -113,12 +107,8 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
         self.bias = _check_bias(bias, epilogue_functor)
 
     # --- identity -------------------------------------------------------------------------------------------
-    @property
-    def family(self) -> str:
-        return "sm90"
-
     def abi_structs(self) -> tuple:
-        return (*super().abi_structs(), TmaRecord, Sm90GroupedSizesArgs)
+        return (*super().abi_structs(), Sm90GroupedSizesArgs)
 
     def _signature(self) -> tuple:
         tile = self.tile_description
@@ -143,11 +133,7 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
 
     @property
     def warp_count(self) -> tuple[int, int, int]:
-        return sm90.derived_warp_count(self.tile_description.threadblock_shape, self.kernel_schedule)
-
-    @property
-    def cluster_shape(self) -> tuple[int, int, int]:
-        return self.tile_description.cluster_shape
+        return derived_warp_count(self.tile_description.threadblock_shape, self.kernel_schedule)
 
     @property
     def default_swizzle(self) -> int:
@@ -182,13 +168,6 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
                 "sizes": self.sizes_symbol, "thread_count": self.thread_count}
 
     # --- emission -------------------------------------------------------------------------------------------
-    def preamble(self) -> str:
-        return sm90._NVRTC_SHIM  # the same NVRTC shim (emitted once per unit)
-
-    def shared_code(self) -> str:
-        """The SM90 helpers (TMA records), shared with gemm_sm90 operations of the unit (identical text: once)."""
-        return render(Path(sm90.__file__).parent / "sm90_helpers.cu.j2")
-
     def headers(self) -> list[str]:
         return ["cute/tensor.hpp", "cutlass/gemm/collective/collective_builder.hpp",
                 "cutlass/epilogue/collective/collective_builder.hpp", "cutlass/epilogue/thread/activation.h",
@@ -290,13 +269,13 @@ def _check(tile: TileDescription, A, B, C, functor, what: str = _WHAT, epilogues
         if desc.element is not element:
             raise DescriptionError(f"{what}: {label}.element is {desc.element.label} but the math instruction "
                                    f"multiplies {element.label}")
-        sm90._check_tma_operand(what, label, desc)
+        check_tma_operand(what, label, desc)
     if is_fp8 and (A.layout, B.layout) != (LayoutType.RowMajor, LayoutType.ColumnMajor):
         raise DescriptionError(f"{what}: wgmma reads fp8 operands K-major only: A must be RowMajor and B ColumnMajor "
                                f"(got A {A.layout.value}, B {B.layout.value})")
     if C.element not in _OUTPUTS:
         raise DescriptionError(f"{what}: C must be one of {[e.label for e in _OUTPUTS]}, got {C.element.label}")
-    sm90._check_tma_operand(what, "C", C)
+    check_tma_operand(what, "C", C)
     if functor.kind not in epilogues:
         raise DescriptionError(f"{what}: the {functor.kind} epilogue is not built for {kernel}; use "
                                f"{' or '.join(epilogues)}{epilogue_hint}")
@@ -345,9 +324,9 @@ def _check(tile: TileDescription, A, B, C, functor, what: str = _WHAT, epilogues
         raise DescriptionError(f"{what}: with {schedule.value} the epilogue schedule must be Auto or "
                                f"{expected_epilogue.value} (CUTLASS's pointer-array TMA epilogue), got "
                                f"{tile.epilogue_schedule.value}")
-    if tile.warp_count is not None and tile.warp_count != sm90.derived_warp_count(tile.threadblock_shape, schedule):
+    if tile.warp_count is not None and tile.warp_count != derived_warp_count(tile.threadblock_shape, schedule):
         raise DescriptionError(f"{what}: warp_count is derived on SM90 "
-                               f"({list(sm90.derived_warp_count(tile.threadblock_shape, schedule))} for "
+                               f"({list(derived_warp_count(tile.threadblock_shape, schedule))} for "
                                f"{schedule.value}); pass None or that value, got {list(tile.warp_count)}")
     if tile.stages:
         sm90.check_explicit_stages(what, tile, base is _KS.TmaWarpSpecializedCooperative, expected_epilogue,

@@ -252,10 +252,10 @@ def _check_pdl(operation, pdl) -> bool:
         return False
     if pdl is not True:
         raise ArgumentError(f"pdl must be True or False, got {pdl!r}")
-    refusal = getattr(operation, "pdl_refusal", "it is not an SM90 GemmOperationUniversal")
+    refusal = operation.pdl_refusal
     if refusal:
         raise ArgumentError(f"pdl=True needs a kernel that waits on the previous grid before its first global "
-                            f"access; {getattr(operation, 'name', operation)} does not: {refusal}")
+                            f"access; {operation.name} does not: {refusal}")
     return True
 
 

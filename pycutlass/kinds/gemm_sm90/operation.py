@@ -16,19 +16,18 @@ NVRTC whatever the session's backend is, and the compile report says so.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 from ...description.tensor_description import TensorDescription
 from ...description.tile_description import TileDescription
 from ...description.types import (GEMM_SWIZZLES, DataType, EpilogueScheduleType, IdentitySwizzle1,
                                    KernelScheduleType, LayoutType, OpClass, SwizzlingFunctor, TileSchedulerType)
 from ...emit import names
-from ...emit.emitter import render
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import DescriptionError
 from .. import registry
+from ..families.sm90 import NVRTC_SHIM, Sm90Operation, derived_warp_count, resolve_kernel_schedule
+from ..families.sm90 import check_tma_operand as _check_tma_operand
 from ..gemm.operation import GemmOperationUniversal, check_description_types
-from ...emit.abi import TmaRecord
 from .abi import Sm90GemmArgs
 
 _KS, _ES, _TS = KernelScheduleType, EpilogueScheduleType, TileSchedulerType
@@ -92,15 +91,7 @@ _EPILOGUE_SCHEDULES = {
 }
 _TILE_SCHEDULERS = {_TS.Default: "cutlass::gemm::PersistentScheduler", _TS.StreamK: "cutlass::gemm::StreamKScheduler"}
 
-_NVRTC_SHIM = """#ifdef __CUDACC_RTC__
-#include <cuda/std/type_traits>
-namespace std {
-template <class T> inline constexpr bool is_pointer_v = cuda::std::is_pointer_v<T>;
-template <class... T> using void_t = cuda::std::void_t<T...>;
-template <class T> inline constexpr bool is_const_v = cuda::std::is_const_v<T>;
-template <class T> inline constexpr bool is_integral_v = cuda::std::is_integral_v<T>;  // cutlass/util/packed_stride.hpp
-}  // namespace std
-#endif"""
+_NVRTC_SHIM = NVRTC_SHIM  # (the name kinds and tools knew)
 
 # Grid dependency control: with it CUTLASS's GemmUniversal kernels (warp-specialized, cooperative, ping-pong) run
 # griddepcontrol.wait before their first global access and launch_dependents near their end, so Arguments may launch
@@ -143,7 +134,7 @@ def _array_requested(args: tuple, kwargs: dict) -> bool:
     return kwargs.get("array", args[9] if len(args) > 9 else False) is True
 
 
-class GemmOperationSm90(GemmOperationUniversal):
+class GemmOperationSm90(Sm90Operation, GemmOperationUniversal):
     """``GemmOperationUniversal(90, tile_description, A, B, C, epilogue_functor, swizzling_functor, bias=None)``.
 
     ``bias``: None, ``"row"`` (a vector of M values added to every column: CUTLASS's per-row bias) or ``"column"``
@@ -154,7 +145,6 @@ class GemmOperationSm90(GemmOperationUniversal):
 
     kind = "gemm_sm90"
     abi_struct_type = Sm90GemmArgs
-    required_backend = "nvrtc"
     array = False  # built for Mode.Array's lists of matrices (the pointer-array kernel, kinds/gemm_array_sm90)
     # FastLinearCombinationClamp is the clamp of LinearCombinationClamp here (exact int32 -> float conversion), so
     # CUTLASS 2.x's K <= 256 limit of its fast converters does not apply.
@@ -169,15 +159,6 @@ class GemmOperationSm90(GemmOperationUniversal):
             array_kind = registry.select("GemmOperationUniversal", sm90_tile=True, array=True)
             return object.__new__(array_kind.operation_class())  # Python then runs its __init__
         return object.__new__(cls)
-
-    @staticmethod
-    def takes(tile) -> bool:
-        """Whether ``GemmOperationUniversal(90, tile, ...)`` means this family: any tile but one that states an
-        Sm80 warp arrangement (a warp_count other than the one CUTLASS 3.x derives), as PyCUTLASS 2.11 scripts do."""
-        if not isinstance(tile, TileDescription) or tile.sm90_only or tile.warp_count is None:
-            return True
-        schedule = resolve_kernel_schedule(tile, tile.math_instruction.element_a)
-        return tile.warp_count == derived_warp_count(tile.threadblock_shape, schedule)
 
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueFunctor,
@@ -210,13 +191,6 @@ class GemmOperationSm90(GemmOperationUniversal):
         self.tile_scheduler = tile_description.tile_scheduler
 
     # --- identity -------------------------------------------------------------------------------------------
-    @property
-    def family(self) -> str:
-        return "sm90"
-
-    def abi_structs(self) -> tuple:
-        return (*super().abi_structs(), TmaRecord)
-
     def _signature(self) -> tuple:
         tile = self.tile_description
         return ("gemm_sm90", tile.threadblock_shape, tile.stages, tile.math_instruction, tile.cluster_shape,
@@ -251,10 +225,6 @@ class GemmOperationSm90(GemmOperationUniversal):
         return derived_warp_count(self.tile_description.threadblock_shape, self.kernel_schedule)
 
     @property
-    def cluster_shape(self) -> tuple[int, int, int]:
-        return self.tile_description.cluster_shape
-
-    @property
     def default_swizzle(self) -> int:
         """The tile scheduler's swizzle size when the arguments give none (from a 2.x IdentitySwizzleN)."""
         return self.swizzling_functor.log_tile if self.swizzling_functor.kind == "gemm" else 1
@@ -276,11 +246,7 @@ class GemmOperationSm90(GemmOperationUniversal):
     def preamble(self) -> list[str]:
         """Before any include: CUTLASS 4.2's SM90 headers use a few C++17 std names NVRTC's std lacks; then the
         unit's macros."""
-        return [_NVRTC_SHIM, *(f"#define {macro} 1" for macro in self.unit_macros)]
-
-    def shared_code(self) -> str:
-        """Helpers every SM90 operation of a translation unit uses (TMA records, strides), emitted once."""
-        return render(Path(__file__).parent / "sm90_helpers.cu.j2")  # subclasses live in other folders
+        return [NVRTC_SHIM, *(f"#define {macro} 1" for macro in self.unit_macros)]
 
     def headers(self) -> list[str]:
         return ["cute/tensor.hpp", "cutlass/gemm/collective/collective_builder.hpp",
@@ -317,37 +283,6 @@ class GemmOperationSm90(GemmOperationUniversal):
                 f"kernel={self.kernel_schedule.value} epilogue={self.epilogue_schedule.value} "
                 f"scheduler={self.tile_scheduler.name} epilogue_op={self.epilogue_functor.describe()}"
                 f"{' bias=' + self.bias if self.bias else ''}")
-
-
-def derived_warp_count(tile_shape, kernel_schedule: KernelScheduleType) -> tuple[int, int, int]:
-    """Cooperative kernels split the tile's M over two consumer warpgroups; the others use one per tile."""
-    if kernel_schedule.base is _KS.TmaWarpSpecializedCooperative:
-        return (8, 1, 1)
-    return (4, 1, 1)
-
-
-def resolve_kernel_schedule(tile: TileDescription, element) -> KernelScheduleType:
-    """``Auto`` as CUTLASS's builder would choose it: cooperative for 128-row-multiple tiles (with fp8's fast
-    accumulation for fp8 operands), else the basic warp-specialized kernel."""
-    schedule = tile.kernel_schedule
-    if schedule is not _KS.Auto:
-        return schedule
-    if tile.tile_scheduler is _TS.StreamK or tile.threadblock_shape[0] % 128 == 0:
-        schedule = _KS.TmaWarpSpecializedCooperative
-    else:
-        schedule = _KS.TmaWarpSpecialized
-    if element.is_fp8:
-        schedule = schedule.fp8_fast_accum
-    return schedule
-
-
-def _check_tma_operand(what: str, label: str, desc: TensorDescription) -> None:
-    """TMA moves A, B, C and D as 16-byte vectors of a row- or column-major matrix."""
-    if desc.layout not in _PLAIN:
-        raise DescriptionError(f"{what}: {label} must be RowMajor or ColumnMajor on SM90, got {desc.layout.value}")
-    if desc.alignment * desc.element.bits != 128:
-        raise DescriptionError(f"{what}: TMA moves 16-byte vectors, so {label}'s alignment must be "
-                               f"{128 // desc.element.bits} {desc.element.label} elements; got {desc.alignment}")
 
 
 def _check(tile: TileDescription, A, B, C, functor, bias) -> tuple[KernelScheduleType, EpilogueScheduleType]:
