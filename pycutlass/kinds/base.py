@@ -11,10 +11,13 @@ import inspect
 from pathlib import Path
 
 from ..description.target import family_of
+from ..description.tensor_description import TensorDescription
+from ..description.tile_description import TileDescription
 from ..description.types import DataType
 from ..emit.abi import LaunchInfo
 from ..emit import names
 from ..emit.emitter import render, translation_unit
+from ..epilogue.functors import EpilogueFunctor
 from ..errors import ArgumentError, DescriptionError
 
 
@@ -25,6 +28,18 @@ def check_compute_capability(arch) -> int:
                                f"[80, 86, 89, 90] (an integer)")
     family_of(arch)
     return arch
+
+
+def check_description_types(tile, A, B, C, epilogue, what: str) -> None:
+    """Every tiled GEMM-like kind takes these description types (named in the error when one is not)."""
+    for label, desc in (("A", A), ("B", B), ("C", C)):
+        if not isinstance(desc, TensorDescription):
+            raise DescriptionError(f"{what}: {label} must be a TensorDescription, got {desc!r}")
+    if not isinstance(tile, TileDescription):
+        raise DescriptionError(f"{what}: tile_description must be a TileDescription, got {tile!r}")
+    if not isinstance(epilogue, EpilogueFunctor):
+        raise DescriptionError(f"{what}: epilogue_functor must be an epilogue functor such as LinearCombination, "
+                               f"got {epilogue!r}")
 
 
 class Operation:

@@ -48,8 +48,8 @@ from ...errors import ArgumentError, DescriptionError
 from .abi import Conv2dArgs
 from .. import registry
 from ..base import TiledOperation, check_compute_capability
-from ..gemm.operation import (check_congruous_tile, check_crosswise_tile_k, check_interleaved_thread_maps,
-                              check_narrow_warp_tiles, check_operand_types, check_simt_warp_tile, thread_map_problem)
+from ..families.sm80 import (check_congruous_tile, check_crosswise_tile_k, check_interleaved_thread_maps,
+                               check_narrow_warp_tiles, check_operand_types, check_simt_warp_tile, thread_map_problem)
 
 # C++ spellings of the conv enums (kept here: only this operation uses them).
 CONV_OPERATOR = {Operator.fprop: "cutlass::conv::Operator::kFprop", Operator.dgrad: "cutlass::conv::Operator::kDgrad",

@@ -27,7 +27,7 @@ from ...emit.abi import fill_epilogue
 from ...errors import ArgumentError, DescriptionError
 from ..conv2d.operation import Conv2dOperation, check_conv_enums
 from ..conv2d.problem import Conv2dProblemSize, IteratorAlgorithm, Mode, Operator, StrideSupport
-from ..gemm.operation import check_description_types
+from ..base import check_description_types
 from ..families.sm90 import NVRTC_SHIM, Sm90Operation
 from .abi import Sm90Conv2dArgs
 

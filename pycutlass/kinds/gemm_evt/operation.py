@@ -15,9 +15,9 @@ from ...emit import names
 from ...epilogue.visitor import BINARY_OPS, UNARY_OPS, EpilogueVisitTree, EvtDescription, EvtOutputOp, Node
 from ...errors import ArgumentError, DescriptionError
 from ..base import TiledOperation, check_compute_capability
-from ..gemm.operation import (check_congruous_tile, check_crosswise_tile_k, check_f64_tensor_op_stages,
-                              check_mixed_epilogue_warp_tile, check_narrow_warp_tiles, check_wide_warp_tile,
-                              epilogue_thread_map_problem, gemm_fast_f16_core, mainloop_thread_map_problem)
+from ..families.sm80 import (check_congruous_tile, check_crosswise_tile_k, check_f64_tensor_op_stages,
+                               check_mixed_epilogue_warp_tile, check_narrow_warp_tiles, check_wide_warp_tile,
+                               epilogue_thread_map_problem, gemm_fast_f16_core, mainloop_thread_map_problem)
 from .abi import GemmEvtArgs
 
 _ROUND = "cutlass::FloatRoundStyle::round_to_nearest"

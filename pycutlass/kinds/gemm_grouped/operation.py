@@ -49,7 +49,7 @@ from ...errors import ArgumentError, DescriptionError
 from .abi import GemmGroupedArgs
 from .. import registry
 from ..base import TiledOperation, check_compute_capability
-from ..gemm.operation import GemmOperationUniversal, check_operand_types
+from ..families.sm80 import check_gemm_layouts, check_operand_types
 
 # sizeof(GroupedProblemVisitor<...>::ProblemInfo): two int32 (problem index, first tile); static_assert-ed in C++.
 PROBLEM_INFO_BYTES = 8
@@ -131,7 +131,7 @@ class GemmOperationGrouped(TiledOperation):
                                    f"layouts are not supported for grouped GEMM), got "
                                    f"A {self.A.layout.value}, B {self.B.layout.value}, C {self.C.layout.value}")
         # The remaining rules (int8 tensor ops read K-contiguous A and B) are the GEMM's own.
-        GemmOperationUniversal._check_layouts(self)
+        check_gemm_layouts(self)
 
     # --- identity -------------------------------------------------------------------------------------------
     def _signature(self) -> tuple:

@@ -27,7 +27,8 @@ from ...errors import DescriptionError
 from .. import registry
 from ..families.sm90 import NVRTC_SHIM, Sm90Operation, derived_warp_count, resolve_kernel_schedule
 from ..families.sm90 import check_tma_operand as _check_tma_operand
-from ..gemm.operation import GemmOperationUniversal, check_description_types
+from ..base import check_description_types
+from ..gemm.operation import GemmOperationUniversal
 from .abi import Sm90GemmArgs
 
 _KS, _ES, _TS = KernelScheduleType, EpilogueScheduleType, TileSchedulerType
