@@ -24,9 +24,9 @@ from ...errors import ArgumentError
 from ...runtime.arguments import OperationArguments, memo_key
 from ...runtime.tensors import (PartialsAddress, TensorInfo, as_flat, describe, gathered_copy, pointer_operand,
                                 storage_type)
-from ..gemm.arguments import (UNSET, check_split_k_output, coerce_output_op, compat_positional,
-                              zero_unwritten_partials)
-from ..gemm.modes import Mode as GemmMode
+from ..families.arguments import (UNSET, check_split_k_output, coerce_output_op, compat_positional,
+                                  zero_unwritten_partials)
+from ..families.modes import Mode as GemmMode
 from .. import registry
 from .operation import Conv2dOperation
 from .problem import Conv2dProblemSize, Operator, SplitKMode, interleaved_filter_gather

@@ -326,7 +326,7 @@ def interleaved_filter_gather(k: int) -> list[int]:
     index permuted within each group of 32, as ``cutlass::reorder_convK<32>`` (tools/util/host_reorder.h) does:
     ``reordered[..., j, :] = filter[..., gather[j], :]`` along the K axis of the (C/32, R, S, K, 32) tensor.
     """
-    from ..gemm.modes import interleaved_column_gather
+    from ..families.modes import interleaved_column_gather
 
     return interleaved_column_gather(k)
 

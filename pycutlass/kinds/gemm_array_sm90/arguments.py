@@ -16,7 +16,7 @@ from ...errors import ArgumentError
 from ...runtime.arguments import OperationArguments
 from ...runtime.launch import PreparedLaunch
 from ..gemm.arguments import GemmArguments
-from ..gemm.modes import Mode
+from ..families.modes import Mode
 from ..gemm_grouped.arguments import fill_group_arrays, pack_problem_arrays
 from ..gemm_grouped_sm90.arguments import _check_knobs as _check_group_knobs
 from ..gemm_grouped_sm90.arguments import check_workspace

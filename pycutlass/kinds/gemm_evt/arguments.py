@@ -20,8 +20,9 @@ from ...errors import ArgumentError
 from ...runtime import driver
 from ...runtime.arguments import OperationArguments
 from ...runtime.tensors import describe, storage_type
-from ..gemm.arguments import UNSET, GemmArguments, check_problem_alignment, coerce_problem_size, split_k_slices_alias
-from ..gemm.modes import Mode
+from ..gemm.arguments import GemmArguments
+from ..families.arguments import UNSET, check_problem_alignment, coerce_problem_size, split_k_slices_alias
+from ..families.modes import Mode
 from .abi import GemmEvtArgs
 from .operation import GemmOperationEvt
 

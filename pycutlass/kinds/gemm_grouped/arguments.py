@@ -24,9 +24,9 @@ from ...runtime import driver
 from ...runtime.arguments import ArgumentsMemo, OperationArguments, memo_key
 from ...runtime.launch import PreparedLaunch
 from ...runtime.tensors import DeviceTensors, describe, storage_type
-from ..gemm.arguments import (check_problem_alignment, coerce_output_op, coerce_problem_size,
-                             problem_alignment_checks)
-from ..gemm.matrix import MatrixGeometry, check_output_geometry, matrix_geometry
+from ..families.arguments import (check_problem_alignment, coerce_output_op, coerce_problem_size,
+                                  problem_alignment_checks)
+from ..families.matrix import MatrixGeometry, check_output_geometry, matrix_geometry
 from .. import registry
 from .abi import GemmGroupedArgs
 from .operation import PRECOMPUTE_THREADS, GemmOperationGrouped, SchedulerMode

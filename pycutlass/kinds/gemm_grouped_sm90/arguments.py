@@ -29,8 +29,8 @@ from ...errors import ArgumentError, CudaError
 from ...runtime import driver
 from ...runtime.arguments import OperationArguments
 from ...runtime.tensors import describe, storage_type
-from ..gemm.arguments import coerce_output_op
-from ..gemm.matrix import matrix_geometry
+from ..families.arguments import coerce_output_op
+from ..families.matrix import matrix_geometry
 from ..gemm_sm90.arguments import check_sm_count, persistent_sm_count
 from ..gemm_grouped.arguments import (GemmGroupedArguments, _alias, fill_group_arrays, pack_arrays,
                                       pack_problem_arrays, problem_arrays)

@@ -8,8 +8,9 @@ from ...errors import ArgumentError
 from ...emit.abi import fill_epilogue
 from ...runtime.launch import PreparedLaunch, loaded, prepare
 from ...runtime.tensors import describe
-from ..gemm.arguments import UNSET, GemmArguments
-from ..gemm.modes import Mode
+from ..gemm.arguments import GemmArguments
+from ..families.arguments import UNSET
+from ..families.modes import Mode
 from .abi import Sm90GemmArgs
 from .operation import GemmOperationSm90
 
