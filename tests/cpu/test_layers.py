@@ -17,8 +17,8 @@ LAYERS = [
     # kinds.registry imports a kind's arguments (kind runtime) by module path only, when an arguments constructor asks
     # kinds.families: rules several kinds share (a family's operation rules here; argument rules in kind runtime)
     ("emit", ["emit", "emit.*", "kinds.base", "kinds.registry", "kinds.families", "kinds.families.sm80",
-              "kinds.families.sm90", "kinds.families.modes", "kinds.*.operation", "kinds.*.abi", "kinds.*.problem",
-              "kinds.*.modes"]),
+              "kinds.families.sm90", "kinds.families.modes", "kinds.families.conv", "kinds.families.grouped",
+              "kinds.*.operation", "kinds.*.abi", "kinds.*.problem", "kinds.*.modes"]),
     ("cache", ["cache", "cache.*"]),
     ("compile", ["compiler", "compiler.*"]),
     ("runtime", ["runtime", "runtime.*"]),

@@ -29,7 +29,7 @@ from ..families.arguments import (UNSET, check_split_k_output, coerce_output_op,
 from ..families.modes import Mode as GemmMode
 from .. import registry
 from .operation import Conv2dOperation
-from .problem import Conv2dProblemSize, Operator, SplitKMode, interleaved_filter_gather
+from ..families.conv import Conv2dProblemSize, Operator, SplitKMode, interleaved_filter_gather
 
 _FAST_CLAMP_MAX_K = 256
 

@@ -35,7 +35,8 @@ the accumulator type and run it with alpha = 1, beta = 0. No semaphores are used
 from __future__ import annotations
 
 
-from .problem import Conv2dProblemSize, IteratorAlgorithm, Operator, SplitKMode, StrideSupport
+from ..families.conv import (Conv2dProblemSize, IteratorAlgorithm, Operator, SplitKMode, StrideSupport,
+                             check_conv_enums)
 from ...description.tensor_description import TensorDescription
 from ...description.tile_description import TileDescription
 from ...description.types import (CONV_SWIZZLES, DataType, IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4,
@@ -81,19 +82,6 @@ _FLOAT_TYPES = (DataType.float64, DataType.float32, DataType.tfloat32, DataType.
 _MAX_FILTER_OPTIMIZED = 32  # optimized fprop/dgrad iterators precompute masks for R, S <= 32
 _MAX_TENSOR_BYTES = 2**31  # cutlass::conv::device::ImplicitGemmConvolution::can_implement
 _MAX_GRID_YZ = 65535
-
-
-def check_conv_enums(conv_kind, iterator_algorithm, stride_support, what: str) -> None:
-    """The conv kinds' enum arguments have the enum types (both the Sm80-family and the SM90 kind)."""
-    if not isinstance(conv_kind, Operator):
-        raise DescriptionError(f"{what}: conv_kind must be pycutlass.conv.Operator.fprop, .dgrad or .wgrad, "
-                               f"got {conv_kind!r}")
-    if not isinstance(iterator_algorithm, IteratorAlgorithm):
-        raise DescriptionError(f"{what}: iterator_algorithm must be a pycutlass.conv.IteratorAlgorithm "
-                               f"({', '.join(a.name for a in IteratorAlgorithm)}), got {iterator_algorithm!r}")
-    if not isinstance(stride_support, StrideSupport):
-        raise DescriptionError(f"{what}: stride_support must be pycutlass.conv.StrideSupport.Strided or .Unity, "
-                               f"got {stride_support!r}")
 
 
 class Conv2dOperation(TiledOperation):

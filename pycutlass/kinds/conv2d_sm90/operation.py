@@ -25,8 +25,9 @@ from ...description.types import (DataType, EpilogueScheduleType, IdentitySwizzl
 from ...emit import names
 from ...emit.abi import fill_epilogue
 from ...errors import ArgumentError, DescriptionError
-from ..conv2d.operation import Conv2dOperation, check_conv_enums
-from ..conv2d.problem import Conv2dProblemSize, IteratorAlgorithm, Mode, Operator, StrideSupport
+from ..conv2d.operation import Conv2dOperation
+from ..families.conv import (Conv2dProblemSize, IteratorAlgorithm, Mode, Operator, StrideSupport,
+                             check_conv_enums)
 from ..base import check_description_types
 from ..families.sm90 import NVRTC_SHIM, Sm90Operation
 from .abi import Sm90Conv2dArgs

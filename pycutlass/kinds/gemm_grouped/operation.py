@@ -37,18 +37,16 @@ dimensions per problem itself. So the ABI struct always carries the user's (untr
 """
 from __future__ import annotations
 
-import enum
-
 from ...description.tensor_description import TensorDescription
 from ...description.tile_description import TileDescription
-from ...description.types import (BatchedIdentitySwizzle, HorizontalSwizzle, IdentitySwizzle1, IdentitySwizzle2,
-                                 IdentitySwizzle4, IdentitySwizzle8, LayoutType, SwizzlingFunctor)
+from ...description.types import IdentitySwizzle1, LayoutType, SwizzlingFunctor
 from ...emit import names
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import ArgumentError, DescriptionError
 from .abi import GemmGroupedArgs
 from .. import registry
 from ..base import TiledOperation, check_compute_capability
+from ..families.grouped import GROUPED_SWIZZLES, SchedulerMode
 from ..families.sm80 import check_gemm_layouts, check_operand_types
 
 # sizeof(GroupedProblemVisitor<...>::ProblemInfo): two int32 (problem index, first tile); static_assert-ed in C++.
@@ -56,28 +54,8 @@ PROBLEM_INFO_BYTES = 8
 # Threads of the one block that runs <name>_precompute (a power of two: it scans in shared memory).
 PRECOMPUTE_THREADS = 256
 
-# The grouped kernel schedules tiles with its problem visitor; the swizzle only names a type it ignores.
-# BatchedIdentitySwizzle is accepted because PyCUTLASS 2.11's own grouped tests pass it; the strided-dgrad swizzles
-# belong to convolutions and are rejected.
-GROUPED_SWIZZLES = (IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4, IdentitySwizzle8, HorizontalSwizzle,
-                    BatchedIdentitySwizzle)
 
 _WHAT = "GemmOperationGrouped"
-
-
-class SchedulerMode(enum.Enum):
-    """Who computes the order in which the persistent blocks visit the tiles of the group."""
-
-    Device = "Device"  # cutlass::gemm::kernel::GroupScheduleMode::kDeviceOnly
-    Host = "Host"  # cutlass::gemm::kernel::GroupScheduleMode::kHostPrecompute (precomputed, here on the device)
-
-    @property
-    def cpp(self) -> str:
-        member = "kDeviceOnly" if self is SchedulerMode.Device else "kHostPrecompute"
-        return f"cutlass::gemm::kernel::GroupScheduleMode::{member}"
-
-    def __repr__(self) -> str:
-        return f"pycutlass.SchedulerMode.{self.value}"
 
 
 def _as_triple(problem, index: int) -> tuple[int, int, int]:

@@ -25,7 +25,8 @@ from ...emit import names
 from ...emit.emitter import render
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import DescriptionError
-from ..gemm_grouped.operation import GROUPED_SWIZZLES, GemmOperationGrouped, SchedulerMode
+from ..families.grouped import GROUPED_SWIZZLES, SchedulerMode
+from ..gemm_grouped.operation import GemmOperationGrouped
 from ..base import check_description_types
 from ..families.sm90 import Sm90Operation, check_tma_operand, derived_warp_count
 from ..gemm_sm90 import operation as sm90
