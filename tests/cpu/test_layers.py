@@ -18,7 +18,7 @@ LAYERS = [
     # kinds.families: rules several kinds share (a family's operation rules here; argument rules in kind runtime)
     ("emit", ["emit", "emit.*", "kinds.base", "kinds.registry", "kinds.families", "kinds.families.sm80",
               "kinds.families.sm90", "kinds.families.modes", "kinds.families.conv", "kinds.families.grouped",
-              "kinds.*.operation", "kinds.*.abi", "kinds.*.problem", "kinds.*.modes"]),
+              "kinds.families.sm90_ptr_array", "kinds.*.operation", "kinds.*.abi", "kinds.*.problem", "kinds.*.modes"]),
     ("cache", ["cache", "cache.*"]),
     ("compile", ["compiler", "compiler.*"]),
     ("runtime", ["runtime", "runtime.*"]),

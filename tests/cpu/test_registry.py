@@ -104,8 +104,8 @@ print(json.dumps({"built": built, "arguments": arguments}))
 '''
 
 K = "pycutlass.kinds."
-GEMM, EVT, SM90, ARRAY = (K + "gemm.operation.GemmOperationUniversal", K + "gemm_evt.operation.GemmOperationEvt",
-                          K + "gemm_sm90.operation.GemmOperationSm90", K + "gemm_array_sm90.operation.GemmOperationArraySm90")
+GEMM, EVT = K + "gemm.operation.GemmOperationUniversal", K + "gemm_evt.operation.GemmOperationEvt"
+SM90, ARRAY = K + "gemm_sm90.operation.GemmOperationSm90", K + "gemm_array_sm90.operation.GemmOperationArraySm90"
 GROUPED, GROUPED_SM90 = K + "gemm_grouped.operation.GemmOperationGrouped", \
     K + "gemm_grouped_sm90.operation.GemmOperationGroupedSm90"
 CONV, CONV_SM90 = K + "conv2d.operation.Conv2dOperation", K + "conv2d_sm90.operation.Conv2dOperationSm90"

@@ -25,7 +25,7 @@ import numpy as np
 
 from ...description.types import DataType, LayoutType
 from ...emit.abi import fill_epilogue
-from ...errors import ArgumentError, CudaError
+from ...errors import ArgumentError
 from ...runtime import driver
 from ...runtime.arguments import OperationArguments
 from ...runtime.tensors import describe, storage_type

@@ -15,7 +15,6 @@ NVRTC whatever the session's backend is, and the compile report says so.
 """
 from __future__ import annotations
 
-import math
 
 from ...description.tensor_description import TensorDescription
 from ...description.tile_description import TileDescription
@@ -25,7 +24,9 @@ from ...emit import names
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import DescriptionError
 from .. import registry
-from ..families.sm90 import NVRTC_SHIM, Sm90Operation, derived_warp_count, resolve_kernel_schedule
+from ..families.sm90 import (  # noqa: F401  (their names as this module had them)
+    CLAMP_ACTIVATION, CLAMP_KINDS, EPILOGUE_KINDS, NVRTC_SHIM, Sm90Operation, check_explicit_stages, derived_warp_count,
+    epilogue_smem_bytes, epilogue_suffix, fusion_activation, resolve_kernel_schedule)
 from ..families.sm90 import check_tma_operand as _check_tma_operand
 from ..base import check_description_types
 from ..gemm.operation import GemmOperationUniversal
@@ -41,41 +42,7 @@ _ACCUMULATORS = {_F16: (_F32, _F16), _BF16: (_F32,), _TF32: (_F32,), _F32: (_F32
 _FLOAT_OUTPUTS = (_F16, _BF16, _F32)
 _PLAIN = (LayoutType.RowMajor, LayoutType.ColumnMajor)
 TILE_N = (32, 64, 128, 192, 256)  # the tile widths the GPU suite proves
-_SMEM_BYTES = 227 * 1024
-_SMEM_MARGIN = 2 * 1024  # barriers, bias vectors, tensormaps: under 2 KiB (GPU-run tiles at 224 KiB + epilogue fit)
 
-
-def epilogue_smem_bytes(tile_shape, cooperative: bool, epilogue: EpilogueScheduleType, element_c) -> int:
-    """Shared memory of CUTLASS's SM90 TMA epilogue with ``EpilogueTileAuto`` (its builder's rule, for explicit stage
-    counts; stages=0 leaves the carve-out to CUTLASS): an epilogue tile of 128 (cooperative) or 64 rows by 32
-    columns (64 for an 8-bit D of N a multiple of 64 without the cooperative schedule); up to 2 stages of D and 4 of
-    C, one buffer when C and D are the same type wider than 8 bits (C's stages are then at least D's + 1).
-    NoSmemWarpSpecialized has none."""
-    if epilogue is EpilogueScheduleType.NoSmemWarpSpecialized:
-        return 0
-    m, n = tile_shape[0], tile_shape[1]
-    epi_m = min(128 if cooperative else 64, m)
-    epi_n = math.gcd(min(64 if element_c.bits == 8 and n % 64 == 0 and not cooperative else 32, n), n)
-    tiles = (m // epi_m) * (n // epi_n)
-    stages_d = min(tiles, 2)
-    reuse = element_c.bits > 8  # C and D share the element type in pycutlass's templates
-    stages_c = max(min(tiles, 4), stages_d + 1) if reuse else min(tiles, 4)
-    stage = epi_m * epi_n * element_c.bits // 8
-    return max(stages_c, stages_d) * stage if reuse else (stages_c + stages_d) * stage
-
-
-def check_explicit_stages(what: str, tile: TileDescription, cooperative: bool, epilogue: EpilogueScheduleType,
-                          element_c, operand_bits: int) -> None:
-    """Explicit stage counts must fit the SM's 227 KiB beside the epilogue's buffers (CUTLASS would fail the launch
-    with an invalid shared-memory size)."""
-    m, n, k = tile.threadblock_shape
-    mainloop = tile.stages * (m * k + n * k) * operand_bits // 8
-    epilogue_bytes = epilogue_smem_bytes(tile.threadblock_shape, cooperative, epilogue, element_c)
-    if tile.stages < 2 or mainloop + epilogue_bytes + _SMEM_MARGIN > _SMEM_BYTES:
-        raise DescriptionError(f"{what}: {tile.stages} stages of a {m}x{n}x{k} tile take {mainloop // 1024} KiB of "
-                               f"shared memory, and the epilogue's {element_c.label} buffers {epilogue_bytes // 1024} "
-                               f"KiB: more than the {_SMEM_BYTES // 1024} KiB an SM has (or below 2 stages). Use "
-                               f"stages=0 (CUTLASS's automatic count) or fewer stages")
 
 _KERNEL_SCHEDULES = {
     _KS.TmaWarpSpecialized: "cutlass::gemm::KernelTmaWarpSpecialized",
@@ -101,33 +68,6 @@ _NVRTC_SHIM = NVRTC_SHIM  # (the name kinds and tools knew)
 GDC_MACRO = "CUTLASS_ENABLE_GDC_FOR_SM90"
 
 BIAS_MODES = ("row", "column")  # one value per row of D (M values) or per column (N values)
-
-# Epilogue functors the SM90 kinds build through CUTLASS's fusion operations. The two clamps are
-# LinCombEltAct<Clamp> with the output type's bounds (cutlass::platform::numeric_limits, as CUTLASS 2.x's
-# LinearCombinationClamp): D = convert(min(max(alpha * acc + beta * C (+ bias), lowest), max)).
-EPILOGUE_KINDS = ("LinearCombination", "LinearCombinationGeneric", "LinearCombinationClamp",
-                  "FastLinearCombinationClamp")
-CLAMP_KINDS = ("LinearCombinationClamp", "FastLinearCombinationClamp")
-CLAMP_ACTIVATION = "cutlass::epilogue::thread::Clamp"
-
-
-def fusion_activation(functor: EpilogueFunctor) -> tuple[str | None, tuple[str, ...], bool]:
-    """The activation template of the fusion (None: a plain linear combination), the names of its runtime
-    arguments, and whether it is the clamp (whose bounds the builder sets from the output type)."""
-    if functor.kind in CLAMP_KINDS:
-        return CLAMP_ACTIVATION, (), True
-    if functor.activation is not None:
-        return functor.activation.cpp_template, functor.activation.argument_names, False
-    return None, (), False
-
-
-def epilogue_suffix(functor: EpilogueFunctor) -> str:
-    """What a readable operation name says about the epilogue functor."""
-    if functor.kind == "LinearCombinationClamp":
-        return "_clamp"
-    if functor.kind == "FastLinearCombinationClamp":
-        return "_fastclamp"
-    return f"_{functor.activation.name}" if functor.activation else ""
 
 
 def _array_requested(args: tuple, kwargs: dict) -> bool:
