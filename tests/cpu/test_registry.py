@@ -303,3 +303,87 @@ def test_sm90_kinds_share_one_set_of_family_traits():
         assert issubclass(cls, Sm90Operation) and cls.family == "sm90" and cls.required_backend == "nvrtc"
         for trait in ("family", "required_backend", "takes", "cluster_shape", "shared_code"):
             assert trait not in vars(cls), f"{name} declares {trait} again"
+
+
+# --- kinds import families, not each other ------------------------------------------------------------------------
+
+KIND_FOLDERS = sorted(kind.name for kind in registry.KINDS)
+
+# The only imports from one kind folder into another: a kind's class subclasses the class of another kind, because
+# PyCUTLASS's contract says the object is one (``isinstance(GemmOperationUniversal(90, sm90_tile, ...),
+# GemmOperationUniversal)``, and ``GemmArguments(op)`` returns a GemmArguments). Each is
+# (importing kind, imported module, class); every name imported must be a base class in the importing module.
+SUBCLASSED_ACROSS_KINDS = {
+    ("gemm_sm90", "gemm.operation", "GemmOperationUniversal"),
+    ("gemm_sm90", "gemm.arguments", "GemmArguments"),
+    ("gemm_evt", "gemm.arguments", "GemmArguments"),
+    ("gemm_grouped_sm90", "gemm_grouped.operation", "GemmOperationGrouped"),
+    ("gemm_grouped_sm90", "gemm_grouped.arguments", "GemmGroupedArguments"),
+    ("conv2d_sm90", "conv2d.operation", "Conv2dOperation"),
+    ("conv2d_sm90", "conv2d.arguments", "Conv2dArguments"),
+    # array=True is a variant of the SM90 GEMM (its operations are GemmOperationSm90s)
+    ("gemm_array_sm90", "gemm_sm90.operation", "GemmOperationSm90"),
+    ("gemm_array_sm90", "gemm_sm90.arguments", "GemmArgumentsSm90"),
+}
+
+
+def cross_kind_imports(path: Path) -> list[tuple[str, str, str, int]]:
+    """(importing kind, imported module relative to pycutlass.kinds, imported name, line) for every import (function-
+    local ones included) of another kind folder's module in ``path``."""
+    own = path.relative_to(PACKAGE / "kinds").parts[0]
+    package = ["pycutlass", "kinds", *path.relative_to(PACKAGE / "kinds").parent.parts]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - (node.level - 1)] if node.level else []
+            target = base + (node.module.split(".") if node.module else [])
+            for alias in node.names:
+                full = target + [alias.name] if len(target) == 2 else target  # "from .. import gemm"
+                if full[:2] == ["pycutlass", "kinds"] and len(full) > 2 and full[2] in KIND_FOLDERS and full[2] != own:
+                    found.append((own, ".".join(target[2:]) or alias.name, alias.name, node.lineno))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[:2] == ["pycutlass", "kinds"] and len(parts) > 2 and parts[2] in KIND_FOLDERS and \
+                        parts[2] != own:
+                    found.append((own, ".".join(parts[2:]), "", node.lineno))
+    return found
+
+
+def _base_class_names(path: Path) -> set[str]:
+    return {ast.unparse(base) for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)
+            for base in node.bases}
+
+
+def test_the_cross_kind_scan_sees_relative_absolute_and_local_imports(tmp_path):
+    folder = PACKAGE / "kinds" / "gemm_sm90"
+    sample = folder / "operation.py"
+    found = {(kind, module, name) for kind, module, name, _ in cross_kind_imports(sample)}
+    assert ("gemm_sm90", "gemm.operation", "GemmOperationUniversal") in found
+    source = "def f():\n    from ..conv2d.problem import Operator\n    import pycutlass.kinds.gemm.modes\n" \
+             "from .. import gemm_grouped\nfrom ..families.sm90 import NVRTC_SHIM\nfrom .abi import X\n"
+    fake = folder / "_scan_sample.py"
+    try:
+        fake.write_text(source)
+        found = {(module, name) for _, module, name, _ in cross_kind_imports(fake)}
+    finally:
+        fake.unlink()
+    assert found == {("conv2d.problem", "Operator"), ("gemm.modes", ""), ("gemm_grouped", "gemm_grouped")}
+
+
+def test_kind_folders_import_families_never_each_other():
+    """Rules several kinds share live in kinds/families; a kind folder imports another kind's module only to
+    subclass its class (SUBCLASSED_ACROSS_KINDS)."""
+    seen, offenders = set(), []
+    for path in sorted((PACKAGE / "kinds").glob("*/*.py")):
+        if path.parent.name not in KIND_FOLDERS:
+            continue
+        bases = _base_class_names(path)
+        for kind, module, name, line in cross_kind_imports(path):
+            if (kind, module, name) in SUBCLASSED_ACROSS_KINDS and name in bases:
+                seen.add((kind, module, name))
+            else:
+                offenders.append(f"{path.relative_to(PACKAGE.parent)}:{line}: from {module} import {name}")
+    assert not offenders, "kinds importing other kinds (move what they share to kinds/families):\n" + \
+        "\n".join(offenders)
+    assert seen == SUBCLASSED_ACROSS_KINDS, f"exceptions no longer needed: {SUBCLASSED_ACROSS_KINDS - seen}"

@@ -15,7 +15,6 @@ from ...emit.abi import fill_epilogue
 from ...errors import ArgumentError
 from ...runtime.arguments import OperationArguments
 from ...runtime.launch import PreparedLaunch
-from ..gemm.arguments import GemmArguments
 from ..families.modes import Mode
 from ..families.grouped_arguments import fill_group_arrays, pack_problem_arrays
 from ..families.sm90_arguments import check_group_knobs, check_workspace, persistent_sm_count
@@ -123,4 +122,4 @@ class GemmArgumentsArraySm90(GemmArgumentsSm90):
 
     def before_launch(self) -> None:
         """Nothing: the tensormap slots are written by the kernel before it reads them."""
-__all__ = ["GemmArguments", "GemmArgumentsArraySm90"]
+__all__ = ["GemmArgumentsArraySm90"]
