@@ -25,9 +25,8 @@ from ...epilogue.functors import EpilogueFunctor
 from ...errors import DescriptionError
 from .. import registry
 from ..families.sm90 import (  # noqa: F401  (their names as this module had them)
-    CLAMP_ACTIVATION, CLAMP_KINDS, EPILOGUE_KINDS, NVRTC_SHIM, Sm90Operation, check_explicit_stages, derived_warp_count,
-    epilogue_smem_bytes, epilogue_suffix, fusion_activation, resolve_kernel_schedule)
-from ..families.sm90 import check_tma_operand as _check_tma_operand
+    CLAMP_ACTIVATION, CLAMP_KINDS, EPILOGUE_KINDS, NVRTC_SHIM, Sm90Operation, check_explicit_stages, check_tma_operand,
+    derived_warp_count, epilogue_smem_bytes, epilogue_suffix, fusion_activation, resolve_kernel_schedule)
 from ..base import check_description_types
 from ..gemm.operation import GemmOperationUniversal
 from .abi import Sm90GemmArgs
@@ -58,8 +57,6 @@ _EPILOGUE_SCHEDULES = {
     _ES.NoSmemWarpSpecialized: "cutlass::epilogue::NoSmemWarpSpecialized",
 }
 _TILE_SCHEDULERS = {_TS.Default: "cutlass::gemm::PersistentScheduler", _TS.StreamK: "cutlass::gemm::StreamKScheduler"}
-
-_NVRTC_SHIM = NVRTC_SHIM  # (the name kinds and tools knew)
 
 # Grid dependency control: with it CUTLASS's GemmUniversal kernels (warp-specialized, cooperative, ping-pong) run
 # griddepcontrol.wait before their first global access and launch_dependents near their end, so Arguments may launch
@@ -248,7 +245,7 @@ def _check(tile: TileDescription, A, B, C, functor, bias) -> tuple[KernelSchedul
         if desc.element not in allowed:
             raise DescriptionError(f"{what}: {label}.element is {desc.element.label} but the math instruction "
                                    f"multiplies {element.label}")
-        _check_tma_operand(what, label, desc)
+        check_tma_operand(what, label, desc)
     if operand.bits != 16 and (A.layout, B.layout) != (LayoutType.RowMajor, LayoutType.ColumnMajor):
         raise DescriptionError(f"{what}: wgmma reads {operand.label} operands K-major only: A must be RowMajor and B "
                                f"ColumnMajor (got A {A.layout.value}, B {B.layout.value}); only 16-bit types take "
@@ -257,7 +254,7 @@ def _check(tile: TileDescription, A, B, C, functor, bias) -> tuple[KernelSchedul
     if C.element not in outputs:
         raise DescriptionError(f"{what}: C of {C.element.label} is not supported with {operand.label} operands; "
                                f"choose one of {[e.label for e in outputs]}")
-    _check_tma_operand(what, "C", C)
+    check_tma_operand(what, "C", C)
     if functor.kind not in EPILOGUE_KINDS:
         raise DescriptionError(f"{what}: the {functor.kind} epilogue is not built for the SM90 family; use "
                                f"LinearCombination, LinearCombinationGeneric (any activation) or "
