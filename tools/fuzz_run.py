@@ -474,7 +474,7 @@ def run_grouped(cfg, op, problem, seed):
     import numpy as np
 
     out = op.C.element
-    alpha, beta = _alpha_beta(out, getattr(op, "epilogue_functor", None))
+    alpha, beta = _alpha_beta(out, op.epilogue_functor)
     group = Group(op, problem["groups"], seed=seed)
     kwargs, bias = {}, None
     if cfg.get("bias"):
@@ -501,7 +501,7 @@ def run_gemm_lib(cfg, op, problem, seed):
         except ImportError:
             raise cutlass.ArgumentError("cupy is not installed here") from None  # recorded as not run
     out = op.C.element
-    alpha, beta = _alpha_beta(out, getattr(op, "epilogue_functor", None))
+    alpha, beta = _alpha_beta(out, op.epilogue_functor)
     got, reference = run_gemm(op, problem["m"], problem["n"], problem["k"], lib=problem["lib"], alpha=alpha,
                               beta=beta, activation_args=_activation_args(cfg), seed=seed)
     check(op, got, reference)
@@ -643,7 +643,7 @@ def run_problem(cfg, op, problem, seed):
     ps = conv_suite.problem(p["n"], p["h"], p["w"], p["c"], p["k"], p["r"], p["s"], tuple(p["pad"]),
                             tuple(p["stride"]), tuple(p["dilation"]), split_k=p.get("split_k", 1))
     out = op.C.element
-    alpha, beta = _alpha_beta(out, getattr(op, "epilogue_functor", None))
+    alpha, beta = _alpha_beta(out, op.epilogue_functor)
     bias = None
     if cfg.get("bias"):  # the SM90 fused bias: C is one value per output channel, added once
         bias, beta = "vector", 1.0

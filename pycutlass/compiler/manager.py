@@ -129,7 +129,7 @@ class Compiler(SessionState):
         """The session's backend, unless the operation can only be built by another (SM90 kernels' Params builders
         run CUTLASS's host-side setup on the device, which only NVRTC's -default-device compiles)."""
         backend = self.backend
-        required = getattr(operation, "required_backend", None)
+        required = operation.required_backend
         if required is None or required == backend.name:
             return backend
         found = self._fallbacks.get(required)
@@ -318,7 +318,7 @@ _HEAVY_BASE_GB, _HEAVY_OPERATION_GB = 3.0, 0.7
 
 
 def _is_heavy(op) -> bool:
-    return getattr(op, "family", None) == "sm90"
+    return op.family == "sm90"
 
 
 def _units(missing, jobs: int | None):
@@ -327,7 +327,7 @@ def _units(missing, jobs: int | None):
     when jobs is None), more where a unit would exceed its cap of operations."""
     by_class: dict[tuple, list] = {}
     for op, t in missing:
-        by_class.setdefault((t, _is_heavy(op), tuple(getattr(op, "unit_macros", ()))), []).append(op)
+        by_class.setdefault((t, _is_heavy(op), tuple(op.unit_macros)), []).append(op)
     units = []
     for (t, heavy, _), group in by_class.items():
         cap = HEAVY_UNIT_OPERATIONS if heavy else LIGHT_UNIT_OPERATIONS

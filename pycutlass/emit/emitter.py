@@ -44,8 +44,8 @@ def translation_unit(operations) -> str:
     operations = list(operations)
     headers = [h for op in operations for h in op.headers()]
     structs = [s for op in operations for s in op.abi_structs()]
-    preambles = [p for op in operations for p in _listed(getattr(op, "preamble", lambda: "")())]
-    shared = dict.fromkeys(getattr(op, "shared_code", lambda: "")() for op in operations)
+    preambles = [p for op in operations for p in _listed(op.preamble())]
+    shared = dict.fromkeys(op.shared_code() for op in operations)
     return prelude(headers, structs, preambles) + "".join(shared) + "".join(op.emit_body() for op in operations)
 
 

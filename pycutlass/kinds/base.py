@@ -11,10 +11,13 @@ import inspect
 from pathlib import Path
 
 from ..description.target import family_of
+from ..description.tensor_description import TensorDescription
+from ..description.tile_description import TileDescription
 from ..description.types import DataType
 from ..emit.abi import LaunchInfo
 from ..emit import names
 from ..emit.emitter import render, translation_unit
+from ..epilogue.functors import EpilogueFunctor
 from ..errors import ArgumentError, DescriptionError
 
 
@@ -27,6 +30,18 @@ def check_compute_capability(arch) -> int:
     return arch
 
 
+def check_description_types(tile, A, B, C, epilogue, what: str) -> None:
+    """Every tiled GEMM-like kind takes these description types (named in the error when one is not)."""
+    for label, desc in (("A", A), ("B", B), ("C", C)):
+        if not isinstance(desc, TensorDescription):
+            raise DescriptionError(f"{what}: {label} must be a TensorDescription, got {desc!r}")
+    if not isinstance(tile, TileDescription):
+        raise DescriptionError(f"{what}: tile_description must be a TileDescription, got {tile!r}")
+    if not isinstance(epilogue, EpilogueFunctor):
+        raise DescriptionError(f"{what}: epilogue_functor must be an epilogue functor such as LinearCombination, "
+                               f"got {epilogue!r}")
+
+
 class Operation:
     """Base of GEMM, grouped GEMM, conv and reduction operations.
 
@@ -36,6 +51,28 @@ class Operation:
 
     kind = "operation"
     abi_struct_type = None  # the kind's argument struct (kinds/<kind>/abi.py)
+
+    # Traits the compiler, emitter, runtime, tune and torch read; a kind overrides what differs for it.
+    required_backend: str | None = None
+    """The compiler backend this kind's code needs ("nvrtc"), or None for the session's own."""
+    unit_macros: tuple[str, ...] = ()
+    """Macros the operation's whole translation unit must define (the compiler never mixes different sets)."""
+    pdl_refusal: str | None = "only SM90 GEMM kernels wait on the previous grid (griddepcontrol.wait)"
+    """Why arguments may not launch this kernel with programmatic dependent launch (None: they may)."""
+    bias = None
+    """The fused bias vector the kernel adds (SM90 kinds: "row"/"column" for GEMM, True for conv); None: none."""
+    conv_kind = None
+    """A convolution's operator (fprop, dgrad, wgrad); None for the other kinds."""
+    epilogue_functor = None
+    """The epilogue functor (``output_op``'s type), set by every kind's constructor."""
+
+    def preamble(self) -> str | list[str]:
+        """Code before any include of the translation unit (one string, or several deduplicated one by one)."""
+        return ""
+
+    def shared_code(self) -> str:
+        """Code every operation of this kind in a unit shares (identical text is emitted once)."""
+        return ""
 
     @property
     def family(self) -> str:
@@ -138,6 +175,11 @@ class RuntimeModule:
 
 class TiledOperation(Operation):
     """An operation with a tile description and A, B, C operands (GEMM, grouped GEMM, conv)."""
+
+    fast_clamp_max_k: int | None = 256
+    """The largest K FastLinearCombinationClamp is exact for (CUTLASS 2.x's fast converters); None: every K."""
+    serial_split_k_through_output = True
+    """Whether serial split-K passes each K slice's partial result through D (CUTLASS 2.x's semaphore reduction)."""
 
     def _describe(self, arch: int, tile_description, A, B, C, epilogue_functor, swizzling_functor) -> None:
         """Record the fields every tiled kind has (after its own argument checks)."""

@@ -153,7 +153,7 @@ def sweep(launcher: Conv2dLauncher, extra_sizes=()) -> bool:
     """``test_all_conv2d``'s cases on a launcher of one's own (whose ``skipped`` then tells what was refused)."""
     operation = launcher.operation
     dgrad = operation.conv_kind is Operator.dgrad
-    strided = getattr(operation, "stride_support", None) is StrideSupport.Strided
+    strided = operation.stride_support is StrideSupport.Strided
     skipped_before, attempts, passed = len(launcher.skipped), 0, True
 
     def run(*case) -> None:

@@ -20,7 +20,7 @@ from .gemm_testbed import _effective_stages, _pack, _unpack
 
 
 def _is_sm90(operation) -> bool:
-    return getattr(operation, "family", "sm80") == "sm90"
+    return operation.family == "sm90"
 
 
 class TestbedGrouped(_common.Launcher):
@@ -36,7 +36,7 @@ class TestbedGrouped(_common.Launcher):
         if not isinstance(operation, GemmOperationGrouped):
             raise ArgumentError(f"TestbedGrouped needs a GemmOperationGrouped, got {type(operation).__name__}; "
                                 f"check other GEMMs with pycutlass.test.test_all_gemm")
-        if getattr(operation, "bias", None) is not None:
+        if operation.bias is not None:
             raise ArgumentError(f"TestbedGrouped runs PyCUTLASS's grouped GEMMs; {operation.name} adds a bias vector "
                                 f"(bias=), which it does not pass: check it with pycutlass.utils.reference_model")
         super().__init__(operation, seed, verification, profiling, warmup_iterations, iterations, activation_args,

@@ -349,8 +349,8 @@ class Dispatch(SessionState):
         args = (activation_arg,) if operation.epilogue_functor.num_activation_args else ()
         stream = _stream(a.device)
         # pdl: only kernels built to wait on the previous grid take it (SM90 GEMMs but stream-K)
-        knobs = {"pdl": True} if self.pdl and getattr(operation, "pdl_refusal", "") is None else {}
-        if getattr(operation, "bias", None):  # SM90: the bias vector is an epilogue input
+        knobs = {"pdl": True} if self.pdl and operation.pdl_refusal is None else {}
+        if operation.bias:  # SM90: the bias vector is an epilogue input
             output_op = operation.epilogue_type(alpha, beta if c is not None else 0.0, *args)
             return GemmArguments(operation, (m, n, k), a, b, c if beta != 0 else None, d, output_op=output_op,
                                  stream=stream, device=a.device.index, session=self.session, bias=bias, **knobs)
@@ -739,16 +739,16 @@ def _conv_problem(x_shape, w_shape, stride, padding, dilation):
 def _check_override(operation, activation: str, conv_kind: str | None = None, bias_and_c: bool = False) -> None:
     """A per-call override must compute what the call asks: its epilogue's activation, its convolution kind, and
     (Sm80 family, which adds a bias as a broadcast C) not a bias together with C."""
-    functor = getattr(operation, "epilogue_functor", None)
+    functor = operation.epilogue_functor
     found = getattr(getattr(functor, "activation", None), "name", None) or "identity"
     if functor is not None and found != activation:
         raise ArgumentError(f"kernel {operation.name} applies the activation {found!r}, the call asks for "
                             f"{activation!r}")
-    kind = getattr(getattr(operation, "conv_kind", None), "name", None)
+    kind = operation.conv_kind.name if operation.conv_kind is not None else None
     if kind != conv_kind:
         raise ArgumentError(f"kernel {operation.name} is {'a ' + kind + ' convolution' if kind else 'a GEMM'}, the "
                             f"call is {'a ' + conv_kind + ' convolution' if conv_kind else 'a GEMM'}")
-    if bias_and_c and not getattr(operation, "bias", None):
+    if bias_and_c and not operation.bias:
         raise ArgumentError(f"kernel {operation.name} adds a bias through C (Sm80 family): it cannot also add C; "
                             f"pass an SM90 operation built with bias='column', or leave kernel unset")
 

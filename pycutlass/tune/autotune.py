@@ -57,7 +57,7 @@ def operation_signature(operation) -> dict:
             "b": [math_inst.element_b.label, operation.B.layout.value],
             "c": [operation.C.element.label, operation.C.layout.value],
             "accumulator": math_inst.element_accumulator.label, "epilogue": operation.epilogue_functor.describe(),
-            "bias": getattr(operation, "bias", None)}
+            "bias": operation.bias}
 
 
 def local_device_facts(ordinal: int = 0) -> dict:

@@ -249,7 +249,7 @@ def measure_gemm(bench: GemmBench, operation, problem, session=None) -> tuple[Me
     c_row = operation.C.layout is LayoutType.RowMajor
     mode = Mode.Batched if problem.batch > 1 else Mode.Gemm
     activation = getattr(operation.epilogue_functor, "activation", None)
-    if getattr(operation, "bias", None):
+    if operation.bias:
         return Measurement("failed", message="sweeps time operations without a bias vector"), None
 
     def arguments(index: int, stream=None):

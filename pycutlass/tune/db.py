@@ -183,7 +183,7 @@ class ResultsDB:
         """Record an operation (its parameters flattened to columns, so SQL can group by tile or stages)."""
         params = dict(params or {})
         row = {"name": operation.name, "kind": params.get("kind", type(operation).__name__),
-               "family": getattr(operation, "family", ""), "description": operation.describe(),
+               "family": operation.family, "description": operation.describe(),
                "params": canonical_json(params), **_flatten(params)}
         self._upsert("kernels", [row])
         return operation.name

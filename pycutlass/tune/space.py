@@ -38,6 +38,7 @@ from ..emit.names import SHORT
 from ..epilogue.activations import ACTIVATIONS
 from ..epilogue.functors import LinearCombination, LinearCombinationClamp, LinearCombinationGeneric
 from ..errors import ArgumentError, DescriptionError
+from ..kinds.base import Operation
 from ..kinds.gemm_sm90.operation import TILE_N as SM90_TILE_N
 
 KINDS = ("gemm", "grouped_gemm", "conv2d")
@@ -508,7 +509,7 @@ class BuiltSpace:
 
     def params_of(self, operation) -> dict:
         """The params of ``operation`` (or of an operation name)."""
-        name = operation if isinstance(operation, str) else getattr(operation, "name", None)
+        name = operation if isinstance(operation, str) else operation.name if isinstance(operation, Operation) else None
         if name not in self._params:
             raise ArgumentError(f"{name or operation!r} is not an operation of this space")
         return copy.deepcopy(self._params[name])

@@ -396,6 +396,8 @@ def test_units_cap_sm90_operations_and_run_as_many_as_memory_holds(monkeypatch):
     monkeypatch.setattr(manager, "translation_unit", lambda ops: "")
 
     class Op:
+        unit_macros = ()  # (the operation base's default)
+
         def __init__(self, name, family):
             self.name, self.family = name, family
 

@@ -14,12 +14,15 @@ PACKAGE = Path(pycutlass.__file__).parent
 LAYERS = [
     ("state", ["errors", "session"]),
     ("descriptions", ["description", "description.*", "epilogue", "epilogue.*"]),
-    ("emit", ["emit", "emit.*", "kinds.base", "kinds.*.operation", "kinds.*.abi", "kinds.*.problem",
-              "kinds.*.modes"]),
+    # kinds.registry imports a kind's arguments (kind runtime) by module path only, when an arguments constructor asks
+    # kinds.families: rules several kinds share (a family's operation rules here; argument rules in kind runtime)
+    ("emit", ["emit", "emit.*", "kinds.base", "kinds.registry", "kinds.families", "kinds.families.sm80",
+              "kinds.families.sm90", "kinds.families.modes", "kinds.families.conv", "kinds.families.grouped",
+              "kinds.families.sm90_ptr_array", "kinds.*.operation", "kinds.*.abi", "kinds.*.problem", "kinds.*.modes"]),
     ("cache", ["cache", "cache.*"]),
     ("compile", ["compiler", "compiler.*"]),
     ("runtime", ["runtime", "runtime.*"]),
-    ("kind runtime", ["kinds.*.arguments", "kinds.*.matrix"]),
+    ("kind runtime", ["kinds.*.arguments", "kinds.*.matrix", "kinds.families.*"]),
     ("registration", ["kinds", "kinds.*"]),
     ("tune", ["tune", "tune.space", "tune.problems", "tune.db", "tune.sweep", "tune.bench", "tune.runner",
               "tune.autotune", "tune.select", "tune.plots", "tune.bundle", "tune.resources", "tune.distributed"]),

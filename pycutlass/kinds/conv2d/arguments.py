@@ -24,11 +24,12 @@ from ...errors import ArgumentError
 from ...runtime.arguments import OperationArguments, memo_key
 from ...runtime.tensors import (PartialsAddress, TensorInfo, as_flat, describe, gathered_copy, pointer_operand,
                                 storage_type)
-from ..gemm.arguments import (UNSET, check_split_k_output, coerce_output_op, compat_positional,
-                              zero_unwritten_partials)
-from ..gemm.modes import Mode as GemmMode
+from ..families.arguments import (UNSET, check_split_k_output, coerce_output_op, compat_positional,
+                                  zero_unwritten_partials)
+from ..families.modes import Mode as GemmMode
+from .. import registry
 from .operation import Conv2dOperation
-from .problem import Conv2dProblemSize, Operator, SplitKMode, interleaved_filter_gather
+from ..families.conv import Conv2dProblemSize, Operator, SplitKMode, interleaved_filter_gather
 
 _FAST_CLAMP_MAX_K = 256
 
@@ -92,9 +93,6 @@ def reorder_interleaved_operand_filter(B, problem_size, kind, name: str):
     return gathered_copy(B, name, (c // 32, r, s, k, 32), 3, interleaved_filter_gather(k))
 
 
-SM90_ARGUMENTS: dict = {}  # kinds/conv2d_sm90 registers its Arguments for its operation class
-
-
 class Conv2dArguments(OperationArguments):
     """D = epilogue(alpha * conv(A, B) + beta * C) for a Conv2dOperation (PyCUTLASS's constructor).
 
@@ -108,9 +106,10 @@ class Conv2dArguments(OperationArguments):
     _POSITIONAL = ("output_op", "split_k_mode", "split_k_slices", "stream", "device", "session")
 
     def __new__(cls, operation=None, *args, **kwargs):
-        found = SM90_ARGUMENTS.get(type(operation))
-        if cls is Conv2dArguments and found is not None:
-            return object.__new__(found)  # Python then runs the subclass's __init__
+        if cls is Conv2dArguments:
+            found = registry.arguments_class("Conv2dArguments", operation)  # the SM90 kind's, for its operations
+            if found is not None:
+                return object.__new__(found)  # Python then runs the subclass's __init__
         return super().__new__(cls)
 
     def __init__(self, operation, problem_size, A, B, C, D, *positional, output_op=UNSET, split_k_mode=UNSET,

@@ -35,7 +35,8 @@ the accumulator type and run it with alpha = 1, beta = 0. No semaphores are used
 from __future__ import annotations
 
 
-from .problem import Conv2dProblemSize, IteratorAlgorithm, Operator, SplitKMode, StrideSupport
+from ..families.conv import (Conv2dProblemSize, IteratorAlgorithm, Operator, SplitKMode, StrideSupport,
+                             check_conv_enums)
 from ...description.tensor_description import TensorDescription
 from ...description.tile_description import TileDescription
 from ...description.types import (CONV_SWIZZLES, DataType, IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4,
@@ -46,9 +47,10 @@ from ...emit.abi import fill_epilogue
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import ArgumentError, DescriptionError
 from .abi import Conv2dArgs
+from .. import registry
 from ..base import TiledOperation, check_compute_capability
-from ..gemm.operation import (check_congruous_tile, check_crosswise_tile_k, check_interleaved_thread_maps,
-                              check_narrow_warp_tiles, check_operand_types, check_simt_warp_tile, thread_map_problem)
+from ..families.sm80 import (check_congruous_tile, check_crosswise_tile_k, check_interleaved_thread_maps,
+                               check_narrow_warp_tiles, check_operand_types, check_simt_warp_tile, thread_map_problem)
 
 # C++ spellings of the conv enums (kept here: only this operation uses them).
 CONV_OPERATOR = {Operator.fprop: "cutlass::conv::Operator::kFprop", Operator.dgrad: "cutlass::conv::Operator::kDgrad",
@@ -82,19 +84,6 @@ _MAX_TENSOR_BYTES = 2**31  # cutlass::conv::device::ImplicitGemmConvolution::can
 _MAX_GRID_YZ = 65535
 
 
-def check_conv_enums(conv_kind, iterator_algorithm, stride_support, what: str) -> None:
-    """The conv kinds' enum arguments have the enum types (both the Sm80-family and the SM90 kind)."""
-    if not isinstance(conv_kind, Operator):
-        raise DescriptionError(f"{what}: conv_kind must be pycutlass.conv.Operator.fprop, .dgrad or .wgrad, "
-                               f"got {conv_kind!r}")
-    if not isinstance(iterator_algorithm, IteratorAlgorithm):
-        raise DescriptionError(f"{what}: iterator_algorithm must be a pycutlass.conv.IteratorAlgorithm "
-                               f"({', '.join(a.name for a in IteratorAlgorithm)}), got {iterator_algorithm!r}")
-    if not isinstance(stride_support, StrideSupport):
-        raise DescriptionError(f"{what}: stride_support must be pycutlass.conv.StrideSupport.Strided or .Unity, "
-                               f"got {stride_support!r}")
-
-
 class Conv2dOperation(TiledOperation):
     """A 2-D convolution as an implicit GEMM; the PyCUTLASS constructor.
 
@@ -107,14 +96,12 @@ class Conv2dOperation(TiledOperation):
     abi_struct_type = Conv2dArgs
 
     def __new__(cls, *args, **kwargs):
-        arch = kwargs.get("arch", args[2] if len(args) > 2 else None)
-        if cls is Conv2dOperation and arch == 90 and not isinstance(arch, bool):
+        if cls is Conv2dOperation:
             # Compute capability 90 with an SM90 tile (the SM90 GEMM's rule) picks kinds/conv2d_sm90; a tile that
             # states an Sm80 warp arrangement keeps the Sm80-family kernel (it runs on Hopper).
-            tile = kwargs.get("tile_description", args[3] if len(args) > 3 else None)
-            for subclass in cls.__subclasses__():
-                if getattr(subclass, "kind", None) == "conv2d_sm90" and subclass.takes(tile):
-                    return object.__new__(subclass)
+            built = registry.operation_class("Conv2dOperation", kwargs.get("arch", args[2] if len(args) > 2 else None),
+                                             kwargs.get("tile_description", args[3] if len(args) > 3 else None))
+            return object.__new__(built)  # Python then runs its class's __init__
         return super().__new__(cls)
 
     def __init__(self, conv_kind: Operator, iterator_algorithm: IteratorAlgorithm, arch: int,

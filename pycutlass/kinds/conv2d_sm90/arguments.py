@@ -4,7 +4,6 @@ out this class when ``op`` is a ``Conv2dOperationSm90``), less what CUTLASS 4.2'
 from __future__ import annotations
 
 from ...errors import ArgumentError
-from ..conv2d import arguments as conv2d_arguments
 from ..conv2d.arguments import Conv2dArguments
 from .operation import Conv2dOperationSm90
 
@@ -56,6 +55,3 @@ class Conv2dArgumentsSm90(Conv2dArguments):
     def c_strides_given(self):
         found = self._operands.get("C")
         return None if found is None else found[1]
-
-
-conv2d_arguments.SM90_ARGUMENTS[Conv2dOperationSm90] = Conv2dArgumentsSm90

@@ -1,7 +1,7 @@
 """The SM90 (CUTLASS 3.x) implicit-GEMM convolution: TMA im2col loads, warpgroup MMA, ``ConvUniversal``.
 
 ``Conv2dOperation(conv_kind, iterator_algorithm, 90, tile, A, B, C, stride_support, epilogue, swizzle)`` builds one
-when the tile is an SM90 one by the SM90 GEMM's rule (``GemmOperationSm90.takes``: no warp_count, stages=0, a wgmma
+when the tile is an SM90 one by the SM90 GEMM's rule (``families.sm90.is_sm90_tile``: no warp_count, stages=0, a wgmma
 instruction, a cluster or a schedule); a tile stating an Sm80 warp arrangement keeps the Sm80-family kernel.
 
 Built: fprop, dgrad (stride 1) and wgrad; f16 or bf16 in and out, f32 accumulation, NHWC, 8-element (16-byte)
@@ -23,12 +23,13 @@ from ...description.tile_description import TileDescription
 from ...description.types import (DataType, EpilogueScheduleType, IdentitySwizzle1, KernelScheduleType, LayoutType,
                                    OpClass, TileSchedulerType)
 from ...emit import names
-from ...emit.abi import TmaRecord, fill_epilogue
+from ...emit.abi import fill_epilogue
 from ...errors import ArgumentError, DescriptionError
-from ..conv2d.operation import Conv2dOperation, check_conv_enums
-from ..conv2d.problem import Conv2dProblemSize, IteratorAlgorithm, Mode, Operator, StrideSupport
-from ..gemm.operation import check_description_types
-from ..gemm_sm90.operation import GemmOperationSm90
+from ..conv2d.operation import Conv2dOperation
+from ..families.conv import (Conv2dProblemSize, IteratorAlgorithm, Mode, Operator, StrideSupport,
+                             check_conv_enums)
+from ..base import check_description_types
+from ..families.sm90 import NVRTC_SHIM, Sm90Operation
 from .abi import Sm90Conv2dArgs
 
 _F16, _BF16, _F32 = DataType.float16, DataType.bfloat16, DataType.float32
@@ -43,13 +44,11 @@ def overlay() -> str:
 
 
 def preambles() -> list[str]:
-    """What an SM90 conv unit puts before any include: the SM90 GEMM kind's std:: shim, then the overlay."""
-    from ..gemm_sm90.operation import _NVRTC_SHIM
-
-    return [_NVRTC_SHIM, overlay()]
+    """What an SM90 conv unit puts before any include: the SM90 family's std:: shim, then the overlay."""
+    return [NVRTC_SHIM, overlay()]
 
 
-class Conv2dOperationSm90(Conv2dOperation):
+class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
     """An SM90 implicit-GEMM fprop, dgrad or wgrad (see the module docstring for what is built).
 
     ``bias=True`` (fprop and dgrad): D = activation(alpha * conv + bias) with a vector of one value per output
@@ -57,15 +56,9 @@ class Conv2dOperationSm90(Conv2dOperation):
 
     kind = "conv2d_sm90"
     abi_struct_type = Sm90Conv2dArgs
-    required_backend = "nvrtc"  # the builder needs -default-device (see gemm_sm90)
 
     def __new__(cls, *args, **kwargs):
         return object.__new__(cls)
-
-    @staticmethod
-    def takes(tile) -> bool:
-        """Whether ``Conv2dOperation(..., 90, tile, ...)`` means this kernel: the SM90 GEMM's rule."""
-        return GemmOperationSm90.takes(tile)
 
     def __init__(self, conv_kind, iterator_algorithm, arch, tile_description: TileDescription, A, B, C,
                  stride_support, epilogue_functor, swizzling_functor=IdentitySwizzle1, bias: bool = False):
@@ -104,19 +97,8 @@ class Conv2dOperationSm90(Conv2dOperation):
 
     # --- identity -------------------------------------------------------------------------------------------
     @property
-    def family(self) -> str:
-        return "sm90"
-
-    @property
     def is_strided_dgrad(self) -> bool:
         return False
-
-    @property
-    def cluster_shape(self) -> tuple[int, int, int]:
-        return self.tile_description.cluster_shape
-
-    def abi_structs(self) -> tuple:
-        return (*super().abi_structs(), TmaRecord)
 
     def _signature(self) -> tuple:
         tile = self.tile_description
@@ -206,11 +188,8 @@ class Conv2dOperationSm90(Conv2dOperation):
 
     # --- emission -------------------------------------------------------------------------------------------
     def preamble(self):
-        """The SM90 GEMM kind's std:: shim (shared with GEMM operations of the unit), then the NVRTC overlay."""
+        """The SM90 family's std:: shim (shared with GEMM operations of the unit), then the NVRTC overlay."""
         return preambles()
-
-    def shared_code(self) -> str:
-        return self.render("../gemm_sm90/sm90_helpers.cu.j2")
 
     def headers(self) -> list[str]:
         return ["cute/tensor.hpp", "cutlass/conv/collective/collective_builder.hpp",

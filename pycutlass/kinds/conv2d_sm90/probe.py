@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ...emit import abi, emitter
 from ...runtime.im2col import Im2colCapture  # noqa: F401  (re-exported: tests and the probe's GPU test use it here)
+from ..families.sm90 import helpers_code
 from .operation import overlay, preambles
 
 ELEMENTS = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
@@ -74,7 +75,7 @@ def probe_source(name: str = "pycutlass_conv2d_sm90_probe", element: str = "f16"
     # The project's prelude (LaunchInfo, TmaRecord, construct_params) with the overlay as its preamble, and the SM90
     # GEMM kind's helpers (record_tma) for the one tiled descriptor, the filter's.
     unit = emitter.prelude([], [abi.LaunchInfo, abi.TmaRecord], preambles())
-    unit += emitter.render("kinds/gemm_sm90/sm90_helpers.cu.j2")
+    unit += helpers_code()
     return unit + kernel_source(name, "fprop", element, tile, cluster) + f"""
 // d: n, h, w, c, k, r, s, pad_h, pad_w, stride_h, stride_w, dilation_h, dilation_w. out: can_implement, the offsets
 // of the A, B, C, D descriptors in Params (A, C, D: im2col, holding captures; B: tiled, described by *record_b),

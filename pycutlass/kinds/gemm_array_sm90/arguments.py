@@ -15,13 +15,10 @@ from ...emit.abi import fill_epilogue
 from ...errors import ArgumentError
 from ...runtime.arguments import OperationArguments
 from ...runtime.launch import PreparedLaunch
-from ..gemm.arguments import GemmArguments
-from ..gemm import arguments as gemm_arguments
-from ..gemm.modes import Mode
-from ..gemm_grouped.arguments import fill_group_arrays, pack_problem_arrays
-from ..gemm_grouped_sm90.arguments import _check_knobs as _check_group_knobs
-from ..gemm_grouped_sm90.arguments import check_workspace
-from ..gemm_sm90.arguments import GemmArgumentsSm90, persistent_sm_count
+from ..families.modes import Mode
+from ..families.grouped_arguments import fill_group_arrays, pack_problem_arrays
+from ..families.sm90_arguments import check_group_knobs, check_workspace, persistent_sm_count
+from ..gemm_sm90.arguments import GemmArgumentsSm90
 from .abi import Sm90GroupedGemmArgs
 from .operation import GemmOperationArraySm90
 
@@ -49,7 +46,7 @@ class GemmArgumentsArraySm90(GemmArgumentsSm90):
         if decomposition is not None:
             raise ArgumentError(f"decomposition={decomposition!r} needs a stream-K operation; the pointer-array kernel "
                                 f"uses CUTLASS's group scheduler")
-        self._group_knobs = _check_group_knobs(operation, raster_order, swizzle, sm_count)
+        self._group_knobs = check_group_knobs(operation, raster_order, swizzle, sm_count)
         super().__init__(operation, problem_size, A, B, C, D, *positional, bias=bias, **keywords)
 
     # No fast path: Params hold the addresses of this object's device arrays, not of the tensors.
@@ -125,7 +122,4 @@ class GemmArgumentsArraySm90(GemmArgumentsSm90):
 
     def before_launch(self) -> None:
         """Nothing: the tensormap slots are written by the kernel before it reads them."""
-
-
-gemm_arguments.VISITOR_ARGUMENTS[GemmOperationArraySm90] = GemmArgumentsArraySm90
-__all__ = ["GemmArguments", "GemmArgumentsArraySm90"]
+__all__ = ["GemmArgumentsArraySm90"]

@@ -23,8 +23,9 @@ from ...description.types import (GEMM_SWIZZLES, EpilogueScheduleType, IdentityS
                                   SwizzlingFunctor, TileSchedulerType)
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import DescriptionError
-from ..gemm_grouped_sm90 import operation as grouped
-from ..gemm_sm90 import operation as sm90
+from ..families.sm90_ptr_array import (PTR_ARRAY_HEADERS, check_ptr_array, ptr_array_description,
+                                       ptr_array_readable_name, render_ptr_array_kernel, tensormap_workspace_bytes)
+from ..gemm_sm90.operation import GemmOperationSm90
 from .abi import Sm90GroupedGemmArgs
 
 _KS, _ES = KernelScheduleType, EpilogueScheduleType
@@ -32,14 +33,13 @@ _WHAT = "GemmOperationUniversal(90, ..., array=True)"
 EPILOGUES = ("LinearCombination", "LinearCombinationGeneric", "LinearCombinationClamp")
 
 
-class GemmOperationArraySm90(sm90.GemmOperationSm90):
+class GemmOperationArraySm90(GemmOperationSm90):
     """``GemmOperationUniversal(90, tile_description, A, B, C, epilogue_functor, swizzling_functor, array=True)``:
     runs Mode.Array (lists of matrices, or tensors holding the batch), and Mode.Batched / Mode.Gemm through the same
     pointer arrays. An ``IdentitySwizzleN`` sets the default swizzle of the group scheduler (a runtime argument)."""
 
     kind = "gemm_array_sm90"
     abi_struct_type = Sm90GroupedGemmArgs
-    required_backend = "nvrtc"  # the builder needs -default-device (see gemm_sm90)
     array = True
     pdl_refusal = "CUTLASS's pointer-array kernels do not wait on the previous grid (no griddepcontrol.wait)"
 
@@ -65,7 +65,7 @@ class GemmOperationArraySm90(sm90.GemmOperationSm90):
                                    f"{swizzling_functor!r}")
         self.bias = None
         self._describe(90, tile_description, A, B, C, epilogue_functor, swizzling_functor)
-        self.kernel_schedule = grouped._check(
+        self.kernel_schedule = check_ptr_array(
             tile_description, A, B, C, epilogue_functor, what=_WHAT, epilogues=EPILOGUES,
             kernel="the SM90 pointer-array kernel",
             other_types="build the operation without array=True (Mode.Array with tensors holding the batch runs "
@@ -81,7 +81,7 @@ class GemmOperationArraySm90(sm90.GemmOperationSm90):
                 self.kernel_schedule, self.A, self.B, self.C, self.epilogue_functor)
 
     def _readable_name(self) -> str:
-        return grouped.ptr_array_readable_name(self, "gemm_array_sm90")
+        return ptr_array_readable_name(self, "gemm_array_sm90")
 
     @property
     def thread_count(self) -> int:
@@ -91,20 +91,17 @@ class GemmOperationArraySm90(sm90.GemmOperationSm90):
     def workspace_bytes(self, sm_count: int) -> int:
         """Per-SM tensormap slots (the grouped kernel's formula; the builder reports it too and the arguments check
         that both agree)."""
-        return grouped.tensormap_workspace_bytes(self.name, sm_count)
+        return tensormap_workspace_bytes(self.name, sm_count)
 
     # --- emission -------------------------------------------------------------------------------------------
     def headers(self) -> list[str]:
-        return grouped.GemmOperationGroupedSm90.headers(self)  # the same kernel: the same headers
+        return list(PTR_ARRAY_HEADERS)  # the grouped kind's kernel: the same headers
 
     def emit_body(self) -> str:
         # No bias (rejected above) and no device-sizes kernel: that one is the grouped kind's (its ABI struct,
         # Sm90GroupedSizesArgs, is defined by grouped units only); the entries' sizes are uploaded with the pointers.
-        return grouped.render_ptr_array_kernel(self, bias=None, sizes_kernel=False,
-                                               template=Path(__file__).parent / "gemm_array_sm90.cu.j2")
+        return render_ptr_array_kernel(self, Path(__file__).parent / "gemm_array_sm90.cu.j2", bias=None,
+                                       sizes_kernel=False)
 
     def describe(self) -> str:
-        return grouped.ptr_array_description(self, "array")
-
-
-sm90.ARRAY_OPERATION = GemmOperationArraySm90
+        return ptr_array_description(self, "array")

@@ -20,9 +20,9 @@ from ...errors import ArgumentError
 from ...runtime import driver
 from ...runtime.arguments import OperationArguments
 from ...runtime.tensors import describe, storage_type
-from ..gemm import arguments as gemm_arguments
-from ..gemm.arguments import UNSET, GemmArguments, check_problem_alignment, coerce_problem_size, split_k_slices_alias
-from ..gemm.modes import Mode
+from ..gemm.arguments import GemmArguments
+from ..families.arguments import UNSET, check_problem_alignment, coerce_problem_size, split_k_slices_alias
+from ..families.modes import Mode
 from .abi import GemmEvtArgs
 from .operation import GemmOperationEvt
 
@@ -194,6 +194,3 @@ class GemmEvtArguments(GemmArguments):
     def before_launch(self) -> None:
         for address, nbytes in self._reductions:  # complete sums are added into their outputs atomically
             driver.memset_d8(address, 0, nbytes, self.stream)
-
-
-gemm_arguments.VISITOR_ARGUMENTS[GemmOperationEvt] = GemmEvtArguments

@@ -15,10 +15,9 @@ from ...emit import names
 from ...epilogue.visitor import BINARY_OPS, UNARY_OPS, EpilogueVisitTree, EvtDescription, EvtOutputOp, Node
 from ...errors import ArgumentError, DescriptionError
 from ..base import TiledOperation, check_compute_capability
-from ..gemm import operation as gemm_operation
-from ..gemm.operation import (check_congruous_tile, check_crosswise_tile_k, check_f64_tensor_op_stages,
-                              check_mixed_epilogue_warp_tile, check_narrow_warp_tiles, check_wide_warp_tile,
-                              epilogue_thread_map_problem, gemm_fast_f16_core, mainloop_thread_map_problem)
+from ..families.sm80 import (check_congruous_tile, check_crosswise_tile_k, check_f64_tensor_op_stages,
+                               check_mixed_epilogue_warp_tile, check_narrow_warp_tiles, check_wide_warp_tile,
+                               epilogue_thread_map_problem, gemm_fast_f16_core, mainloop_thread_map_problem)
 from .abi import GemmEvtArgs
 
 _ROUND = "cutlass::FloatRoundStyle::round_to_nearest"
@@ -283,7 +282,3 @@ class GemmOperationEvt(TiledOperation):
                 f"C={self.C.element.label}/{self.C.layout.value}/{self.C.alignment} "
                 f"acc={math.element_accumulator.label} tile={self.tile_description.procedural_name()} "
                 f"epilogue={self.epilogue_functor.describe()} swizzle={self.swizzling_functor.name}")
-
-
-# GemmOperationUniversal(..., visitor=True) builds this operation (kinds/gemm/operation.py asks for it).
-gemm_operation.VISITOR_OPERATION = GemmOperationEvt

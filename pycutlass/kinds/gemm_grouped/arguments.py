@@ -24,67 +24,16 @@ from ...runtime import driver
 from ...runtime.arguments import ArgumentsMemo, OperationArguments, memo_key
 from ...runtime.launch import PreparedLaunch
 from ...runtime.tensors import DeviceTensors, describe, storage_type
-from ..gemm.arguments import (check_problem_alignment, coerce_output_op, coerce_problem_size,
-                             problem_alignment_checks)
-from ..gemm.matrix import MatrixGeometry, check_output_geometry, matrix_geometry
+from ..families.arguments import (check_problem_alignment, coerce_output_op, coerce_problem_size,
+                                  problem_alignment_checks)
+from ..families.grouped_arguments import (  # noqa: F401  (their names as this module had them)
+    fill_group_arrays, pack_arrays, pack_problem_arrays, problem_arrays)
+from ..families.grouped_arguments import plural_alias as _alias
+from ..families.matrix import MatrixGeometry, check_output_geometry, matrix_geometry
+from .. import registry
 from .abi import GemmGroupedArgs
-from .operation import PRECOMPUTE_THREADS, GemmOperationGrouped, SchedulerMode
-
-_ARRAY_ALIGNMENT = 16  # bytes; each per-problem array starts aligned in the shared buffer
-
-
-def fill_group_arrays(struct, arguments) -> None:
-    """The per-group device arrays (sizes, operand pointers, leading dimensions) and the workspace of ``arguments``
-    into a grouped ABI struct (the Sm80 kernel's and the SM90 pointer-array kernel's have these fields alike)."""
-    arrays = arguments.device_arrays
-    struct.problem_sizes = arrays["problem_sizes"]
-    struct.ptr_A, struct.ptr_B, struct.ptr_C, struct.ptr_D = (arrays[f"ptr_{x}"] for x in "ABCD")
-    struct.lda, struct.ldb, struct.ldc, struct.ldd = (arrays[f"ld{x}"] for x in "abcd")
-    struct.workspace = arguments.workspace
-    struct.workspace_bytes = arguments.workspace_bytes
-
-
-def pack_arrays(arrays) -> tuple[bytes, dict]:
-    """One buffer for (field, numpy array) pairs, each array aligned; and each field's offset in it."""
-    blob, offsets = bytearray(), {}
-    for field, array in arrays:
-        blob.extend(b"\0" * (-len(blob) % _ARRAY_ALIGNMENT))
-        offsets[field] = len(blob)
-        blob.extend(np.ascontiguousarray(array).tobytes())
-    return bytes(blob), offsets
-
-
-def pack_problem_arrays(sizes, pointers: dict, lds: dict, extra=()) -> tuple[bytes, dict]:
-    """One buffer for all per-problem arrays, [sizes][ptr A..D][ld A..D] then ``extra`` (field, array) pairs, each
-    aligned; and each one's offset."""
-    return pack_arrays([("problem_sizes", sizes)] + [(f"ptr_{x}", pointers[x]) for x in "ABCD"] +
-                       [(f"ld{x.lower()}", lds[x]) for x in "ABCD"] + list(extra))
-
-
-def problem_arrays(problems, operands, address, empty_k_operand, empty_k_size: int | None = None):
-    """Per-problem sizes (count x 3 int32), pointers (uint64) and leading dimensions (int64) of A, B, C, D, as
-    ``pack_problem_arrays`` takes them. ``operands[i]``: label -> (TensorInfo, MatrixGeometry), C missing when beta
-    is 0 (C then aliases D, never read); ``address(info, is_output)``: a device address; ``empty_k_operand(label, m,
-    n)``: (pointer, ld) that A and B of a K = 0 problem read instead (``empty_k_size``: the K such a problem runs
-    with, if not 0). Built as Python lists, converted once: numpy item assignment costs more per problem than the
-    rest of the loop."""
-    sizes, pointers, lds = [], {label: [] for label in "ABCD"}, {label: [] for label in "ABCD"}
-    for (m, n, k), found in zip(problems, operands):
-        empty_k = k == 0 and m > 0 and n > 0
-        sizes.append((m, n, empty_k_size if empty_k and empty_k_size is not None else k))
-        for label in "ABDC":
-            if label not in found:
-                pointer, ld = pointers["D"][-1], lds["D"][-1]
-            elif empty_k and label in "AB":
-                pointer, ld = empty_k_operand(label, m, n)
-            else:
-                info, geometry = found[label]
-                pointer, ld = address(info, is_output=label == "D"), geometry.ld
-            pointers[label].append(pointer)
-            lds[label].append(ld)
-    return (np.array(sizes, dtype=np.int32).reshape(len(sizes), 3),
-            {label: np.array(values, dtype=np.uint64) for label, values in pointers.items()},
-            {label: np.array(values, dtype=np.int64) for label, values in lds.items()})
+from ..families.grouped import SchedulerMode
+from .operation import PRECOMPUTE_THREADS, GemmOperationGrouped
 
 
 def _list_of(name: str, values, count: int, allow_none: bool = False) -> list:
@@ -95,14 +44,6 @@ def _list_of(name: str, values, count: int, allow_none: bool = False) -> list:
     if len(values) != count:
         raise ArgumentError(f"{name} has {len(values)} tensor(s) but there are {count} problem(s)")
     return list(values)
-
-
-def _alias(plural: str, plural_value, single: str, single_value):
-    if single_value is None:
-        return plural_value
-    if plural_value is not None:
-        raise ArgumentError(f"GemmGroupedArguments: pass {plural}= or PyCUTLASS's {single}=, not both")
-    return single_value
 
 
 def _memo_key(operation, problem_sizes, As, Bs, Cs, Ds, output_op, stream, device, session):
@@ -134,14 +75,14 @@ class GemmGroupedArguments(OperationArguments):
     None entries) when beta is 0. One alpha/beta (``output_op``) applies to the whole group.
     """
 
-    operation_type = GemmOperationGrouped  # subclasses for other grouped kinds name theirs
+    operation_type = GemmOperationGrouped  # the operations these arguments take (each grouped kind names its own)
 
     def __new__(cls, operation=None, *args, **kwargs):
         if cls is GemmGroupedArguments:
             # Another grouped kind (kinds/gemm_grouped_sm90) subclasses these arguments for its operations.
-            for subclass in cls.__subclasses__():
-                if isinstance(operation, subclass.operation_type):
-                    return object.__new__(subclass)  # Python then runs the subclass's __init__
+            found = registry.arguments_class("GemmGroupedArguments", operation)
+            if found is not None:
+                return object.__new__(found)  # Python then runs the subclass's __init__
         return super().__new__(cls)
 
     def __init__(self, operation, problem_sizes, As=None, Bs=None, Cs=None, Ds=None, output_op=None, stream=None,

@@ -37,46 +37,25 @@ dimensions per problem itself. So the ABI struct always carries the user's (untr
 """
 from __future__ import annotations
 
-import enum
-
 from ...description.tensor_description import TensorDescription
 from ...description.tile_description import TileDescription
-from ...description.types import (BatchedIdentitySwizzle, HorizontalSwizzle, IdentitySwizzle1, IdentitySwizzle2,
-                                 IdentitySwizzle4, IdentitySwizzle8, LayoutType, SwizzlingFunctor)
+from ...description.types import IdentitySwizzle1, LayoutType, SwizzlingFunctor
 from ...emit import names
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import ArgumentError, DescriptionError
 from .abi import GemmGroupedArgs
+from .. import registry
 from ..base import TiledOperation, check_compute_capability
-from ..gemm.operation import GemmOperationUniversal, check_operand_types
+from ..families.grouped import GROUPED_SWIZZLES, SchedulerMode
+from ..families.sm80 import check_gemm_layouts, check_operand_types
 
 # sizeof(GroupedProblemVisitor<...>::ProblemInfo): two int32 (problem index, first tile); static_assert-ed in C++.
 PROBLEM_INFO_BYTES = 8
 # Threads of the one block that runs <name>_precompute (a power of two: it scans in shared memory).
 PRECOMPUTE_THREADS = 256
 
-# The grouped kernel schedules tiles with its problem visitor; the swizzle only names a type it ignores.
-# BatchedIdentitySwizzle is accepted because PyCUTLASS 2.11's own grouped tests pass it; the strided-dgrad swizzles
-# belong to convolutions and are rejected.
-GROUPED_SWIZZLES = (IdentitySwizzle1, IdentitySwizzle2, IdentitySwizzle4, IdentitySwizzle8, HorizontalSwizzle,
-                    BatchedIdentitySwizzle)
 
 _WHAT = "GemmOperationGrouped"
-
-
-class SchedulerMode(enum.Enum):
-    """Who computes the order in which the persistent blocks visit the tiles of the group."""
-
-    Device = "Device"  # cutlass::gemm::kernel::GroupScheduleMode::kDeviceOnly
-    Host = "Host"  # cutlass::gemm::kernel::GroupScheduleMode::kHostPrecompute (precomputed, here on the device)
-
-    @property
-    def cpp(self) -> str:
-        member = "kDeviceOnly" if self is SchedulerMode.Device else "kHostPrecompute"
-        return f"cutlass::gemm::kernel::GroupScheduleMode::{member}"
-
-    def __repr__(self) -> str:
-        return f"pycutlass.SchedulerMode.{self.value}"
 
 
 def _as_triple(problem, index: int) -> tuple[int, int, int]:
@@ -94,15 +73,12 @@ class GemmOperationGrouped(TiledOperation):
     abi_struct_type = GemmGroupedArgs
 
     def __new__(cls, *args, **kwargs):
-        arch = kwargs.get("arch", args[0] if args else None)
-        if cls is GemmOperationGrouped and arch == 90 and not isinstance(arch, bool):
-            # Compute capability 90 picks a CUTLASS 3.x kind that subclasses this one (kinds/gemm_grouped_sm90) when
-            # the tile means it; a tile with an Sm80 warp arrangement keeps this CUTLASS 2.x kernel (it runs on Hopper).
-            tile = kwargs.get("tile_description", args[1] if len(args) > 1 else None)
-            for subclass in cls.__subclasses__():
-                takes = getattr(subclass, "takes", None)
-                if takes is not None and takes(tile):
-                    return object.__new__(subclass)  # Python then runs the subclass's __init__
+        if cls is GemmOperationGrouped:
+            # Compute capability 90 with an SM90 tile picks the CUTLASS 3.x kind (kinds/gemm_grouped_sm90, a subclass
+            # of this one); a tile with an Sm80 warp arrangement keeps this CUTLASS 2.x kernel (it runs on Hopper).
+            built = registry.operation_class("GemmOperationGrouped", kwargs.get("arch", args[0] if args else None),
+                                             kwargs.get("tile_description", args[1] if len(args) > 1 else None))
+            return object.__new__(built)  # Python then runs its class's __init__
         return super().__new__(cls)
 
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
@@ -133,7 +109,7 @@ class GemmOperationGrouped(TiledOperation):
                                    f"layouts are not supported for grouped GEMM), got "
                                    f"A {self.A.layout.value}, B {self.B.layout.value}, C {self.C.layout.value}")
         # The remaining rules (int8 tensor ops read K-contiguous A and B) are the GEMM's own.
-        GemmOperationUniversal._check_layouts(self)
+        check_gemm_layouts(self)
 
     # --- identity -------------------------------------------------------------------------------------------
     def _signature(self) -> tuple:

@@ -4,30 +4,8 @@ from __future__ import annotations
 
 import ctypes
 
-from ...emit.abi import EPILOGUE_FIELDS, AbiStruct
-
-
-class Sm90GroupedGemmArgs(AbiStruct):
-    """What Python hands the device-side Params builder. Nothing here depends on the per-group sizes (they stay on
-    the device and the kernel reads them), so Params built for one group serve every group of the same count.
-    ``raster_order``: 0 heuristic, 1 along M, 2 along N; ``sm_count``: SMs the persistent grid (and the per-SM
-    tensormap slots of the workspace) are sized for. ``ptr_bias``: the per-group bias pointers (operations built
-    with ``bias="column"``; null otherwise). ``alpha_ptr``: per-group alphas (float32, one per group; null: the scalar
-    ``alpha`` for every group)."""
-
-    _pointers_ = ("problem_sizes", "ptr_A", "ptr_B", "ptr_C", "ptr_D", "lda", "ldb", "ldc", "ldd", "workspace",
-                  "ptr_bias", "alpha_ptr")
-    _fields_ = [("problem_count", ctypes.c_int32), ("sm_count", ctypes.c_int32), ("raster_order", ctypes.c_int32),
-                ("swizzle", ctypes.c_int32), ("max_active_clusters", ctypes.c_int32), ("reserved", ctypes.c_int32),
-                ("problem_sizes", ctypes.c_uint64),  # device array of Shape<int, int, int> (3 x int32)
-                ("ptr_A", ctypes.c_uint64), ("ptr_B", ctypes.c_uint64), ("ptr_C", ctypes.c_uint64),
-                ("ptr_D", ctypes.c_uint64),  # device arrays of pointers
-                ("lda", ctypes.c_uint64), ("ldb", ctypes.c_uint64), ("ldc", ctypes.c_uint64),
-                ("ldd", ctypes.c_uint64),  # device arrays of CUTLASS's internal strides (one int64 each)
-                ("workspace", ctypes.c_uint64),  # per-SM tensormap slots
-                ("workspace_bytes", ctypes.c_int64),
-                ("ptr_bias", ctypes.c_uint64),  # device array of per-group bias pointers
-                ("alpha_ptr", ctypes.c_uint64)] + EPILOGUE_FIELDS  # device array of per-group alphas (float32)
+from ...emit.abi import AbiStruct
+from ..families.sm90_ptr_array import Sm90GroupedGemmArgs  # noqa: F401  (the pointer-array kernel's struct)
 
 
 class Sm90GroupedSizesArgs(AbiStruct):

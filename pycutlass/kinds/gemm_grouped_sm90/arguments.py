@@ -25,15 +25,17 @@ import numpy as np
 
 from ...description.types import DataType, LayoutType
 from ...emit.abi import fill_epilogue
-from ...errors import ArgumentError, CudaError
+from ...errors import ArgumentError
 from ...runtime import driver
 from ...runtime.arguments import OperationArguments
 from ...runtime.tensors import describe, storage_type
-from ..gemm.arguments import coerce_output_op
-from ..gemm.matrix import matrix_geometry
-from ..gemm_sm90.arguments import check_sm_count, persistent_sm_count
-from ..gemm_grouped.arguments import (GemmGroupedArguments, _alias, fill_group_arrays, pack_arrays,
-                                      pack_problem_arrays, problem_arrays)
+from ..families.arguments import coerce_output_op
+from ..families.matrix import matrix_geometry
+from ..families.grouped_arguments import (fill_group_arrays, pack_arrays, pack_problem_arrays, plural_alias,
+                                          problem_arrays)
+from ..families.sm90_arguments import (  # noqa: F401  (their names as this module had them)
+    GROUP_RASTER_ORDERS as RASTER_ORDERS, check_group_knobs, check_sm_count, check_workspace, persistent_sm_count)
+from ..gemm_grouped.arguments import GemmGroupedArguments
 from .abi import SIZE_FLAGS, Sm90GroupedGemmArgs, Sm90GroupedSizesArgs
 from .operation import GemmOperationGroupedSm90
 
@@ -59,9 +61,6 @@ def is_device_sizes(problem_sizes) -> bool:
     return isinstance(problem_sizes, np.ndarray) or hasattr(problem_sizes, "__cuda_array_interface__") or \
         hasattr(problem_sizes, "__dlpack__") or type(problem_sizes).__module__.startswith("torch")
 
-# None: CUTLASS's own default for groups (along M; its heuristic looks at the grid, not at the groups' shapes).
-RASTER_ORDERS = {None: 1, "heuristic": 0, "along_m": 1, "along_n": 2}
-
 
 class GemmGroupedArgumentsSm90(GemmGroupedArguments):
     """``GemmGroupedArguments(op, problem_sizes, As, Bs, Cs, Ds, output_op=None, stream=None, device=None,
@@ -84,13 +83,13 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
                  device=None, session=None, *, A=None, B=None, C=None, D=None, raster_order=None, swizzle=None,
                  sm_count=None, bias=None, alpha=None):
         if A is not None or B is not None or C is not None or D is not None:
-            As, Bs, Cs, Ds = (_alias(plural, plural_value, single, single_value) for plural, plural_value, single,
-                              single_value in (("As", As, "A", A), ("Bs", Bs, "B", B), ("Cs", Cs, "C", C),
-                                               ("Ds", Ds, "D", D)))
+            As, Bs, Cs, Ds = (plural_alias(plural, plural_value, single, single_value)
+                              for plural, plural_value, single, single_value in
+                              (("As", As, "A", A), ("Bs", Bs, "B", B), ("Cs", Cs, "C", C), ("Ds", Ds, "D", D)))
         if not isinstance(operation, GemmOperationGroupedSm90):
             raise ArgumentError(f"GemmGroupedArgumentsSm90 needs an SM90 GemmOperationGrouped, got "
                                 f"{type(operation).__name__}")
-        self._knobs = _check_knobs(operation, raster_order, swizzle, sm_count)
+        self._knobs = check_group_knobs(operation, raster_order, swizzle, sm_count)
         if bias is not None and operation.bias is None:
             raise ArgumentError(f"{operation.name} was built without a bias; build it with bias='column' to pass bias=")
         if bias is None and operation.bias is not None:
@@ -498,23 +497,3 @@ def _stand_in_ld(op, label: str, m: int, n: int) -> int:
     return -(-extent // desc.alignment) * desc.alignment
 
 
-def check_workspace(arguments, launch) -> None:
-    """The builder's tensormap workspace size must be the one the arguments allocated (the per-SM descriptor slots
-    the kernel re-targets); records the launch's CTA count."""
-    if launch.workspace_bytes != arguments.workspace_bytes:
-        raise CudaError(f"{arguments.operation.name}: the builder sized the tensormap workspace at "
-                        f"{launch.workspace_bytes} bytes, pycutlass at {arguments.workspace_bytes} (sm_count "
-                        f"{arguments.sm_count})", operation=arguments.operation.name)
-    arguments.threadblock_count = launch.grid[0] * launch.grid[1] * launch.grid[2]
-
-
-def _check_knobs(operation, raster_order, swizzle, sm_count) -> tuple:
-    if raster_order not in RASTER_ORDERS:
-        raise ArgumentError(f"raster_order must be one of {list(RASTER_ORDERS)}, got {raster_order!r}")
-    if swizzle not in (None, 1, 2, 4, 8):
-        raise ArgumentError(f"swizzle must be 1, 2, 4 or 8, got {swizzle!r}")
-    if sm_count is not None:
-        if isinstance(sm_count, bool) or not isinstance(sm_count, int) or sm_count < 1:
-            raise ArgumentError(f"sm_count must be a positive integer, got {sm_count!r}")
-        check_sm_count(operation, sm_count)
-    return (RASTER_ORDERS[raster_order], swizzle or 0, sm_count or 0)

@@ -19,50 +19,22 @@ from pathlib import Path
 
 from ...description.tensor_description import TensorDescription
 from ...description.tile_description import TileDescription
-from ...description.types import (DataType, EpilogueScheduleType, IdentitySwizzle1, KernelScheduleType, LayoutType,
-                                  OpClass, SwizzlingFunctor, TileSchedulerType)
-from ...emit import names
-from ...emit.abi import TmaRecord
-from ...emit.emitter import render
+from ...description.types import IdentitySwizzle1, SwizzlingFunctor
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import DescriptionError
-from ..gemm.operation import check_description_types
-from ..gemm_grouped.operation import GROUPED_SWIZZLES, GemmOperationGrouped, SchedulerMode
-from ..gemm_sm90 import operation as sm90
+from ..families.grouped import GROUPED_SWIZZLES, SchedulerMode
+from ..families.sm90 import CLAMP_KINDS, Sm90Operation, derived_warp_count
+from ..families.sm90_ptr_array import (  # noqa: F401  (their names as this module had them)
+    EPILOGUE_WARP_GROUPS, GROUPED_EPILOGUES, PTR_ARRAY_HEADERS, TMA_DESCRIPTOR_BYTES, check_ptr_array, ptr_array_description,
+    ptr_array_readable_name, render_ptr_array_kernel, tensormap_workspace_bytes)
+from ..families.sm90_ptr_array import GROUPED_WHAT as _WHAT
+from ..gemm_grouped.operation import GemmOperationGrouped
 from .abi import Sm90GroupedGemmArgs, Sm90GroupedSizesArgs
 
-_KS, _ES, _TS = KernelScheduleType, EpilogueScheduleType, TileSchedulerType
-_OPERANDS = (DataType.float16, DataType.bfloat16)
-_FP8 = (DataType.float8_e4m3, DataType.float8_e5m2)
-_OUTPUTS = (DataType.float16, DataType.bfloat16, DataType.float32)
-_KERNEL_SCHEDULES = {
-    _KS.TmaWarpSpecializedCooperative: "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative",
-    _KS.TmaWarpSpecializedPingpong: "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong",
-    # fp8 only: wgmma accumulates in its own (reduced-precision) registers across the whole K loop, without the
-    # main loop's periodic promotion into float32 (CUTLASS's "fast accumulation").
-    _KS.TmaWarpSpecializedCooperativeFP8FastAccum:
-        "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum",
-    _KS.TmaWarpSpecializedPingpongFP8FastAccum: "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8FastAccum",
-}
-_EPILOGUE_SCHEDULES = {  # by the schedule's base (fast accumulation does not change the epilogue)
-    _KS.TmaWarpSpecializedCooperative: "cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative",
-    _KS.TmaWarpSpecializedPingpong: "cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong",
-}
-# Both pointer-array epilogues keep one D tensormap per consumer warpgroup (CollectiveEpilogue::NumEpilogueWarpGroups,
-# static_assert-ed in the template).
-EPILOGUE_WARP_GROUPS = 2
-TMA_DESCRIPTOR_BYTES = 128  # sizeof(cute::TmaDescriptor), static_assert-ed
-_TENSORMAP_ALIGNMENT = 64  # the kernel's MinTensorMapWorkspaceAlignment
-_WHAT = "GemmOperationGrouped(90)"
-GROUPED_EPILOGUES = ("LinearCombination", "LinearCombinationGeneric", "LinearCombinationClamp")
 _GROUPED_EPILOGUE_HINT = " (any activation), with bias='column' for a per-group bias"
 
 
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
-class GemmOperationGroupedSm90(GemmOperationGrouped):
+class GemmOperationGroupedSm90(Sm90Operation, GemmOperationGrouped):
     """``GemmOperationGrouped(90, tile_description, A, B, C, epilogue_functor, swizzling_functor=IdentitySwizzle1,
     precompute_mode=SchedulerMode.Device, bias=None)`` with an SM90 tile.
 
@@ -83,15 +55,9 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
 
     kind = "gemm_grouped_sm90"
     abi_struct_type = Sm90GroupedGemmArgs
-    required_backend = "nvrtc"  # the builder needs -default-device (see gemm_sm90)
 
     def __new__(cls, *args, **kwargs):
         return object.__new__(cls)
-
-    @staticmethod
-    def takes(tile) -> bool:
-        """Whether ``GemmOperationGrouped(90, tile, ...)`` means this kind: the rule of ``GemmOperationUniversal(90)``."""
-        return sm90.GemmOperationSm90.takes(tile)
 
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueFunctor,
@@ -108,17 +74,13 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
                                    f"got {swizzling_functor!r}")
         self._describe(90, tile_description, A, B, C, epilogue_functor, swizzling_functor)
         self.precompute_mode = precompute_mode
-        self.kernel_schedule = _check(tile_description, A, B, C, epilogue_functor,
+        self.kernel_schedule = check_ptr_array(tile_description, A, B, C, epilogue_functor,
                                       epilogue_hint=_GROUPED_EPILOGUE_HINT, fp8=True)
         self.bias = _check_bias(bias, epilogue_functor)
 
     # --- identity -------------------------------------------------------------------------------------------
-    @property
-    def family(self) -> str:
-        return "sm90"
-
     def abi_structs(self) -> tuple:
-        return (*super().abi_structs(), TmaRecord, Sm90GroupedSizesArgs)
+        return (*super().abi_structs(), Sm90GroupedSizesArgs)
 
     def _signature(self) -> tuple:
         tile = self.tile_description
@@ -143,11 +105,7 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
 
     @property
     def warp_count(self) -> tuple[int, int, int]:
-        return sm90.derived_warp_count(self.tile_description.threadblock_shape, self.kernel_schedule)
-
-    @property
-    def cluster_shape(self) -> tuple[int, int, int]:
-        return self.tile_description.cluster_shape
+        return derived_warp_count(self.tile_description.threadblock_shape, self.kernel_schedule)
 
     @property
     def default_swizzle(self) -> int:
@@ -182,181 +140,19 @@ class GemmOperationGroupedSm90(GemmOperationGrouped):
                 "sizes": self.sizes_symbol, "thread_count": self.thread_count}
 
     # --- emission -------------------------------------------------------------------------------------------
-    def preamble(self) -> str:
-        return sm90._NVRTC_SHIM  # the same NVRTC shim (emitted once per unit)
-
-    def shared_code(self) -> str:
-        """The SM90 helpers (TMA records), shared with gemm_sm90 operations of the unit (identical text: once)."""
-        return render(Path(sm90.__file__).parent / "sm90_helpers.cu.j2")
-
     def headers(self) -> list[str]:
-        return ["cute/tensor.hpp", "cutlass/gemm/collective/collective_builder.hpp",
-                "cutlass/epilogue/collective/collective_builder.hpp", "cutlass/epilogue/thread/activation.h",
-                "cutlass/gemm/group_array_problem_shape.hpp", "cutlass/gemm/kernel/gemm_universal.hpp",
-                "cutlass/gemm/dispatch_policy.hpp"]
+        return list(PTR_ARRAY_HEADERS)
 
     def emit_body(self) -> str:
-        return render_ptr_array_kernel(self, bias=self.bias, sizes_kernel=True)
+        return render_ptr_array_kernel(self, Path(__file__).parent / "gemm_grouped_sm90.cu.j2", bias=self.bias,
+                                       sizes_kernel=True)
 
     def describe(self) -> str:
         return ptr_array_description(self, "grouped") + (f" bias={self.bias}" if self.bias else "")
 
 
-def tensormap_workspace_bytes(name: str, sm_count: int) -> int:
-    """The pointer-array kernel's per-SM tensormap slots: C and one D per epilogue warpgroup, then A and B."""
-    if isinstance(sm_count, bool) or not isinstance(sm_count, int) or sm_count <= 0:
-        raise DescriptionError(f"{name}: sm_count must be a positive integer, got {sm_count!r}")
-    epilogue = _round_up(TMA_DESCRIPTOR_BYTES * sm_count * (EPILOGUE_WARP_GROUPS + 1), _TENSORMAP_ALIGNMENT)
-    mainloop = _round_up(TMA_DESCRIPTOR_BYTES * sm_count * 2, _TENSORMAP_ALIGNMENT)
-    return epilogue + mainloop
-
-
-def ptr_array_description(op, kind: str) -> str:
-    """The one-line summary of a pointer-array operation (``kind``: grouped or array)."""
-    tile = op.tile_description
-    return (f"GEMM {kind} sm90 A={op.A.element.label}/{op.A.layout.value}/{op.A.alignment} "
-            f"B={op.B.element.label}/{op.B.layout.value}/{op.B.alignment} "
-            f"C={op.C.element.label}/{op.C.layout.value}/{op.C.alignment} "
-            f"acc={op.element_accumulator.label} tile={list(tile.threadblock_shape)} "
-            f"cluster={list(tile.cluster_shape)} stages={tile.stages or 'auto'} "
-            f"kernel=PtrArray{op.kernel_schedule.value} epilogue_op={op.epilogue_functor.describe()}")
-
-
-def ptr_array_readable_name(op, kind: str) -> str:
-    """``<kind>_<types>_<layouts>_<tile>_<cluster>_<stages>_<schedule><epilogue>`` of a pointer-array operation."""
-    tile = op.tile_description
-    s = names.SHORT
-    layouts = "".join(names.LAYOUT_SHORT[d.layout] for d in (op.A, op.B, op.C))
-    m, n, k = tile.threadblock_shape
-    cm, cn, _ = tile.cluster_shape
-    schedule = "coop" if op.kernel_schedule.base is _KS.TmaWarpSpecializedCooperative else "pp"
-    schedule += "fa" if op.kernel_schedule.is_fp8_fast_accum else ""
-    b = s[op.B.element] if op.B.element is not op.A.element else ""
-    return (f"{kind}_{s[op.A.element]}{b}{s[op.C.element]}{s[op.element_accumulator]}_{layouts}_"
-            f"{m}x{n}x{k}_c{cm}x{cn}_s{tile.stages}_{schedule}{sm90.epilogue_suffix(op.epilogue_functor)}")
-
-
-def render_ptr_array_kernel(op, bias: str | None = None, sizes_kernel: bool = False, template: Path | None = None) -> str:
-    """The pointer-array kernel and its builder (gemm_grouped_sm90.cu.j2) for ``op``: a grouped operation, or an
-    SM90 GEMM built for Mode.Array (kinds/gemm_array_sm90), which runs it with one size per batch entry.
-
-    ``bias``: None or "column" (the per-group bias tree; grouped operations only). ``sizes_kernel``: also emit
-    ``<name>_sizes``, the device-sizes kernel of grouped operations, whose ABI struct (Sm90GroupedSizesArgs) only
-    their units define; the Array kind has no device-side sizes and leaves it out. ``template``: the kind's own
-    template (the Array kind's includes this one)."""
-    tile = op.tile_description
-    functor = op.epilogue_functor
-    activation, activation_args, clamp = sm90.fusion_activation(functor)
-    if bias not in (None, "column"):
-        raise DescriptionError(f"{op.name}: the pointer-array template builds bias None or 'column', got {bias!r}")
-    if bias is not None and clamp:  # the operation rejects it; the bias tree sets no clamp bounds
-        raise DescriptionError(f"{op.name}: the clamp is not built with the per-group bias tree")
-    return render(
-        template or Path(__file__).parent / "gemm_grouped_sm90.cu.j2", name=op.name, summary=op.describe(),
-        element_a=names.ELEMENT[op.A.element], layout_a=names.LAYOUT[op.A.layout], alignment_a=op.A.alignment,
-        element_b=names.ELEMENT[op.B.element], layout_b=names.LAYOUT[op.B.layout], alignment_b=op.B.alignment,
-        element_c=names.ELEMENT[op.C.element], layout_c=names.LAYOUT[op.C.layout], alignment_c=op.C.alignment,
-        element_accumulator=names.ELEMENT[op.element_accumulator],
-        element_compute=names.ELEMENT[functor.element_epilogue],
-        tile_shape=tile.threadblock_shape, cluster_shape=tile.cluster_shape, stages=tile.stages,
-        kernel_schedule=_KERNEL_SCHEDULES[op.kernel_schedule],
-        epilogue_schedule=_EPILOGUE_SCHEDULES[op.kernel_schedule.base],
-        activation=activation, activation_args=activation_args, clamp=clamp, bias=bias, sizes_kernel=sizes_kernel,
-        epilogue_warp_groups=EPILOGUE_WARP_GROUPS, tma_descriptor_bytes=TMA_DESCRIPTOR_BYTES,
-        thread_count=op.thread_count)
-
-
-def _check(tile: TileDescription, A, B, C, functor, what: str = _WHAT, epilogues: tuple = GROUPED_EPILOGUES,
-           kernel: str = "the SM90 grouped kernel",
-           other_types: str = "use compute capability 80's grouped kernel (an Sm80 tile) for other types",
-           epilogue_hint: str = "", fp8: bool = False) -> KernelScheduleType:
-    """CUTLASS 3.x's rules for the SM90 pointer-array grouped kernel (as far as the GPU suite covers them); returns the
-    resolved kernel schedule. Everything is rejected here, before a compile of about a minute. ``fp8``: also take
-    float8_e4m3 / float8_e5m2 operands (A RowMajor, B ColumnMajor; the grouped kind's GPU suite covers them)."""
-    check_description_types(tile, A, B, C, functor, what)
-    math = tile.math_instruction
-    if math.opcode_class is not OpClass.TensorOp:
-        raise DescriptionError(f"{what}: {kernel} computes on tensor cores (OpClass.TensorOp)")
-    operand = math.element_a
-    is_fp8 = fp8 and operand in _FP8 and math.element_b in _FP8
-    if not is_fp8 and (operand not in _OPERANDS or math.element_b is not operand):
-        allowed = "float16 or bfloat16 operands (both the same)" + (", or float8_e4m3 / float8_e5m2 (any pair)"
-                                                                    if fp8 else "")
-        raise DescriptionError(f"{what}: {kernel} is built for {allowed}, got {operand.label} x "
-                               f"{math.element_b.label}; {other_types}")
-    if math.element_accumulator is not DataType.float32:
-        raise DescriptionError(f"{what}: accumulate in float32, got {math.element_accumulator.label}")
-    for label, desc, element in (("A", A, operand), ("B", B, math.element_b)):
-        if desc.element is not element:
-            raise DescriptionError(f"{what}: {label}.element is {desc.element.label} but the math instruction "
-                                   f"multiplies {element.label}")
-        sm90._check_tma_operand(what, label, desc)
-    if is_fp8 and (A.layout, B.layout) != (LayoutType.RowMajor, LayoutType.ColumnMajor):
-        raise DescriptionError(f"{what}: wgmma reads fp8 operands K-major only: A must be RowMajor and B ColumnMajor "
-                               f"(got A {A.layout.value}, B {B.layout.value})")
-    if C.element not in _OUTPUTS:
-        raise DescriptionError(f"{what}: C must be one of {[e.label for e in _OUTPUTS]}, got {C.element.label}")
-    sm90._check_tma_operand(what, "C", C)
-    if functor.kind not in epilogues:
-        raise DescriptionError(f"{what}: the {functor.kind} epilogue is not built for {kernel}; use "
-                               f"{' or '.join(epilogues)}{epilogue_hint}")
-    if functor.element_output is not C.element or functor.alignment != C.alignment:
-        raise DescriptionError(f"{what}: the epilogue writes {functor.element_output.label} x {functor.alignment} but "
-                               f"C is {C.element.label} x {C.alignment}; they must match")
-    if functor.element_accumulator is not DataType.float32 or functor.element_epilogue is not DataType.float32:
-        raise DescriptionError(f"{what}: the epilogue reads float32 accumulators and computes in float32, got "
-                               f"{functor.element_accumulator.label} / {functor.element_epilogue.label}")
-
-    m, n, k = tile.threadblock_shape
-    if n not in (64, 128, 256):
-        raise DescriptionError(f"{what}: tile N must be 64, 128 or 256, got {n}")
-    if k * operand.bits // 8 != 128:
-        raise DescriptionError(f"{what}: tile K must be {128 * 8 // operand.bits} {operand.label} elements (the "
-                               f"128-byte TMA swizzle atom), got {k}")
-    if tuple(tile.cluster_shape) not in ((1, 1, 1), (2, 1, 1), (1, 2, 1)):
-        raise DescriptionError(f"{what}: cluster_shape must be [1, 1, 1], [2, 1, 1] or [1, 2, 1], got "
-                               f"{list(tile.cluster_shape)}")
-    if tile.tile_scheduler is not _TS.Default:
-        raise DescriptionError(f"{what}: the grouped kernel uses CUTLASS's group scheduler; tile_scheduler must be "
-                               f"Default, got {tile.tile_scheduler.name}")
-    schedule = tile.kernel_schedule
-    if schedule is _KS.Auto:  # as CUTLASS's builder (and GemmOperationUniversal(90)): fp8 accumulates fast
-        schedule = _KS.TmaWarpSpecializedCooperative if m % 128 == 0 else _KS.TmaWarpSpecializedPingpong
-        if is_fp8:
-            schedule = schedule.fp8_fast_accum
-    if schedule not in _KERNEL_SCHEDULES:
-        fast = ", or their FP8FastAccum forms for fp8" if fp8 else ""
-        raise DescriptionError(f"{what}: kernel_schedule must be Auto, TmaWarpSpecializedCooperative or "
-                               f"TmaWarpSpecializedPingpong (CUTLASS's pointer-array kernels){fast}, got "
-                               f"{schedule.value}")
-    if schedule.is_fp8_fast_accum and not is_fp8:
-        raise DescriptionError(f"{what}: {schedule.value} accumulates fp8 products fast; the operands are "
-                               f"{operand.label} x {math.element_b.label}")
-    base = schedule.base
-    if base is _KS.TmaWarpSpecializedCooperative and m not in (128, 256):
-        raise DescriptionError(f"{what}: the cooperative schedule splits tile M over two warpgroups of 64 rows: tile "
-                               f"M must be 128 or 256, got {m}")
-    if base is _KS.TmaWarpSpecializedPingpong and m not in (64, 128):
-        raise DescriptionError(f"{what}: the ping-pong schedule computes a tile with one warpgroup: tile M must be 64 "
-                               f"or 128, got {m}")
-    expected_epilogue = _ES.TmaWarpSpecializedCooperative if base is _KS.TmaWarpSpecializedCooperative \
-        else _ES.TmaWarpSpecialized
-    if tile.epilogue_schedule not in (_ES.Auto, expected_epilogue):
-        raise DescriptionError(f"{what}: with {schedule.value} the epilogue schedule must be Auto or "
-                               f"{expected_epilogue.value} (CUTLASS's pointer-array TMA epilogue), got "
-                               f"{tile.epilogue_schedule.value}")
-    if tile.warp_count is not None and tile.warp_count != sm90.derived_warp_count(tile.threadblock_shape, schedule):
-        raise DescriptionError(f"{what}: warp_count is derived on SM90 "
-                               f"({list(sm90.derived_warp_count(tile.threadblock_shape, schedule))} for "
-                               f"{schedule.value}); pass None or that value, got {list(tile.warp_count)}")
-    if tile.stages:
-        sm90.check_explicit_stages(what, tile, base is _KS.TmaWarpSpecializedCooperative, expected_epilogue,
-                                   C.element, operand.bits)
-    return schedule
-
-
 def _check_bias(bias, functor: EpilogueFunctor | None = None) -> str | None:
-    if bias == "column" and functor is not None and functor.kind in sm90.CLAMP_KINDS:
+    if bias == "column" and functor is not None and functor.kind in CLAMP_KINDS:
         raise DescriptionError(f"{_WHAT}: {functor.kind} with bias='column' is not built: CUTLASS 4.2 has no "
                                f"pointer-array bias fusion, so the per-group bias is pycutlass's own epilogue tree, "
                                f"and its activation node is not given the clamp's bounds (nor tested on a GPU); "

@@ -8,9 +8,10 @@ from ...errors import ArgumentError
 from ...emit.abi import fill_epilogue
 from ...runtime.launch import PreparedLaunch, loaded, prepare
 from ...runtime.tensors import describe
-from ..gemm import arguments as gemm_arguments
-from ..gemm.arguments import UNSET, GemmArguments
-from ..gemm.modes import Mode
+from ..gemm.arguments import GemmArguments
+from ..families.arguments import UNSET
+from ..families.modes import Mode
+from ..families.sm90_arguments import check_sm_count, persistent_sm_count  # noqa: F401
 from .abi import Sm90GemmArgs
 from .operation import GemmOperationSm90
 
@@ -253,27 +254,11 @@ def _check_pdl(operation, pdl) -> bool:
         return False
     if pdl is not True:
         raise ArgumentError(f"pdl must be True or False, got {pdl!r}")
-    refusal = getattr(operation, "pdl_refusal", "it is not an SM90 GemmOperationUniversal")
+    refusal = operation.pdl_refusal
     if refusal:
         raise ArgumentError(f"pdl=True needs a kernel that waits on the previous grid before its first global "
-                            f"access; {getattr(operation, 'name', operation)} does not: {refusal}")
+                            f"access; {operation.name} does not: {refusal}")
     return True
-
-
-def check_sm_count(operation, sm_count) -> None:
-    """An ``sm_count`` knob (None or 0: the device's) must be whole clusters: CUTLASS sizes the persistent grid from
-    it without rounding, and a grid of partial clusters fails at launch (CUDA_ERROR_INVALID_CLUSTER_SIZE)."""
-    cluster = operation.cluster_shape[0] * operation.cluster_shape[1]
-    if sm_count and sm_count % cluster:
-        raise ArgumentError(f"sm_count={sm_count} is not a multiple of the operation's cluster of {cluster} CTAs; "
-                            f"the persistent grid is made of whole clusters")
-
-
-def persistent_sm_count(operation, sm_count, device) -> int:
-    """The SMs CUTLASS's persistent grid may use: the knob (checked by ``check_sm_count``) or the device's SM count
-    rounded down to whole clusters."""
-    cluster = operation.cluster_shape[0] * operation.cluster_shape[1]
-    return sm_count or device.sm_count // cluster * cluster
 
 
 def _check_knobs(operation, raster_order, swizzle, decomposition, sm_count) -> tuple:
@@ -293,6 +278,3 @@ def _check_knobs(operation, raster_order, swizzle, decomposition, sm_count) -> t
     if sm_count is not None and (isinstance(sm_count, bool) or not isinstance(sm_count, int) or sm_count < 1):
         raise ArgumentError(f"sm_count must be a positive integer, got {sm_count!r}")
     return (RASTER_ORDERS[raster_order], swizzle or 0, DECOMPOSITIONS[decomposition], sm_count or 0)
-
-
-gemm_arguments.VISITOR_ARGUMENTS[GemmOperationSm90] = GemmArgumentsSm90

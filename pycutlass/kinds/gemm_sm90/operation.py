@@ -15,19 +15,20 @@ NVRTC whatever the session's backend is, and the compile report says so.
 """
 from __future__ import annotations
 
-import math
-from pathlib import Path
 
 from ...description.tensor_description import TensorDescription
 from ...description.tile_description import TileDescription
 from ...description.types import (GEMM_SWIZZLES, DataType, EpilogueScheduleType, IdentitySwizzle1,
                                    KernelScheduleType, LayoutType, OpClass, SwizzlingFunctor, TileSchedulerType)
 from ...emit import names
-from ...emit.emitter import render
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import DescriptionError
-from ..gemm.operation import GemmOperationUniversal, check_description_types
-from ...emit.abi import TmaRecord
+from .. import registry
+from ..families.sm90 import (  # noqa: F401  (their names as this module had them)
+    CLAMP_ACTIVATION, CLAMP_KINDS, EPILOGUE_KINDS, NVRTC_SHIM, Sm90Operation, check_explicit_stages, check_tma_operand,
+    derived_warp_count, epilogue_smem_bytes, epilogue_suffix, fusion_activation, resolve_kernel_schedule)
+from ..base import check_description_types
+from ..gemm.operation import GemmOperationUniversal
 from .abi import Sm90GemmArgs
 
 _KS, _ES, _TS = KernelScheduleType, EpilogueScheduleType, TileSchedulerType
@@ -40,41 +41,7 @@ _ACCUMULATORS = {_F16: (_F32, _F16), _BF16: (_F32,), _TF32: (_F32,), _F32: (_F32
 _FLOAT_OUTPUTS = (_F16, _BF16, _F32)
 _PLAIN = (LayoutType.RowMajor, LayoutType.ColumnMajor)
 TILE_N = (32, 64, 128, 192, 256)  # the tile widths the GPU suite proves
-_SMEM_BYTES = 227 * 1024
-_SMEM_MARGIN = 2 * 1024  # barriers, bias vectors, tensormaps: under 2 KiB (GPU-run tiles at 224 KiB + epilogue fit)
 
-
-def epilogue_smem_bytes(tile_shape, cooperative: bool, epilogue: EpilogueScheduleType, element_c) -> int:
-    """Shared memory of CUTLASS's SM90 TMA epilogue with ``EpilogueTileAuto`` (its builder's rule, for explicit stage
-    counts; stages=0 leaves the carve-out to CUTLASS): an epilogue tile of 128 (cooperative) or 64 rows by 32
-    columns (64 for an 8-bit D of N a multiple of 64 without the cooperative schedule); up to 2 stages of D and 4 of
-    C, one buffer when C and D are the same type wider than 8 bits (C's stages are then at least D's + 1).
-    NoSmemWarpSpecialized has none."""
-    if epilogue is EpilogueScheduleType.NoSmemWarpSpecialized:
-        return 0
-    m, n = tile_shape[0], tile_shape[1]
-    epi_m = min(128 if cooperative else 64, m)
-    epi_n = math.gcd(min(64 if element_c.bits == 8 and n % 64 == 0 and not cooperative else 32, n), n)
-    tiles = (m // epi_m) * (n // epi_n)
-    stages_d = min(tiles, 2)
-    reuse = element_c.bits > 8  # C and D share the element type in pycutlass's templates
-    stages_c = max(min(tiles, 4), stages_d + 1) if reuse else min(tiles, 4)
-    stage = epi_m * epi_n * element_c.bits // 8
-    return max(stages_c, stages_d) * stage if reuse else (stages_c + stages_d) * stage
-
-
-def check_explicit_stages(what: str, tile: TileDescription, cooperative: bool, epilogue: EpilogueScheduleType,
-                          element_c, operand_bits: int) -> None:
-    """Explicit stage counts must fit the SM's 227 KiB beside the epilogue's buffers (CUTLASS would fail the launch
-    with an invalid shared-memory size)."""
-    m, n, k = tile.threadblock_shape
-    mainloop = tile.stages * (m * k + n * k) * operand_bits // 8
-    epilogue_bytes = epilogue_smem_bytes(tile.threadblock_shape, cooperative, epilogue, element_c)
-    if tile.stages < 2 or mainloop + epilogue_bytes + _SMEM_MARGIN > _SMEM_BYTES:
-        raise DescriptionError(f"{what}: {tile.stages} stages of a {m}x{n}x{k} tile take {mainloop // 1024} KiB of "
-                               f"shared memory, and the epilogue's {element_c.label} buffers {epilogue_bytes // 1024} "
-                               f"KiB: more than the {_SMEM_BYTES // 1024} KiB an SM has (or below 2 stages). Use "
-                               f"stages=0 (CUTLASS's automatic count) or fewer stages")
 
 _KERNEL_SCHEDULES = {
     _KS.TmaWarpSpecialized: "cutlass::gemm::KernelTmaWarpSpecialized",
@@ -91,16 +58,6 @@ _EPILOGUE_SCHEDULES = {
 }
 _TILE_SCHEDULERS = {_TS.Default: "cutlass::gemm::PersistentScheduler", _TS.StreamK: "cutlass::gemm::StreamKScheduler"}
 
-_NVRTC_SHIM = """#ifdef __CUDACC_RTC__
-#include <cuda/std/type_traits>
-namespace std {
-template <class T> inline constexpr bool is_pointer_v = cuda::std::is_pointer_v<T>;
-template <class... T> using void_t = cuda::std::void_t<T...>;
-template <class T> inline constexpr bool is_const_v = cuda::std::is_const_v<T>;
-template <class T> inline constexpr bool is_integral_v = cuda::std::is_integral_v<T>;  // cutlass/util/packed_stride.hpp
-}  // namespace std
-#endif"""
-
 # Grid dependency control: with it CUTLASS's GemmUniversal kernels (warp-specialized, cooperative, ping-pong) run
 # griddepcontrol.wait before their first global access and launch_dependents near their end, so Arguments may launch
 # them with programmatic dependent launch (pdl=True); launched without it, the wait returns at once. It changes the
@@ -109,44 +66,13 @@ GDC_MACRO = "CUTLASS_ENABLE_GDC_FOR_SM90"
 
 BIAS_MODES = ("row", "column")  # one value per row of D (M values) or per column (N values)
 
-# Epilogue functors the SM90 kinds build through CUTLASS's fusion operations. The two clamps are
-# LinCombEltAct<Clamp> with the output type's bounds (cutlass::platform::numeric_limits, as CUTLASS 2.x's
-# LinearCombinationClamp): D = convert(min(max(alpha * acc + beta * C (+ bias), lowest), max)).
-EPILOGUE_KINDS = ("LinearCombination", "LinearCombinationGeneric", "LinearCombinationClamp",
-                  "FastLinearCombinationClamp")
-CLAMP_KINDS = ("LinearCombinationClamp", "FastLinearCombinationClamp")
-CLAMP_ACTIVATION = "cutlass::epilogue::thread::Clamp"
-
-
-def fusion_activation(functor: EpilogueFunctor) -> tuple[str | None, tuple[str, ...], bool]:
-    """The activation template of the fusion (None: a plain linear combination), the names of its runtime
-    arguments, and whether it is the clamp (whose bounds the builder sets from the output type)."""
-    if functor.kind in CLAMP_KINDS:
-        return CLAMP_ACTIVATION, (), True
-    if functor.activation is not None:
-        return functor.activation.cpp_template, functor.activation.argument_names, False
-    return None, (), False
-
-
-def epilogue_suffix(functor: EpilogueFunctor) -> str:
-    """What a readable operation name says about the epilogue functor."""
-    if functor.kind == "LinearCombinationClamp":
-        return "_clamp"
-    if functor.kind == "FastLinearCombinationClamp":
-        return "_fastclamp"
-    return f"_{functor.activation.name}" if functor.activation else ""
-
-
-# The Array-mode operation (kinds/gemm_array_sm90 sets it): GemmOperationUniversal(90, ..., array=True) builds it.
-ARRAY_OPERATION = None
-
 
 def _array_requested(args: tuple, kwargs: dict) -> bool:
     """Whether ``GemmOperationUniversal(90, tile, A, B, C, epilogue, swizzle, visitor, bias, array)`` says array=True."""
     return kwargs.get("array", args[9] if len(args) > 9 else False) is True
 
 
-class GemmOperationSm90(GemmOperationUniversal):
+class GemmOperationSm90(Sm90Operation, GemmOperationUniversal):
     """``GemmOperationUniversal(90, tile_description, A, B, C, epilogue_functor, swizzling_functor, bias=None)``.
 
     ``bias``: None, ``"row"`` (a vector of M values added to every column: CUTLASS's per-row bias) or ``"column"``
@@ -157,7 +83,6 @@ class GemmOperationSm90(GemmOperationUniversal):
 
     kind = "gemm_sm90"
     abi_struct_type = Sm90GemmArgs
-    required_backend = "nvrtc"
     array = False  # built for Mode.Array's lists of matrices (the pointer-array kernel, kinds/gemm_array_sm90)
     # FastLinearCombinationClamp is the clamp of LinearCombinationClamp here (exact int32 -> float conversion), so
     # CUTLASS 2.x's K <= 256 limit of its fast converters does not apply.
@@ -167,19 +92,11 @@ class GemmOperationSm90(GemmOperationUniversal):
     serial_split_k_through_output = False
 
     def __new__(cls, *args, **kwargs):
-        # array=True builds the pointer-array kernel (kinds/gemm_array_sm90 subclasses this class and registers it).
-        if cls is GemmOperationSm90 and _array_requested(args, kwargs) and ARRAY_OPERATION is not None:
-            return object.__new__(ARRAY_OPERATION)  # Python then runs its __init__
+        # array=True builds the pointer-array kernel (kinds/gemm_array_sm90, a subclass of this one).
+        if cls is GemmOperationSm90 and _array_requested(args, kwargs):
+            array_kind = registry.select("GemmOperationUniversal", sm90_tile=True, array=True)
+            return object.__new__(array_kind.operation_class())  # Python then runs its __init__
         return object.__new__(cls)
-
-    @staticmethod
-    def takes(tile) -> bool:
-        """Whether ``GemmOperationUniversal(90, tile, ...)`` means this family: any tile but one that states an
-        Sm80 warp arrangement (a warp_count other than the one CUTLASS 3.x derives), as PyCUTLASS 2.11 scripts do."""
-        if not isinstance(tile, TileDescription) or tile.sm90_only or tile.warp_count is None:
-            return True
-        schedule = resolve_kernel_schedule(tile, tile.math_instruction.element_a)
-        return tile.warp_count == derived_warp_count(tile.threadblock_shape, schedule)
 
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueFunctor,
@@ -212,13 +129,6 @@ class GemmOperationSm90(GemmOperationUniversal):
         self.tile_scheduler = tile_description.tile_scheduler
 
     # --- identity -------------------------------------------------------------------------------------------
-    @property
-    def family(self) -> str:
-        return "sm90"
-
-    def abi_structs(self) -> tuple:
-        return (*super().abi_structs(), TmaRecord)
-
     def _signature(self) -> tuple:
         tile = self.tile_description
         return ("gemm_sm90", tile.threadblock_shape, tile.stages, tile.math_instruction, tile.cluster_shape,
@@ -253,10 +163,6 @@ class GemmOperationSm90(GemmOperationUniversal):
         return derived_warp_count(self.tile_description.threadblock_shape, self.kernel_schedule)
 
     @property
-    def cluster_shape(self) -> tuple[int, int, int]:
-        return self.tile_description.cluster_shape
-
-    @property
     def default_swizzle(self) -> int:
         """The tile scheduler's swizzle size when the arguments give none (from a 2.x IdentitySwizzleN)."""
         return self.swizzling_functor.log_tile if self.swizzling_functor.kind == "gemm" else 1
@@ -278,11 +184,7 @@ class GemmOperationSm90(GemmOperationUniversal):
     def preamble(self) -> list[str]:
         """Before any include: CUTLASS 4.2's SM90 headers use a few C++17 std names NVRTC's std lacks; then the
         unit's macros."""
-        return [_NVRTC_SHIM, *(f"#define {macro} 1" for macro in self.unit_macros)]
-
-    def shared_code(self) -> str:
-        """Helpers every SM90 operation of a translation unit uses (TMA records, strides), emitted once."""
-        return render(Path(__file__).parent / "sm90_helpers.cu.j2")  # subclasses live in other folders
+        return [NVRTC_SHIM, *(f"#define {macro} 1" for macro in self.unit_macros)]
 
     def headers(self) -> list[str]:
         return ["cute/tensor.hpp", "cutlass/gemm/collective/collective_builder.hpp",
@@ -321,37 +223,6 @@ class GemmOperationSm90(GemmOperationUniversal):
                 f"{' bias=' + self.bias if self.bias else ''}")
 
 
-def derived_warp_count(tile_shape, kernel_schedule: KernelScheduleType) -> tuple[int, int, int]:
-    """Cooperative kernels split the tile's M over two consumer warpgroups; the others use one per tile."""
-    if kernel_schedule.base is _KS.TmaWarpSpecializedCooperative:
-        return (8, 1, 1)
-    return (4, 1, 1)
-
-
-def resolve_kernel_schedule(tile: TileDescription, element) -> KernelScheduleType:
-    """``Auto`` as CUTLASS's builder would choose it: cooperative for 128-row-multiple tiles (with fp8's fast
-    accumulation for fp8 operands), else the basic warp-specialized kernel."""
-    schedule = tile.kernel_schedule
-    if schedule is not _KS.Auto:
-        return schedule
-    if tile.tile_scheduler is _TS.StreamK or tile.threadblock_shape[0] % 128 == 0:
-        schedule = _KS.TmaWarpSpecializedCooperative
-    else:
-        schedule = _KS.TmaWarpSpecialized
-    if element.is_fp8:
-        schedule = schedule.fp8_fast_accum
-    return schedule
-
-
-def _check_tma_operand(what: str, label: str, desc: TensorDescription) -> None:
-    """TMA moves A, B, C and D as 16-byte vectors of a row- or column-major matrix."""
-    if desc.layout not in _PLAIN:
-        raise DescriptionError(f"{what}: {label} must be RowMajor or ColumnMajor on SM90, got {desc.layout.value}")
-    if desc.alignment * desc.element.bits != 128:
-        raise DescriptionError(f"{what}: TMA moves 16-byte vectors, so {label}'s alignment must be "
-                               f"{128 // desc.element.bits} {desc.element.label} elements; got {desc.alignment}")
-
-
 def _check(tile: TileDescription, A, B, C, functor, bias) -> tuple[KernelScheduleType, EpilogueScheduleType]:
     """CUTLASS 3.x's rules for an SM90 TMA warp-specialized GEMM; returns the resolved (kernel, epilogue) schedules."""
     what = "GemmOperationUniversal(90)"
@@ -374,7 +245,7 @@ def _check(tile: TileDescription, A, B, C, functor, bias) -> tuple[KernelSchedul
         if desc.element not in allowed:
             raise DescriptionError(f"{what}: {label}.element is {desc.element.label} but the math instruction "
                                    f"multiplies {element.label}")
-        _check_tma_operand(what, label, desc)
+        check_tma_operand(what, label, desc)
     if operand.bits != 16 and (A.layout, B.layout) != (LayoutType.RowMajor, LayoutType.ColumnMajor):
         raise DescriptionError(f"{what}: wgmma reads {operand.label} operands K-major only: A must be RowMajor and B "
                                f"ColumnMajor (got A {A.layout.value}, B {B.layout.value}); only 16-bit types take "
@@ -383,7 +254,7 @@ def _check(tile: TileDescription, A, B, C, functor, bias) -> tuple[KernelSchedul
     if C.element not in outputs:
         raise DescriptionError(f"{what}: C of {C.element.label} is not supported with {operand.label} operands; "
                                f"choose one of {[e.label for e in outputs]}")
-    _check_tma_operand(what, "C", C)
+    check_tma_operand(what, "C", C)
     if functor.kind not in EPILOGUE_KINDS:
         raise DescriptionError(f"{what}: the {functor.kind} epilogue is not built for the SM90 family; use "
                                f"LinearCombination, LinearCombinationGeneric (any activation) or "

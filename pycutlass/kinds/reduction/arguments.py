@@ -6,8 +6,8 @@ from ...emit.abi import fill_epilogue
 from ...errors import ArgumentError
 from ...runtime.arguments import OperationArguments
 from ...runtime.tensors import PartialsAddress, as_flat, describe, is_device_pointer, pointer_operand
-from ..gemm.arguments import coerce_output_op
-from ..gemm.matrix import check_output_geometry, matrix_geometry
+from ..families.arguments import coerce_output_op
+from ..families.matrix import check_output_geometry, matrix_geometry
 from .abi import ReductionArgs
 from .operation import ReductionOperation
 

@@ -1,0 +1,164 @@
+"""What every SM90 (CUTLASS 3.x) kind shares: which tiles mean the family, its schedules' warp counts, shared memory
+and epilogue fusion rules, TMA's operand rule, the NVRTC shim its headers need, and the operation traits
+(``Sm90Operation``)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ...description.tensor_description import TensorDescription
+from ...description.tile_description import TileDescription
+from ...description.types import EpilogueScheduleType, KernelScheduleType, LayoutType, TileSchedulerType
+from ...emit.abi import TmaRecord
+from ...emit.emitter import render
+from ...epilogue.functors import EpilogueFunctor
+from ...errors import DescriptionError
+
+_KS, _TS = KernelScheduleType, TileSchedulerType
+_PLAIN = (LayoutType.RowMajor, LayoutType.ColumnMajor)
+
+# CUTLASS 4.2's SM90 headers use a few C++17 std names NVRTC's std lacks.
+NVRTC_SHIM = """#ifdef __CUDACC_RTC__
+#include <cuda/std/type_traits>
+namespace std {
+template <class T> inline constexpr bool is_pointer_v = cuda::std::is_pointer_v<T>;
+template <class... T> using void_t = cuda::std::void_t<T...>;
+template <class T> inline constexpr bool is_const_v = cuda::std::is_const_v<T>;
+template <class T> inline constexpr bool is_integral_v = cuda::std::is_integral_v<T>;  // cutlass/util/packed_stride.hpp
+}  // namespace std
+#endif"""
+
+_SMEM_BYTES = 227 * 1024
+_SMEM_MARGIN = 2 * 1024  # barriers, bias vectors, tensormaps: under 2 KiB (GPU-run tiles at 224 KiB + epilogue fit)
+
+
+def epilogue_smem_bytes(tile_shape, cooperative: bool, epilogue: EpilogueScheduleType, element_c) -> int:
+    """Shared memory of CUTLASS's SM90 TMA epilogue with ``EpilogueTileAuto`` (its builder's rule, for explicit stage
+    counts; stages=0 leaves the carve-out to CUTLASS): an epilogue tile of 128 (cooperative) or 64 rows by 32
+    columns (64 for an 8-bit D of N a multiple of 64 without the cooperative schedule); up to 2 stages of D and 4 of
+    C, one buffer when C and D are the same type wider than 8 bits (C's stages are then at least D's + 1).
+    NoSmemWarpSpecialized has none."""
+    if epilogue is EpilogueScheduleType.NoSmemWarpSpecialized:
+        return 0
+    m, n = tile_shape[0], tile_shape[1]
+    epi_m = min(128 if cooperative else 64, m)
+    epi_n = math.gcd(min(64 if element_c.bits == 8 and n % 64 == 0 and not cooperative else 32, n), n)
+    tiles = (m // epi_m) * (n // epi_n)
+    stages_d = min(tiles, 2)
+    reuse = element_c.bits > 8  # C and D share the element type in pycutlass's templates
+    stages_c = max(min(tiles, 4), stages_d + 1) if reuse else min(tiles, 4)
+    stage = epi_m * epi_n * element_c.bits // 8
+    return max(stages_c, stages_d) * stage if reuse else (stages_c + stages_d) * stage
+
+
+def check_explicit_stages(what: str, tile: TileDescription, cooperative: bool, epilogue: EpilogueScheduleType,
+                          element_c, operand_bits: int) -> None:
+    """Explicit stage counts must fit the SM's 227 KiB beside the epilogue's buffers (CUTLASS would fail the launch
+    with an invalid shared-memory size)."""
+    m, n, k = tile.threadblock_shape
+    mainloop = tile.stages * (m * k + n * k) * operand_bits // 8
+    epilogue_bytes = epilogue_smem_bytes(tile.threadblock_shape, cooperative, epilogue, element_c)
+    if tile.stages < 2 or mainloop + epilogue_bytes + _SMEM_MARGIN > _SMEM_BYTES:
+        raise DescriptionError(f"{what}: {tile.stages} stages of a {m}x{n}x{k} tile take {mainloop // 1024} KiB of "
+                               f"shared memory, and the epilogue's {element_c.label} buffers {epilogue_bytes // 1024} "
+                               f"KiB: more than the {_SMEM_BYTES // 1024} KiB an SM has (or below 2 stages). Use "
+                               f"stages=0 (CUTLASS's automatic count) or fewer stages")
+
+
+# Epilogue functors the SM90 kinds build through CUTLASS's fusion operations. The two clamps are
+# LinCombEltAct<Clamp> with the output type's bounds (cutlass::platform::numeric_limits, as CUTLASS 2.x's
+# LinearCombinationClamp): D = convert(min(max(alpha * acc + beta * C (+ bias), lowest), max)).
+EPILOGUE_KINDS = ("LinearCombination", "LinearCombinationGeneric", "LinearCombinationClamp",
+                  "FastLinearCombinationClamp")
+CLAMP_KINDS = ("LinearCombinationClamp", "FastLinearCombinationClamp")
+CLAMP_ACTIVATION = "cutlass::epilogue::thread::Clamp"
+
+
+def fusion_activation(functor: EpilogueFunctor) -> tuple[str | None, tuple[str, ...], bool]:
+    """The activation template of the fusion (None: a plain linear combination), the names of its runtime
+    arguments, and whether it is the clamp (whose bounds the builder sets from the output type)."""
+    if functor.kind in CLAMP_KINDS:
+        return CLAMP_ACTIVATION, (), True
+    if functor.activation is not None:
+        return functor.activation.cpp_template, functor.activation.argument_names, False
+    return None, (), False
+
+
+def epilogue_suffix(functor: EpilogueFunctor) -> str:
+    """What a readable operation name says about the epilogue functor."""
+    if functor.kind == "LinearCombinationClamp":
+        return "_clamp"
+    if functor.kind == "FastLinearCombinationClamp":
+        return "_fastclamp"
+    return f"_{functor.activation.name}" if functor.activation else ""
+
+
+def derived_warp_count(tile_shape, kernel_schedule: KernelScheduleType) -> tuple[int, int, int]:
+    """Cooperative kernels split the tile's M over two consumer warpgroups; the others use one per tile."""
+    if kernel_schedule.base is _KS.TmaWarpSpecializedCooperative:
+        return (8, 1, 1)
+    return (4, 1, 1)
+
+
+def resolve_kernel_schedule(tile: TileDescription, element) -> KernelScheduleType:
+    """``Auto`` as CUTLASS's builder would choose it: cooperative for 128-row-multiple tiles (with fp8's fast
+    accumulation for fp8 operands), else the basic warp-specialized kernel."""
+    schedule = tile.kernel_schedule
+    if schedule is not _KS.Auto:
+        return schedule
+    if tile.tile_scheduler is _TS.StreamK or tile.threadblock_shape[0] % 128 == 0:
+        schedule = _KS.TmaWarpSpecializedCooperative
+    else:
+        schedule = _KS.TmaWarpSpecialized
+    if element.is_fp8:
+        schedule = schedule.fp8_fast_accum
+    return schedule
+
+
+def is_sm90_tile(tile) -> bool:
+    """Whether a tile given with compute capability 90 means this family: any tile but one that states an Sm80 warp
+    arrangement (a warp_count other than the one CUTLASS 3.x derives), as PyCUTLASS 2.11 scripts do with the
+    device's 90; those keep the CUTLASS 2.x kernel they were written for (it runs on Hopper)."""
+    if not isinstance(tile, TileDescription) or tile.sm90_only or tile.warp_count is None:
+        return True
+    schedule = resolve_kernel_schedule(tile, tile.math_instruction.element_a)
+    return tile.warp_count == derived_warp_count(tile.threadblock_shape, schedule)
+
+
+def check_tma_operand(what: str, label: str, desc: TensorDescription) -> None:
+    """TMA moves A, B, C and D as 16-byte vectors of a row- or column-major matrix."""
+    if desc.layout not in _PLAIN:
+        raise DescriptionError(f"{what}: {label} must be RowMajor or ColumnMajor on SM90, got {desc.layout.value}")
+    if desc.alignment * desc.element.bits != 128:
+        raise DescriptionError(f"{what}: TMA moves 16-byte vectors, so {label}'s alignment must be "
+                               f"{128 // desc.element.bits} {desc.element.label} elements; got {desc.alignment}")
+
+
+def helpers_code() -> str:
+    """Helpers every SM90 operation of a translation unit uses (TMA records, strides): identical text, emitted once."""
+    return render(Path(__file__).parent / "sm90_helpers.cu.j2")
+
+
+class Sm90Operation:
+    """The traits every SM90 kind's operation has; listed first among its bases (before its Sm80-family sibling,
+    whose PyCUTLASS constructor builds it)."""
+
+    family = "sm90"
+    required_backend = "nvrtc"  # the Params builder needs -default-device (see kinds/gemm_sm90)
+    takes = staticmethod(is_sm90_tile)
+
+    @property
+    def cluster_shape(self) -> tuple[int, int, int]:
+        """Thread-block cluster shape (CTAs along M, N, L)."""
+        return self.tile_description.cluster_shape
+
+    def abi_structs(self) -> tuple:
+        """The kind's structs plus the TMA descriptor records its builder reports."""
+        return (*super().abi_structs(), TmaRecord)
+
+    def preamble(self) -> list[str]:
+        """Before any include: the NVRTC shim of CUTLASS's SM90 headers."""
+        return [NVRTC_SHIM]
+
+    def shared_code(self) -> str:
+        return helpers_code()
