@@ -133,11 +133,16 @@ class ResultsDB:
                 uri = f"file:{urllib.parse.quote(str(self.path.resolve()))}?mode=ro"
                 conn = sqlite3.connect(uri + ("&immutable=1" if self._immutable else ""), uri=True, timeout=60,
                                        check_same_thread=False)
-                conn.execute("PRAGMA query_only=ON")
+                pragma = "PRAGMA query_only=ON"
             else:
                 conn = sqlite3.connect(str(self.path), timeout=60, check_same_thread=False, isolation_level=None)
-                conn.execute("PRAGMA journal_mode=WAL")
+                pragma = "PRAGMA journal_mode=WAL"
         except sqlite3.Error as exc:
+            raise self._open_error(exc) from exc
+        try:
+            conn.execute(pragma)
+        except sqlite3.Error as exc:
+            conn.close()
             raise self._open_error(exc) from exc
         return conn
 
@@ -147,6 +152,8 @@ class ResultsDB:
         if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
             return ResultsDatabaseError(f"{self.path} is damaged or not a database ({exc}); it was left as it is. "
                                         "Pass another --db path")
+        if code not in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM):
+            return ResultsDatabaseError(f"cannot open results database {self.path}: {exc}")
         if self.read_only:
             return ResultsDatabaseError(
                 f"cannot read results database {self.path} ({exc}): its {self.path.name}-wal journal holds changes "
