@@ -20,7 +20,18 @@ from pycutlass.cache.store import (
 from pycutlass.errors import CacheError
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from pycutlass.tune.db import pycutlass_version
+
+    click.echo(f"pycutlass {pycutlass_version()}")
+    ctx.exit()
+
+
 @click.group()
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Print the installed pycutlass version and exit.")
 def main() -> None:
     """pycutlass: emit, compile, cache and launch CUTLASS kernels."""
 

@@ -44,5 +44,10 @@ class CacheError(PyCutlassError, RuntimeError):
     """The artifact cache could not be opened or written."""
 
 
+class ResultsDatabaseError(ArgumentError):
+    """A results database file (``--db``, ``ResultsDB``, ``Tuned(db=...)``) cannot be used: it is a directory, not
+    an SQLite database, not a pycutlass results database, or not readable or writable where writing is needed."""
+
+
 class CacheIntegrityWarning(UserWarning):
     """A cached artifact or the cache file failed verification; it was discarded and will be rebuilt."""

@@ -21,6 +21,7 @@ from ..kinds import GemmArguments
 from ..kinds.gemm.modes import Mode
 from ..session import Session, current
 from .db import ResultsDB, canonical_json
+from .space import SearchSpace
 
 
 # --- key policies -----------------------------------------------------------------------------------------------
@@ -96,6 +97,8 @@ def tuning_key(device_facts: dict, signature: dict, bucket: tuple, policy) -> st
 # --- candidates and measurement ---------------------------------------------------------------------------------
 def _candidates(space_or_operations) -> tuple[list, dict]:
     """Operations and their parameters (parameters let the cache rebuild the winner in another process)."""
+    if isinstance(space_or_operations, str):  # a preset name, as SearchSpace.preset takes it
+        space_or_operations = SearchSpace.preset(space_or_operations)
     if hasattr(space_or_operations, "build"):
         built = space_or_operations.build()
         operations = list(built.operations)
@@ -146,22 +149,25 @@ def autotune(space_or_operations, problem, *, db: ResultsDB | str, policy="exact
 
     ``measure(operation, problem) -> seconds | None`` replaces the GPU harness (tests, custom timing).
     """
-    tuner = _Tuner(space_or_operations, db, policy, config, session, jobs, measure, device_facts)
+    tuner = _Tuner(space_or_operations, db, policy, config, session, jobs, measure, device_facts, facts_first=True)
     return tuner.tune(problem, retune=retune)
 
 
 class _Tuner:
-    def __init__(self, space_or_operations, db, policy, config, session, jobs, measure, device_facts):
+    def __init__(self, space_or_operations, db, policy, config, session, jobs, measure, device_facts,
+                 facts_first=False):
         bucket_of(_Probe(), policy)  # validates the policy early
         self.operations, self.params = _candidates(space_or_operations)
         self.by_name = {op.name: op for op in self.operations}
-        self.db = db if isinstance(db, ResultsDB) else ResultsDB(db)
         self.policy = policy
         self.config = config
         self.session = session or current()
         self.jobs = jobs
         self._measure = measure
         self.device_facts = device_facts
+        if facts_first:  # tuning now: without a GPU, fail before the database file is created
+            self.facts()
+        self.db = db if isinstance(db, ResultsDB) else ResultsDB(db)
         self.signature = operation_signature(self.operations[0])
         self._ready = None  # candidates that compiled, found on the first tune
 

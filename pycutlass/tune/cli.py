@@ -70,7 +70,8 @@ def _with_harness(function):
 @_db_option
 @click.option("--name", default=None, help="Sweep name (default: from the space's fingerprint).")
 @click.option("--compile-only", is_flag=True, help="Compile and record compile status; no GPU needed.")
-@click.option("--jobs", type=int, default=None, help="Parallel compile processes (default: by cores and memory).")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Parallel compile processes (default: by cores and memory).")
 @click.option("--target", default=None, help="Compile for this GPU (e.g. 90) instead of the local one.")
 @click.option("--bundle", "bundle_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Run a bundle's precompiled kernels (from `pycutlass bundle export`); nothing compiles.")
@@ -89,23 +90,34 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
     from .sweep import Sweep
 
     with _reported():
+        # Everything that can be wrong is checked before the results DB is opened (which creates it).
         try:
             ordinals = None if devices in (None, "all") else [int(d) for d in devices.split(",") if d.strip()]
         except ValueError:
             raise click.UsageError(f"--gpus takes 'all' or ordinals such as 0,1; got {devices!r}") from None
         config = _bench_config(repetitions, cuda_graph, arg_pool, verify, max_seconds)
-        db = ResultsDB(db_path)
         if bundle_path:
             from .bundle import run_bundle
 
-            summary = run_bundle(bundle_path, db, config=config, devices=ordinals, timeout=timeout,
+            _need_gpu()
+            summary = run_bundle(bundle_path, ResultsDB(db_path), config=config, devices=ordinals, timeout=timeout,
                                  baseline=not no_baseline)
             click.echo(f"benchmark: {summary}")
             return
         if not space:
             raise click.UsageError("--space is required (or --bundle)")
+        if scheduler:
+            from .distributed import parse_scheduler
+
+            parse_scheduler(scheduler)
         session = Session(target=target) if target else Session()
-        job = Sweep(_space(space), _problems(problem_specs), db=db, name=name, session=session)
+        search_space, problems = _space(space), _problems(problem_specs)
+        if not compile_only:
+            if not problems:
+                raise click.UsageError("--problems is required to benchmark (or pass --compile-only)")
+            if not scheduler:
+                _need_gpu()
+        job = Sweep(search_space, problems, db=db_path, name=name, session=session)
         if scheduler:
             from .distributed import DaskExecutor
 
@@ -117,9 +129,16 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
         click.echo(f"compile: {job.compile(jobs=jobs)}")
         if compile_only:
             return
-        if not job.problems:
-            raise click.UsageError("--problems is required to benchmark (or pass --compile-only)")
         click.echo(f"benchmark: {job.benchmark(config=config, devices=ordinals, timeout=timeout, baseline=not no_baseline)}")
+
+
+def _need_gpu() -> None:
+    from ..errors import NoGpuError
+    from .runner import visible_gpus
+
+    if not visible_gpus():
+        raise NoGpuError("benchmarking needs a GPU and none is visible; pass --compile-only to compile (and record "
+                         "compile status) without one")
 
 
 @main.command()
@@ -127,7 +146,7 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
 @click.option("--problem", "problem_specs", required=True, multiple=True, help="Problem(s), e.g. gemm:4096x4096x4096.")
 @_db_option
 @click.option("--policy", type=click.Choice(["exact", "pow2"]), default="exact", show_default=True)
-@click.option("--jobs", type=int, default=None)
+@click.option("--jobs", type=click.IntRange(min=1), default=None)
 @click.option("--retune", is_flag=True, help="Ignore the tuning cache.")
 def tune(space, problem_specs, db_path, policy, jobs, retune):
     """Find the fastest kernel of a space for each problem (tuning cache in --db)."""
@@ -226,7 +245,7 @@ def bundle():
 @click.option("--space", required=True)
 @click.option("--problems", "problem_specs", multiple=True)
 @click.option("--target", required=True, help="The GPU that will run it, e.g. 90.")
-@click.option("--jobs", type=int, default=None)
+@click.option("--jobs", type=click.IntRange(min=1), default=None)
 @click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Results DB for the compile memo (default: beside the bundle).")
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))

@@ -22,16 +22,18 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import os
 import hashlib
 import json
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import ArgumentError
+from ..errors import ArgumentError, ResultsDatabaseError
 
 SCHEMA_VERSION = 1
 
@@ -88,28 +90,79 @@ def device_id(facts: dict) -> str:
 
 class ResultsDB:
     """A results database file. Thread-safe (one connection, serialized); processes share it through SQLite's
-    locking (WAL journal, busy timeout), each write its own transaction."""
+    locking (WAL journal, busy timeout), each write its own transaction.
+
+    ``read_only=True`` inspects an existing file and writes nothing, not even SQLite's ``-wal``/``-shm`` files, so
+    a database in a read-only folder (or a read-only file) can be read. A path that cannot be used (a directory, a
+    file that is not a results database, a file or folder that is not writable when writing) raises
+    :class:`~pycutlass.errors.ResultsDatabaseError` before anything is created.
+    """
 
     def __init__(self, path: str | Path, *, read_only: bool = False):
         import sqlite_utils  # ~100 ms: only when a DB is opened
 
         self.path = Path(path)
         self.read_only = read_only
-        if read_only:
-            if not self.path.exists():
-                raise ArgumentError(f"no results database at {self.path}")
-            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=60, check_same_thread=False)
-        else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(str(self.path), timeout=60, check_same_thread=False, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
         self._lock = threading.RLock()
-        self.db = sqlite_utils.Database(conn)
-        if not read_only:
-            self._ensure_schema()
-        elif self._version() != SCHEMA_VERSION:
-            raise ArgumentError(f"{self.path} is not a pycutlass results database of schema {SCHEMA_VERSION} "
-                                f"(found {self._version()!r})")
+        self._immutable = False  # a read-only connection without locking: no -wal/-shm to share or to create
+        self._opened_signature: tuple | None = None
+        _check_file(self.path, read_only)
+        conn = self._connect()
+        try:
+            self.db = sqlite_utils.Database(conn)
+            if not read_only:
+                self._ensure_schema()
+            elif self._version() != SCHEMA_VERSION:
+                raise ResultsDatabaseError(f"{self.path} is not a pycutlass results database of schema "
+                                           f"{SCHEMA_VERSION} (found {self._version()!r})")
+        except sqlite3.Error as exc:
+            conn.close()
+            raise self._open_error(exc) from exc
+        except BaseException:
+            conn.close()
+            raise
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            if self.read_only:
+                # WAL readers create -wal/-shm beside the file (and leave them): where no writer has the file open
+                # (no -shm, nothing in -wal), read the file alone with immutable=1, which creates nothing.
+                wal, shm = Path(f"{self.path}-wal"), Path(f"{self.path}-shm")
+                self._immutable = not shm.exists() and _size(wal) == 0
+                self._opened_signature = _file_signature(self.path)
+                uri = f"file:{urllib.parse.quote(str(self.path.resolve()))}?mode=ro"
+                conn = sqlite3.connect(uri + ("&immutable=1" if self._immutable else ""), uri=True, timeout=60,
+                                       check_same_thread=False)
+                pragma = "PRAGMA query_only=ON"
+            else:
+                conn = sqlite3.connect(str(self.path), timeout=60, check_same_thread=False, isolation_level=None)
+                pragma = "PRAGMA journal_mode=WAL"
+        except sqlite3.Error as exc:
+            raise self._open_error(exc) from exc
+        try:
+            conn.execute(pragma)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise self._open_error(exc) from exc
+        return conn
+
+    def _open_error(self, exc: sqlite3.Error) -> ResultsDatabaseError:
+        """An SQLite failure while opening, as what is wrong with the file and what to do."""
+        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+        if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+            return ResultsDatabaseError(f"{self.path} is damaged or not a database ({exc}); it was left as it is. "
+                                        "Pass another --db path")
+        if code not in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM):
+            return ResultsDatabaseError(f"cannot open results database {self.path}: {exc}")
+        if self.read_only:
+            return ResultsDatabaseError(
+                f"cannot read results database {self.path} ({exc}): its {self.path.name}-wal journal holds changes "
+                "that SQLite can only read with write access to the folder. Run a writing command on it where the "
+                "folder is writable, or copy the .db with its -wal and -shm files to a writable folder")
+        return ResultsDatabaseError(
+            f"cannot write results database {self.path} ({exc}): the file and its folder must be writable (SQLite "
+            f"creates {self.path.name}-wal and {self.path.name}-shm beside it). Make them writable or pass another "
+            "--db path; commands that only read (select, heatmap, db info, db export) work on read-only files")
 
     # --- schema ---------------------------------------------------------------------------------------------
     def _version(self):
@@ -124,11 +177,13 @@ class ResultsDB:
             if found is None:
                 names = set(self.db.table_names())
                 if names - {"meta"} - set(TABLES):
-                    raise ArgumentError(f"{self.path} holds tables {sorted(names)}: not a pycutlass results database")
+                    raise ResultsDatabaseError(f"{self.path} holds tables {sorted(names)}: not a pycutlass results "
+                                               "database; it was left as it is. Pass another --db path")
                 self.db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
                 self.db["meta"].insert({"key": "schema", "value": str(SCHEMA_VERSION)}, replace=True)
             elif found != SCHEMA_VERSION:
-                raise ArgumentError(f"{self.path} has results schema {found}; this pycutlass reads {SCHEMA_VERSION}")
+                raise ResultsDatabaseError(f"{self.path} has results schema {found}; this pycutlass reads "
+                                           f"{SCHEMA_VERSION}")
             for name, (pk, columns) in TABLES.items():
                 self.db[name].create(columns, pk=pk, if_not_exists=True)
             self.db["runs"].create_index(["kernel", "problem"], if_not_exists=True)
@@ -152,6 +207,13 @@ class ResultsDB:
 
     def close(self) -> None:
         self.db.conn.close()
+
+    def _reopen(self) -> None:
+        """A fresh immutable connection: a writer changed the file since this one was opened."""
+        import sqlite_utils
+
+        self.db.conn.close()
+        self.db = sqlite_utils.Database(self._connect())
 
     def __enter__(self) -> ResultsDB:
         return self
@@ -247,7 +309,21 @@ class ResultsDB:
     # --- reads ----------------------------------------------------------------------------------------------
     def query(self, sql: str, params: Iterable | dict = ()) -> list[dict]:
         with self._lock:
-            return list(self.db.query(sql, params))
+            if not self._immutable:
+                return list(self.db.query(sql, params))
+            # Without locking a writer may change the file under us: read again until it held still.
+            for attempt in range(3):
+                if _file_signature(self.path) != self._opened_signature:
+                    self._reopen()
+                try:
+                    rows, failure = list(self.db.query(sql, params)), None
+                except sqlite3.DatabaseError as exc:
+                    rows, failure = [], exc
+                if _file_signature(self.path) == self._opened_signature or attempt == 2:
+                    break
+            if failure is not None:
+                raise failure
+            return rows
 
     def compile_status(self, cache_key: str) -> dict | None:
         rows = self.query("select * from compile_status where cache_key = ?", [cache_key])
@@ -279,7 +355,7 @@ class ResultsDB:
         return [(row["kernel"], row["problem"], row["seconds"]) for row in self.query(sql, args)]
 
     def counts(self) -> dict[str, int]:
-        return {name: self.db[name].count for name in TABLES}
+        return {name: self.query(f"select count(*) as n from [{name}]")[0]["n"] for name in TABLES}
 
     # --- merge and export -----------------------------------------------------------------------------------
     def merge(self, other: str | Path | ResultsDB) -> dict[str, int]:
@@ -303,7 +379,13 @@ class ResultsDB:
         if table not in TABLES:
             raise ArgumentError(f"unknown table {table!r}; tables: {sorted(TABLES)}")
         path = Path(path)
+        if path.suffix not in (".csv", ".json"):
+            raise ArgumentError(f"export writes .csv or .json, got {path.name!r}")
         rows = self.query(f"select * from [{table}]")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ArgumentError(f"cannot create the folder of {path}: {exc.strerror or exc}") from None
         if path.suffix == ".json":
             path.write_text(json.dumps(rows, indent=1))
         elif path.suffix == ".csv":
@@ -313,9 +395,86 @@ class ResultsDB:
                 writer = csv.DictWriter(f, fieldnames=columns)
                 writer.writeheader()
                 writer.writerows(rows)
-        else:
-            raise ArgumentError(f"export writes .csv or .json, got {path.name!r}")
         return path
+
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _check_file(path: Path, read_only: bool) -> None:
+    """Refuse, before SQLite touches anything, a path that cannot be this kind of results database."""
+    if path.is_dir():
+        raise ResultsDatabaseError(f"{path} is a directory, not a results database file; pass a file path such as "
+                                   f"{path / 'results.db'}")
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(_SQLITE_MAGIC))
+    except FileNotFoundError:
+        head = None
+    except OSError as exc:
+        raise ResultsDatabaseError(f"cannot read results database {path}: {exc.strerror or exc}") from None
+    if head is None and read_only:
+        raise ResultsDatabaseError(f"no results database at {path} (the file does not exist)")
+    if head and not head.startswith(_SQLITE_MAGIC):
+        raise ResultsDatabaseError(f"{path} is not a database: it is {_describe_file(path)}; it was left as it is. "
+                                   "A results database is an SQLite file pycutlass creates: pass a new path or "
+                                   "one written by `pycutlass sweep` or `tune`")
+    if read_only:
+        if not head:
+            raise ResultsDatabaseError(f"{path} is an empty file, not a results database")
+        return
+    if head is not None:
+        if not os.access(path, os.W_OK):
+            raise ResultsDatabaseError(
+                f"results database {path} is not writable (a read-only file); commands that only read it (select, "
+                "heatmap, db info, db export) work as it is. To write results, make it writable or pass another "
+                "--db path")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent  # the folder that would hold the missing ones
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ResultsDatabaseError(
+            f"cannot write results database {path}: the folder {folder} is not writable (SQLite creates "
+            f"{path.name}-wal and {path.name}-shm beside the database). Make it writable or pass a --db path in a "
+            "writable folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ResultsDatabaseError(f"cannot create the folder of results database {path}: "
+                                   f"{exc.strerror or exc}") from None
+
+
+def _describe_file(path: Path) -> str:
+    with open(path, "rb") as handle:
+        head = handle.read(512)
+    size = path.stat().st_size
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and "\x00" not in text:
+        first = text.strip().splitlines()[0][:60] if text.strip() else ""
+        return f"a text file of {size} bytes" + (f" starting {first!r}" if first else "")
+    return f"a binary file of {size} bytes"
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _file_signature(path: Path) -> tuple:
+    """Identity, size and modification time of the database and of its WAL: changes when a writer touches either."""
+    signature: tuple = ()
+    for name in (str(path), f"{path}-wal"):
+        try:
+            info = os.stat(name)
+            signature += (info.st_ino, info.st_size, info.st_mtime_ns)
+        except FileNotFoundError:
+            signature += (None,)
+    return signature
 
 
 def _flatten(params: dict, prefix: str = "") -> dict:

@@ -123,24 +123,53 @@ class DistributedSummary:
                 + (f", {self.foreign_toolchain} built by another toolchain" if self.foreign_toolchain else ""))
 
 
+_SCHEDULER_PROTOCOLS = ("tcp", "tls", "ucx", "ws", "wss", "inproc")
+
+
+def parse_scheduler(scheduler) -> tuple[str, object]:
+    """Check a scheduler before Dask is touched: ``("local", N)`` for "local" or "local:N" (N >= 1 workers),
+    ``("address", text)`` for a scheduler address (``tcp://host:8786``, ``host:8786``), ``("client", it)`` for a
+    dask Client."""
+    if not isinstance(scheduler, str):
+        try:
+            from distributed import Client  # only a Client is not a string: Dask is in use already
+        except ImportError:
+            Client = None
+        if Client is not None and isinstance(scheduler, Client):
+            return "client", scheduler
+        raise ArgumentError(f"scheduler must be 'local:N', a scheduler address or a dask Client, got {scheduler!r}")
+    allowed = ("allowed: 'local' or 'local:N' (a local cluster of N >= 1 workers), or a scheduler address such as "
+               "'tcp://host:8786' or 'host:8786'")
+    if scheduler == "local":
+        return "local", 2
+    if scheduler.startswith("local:"):
+        count = scheduler.removeprefix("local:")
+        if not count.isdigit() or int(count) < 1:
+            raise ArgumentError(f"scheduler {scheduler!r}: a local cluster needs a positive number of workers; "
+                                f"{allowed}")
+        return "local", int(count)
+    protocol, separator, rest = scheduler.rpartition("://")
+    host, colon, port = rest.rpartition(":")
+    if separator and protocol not in _SCHEDULER_PROTOCOLS:
+        raise ArgumentError(f"scheduler {scheduler!r}: unknown protocol {protocol!r} (known: "
+                            f"{', '.join(_SCHEDULER_PROTOCOLS)}); {allowed}")
+    if protocol == "inproc" or (host and colon and port.isdigit()) or (separator and rest and not colon):
+        return "address", scheduler
+    raise ArgumentError(f"scheduler {scheduler!r} is neither a local cluster nor a scheduler address; {allowed}")
+
+
 def _client_for(scheduler):
     """A Client from "local:N" (a LocalCluster of N single-threaded worker processes), an address, or a Client."""
+    kind, value = parse_scheduler(scheduler)
+    if kind == "client":
+        return value, None
     from distributed import Client, LocalCluster
 
-    if isinstance(scheduler, Client):
-        return scheduler, None
-    if not isinstance(scheduler, str):
-        raise ArgumentError(f"scheduler must be 'local:N', a scheduler address or a dask Client, got {scheduler!r}")
-    if scheduler.startswith("local"):
-        _, _, count = scheduler.partition(":")
-        try:
-            workers = int(count or 2)
-        except ValueError:
-            raise ArgumentError(f"write a local cluster as 'local:N' (N workers), got {scheduler!r}") from None
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+    if kind == "local":
+        cluster = LocalCluster(n_workers=value, threads_per_worker=1, processes=True, dashboard_address=None,
                                resources={COMPILE_RESOURCE: COMPILE_MEMORY_GB})
         return Client(cluster), cluster
-    return Client(scheduler), None
+    return Client(value), None
 
 
 class DaskExecutor:

@@ -626,6 +626,10 @@ class SearchSpace:
             raise ArgumentError(f"search space file {path} cannot be parsed: {error}") from None
         if not isinstance(data, dict):
             raise ArgumentError(f"search space file {path} must hold a table of dimensions, got {type(data).__name__}")
+        if not data:  # an empty file would silently become the default space
+            raise ArgumentError(f"search space file {path} is empty: set at least one of "
+                                f"{[d.name for d in DIMENSIONS] + ['name', 'filters']}, or pass a preset name "
+                                f"{list(PRESETS)}")
         return cls.from_dict(data)
 
     @classmethod

@@ -19,6 +19,7 @@ from ..compiler.manager import Compiler, parse_target
 from ..errors import ArgumentError
 from ..session import Session, current
 from .db import ResultsDB
+from .space import SearchSpace
 
 log = logging.getLogger("pycutlass.tune")
 
@@ -58,14 +59,16 @@ def error_class(error: BaseException) -> str:
 
 
 class Sweep:
-    """A search space (or a list of operations) x a problem set, recorded in a results DB."""
+    """A search space (a ``SearchSpace``, a preset name such as ``"sm80-f16"``, or a list of operations) x a problem
+    set, recorded in a results DB (opened, or created, once the space and problems are known to be valid)."""
 
     def __init__(self, space, problems=None, *, db: ResultsDB | str | os.PathLike, name: str | None = None,
                  session: Session | None = None, target=None):
         self.session = session or current()
-        self.db = db if isinstance(db, ResultsDB) else ResultsDB(db)
         self.problems = list(problems or [])
         self.target = target
+        if isinstance(space, str):  # a preset name, as SearchSpace.preset takes it
+            space = SearchSpace.preset(space)
         if hasattr(space, "build"):
             self.space = space
             built = space.build()
@@ -78,7 +81,12 @@ class Sweep:
             try:
                 self.operations = list(dict.fromkeys(space))
             except TypeError:
-                raise ArgumentError(f"Sweep takes a SearchSpace or a list of operations, got {type(space).__name__}")
+                raise ArgumentError(f"Sweep takes a SearchSpace, a preset name {SearchSpace.presets()} or a list of "
+                                    f"operations, got {type(space).__name__}") from None
+            for op in self.operations:
+                if not (hasattr(op, "name") and hasattr(op, "describe")):
+                    raise ArgumentError(f"Sweep takes a SearchSpace, a preset name or a list of operations; the list "
+                                        f"holds {op!r}, not an operation")
             self.space = None
             self._params = {op.name: {"kind": type(op).__name__} for op in self.operations}
             self.pruned = Counter()
@@ -91,6 +99,8 @@ class Sweep:
             if not all(hasattr(problem, a) for a in ("key", "kind", "flops", "to_dict")):
                 raise ArgumentError(f"problems must be pycutlass.tune.problems objects (GemmProblem, ...), got "
                                     f"{problem!r}")
+        # Opened (and created) only once the sweep is known to be valid.
+        self.db = db if isinstance(db, ResultsDB) else ResultsDB(db)
         self.db.add_sweep(self.name, space_dict, {"problems": [p.to_dict() for p in self.problems]},
                           getattr(space, "fingerprint", ""))
         for op in self.operations:
@@ -109,6 +119,8 @@ class Sweep:
         A unit that fails is compiled again one operation per unit, so only the culprit is recorded as failed.
         """
         start = time.perf_counter()
+        if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+            raise ArgumentError(f"jobs must be a positive integer (parallel compile processes) or None, got {jobs!r}")
         jobs = jobs or default_jobs()
         chunk = chunk or max(jobs * 4, 8)
         compiler = Compiler.of(self.session)

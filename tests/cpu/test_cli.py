@@ -152,3 +152,14 @@ def test_clear_of_a_damaged_cache(tmp_path):
     assert cleared.exit_code == 0, cleared.output
     assert sorted(p.name for p in tmp_path.iterdir() if "corrupt" in p.name) == []
     assert ArtifactCache(db, read_only=True).entries() == []
+
+
+def test_version_is_the_installed_one():
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        expected = version("pycutlass")
+    except PackageNotFoundError:
+        expected = "source"
+    result = CliRunner().invoke(cli_main, ["--version"])
+    assert result.exit_code == 0 and result.output == f"pycutlass {expected}\n"

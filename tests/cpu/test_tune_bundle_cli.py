@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 import zipfile
 
 import pytest
@@ -175,6 +176,37 @@ def test_cli_errors_are_one_line(tmp_path):
     assert out.exit_code != 0 and "no successful runs" in out.output
     out = runner.invoke(main, ["db", "export", str(empty), "nope", str(tmp_path / "x.csv")])
     assert out.exit_code != 0 and "unknown table" in out.output
+
+
+
+def test_cli_checks_everything_before_creating_the_db(tmp_path, monkeypatch):
+    """Usage mistakes and a missing GPU are reported before the results DB (or tune.db) is created."""
+    from pycutlass.compiler.target import detected_compute_capability
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "distributed", None)  # a scheduler must be checked before Dask is imported
+    (tmp_path / "empty.toml").write_text("")
+    runner = CliRunner()
+    mistakes = {
+        "--space is required": ["sweep", "--db", "r.db", "--compile-only"],
+        "0 is not in the range x>=1": ["sweep", "--space", "sm80-f16-small", "--db", "r.db", "--jobs", "0"],
+        "local cluster needs a positive number of workers": [
+            "sweep", "--space", "sm80-f16-small", "--db", "r.db", "--compile-only", "--scheduler", "local:0"],
+        "'bogus' is neither a local cluster nor a scheduler address; allowed: 'local' or 'local:N'": [
+            "sweep", "--space", "sm80-f16-small", "--db", "r.db", "--compile-only", "--scheduler", "bogus"],
+        "empty.toml is empty": ["sweep", "--space", "empty.toml", "--db", "r.db", "--compile-only"],
+        "--problems is required to benchmark": ["sweep", "--space", "sm80-f16-small", "--db", "r.db"],
+    }
+    if detected_compute_capability() is None:
+        mistakes["pass --compile-only"] = ["sweep", "--space", "sm80-f16-small", "--db", "r.db", "--problems",
+                                           "square:256:512:256"]
+        mistakes["autotuning needs a GPU"] = ["tune", "--space", "sm80-f16-small", "--problem", "gemm:64x64x64",
+                                              "--db", "tune.db"]
+    for message, command in mistakes.items():
+        out = runner.invoke(main, command)
+        assert out.exit_code != 0 and message in out.output, (command, out.output)
+        assert "Traceback" not in out.output and isinstance(out.exception, SystemExit), (command, out.exception)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.toml"], command
 
 
 def test_resource_correlation_ranks_a_planted_predictor(tmp_path):

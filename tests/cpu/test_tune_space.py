@@ -66,6 +66,10 @@ def test_from_toml_and_json_files(tmp_path):
             SearchSpace.from_file(tmp_path / "list.yml")
     with pytest.raises(ArgumentError, match=r"use \.toml, \.json or \.yaml"):
         SearchSpace.from_file(tmp_path / "space.ini")
+    for empty, text in (("empty.toml", ""), ("comments.toml", "# nothing yet\n"), ("empty.json", "{}")):
+        (tmp_path / empty).write_text(text)
+        with pytest.raises(ArgumentError, match=r"is empty: set at least one of \[.*'threadblock_shape'.*sm80-f16"):
+            SearchSpace.from_file(tmp_path / empty)
     (tmp_path / "broken.toml").write_text("stages = [3,\n")
     with pytest.raises(ArgumentError, match="cannot be parsed"):
         SearchSpace.from_file(tmp_path / "broken.toml")

@@ -251,6 +251,47 @@ def test_tuned_call_checks_shapes(tmp_path):
         tuned(np.zeros((64, 32), np.float16), np.zeros((16, 64), np.float16), np.zeros((64, 64), np.float16))
 
 
+
+def test_tuning_into_a_directory_is_a_typed_error(tmp_path):
+    from pycutlass.errors import ResultsDatabaseError
+
+    with pytest.raises(ResultsDatabaseError, match="is a directory"):
+        Tuned(CANDIDATES, db=tmp_path, measure=model_seconds, device_facts=FACTS)
+    with pytest.raises(ResultsDatabaseError, match="is a directory"):
+        autotune(CANDIDATES, GemmProblem(64, 64, 64), db=str(tmp_path), measure=model_seconds, device_facts=FACTS)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_autotune_without_a_gpu_creates_no_database(tmp_path):
+    from pycutlass.compiler.target import detected_compute_capability
+    from pycutlass.errors import NoGpuError
+
+    if detected_compute_capability() is not None:
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(NoGpuError):
+        autotune(CANDIDATES, GemmProblem(64, 64, 64), db=tmp_path / "t.db", measure=model_seconds)
+    assert not (tmp_path / "t.db").exists()
+
+
+def test_sweep_takes_a_preset_name_and_creates_the_db_only_when_valid(tmp_path):
+    from pycutlass.tune.space import SearchSpace
+
+    by_name = Sweep("sm80-f16-small", [GemmProblem(64, 64, 64)], db=tmp_path / "a.db")
+    preset = SearchSpace.preset("sm80-f16-small")
+    assert by_name.space == preset and [op.name for op in by_name.operations] == [
+        op.name for op in preset.build().operations]
+    assert by_name.db.counts()["kernels"] == len(by_name.operations) > 0
+    with pytest.raises(ArgumentError, match="sm80-f16-small"):  # the error names the presets
+        Sweep("sm80-f16-tiny", db=tmp_path / "b.db")
+    with pytest.raises(ArgumentError, match="not an operation"):
+        Sweep([CANDIDATES[0], "gemm"], db=tmp_path / "c.db")
+    with pytest.raises(ArgumentError, match="problems must be"):
+        Sweep(CANDIDATES, ["square:64"], db=tmp_path / "d.db")
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("a.db")) == []
+    with pytest.raises(ArgumentError, match="jobs must be a positive integer"):
+        Sweep(CANDIDATES, db=tmp_path / "a.db").compile(jobs=0)
+
+
 # --- the runner's robustness, with a stand-in worker (no GPU) ---------------------------------------------------
 def test_runner_survives_faults_and_hangs_and_resumes(tmp_path, monkeypatch):
     from pycutlass.tune.runner import run_sweep
