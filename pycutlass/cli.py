@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +22,40 @@ from pycutlass.cache.store import (
 from pycutlass.errors import CacheError
 
 
-@click.group()
+class _EchoHandler(logging.Handler):
+    """Log records as lines on the current stderr (click's, so that test runners capture them too)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            click.echo(self.format(record), err=True)
+        except Exception:
+            self.handleError(record)
+
+
+def _show_progress_lines() -> None:
+    """Where stderr is no terminal (a pipe, a log file), no progress bar shows: print the per-unit compile lines
+    (logger ``pycutlass.progress``, INFO) instead, so that a long compile is not silent."""
+    progress = logging.getLogger("pycutlass.progress")
+    if sys.stderr.isatty() or any(isinstance(h, _EchoHandler) for h in progress.handlers):
+        return
+    handler = _EchoHandler()
+    handler.setFormatter(logging.Formatter("pycutlass: %(message)s"))
+    progress.addHandler(handler)
+    if progress.getEffectiveLevel() > logging.INFO:
+        progress.setLevel(logging.INFO)
+
+
+class _Main(click.Group):
+    def invoke(self, ctx: click.Context):
+        _show_progress_lines()
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:  # the compile stopped its workers and removed their files; no traceback
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
+
+
+@click.group(cls=_Main)
 def main() -> None:
     """pycutlass: emit, compile, cache and launch CUTLASS kernels."""
 

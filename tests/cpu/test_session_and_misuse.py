@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -154,16 +155,23 @@ def test_progress_bar_policy():
 
 @pytest.mark.slow
 def test_compiles_log_under_pycutlass(caplog):
-    op = f16_gemm()
-    op.emit_body = lambda: f'extern "C" __global__ void {op.name}() {{}}\nextern "C" __global__ void {op.name}_build() {{}}\n'
-    op.headers = lambda: []
+    ops = [f16_gemm(stages) for stages in (3, 4)]
+    for op in ops:
+        op.emit_body = (lambda name: lambda: f'extern "C" __global__ void {name}() {{}}\n'
+                                             f'extern "C" __global__ void {name}_build() {{}}\n')(op.name)
+        op.headers = lambda: []
     with caplog.at_level(logging.INFO, logger="pycutlass"), \
             cutlass.Session(target=90, cache_path=":memory:", backend="nvrtc").activate():
-        report = compiler.add_module([op])
-    assert report.compiled == 1
+        report = compiler.add_module(ops, jobs=2)
+    assert report.compiled == 2
     messages = [r.getMessage() for r in caplog.records if r.name.startswith("pycutlass")]
     assert any("compiling 1 operation(s) with nvrtc for sm_90" in m for m in messages), messages
-    assert any("add_module: 1 compiled" in m for m in messages), messages
+    # stderr is no terminal here, so no bar shows: one line per finished unit instead, in order of finishing
+    progress = [r.getMessage() for r in caplog.records if r.name == "pycutlass.progress"]
+    assert [m.split(":")[0] for m in progress] == ["compiled 1/2", "compiled 2/2"], progress
+    assert {m.split(": ")[1].split(" (")[0] for m in progress} == {op.name for op in ops}, progress
+    assert all(re.search(r"\(\d+\.\d s\)$", m) for m in progress), progress
+    assert any("add_module: 2 compiled" in m for m in messages), messages
 
 
 # --- interrupting a compile -------------------------------------------------------------------------------------------
@@ -180,8 +188,8 @@ print("FINISHED", flush=True)
 
 
 def _compiler_processes(marker: str, environment: str | None = None) -> list[str]:
-    """Command lines of running processes containing ``marker`` (and, given ``environment``, with that
-    ``NAME=value`` in their environment: this test's own, not another pycutlass compile on the machine)."""
+    """Command lines of running processes containing ``marker`` (and, given ``environment``, with an environment
+    entry starting with that ``NAME=value``: this test's own, not another pycutlass compile on the machine)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -189,7 +197,8 @@ def _compiler_processes(marker: str, environment: str | None = None) -> list[str
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             if environment is not None and marker in cmdline:
-                if environment.encode() not in (entry / "environ").read_bytes().split(b"\0"):
+                if not any(item.startswith(environment.encode())
+                           for item in (entry / "environ").read_bytes().split(b"\0")):
                     continue
         except OSError:
             continue
@@ -198,9 +207,45 @@ def _compiler_processes(marker: str, environment: str | None = None) -> list[str
     return found
 
 
+def _wait_for_workers(proc, workdir: Path) -> None:
+    """Wait for this test's own compile workers (a fixed sleep raced them on machines of other speeds), then let
+    the compilers get going (and write their temporary files) before the interrupt."""
+    deadline = time.monotonic() + 60
+    while not _compiler_processes("pycutlass.compiler.worker", f"TMPDIR={workdir}"):
+        if proc.poll() is not None:
+            pytest.fail(f"the compile ended before a worker was seen (exit {proc.returncode}): "
+                        f"{proc.stdout.read()[-500:]} {proc.stderr.read()[-2000:]}")
+        assert time.monotonic() < deadline, "no compile worker within 60 s"
+        time.sleep(0.05)
+    time.sleep(1.5)
+
+
+def _interrupt(proc, workdir: Path, signum, writes_files: bool = True) -> float:
+    """Wait for the compile to be under way, send ``signum`` to the Python process only (as Jupyter interrupts),
+    and return how long it took to exit; afterwards nothing of the compile runs or remains in ``workdir``."""
+    try:
+        _wait_for_workers(proc, workdir)
+        if writes_files:  # nvcc writes the unit's source and its tmpxft files; NVRTC compiles in memory
+            assert any(workdir.rglob("*.cu")) and any(workdir.rglob("tmpxft*")), sorted(workdir.rglob("*"))
+        start = time.perf_counter()
+        proc.send_signal(signum)
+        proc.wait(timeout=30)
+        elapsed = time.perf_counter() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(0.5)
+    assert not _compiler_processes("pycutlass.compiler.worker", f"TMPDIR={workdir}")
+    assert not _compiler_processes(str(workdir))
+    # The units' sources and nvcc's tmpxft files (~12 MB each) went into a folder the parent removed.
+    assert sorted(workdir.rglob("*")) == []
+    return elapsed
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["nvrtc", "nvcc"])
-def test_interrupt_stops_compilers_within_two_seconds(tmp_path, backend):
+@pytest.mark.parametrize("backend,signum", [("nvrtc", signal.SIGINT), ("nvcc", signal.SIGINT),
+                                            ("nvcc", signal.SIGTERM)])
+def test_interrupt_stops_compilers_within_two_seconds_and_leaves_no_files(tmp_path, backend, signum):
     if backend == "nvcc":
         from pycutlass.compiler import toolchain
 
@@ -214,30 +259,36 @@ def test_interrupt_stops_compilers_within_two_seconds(tmp_path, backend):
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TMPDIR": str(workdir)}
     proc = subprocess.Popen([sys.executable, "-c", _COMPILE_SCRIPT, str(db), backend, str(Path(__file__).parent)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "START"
-        # Wait for this test's own workers (a fixed sleep raced them on machines of other speeds), then let the
-        # compilers get going before the interrupt.
-        deadline = time.monotonic() + 60
-        while not _compiler_processes("pycutlass.compiler.worker", f"TMPDIR={workdir}"):
-            if proc.poll() is not None:
-                pytest.fail(f"the compile ended before a worker was seen (exit {proc.returncode}): "
-                            f"{proc.stdout.read()[-500:]} {proc.stderr.read()[-2000:]}")
-            assert time.monotonic() < deadline, "no compile worker within 60 s"
-            time.sleep(0.05)
-        time.sleep(1.0)
-        start = time.perf_counter()
-        proc.send_signal(signal.SIGINT)  # the Python process only, as Jupyter interrupts
-        proc.wait(timeout=30)
-        elapsed = time.perf_counter() - start
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    assert proc.stdout.readline().strip() == "START"
+    elapsed = _interrupt(proc, workdir, signum, writes_files=backend == "nvcc")
     stderr = proc.stderr.read()
-    assert "KeyboardInterrupt" in stderr and "FINISHED" not in proc.stdout.read()
+    assert "FINISHED" not in proc.stdout.read()
+    if signum == signal.SIGINT:
+        assert "KeyboardInterrupt" in stderr  # the Python API re-raises it
+    else:
+        assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in stderr, stderr
     assert elapsed < 2.0, f"the interrupt took {elapsed:.1f} s"
-    time.sleep(0.5)
-    assert not _compiler_processes("pycutlass.compiler.worker", f"TMPDIR={workdir}")
-    assert not _compiler_processes(str(workdir))
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT COUNT(*) FROM claims").fetchone()[0] == 0  # no claim left behind
+
+
+@pytest.mark.slow
+def test_an_interrupted_command_line_compile_says_so_in_one_line(tmp_path):
+    from pycutlass.compiler import toolchain
+
+    try:
+        toolchain.nvcc_path()
+    except cutlass.ToolchainError:
+        pytest.skip("nvcc is not installed")
+    workdir = tmp_path / "tmp"
+    workdir.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TMPDIR": str(workdir),
+           "PYCUTLASS_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "pycutlass", "sweep", "--space", "sm80-f16-small", "--db",
+                             str(tmp_path / "r.db"), "--compile-only", "--target", "80", "--jobs", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    elapsed = _interrupt(proc, workdir, signal.SIGINT)
+    stderr = proc.stderr.read()
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == "interrupted" and "Traceback" not in stderr, stderr
+    assert elapsed < 2.0, f"the interrupt took {elapsed:.1f} s"

@@ -212,6 +212,8 @@ def test_cli_compile_only_sweep_from_a_space_file(tmp_path, monkeypatch):
     first = runner.invoke(main, args)
     assert first.exit_code == 0, first.output
     assert "2 ready (2 compiled, 0 cached)" in first.output and "pruned" in first.output
+    # stderr is not a terminal: a line per compiled unit shows progress instead of a bar
+    assert "pycutlass: compiled 1/2: " in first.stderr and "pycutlass: compiled 2/2: " in first.stderr, first.stderr
     again = runner.invoke(main, args)
     assert "2 ready (0 compiled, 2 cached)" in again.output, again.output
     with ResultsDB(tmp_path / "r.db", read_only=True) as db:
