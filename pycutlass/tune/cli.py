@@ -24,6 +24,17 @@ def _reported() -> Iterator[None]:
         raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
 
 
+def _require_gpu(command: str) -> None:
+    """Benchmarking and tuning time kernels on a GPU: without one, fail before compiling anything."""
+    from ..compiler.target import detected_compute_capability
+    from ..errors import NoGpuError
+
+    if detected_compute_capability(0) is None:
+        raise NoGpuError(f"`pycutlass {command}` times kernels on a GPU and none is usable on this machine; nothing "
+                         f"was compiled. Without a GPU, compile only: `pycutlass sweep --compile-only` (records "
+                         f"what compiles) or `pycutlass bundle export --target N` (to run on another machine)")
+
+
 def _space(value: str):
     from .space import SearchSpace
 
@@ -94,6 +105,11 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
         except ValueError:
             raise click.UsageError(f"--gpus takes 'all' or ordinals such as 0,1; got {devices!r}") from None
         config = _bench_config(repetitions, cuda_graph, arg_pool, verify, max_seconds)
+        problems = _problems(problem_specs)
+        if not bundle_path and not compile_only and not scheduler:  # Dask workers benchmark on their own GPUs
+            if not problems:
+                raise click.UsageError("--problems is required to benchmark (or pass --compile-only)")
+            _require_gpu("sweep")
         db = ResultsDB(db_path)
         if bundle_path:
             from .bundle import run_bundle
@@ -105,7 +121,7 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
         if not space:
             raise click.UsageError("--space is required (or --bundle)")
         session = Session(target=target) if target else Session()
-        job = Sweep(_space(space), _problems(problem_specs), db=db, name=name, session=session)
+        job = Sweep(_space(space), problems, db=db, name=name, session=session)
         if scheduler:
             from .distributed import DaskExecutor
 
@@ -117,8 +133,6 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
         click.echo(f"compile: {job.compile(jobs=jobs)}")
         if compile_only:
             return
-        if not job.problems:
-            raise click.UsageError("--problems is required to benchmark (or pass --compile-only)")
         click.echo(f"benchmark: {job.benchmark(config=config, devices=ordinals, timeout=timeout, baseline=not no_baseline)}")
 
 
@@ -134,7 +148,9 @@ def tune(space, problem_specs, db_path, policy, jobs, retune):
     from .autotune import autotune
 
     with _reported():
-        for problem in _problems(problem_specs):
+        problems = _problems(problem_specs)
+        _require_gpu("tune")
+        for problem in problems:
             result = autotune(_space(space), problem, db=str(db_path), policy=policy, jobs=jobs, retune=retune)
             source = "cache" if result.from_cache else f"tuned over {result.candidates}"
             click.echo(f"{problem.key}: {result.operation.name} {result.seconds * 1e6:.1f} us ({source})")
