@@ -95,7 +95,59 @@ def test_session_rejects_unknown_options_and_backends():
     with pytest.raises(ArgumentError, match="unknown Session option"):
         cutlass.Session(bakend="nvcc")
     with pytest.raises(ArgumentError, match="'nvcc' or 'nvrtc'"):
-        Compiler.of(cutlass.Session(backend="clang")).backend
+        cutlass.Session(backend="clang")
+
+
+@pytest.mark.parametrize("option,value,allowed", [
+    ("backend", "clang", "'nvcc' or 'nvrtc'"), ("backend", 3, "'nvcc' or 'nvrtc'"),
+    ("target", "banana", r"cannot read 'banana' as a target.*\[80, 86, 87, 89, 90\]"),
+    ("target", "sm_100", r"compute capability 100 is not a supported target; choose one of \[80, 86, 87, 89, 90\]"),
+    ("target", 75, "compute capability 75 is not a supported target"), ("target", 9.0, "compute capability such as"),
+    ("progress", "yes", "True, False or None"), ("cache_path", 123, "file path"), ("cache_path", "", "file path")])
+def test_session_options_are_checked_when_the_session_is_made(option, value, allowed):
+    with pytest.raises(ArgumentError, match=f"Session {option}.*{allowed}"):
+        cutlass.Session(**{option: value})
+    session = cutlass.Session()
+    with pytest.raises(ArgumentError, match=allowed):
+        session.set_option(option, value)
+    assert option not in session.options
+
+
+def test_session_options_that_are_allowed():
+    from pycutlass.compiler.backends import NvrtcBackend
+
+    session = cutlass.Session(backend=NvrtcBackend(), target=Target(90, "a"), progress=False,
+                              cache_path=Path("/nonexistent/c.db"), device=0)
+    assert Compiler.of(session).backend.name == "nvrtc" and Compiler.of(session).explicit_target == Target(90, "a")
+    for target in (90, "90", "sm_90", "sm90", "90a", "compute_80", None):
+        cutlass.Session(target=target, backend="nvcc", cache_path=":memory:", progress=None)
+
+
+def test_newer_architectures_are_named_unsupported_not_unreadable():
+    from pycutlass.description.target import _SHARED_MEMORY_PER_BLOCK
+    from pycutlass.session import SUPPORTED_COMPUTE_CAPABILITIES
+
+    assert tuple(_SHARED_MEMORY_PER_BLOCK) == SUPPORTED_COMPUTE_CAPABILITIES  # a fact for every supported target
+    for text in (100, "100", "sm_100", "sm_100a", "sm120", "compute_103"):
+        with pytest.raises(DescriptionError, match=r"is not a supported target; choose one of \[80, 86, 87, 89, 90\]"):
+            Target.parse(text)
+    with pytest.raises(DescriptionError, match=r"cannot read 'ninety' as a target.*\[80, 86, 87, 89, 90\]"):
+        Target.parse("ninety")
+
+
+@pytest.mark.parametrize("bias", ["diagonal", "row", True])
+def test_an_sm80_gemm_with_a_bias_epilogue_is_a_description_error(bias):
+    math = cutlass.MathInstruction([16, 8, 16], cutlass.float16, cutlass.float16, cutlass.float32,
+                                   cutlass.OpClass.TensorOp, cutlass.MathOperation.multiply_add)
+    tile = cutlass.TileDescription([128, 128, 32], 3, [2, 2, 1], math)
+    A = cutlass.TensorDescription(cutlass.float16, cutlass.RowMajor, 8)
+    B = cutlass.TensorDescription(cutlass.float16, cutlass.ColumnMajor, 8)
+    C = cutlass.TensorDescription(cutlass.float16, cutlass.RowMajor, 8)
+    epilogue = cutlass.LinearCombination(cutlass.float16, 8, cutlass.float32, cutlass.float32)
+    for cc in (80, 90):  # 90 with an Sm80 warp arrangement builds the Sm80 family too
+        with pytest.raises(DescriptionError, match=r"Sm80 family builds no bias epilogue; allowed here: bias=None"):
+            cutlass.GemmOperationUniversal(cc, tile, A, B, C, epilogue, bias=bias)
+    assert cutlass.GemmOperationUniversal(80, tile, A, B, C, epilogue, bias=None).name == f16_gemm().name
 
 
 def test_add_module_returns_its_report_and_last_report_follows_the_session(tmp_path):

@@ -257,3 +257,14 @@ def test_a_target_that_cannot_run_the_family_fails_before_compiling(tmp_path, mo
     with pytest.raises(cutlass.DescriptionError, match="target sm_80 cannot run it"):
         Compiler.of(sweep.session).add_module(sweep.operations[:1], target=80)
     assert not (tmp_path / "api-cache.db").exists()
+
+
+def test_an_unsupported_target_is_named_so_with_the_supported_ones(tmp_path):
+    runner = CliRunner()
+    for target in ("100", "sm_100"):
+        for command in (["sweep", "--space", "sm80-f16-small", "--db", str(tmp_path / "r.db"), "--compile-only"],
+                        ["bundle", "export", "--space", "sm80-f16-small", str(tmp_path / "x.bundle")]):
+            out = runner.invoke(main, [*command, "--target", target])
+            assert out.exit_code == 1 and "Traceback" not in out.output, out.output
+            assert "compute capability 100 is not a supported target; choose one of [80, 86, 87, 89, 90]" \
+                in out.output, out.output
