@@ -76,7 +76,10 @@ _path_option = click.option(
 
 def _resolve(db_path: Path | None) -> tuple[Path, bool]:
     """The database file and whether it is the default one (whose directory must be private)."""
-    return (default_cache_path(), True) if db_path is None else (db_path, False)
+    if db_path is not None:
+        return db_path, False
+    with _reported_cache_errors():  # e.g. $PYCUTLASS_CACHE_DIR names a file
+        return default_cache_path(), True
 
 
 @contextlib.contextmanager
