@@ -207,11 +207,7 @@ def test_progress_bar_policy():
 
 @pytest.mark.slow
 def test_compiles_log_under_pycutlass(caplog):
-    ops = [f16_gemm(stages) for stages in (3, 4)]
-    for op in ops:
-        op.emit_body = (lambda name: lambda: f'extern "C" __global__ void {name}() {{}}\n'
-                                             f'extern "C" __global__ void {name}_build() {{}}\n')(op.name)
-        op.headers = lambda: []
+    ops = _trivial_ops()
     with caplog.at_level(logging.INFO, logger="pycutlass"), \
             cutlass.Session(target=90, cache_path=":memory:", backend="nvrtc").activate():
         report = compiler.add_module(ops, jobs=2)
@@ -224,6 +220,60 @@ def test_compiles_log_under_pycutlass(caplog):
     assert {m.split(": ")[1].split(" (")[0] for m in progress} == {op.name for op in ops}, progress
     assert all(re.search(r"\(\d+\.\d s\)$", m) for m in progress), progress
     assert any("add_module: 2 compiled" in m for m in messages), messages
+
+
+def _trivial_ops(stages=(3, 4)):
+    """Operations whose bodies are empty kernels: real worker processes and NVRTC compiles, in about a second."""
+    ops = [f16_gemm(n) for n in stages]
+    for op in ops:
+        op.emit_body = (lambda name: lambda: f'extern "C" __global__ void {name}() {{}}\n'
+                                             f'extern "C" __global__ void {name}_build() {{}}\n')(op.name)
+        op.headers = lambda: []
+    return ops
+
+
+class _CacheThatCannotStore:
+    """An in-memory cache whose store fails, as a full disk would: the compile ends with an exception."""
+
+    def __init__(self):
+        from pycutlass.cache.store import ArtifactCache
+
+        self.inner = ArtifactCache(":memory:")
+
+    def lookup(self, key):
+        return self.inner.lookup(key)
+
+    def claim(self, keys):
+        return self.inner.claim(keys)
+
+    def store(self, entries, binary, kind):
+        raise OSError(28, "No space left on device")
+
+
+@pytest.mark.slow
+def test_a_compile_leaves_no_folder_whether_it_succeeds_or_raises(tmp_path, monkeypatch):
+    import tempfile
+
+    from pycutlass.compiler import toolchain
+
+    try:
+        toolchain.nvcc_path()
+    except cutlass.ToolchainError:
+        pytest.skip("nvcc is not installed")
+    workdir = tmp_path / "tmp"
+    workdir.mkdir()
+    monkeypatch.setenv("TMPDIR", str(workdir))
+    monkeypatch.setattr(tempfile, "tempdir", str(workdir))
+    with cutlass.Session(target=80, cache_path=":memory:", backend="nvcc", progress=False).activate():
+        assert compiler.add_module(_trivial_ops(), jobs=2).compiled == 2
+        assert sorted(workdir.rglob("*")) == []
+        # The empty kernel's unit finishes first and its store fails while nvcc still compiles the real GEMM's
+        # unit: that compile is killed and its files (source, tmpxft) removed with the folder.
+        with pytest.raises(OSError, match="No space left"):
+            compiler.add_module([*_trivial_ops((5,)), f16_gemm(6)], jobs=2, cache=_CacheThatCannotStore())
+    time.sleep(0.5)
+    assert not _compiler_processes("pycutlass.compiler.worker", f"TMPDIR={workdir}")
+    assert sorted(workdir.rglob("*")) == []
 
 
 # --- interrupting a compile -------------------------------------------------------------------------------------------
