@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,40 @@ from pycutlass.cache.store import (
 from pycutlass.errors import CacheError
 
 
+class _EchoHandler(logging.Handler):
+    """Log records as lines on the current stderr (click's, so that test runners capture them too)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            click.echo(self.format(record), err=True)
+        except Exception:
+            self.handleError(record)
+
+
+def _show_progress_lines() -> None:
+    """Where stderr is no terminal (a pipe, a log file), no progress bar shows: print the per-unit compile lines
+    (logger ``pycutlass.progress``, INFO) instead, so that a long compile is not silent."""
+    progress = logging.getLogger("pycutlass.progress")
+    if sys.stderr.isatty() or any(isinstance(h, _EchoHandler) for h in progress.handlers):
+        return
+    handler = _EchoHandler()
+    handler.setFormatter(logging.Formatter("pycutlass: %(message)s"))
+    progress.addHandler(handler)
+    if progress.getEffectiveLevel() > logging.INFO:
+        progress.setLevel(logging.INFO)
+
+
+class _Main(click.Group):
+    def invoke(self, ctx: click.Context):
+        _show_progress_lines()
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:  # the compile stopped its workers and removed their files; no traceback
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
+
+
+
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     if not value or ctx.resilient_parsing:
         return
@@ -29,7 +65,7 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     ctx.exit()
 
 
-@click.group()
+@click.group(cls=_Main)
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
               help="Print the installed pycutlass version and exit.")
 def main() -> None:
@@ -52,7 +88,10 @@ _path_option = click.option(
 
 def _resolve(db_path: Path | None) -> tuple[Path, bool]:
     """The database file and whether it is the default one (whose directory must be private)."""
-    return (default_cache_path(), True) if db_path is None else (db_path, False)
+    if db_path is not None:
+        return db_path, False
+    with _reported_cache_errors():  # e.g. $PYCUTLASS_CACHE_DIR names a file
+        return default_cache_path(), True
 
 
 @contextlib.contextmanager

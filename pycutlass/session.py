@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
+import re
 import threading
 from typing import TypeVar
 
@@ -19,12 +21,76 @@ from .errors import ArgumentError
 _S = TypeVar("_S", bound="SessionState")
 
 _OPTIONS = ("backend", "target", "cache_path", "device", "progress")
+_BACKENDS = ("nvcc", "nvrtc")
+
+# The compute capabilities pycutlass compiles for. They live here, the bottom layer, so that a Session checks its
+# ``target`` when it is made; pycutlass.description.target builds its Target on the same list and reading.
+SUPPORTED_COMPUTE_CAPABILITIES = (80, 86, 87, 89, 90)
+_TARGET_TEXT = re.compile(r"^(?:sm_?|compute_)?(\d+)([a-z]?)$")
+
+
+def target_problem(compute_capability, suffix: str = "") -> str | None:
+    """Why (compute capability, suffix) is not a supported target, or None when it is one."""
+    cc = compute_capability
+    if isinstance(cc, bool) or not isinstance(cc, int) or cc not in SUPPORTED_COMPUTE_CAPABILITIES:
+        return (f"compute capability {cc!r} is not a supported target; choose one of "
+                f"{list(SUPPORTED_COMPUTE_CAPABILITIES)} (e.g. 90, '90', 'sm_90', '90a')")
+    if suffix not in ("", "a"):
+        return f"target suffix {suffix!r} is not supported; use '' or 'a'"
+    if suffix == "a" and cc != 90:
+        return f"the 'a' feature suffix exists for sm_90 only, got sm_{cc}a"
+    return None
+
+
+def read_target(value) -> tuple[int, str]:
+    """(compute capability, suffix) of a target written ``90``, ``"90"``, ``"sm_90"``, ``"sm90"``, ``"90a"``,
+    ``"sm_90a"`` or ``"compute_90"`` (or a Target); ValueError saying what is supported otherwise."""
+    if hasattr(value, "compute_capability") and hasattr(value, "suffix"):  # a Target (checked when it was made)
+        return value.compute_capability, value.suffix
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"target must be a compute capability such as 90 or 'sm_90', got {value!r}")
+    if isinstance(value, int):
+        found = (value, "")
+    else:
+        match = _TARGET_TEXT.match(value.strip().lower())
+        if not match:
+            raise ValueError(f"cannot read {value!r} as a target; write it as 90, '90', 'sm_90' or '90a' (supported "
+                             f"compute capabilities: {list(SUPPORTED_COMPUTE_CAPABILITIES)})")
+        found = (int(match.group(1)), match.group(2))
+    problem = target_problem(*found)
+    if problem is not None:
+        raise ValueError(problem)
+    return found
+
+
+def _check_option(name: str, value) -> None:
+    """A typed error naming what is allowed, when the session is made (not at the first compile)."""
+    if value is None:
+        return
+    if name == "backend":
+        is_backend = all(hasattr(value, attr) for attr in ("name", "flags", "compile"))
+        if (isinstance(value, str) and value not in _BACKENDS) or (not isinstance(value, str) and not is_backend):
+            raise ArgumentError(f"Session backend must be 'nvcc' or 'nvrtc' (or a compiler backend object: "
+                                f"pycutlass.compiler.nvcc(), .nvrtc()), got {value!r}")
+    elif name == "target":
+        try:
+            read_target(value)
+        except ValueError as error:
+            raise ArgumentError(f"Session target: {error}") from None
+    elif name == "progress":
+        if not isinstance(value, bool):
+            raise ArgumentError(f"Session progress must be True, False or None (None: bars on a terminal only), "
+                                f"got {value!r}")
+    elif name == "cache_path":
+        if not isinstance(value, (str, os.PathLike)) or os.fspath(value) == "":
+            raise ArgumentError(f"Session cache_path must be a file path (str or os.PathLike), ':memory:' or None "
+                                f"(None: the default cache), got {value!r}")
 
 
 class Session:
     """Compiler settings, compiled kernels, the artifact cache, loaded modules and memory, per device.
 
-    Options (all optional; each layer validates its own when first used):
+    Options (all optional; each is checked here, a typed error naming what is allowed):
       ``backend``    "nvcc" or "nvrtc" (default: nvcc when a toolkit is found, else NVRTC);
       ``target``     the GPU to compile for (``90``, ``"sm_90"``, ``"90a"``; default: the device's own);
       ``cache_path`` the artifact database (default: ``$PYCUTLASS_CACHE_DIR`` or the user cache directory);
@@ -36,6 +102,8 @@ class Session:
         unknown = set(options) - set(_OPTIONS)
         if unknown:
             raise ArgumentError(f"unknown Session option(s) {sorted(unknown)}; allowed: {list(_OPTIONS)}")
+        for name, value in options.items():
+            _check_option(name, value)
         self.options = dict(options)
         self._states: dict[type, SessionState] = {}
         self._lock = threading.RLock()
@@ -53,6 +121,7 @@ class Session:
     def set_option(self, name: str, value) -> None:
         if name not in _OPTIONS:
             raise ArgumentError(f"unknown Session option {name!r}; allowed: {list(_OPTIONS)}")
+        _check_option(name, value)
         with self._lock:
             self.options[name] = value
             for state in self._states.values():

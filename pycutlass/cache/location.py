@@ -18,11 +18,21 @@ DEFAULT_DB_NAME = "compiled_cache.db"
 
 
 def default_cache_dir() -> Path:
-    """``$PYCUTLASS_CACHE_DIR`` if set, else the per-user cache directory. Creates nothing."""
+    """``$PYCUTLASS_CACHE_DIR`` if set, else the per-user cache directory. Creates nothing.
+
+    Raises :class:`CacheError` at once when the directory (or the nearest part of it that exists) is a file.
+    """
     override = os.environ.get(CACHE_DIR_ENV)
-    if override:
-        return Path(override).expanduser()
-    return Path(platformdirs.user_cache_dir("pycutlass"))
+    path = Path(override).expanduser() if override else Path(platformdirs.user_cache_dir("pycutlass"))
+    for existing in (path, *path.parents):
+        if os.path.lexists(existing):
+            if not existing.is_dir():
+                where = f"{CACHE_DIR_ENV}={override}" if override else "the user cache directory"
+                inside = "" if existing == path else f" (its part {existing} is a file)"
+                raise CacheError(f"{where}: {path} is not a directory{inside}; the kernel cache is a directory "
+                                 f"holding {DEFAULT_DB_NAME}. Set {CACHE_DIR_ENV} to a directory")
+            break
+    return path
 
 
 def default_cache_path() -> Path:

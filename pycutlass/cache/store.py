@@ -10,7 +10,9 @@ loaded and run as native code. A corrupt cache file, or one of another schema ve
 and replaced by an empty cache, with a :class:`CacheIntegrityWarning`: the cost is a recompile. A file that is
 not a pycutlass cache (not SQLite, or another application's database) is never used, moved or changed: it
 raises :class:`CacheError` saying what it is. ``read_only=True`` opens for inspection (SQLite ``mode=ro``):
-nothing is created, moved or written then.
+nothing is created, moved or written then. A cache this process may not write (a shared, read-only deployment)
+is opened that way by itself: its kernels load, and compiling into it is a :class:`CacheError` naming the
+missing permission.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 
-from pycutlass.cache.location import check_cache_dir, ensure_cache_dir
+from pycutlass.cache.location import CACHE_DIR_ENV, check_cache_dir, ensure_cache_dir
 from pycutlass.errors import CacheError, CacheIntegrityWarning
 
 if TYPE_CHECKING:  # sqlite_utils costs ~130 ms to import: only when a cache is opened
@@ -106,6 +108,7 @@ class ArtifactCache:
         self._private_dir = private_dir
         self._read_only = read_only and not self._memory
         self._immutable = False  # read-only connection that bypasses locking (no -wal/-shm to share)
+        self._read_only_because: str | None = None  # why a cache opened for writing turned out read-only
         self._lock = threading.RLock()
         self._db: Database | None = None
         self._db_pid: int | None = None
@@ -262,6 +265,14 @@ class ArtifactCache:
     # ---- connection, recovery ---------------------------------------------------------------
 
     def _check_writable(self, what: str) -> None:
+        if not self._read_only and not self._memory:
+            self._with_recovery(lambda db: None)  # opening finds out whether this process may write the file
+        if self._read_only_because is not None:
+            raise CacheError(
+                f"artifact cache {os.fspath(self.path)} is read-only here ({self._read_only_because}): cannot "
+                f"{what}. The kernels it holds load; to compile new ones, point cache_path or "
+                f"{CACHE_DIR_ENV} at a directory you can write"
+            )
         if self._read_only:
             raise CacheError(f"artifact cache {os.fspath(self.path)} was opened read-only: cannot {what}")
 
@@ -367,11 +378,19 @@ class ArtifactCache:
                 parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             except OSError as exc:
                 raise CacheError(f"cannot create the directory of artifact cache {self._path}: {exc}") from exc
+        missing_permission = _write_permission_problem(self._path)
+        if missing_permission is not None:
+            return self._open_without_write_permission(missing_permission)
         for attempt in (1, 2):
             identity = _file_identity(self._path)
             kind = identify_file(self._path)  # raises CacheError for a file that is not a database
             try:
                 db = _connect(self._path)
+            except sqlite3.OperationalError as exc:
+                if not _is_permission_failure(exc):
+                    raise
+                # os.access() can say yes where the file system still refuses (e.g. some network file systems)
+                return self._open_without_write_permission(f"SQLite cannot write there: {exc}")
             except _NotOurs as exc:
                 raise CacheError(_not_ours_message(self._path, exc.tables)) from exc
             except _SchemaMismatch as exc:
@@ -397,6 +416,16 @@ class ArtifactCache:
             self._file_identity = _file_identity(self._path)
             return db
         raise AssertionError("unreachable")
+
+    def _open_without_write_permission(self, problem: str) -> Database:
+        """A cache this process may not write: read it as it is (lookups work, bookkeeping is skipped)."""
+        assert self._path is not None
+        if identify_file(self._path) in ("missing", "empty"):
+            raise CacheError(f"cannot create artifact cache {self._path}: {problem}. Point cache_path or "
+                             f"{CACHE_DIR_ENV} at a directory you can write")
+        self._read_only = True
+        self._read_only_because = problem
+        return self._open_read_only()
 
     def _discard_corrupt_file(self, exc: sqlite3.DatabaseError) -> None:
         db, self._db = self._db, None
@@ -754,6 +783,26 @@ def remove_moved_aside_files(db_path: str | os.PathLike) -> tuple[list[Path], li
             except OSError as exc:
                 raise CacheError(f"cannot remove {path}: {exc}") from exc
     return removed, kept
+
+
+def _write_permission_problem(path: Path) -> str | None:
+    """What keeps this process from writing the cache at ``path`` (its file, or its directory, where SQLite creates
+    the file and its -wal/-shm companions), or None. Read-only file systems and immutable files count, for root too."""
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"no write permission on the file {path}"
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        companions = [Path(f"{path}{suffix}") for suffix in ("-wal", "-shm")]
+        if not (path.exists() and all(c.exists() and os.access(c, os.W_OK) for c in companions)):
+            return f"no write permission on its directory {path.parent}"
+    return None
+
+
+def _is_permission_failure(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (getattr(sqlite3, "SQLITE_READONLY", 8), getattr(sqlite3, "SQLITE_CANTOPEN", 14),
+                               getattr(sqlite3, "SQLITE_PERM", 3))
+    return "readonly" in str(exc) or "unable to open" in str(exc)
 
 
 def _file_identity(path: Path) -> tuple[int, int] | None:

@@ -5,6 +5,7 @@ so the runtime's launch path is shared.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -66,7 +67,9 @@ class NvccBackend(Backend):
             out = Path(tmp) / f"{unit_name}.cubin"
             src.write_text(source)
             cmd = [str(nvcc), *self.flags(arch), *self.include_flags(), "-o", str(out), str(src)]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            # nvcc's own temporaries (tmpxft_*, ~12 MB each) go into this folder too: removed with it, and with the
+            # compile worker's folder when an interrupt kills nvcc before it can remove them.
+            proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TMPDIR": tmp})
             if proc.returncode != 0 or not out.is_file():
                 raise CompilationError(f"nvcc failed (exit {proc.returncode}) compiling {unit_name} for sm_{arch}",
                                        log=clip_log(proc.stderr + proc.stdout), source=source)

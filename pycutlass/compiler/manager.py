@@ -152,6 +152,12 @@ class Compiler(SessionState):
                 self._detected[ordinal] = detected_compute_capability(ordinal)
             detected = self._detected[ordinal]
             target = Target(detected if detected is not None else operation.compute_capability)
+        return self.checked_target(operation, target)
+
+    @staticmethod
+    def checked_target(operation, target: Target) -> Target:
+        """``target`` as the operation's family compiles for it, or a DescriptionError (before anything compiles)
+        when that target cannot run the family (e.g. SM90 kernels for sm_80)."""
         target = target.for_family(operation.family)
         target.check_runs(operation.family, operation.name)
         return target
@@ -179,7 +185,7 @@ class Compiler(SessionState):
 
     def key_and_target(self, operation, target: Target | None = None) -> tuple[str, Target]:
         """The cache key an operation compiles under (for ``target``, else the session's), and that target."""
-        target = target.for_family(operation.family) if target is not None else self.target_for(operation)
+        target = self.checked_target(operation, target) if target is not None else self.target_for(operation)
         return self.cache_key(operation, target), target
 
     # --- compile --------------------------------------------------------------------------------------------
@@ -189,8 +195,7 @@ class Compiler(SessionState):
 
     def compiled_for(self, operation, target: Target) -> CompiledKernel:
         """The operation compiled for ``target`` (a device's), compiling on first use."""
-        target = target.for_family(operation.family)
-        target.check_runs(operation.family, operation.name)
+        target = self.checked_target(operation, target)
         found = self._adopted.get((operation.name, target.name))
         if found is not None:
             return found
@@ -228,7 +233,7 @@ class Compiler(SessionState):
         report = CompileReport(backend=backend.name)
         operations = list(dict.fromkeys(operations))  # equal descriptions compile once
         cache = cache if cache is not None else CacheState.of(self.session).cache
-        keyed = [(op, (target if target is not None else self.target_for(op)).for_family(op.family))
+        keyed = [(op, self.checked_target(op, target) if target is not None else self.target_for(op))
                  for op in operations]
         backends = {op: self.backend_for(op) for op, _ in keyed}
         keys = {(op, t): self.cache_key(op, t, backends[op]) for op, t in keyed}

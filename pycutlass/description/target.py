@@ -7,18 +7,16 @@ a family, with a clear error when it cannot.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from ..errors import DescriptionError
+from ..session import read_target, target_problem
 
-# Shared memory a thread block may opt into (bytes), by compute capability.
+# Shared memory a thread block may opt into (bytes), by compute capability (one entry per supported target).
 _SHARED_MEMORY_PER_BLOCK = {80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 
 # Template families and the smallest compute capability whose instructions they use.
 FAMILIES = {"sm80": 80, "sm90": 90}
-
-_PATTERN = re.compile(r"^(?:sm_?|compute_)?(\d)(\d)([a-z]?)$")
 
 
 @dataclass(frozen=True, order=True)
@@ -29,29 +27,19 @@ class Target:
     suffix: str = ""
 
     def __post_init__(self):
-        cc = self.compute_capability
-        if isinstance(cc, bool) or not isinstance(cc, int) or cc not in _SHARED_MEMORY_PER_BLOCK:
-            raise DescriptionError(f"compute capability {cc!r} is not a supported target; choose one of "
-                                   f"{sorted(_SHARED_MEMORY_PER_BLOCK)} (e.g. 90, '90', 'sm_90', '90a')")
-        if self.suffix not in ("", "a"):
-            raise DescriptionError(f"target suffix {self.suffix!r} is not supported; use '' or 'a'")
-        if self.suffix == "a" and cc != 90:
-            raise DescriptionError(f"the 'a' feature suffix exists for sm_90 only, got sm_{cc}a")
+        problem = target_problem(self.compute_capability, self.suffix)
+        if problem is not None:
+            raise DescriptionError(problem)
 
     @classmethod
     def parse(cls, value) -> "Target":
         """Accepts a Target, ``90``, ``"90"``, ``"sm_90"``, ``"sm90"``, ``"90a"``, ``"sm_90a"``, ``"compute_90"``."""
         if isinstance(value, Target):
             return value
-        if isinstance(value, bool):
-            raise DescriptionError(f"target must be a compute capability such as 90 or 'sm_90', got {value!r}")
-        if isinstance(value, int):
-            return cls(value)
-        if isinstance(value, str):
-            match = _PATTERN.match(value.strip().lower())
-            if match:
-                return cls(int(match.group(1) + match.group(2)), match.group(3))
-        raise DescriptionError(f"cannot read {value!r} as a target; write it as 90, '90', 'sm_90' or '90a'")
+        try:
+            return cls(*read_target(value))
+        except ValueError as error:
+            raise DescriptionError(str(error)) from None
 
     @property
     def name(self) -> str:

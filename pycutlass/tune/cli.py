@@ -24,6 +24,17 @@ def _reported() -> Iterator[None]:
         raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
 
 
+def _require_gpu(command: str) -> None:
+    """Benchmarking and tuning time kernels on a GPU: without one, fail before compiling anything."""
+    from ..compiler.target import detected_compute_capability
+    from ..errors import NoGpuError
+
+    if detected_compute_capability(0) is None:
+        raise NoGpuError(f"`pycutlass {command}` times kernels on a GPU and none is usable on this machine; nothing "
+                         f"was compiled. Without a GPU, compile only: `pycutlass sweep --compile-only` (records "
+                         f"what compiles) or `pycutlass bundle export --target N` (to run on another machine)")
+
+
 def _space(value: str):
     from .space import SearchSpace
 
@@ -99,7 +110,7 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
         if bundle_path:
             from .bundle import run_bundle
 
-            _need_gpu()
+            _require_gpu("sweep")
             summary = run_bundle(bundle_path, ResultsDB(db_path), config=config, devices=ordinals, timeout=timeout,
                                  baseline=not no_baseline)
             click.echo(f"benchmark: {summary}")
@@ -116,7 +127,7 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
             if not problems:
                 raise click.UsageError("--problems is required to benchmark (or pass --compile-only)")
             if not scheduler:
-                _need_gpu()
+                _require_gpu("sweep")
         job = Sweep(search_space, problems, db=db_path, name=name, session=session)
         if scheduler:
             from .distributed import DaskExecutor
@@ -132,15 +143,6 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
         click.echo(f"benchmark: {job.benchmark(config=config, devices=ordinals, timeout=timeout, baseline=not no_baseline)}")
 
 
-def _need_gpu() -> None:
-    from ..errors import NoGpuError
-    from .runner import visible_gpus
-
-    if not visible_gpus():
-        raise NoGpuError("benchmarking needs a GPU and none is visible; pass --compile-only to compile (and record "
-                         "compile status) without one")
-
-
 @main.command()
 @click.option("--space", required=True, help="A preset name or a .toml/.json space file.")
 @click.option("--problem", "problem_specs", required=True, multiple=True, help="Problem(s), e.g. gemm:4096x4096x4096.")
@@ -153,7 +155,9 @@ def tune(space, problem_specs, db_path, policy, jobs, retune):
     from .autotune import autotune
 
     with _reported():
-        for problem in _problems(problem_specs):
+        problems = _problems(problem_specs)
+        _require_gpu("tune")
+        for problem in problems:
             result = autotune(_space(space), problem, db=str(db_path), policy=policy, jobs=jobs, retune=retune)
             source = "cache" if result.from_cache else f"tuned over {result.candidates}"
             click.echo(f"{problem.key}: {result.operation.name} {result.seconds * 1e6:.1f} us ({source})")

@@ -504,3 +504,99 @@ def test_cli_refuses_unsafe_default_dir(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(location.CACHE_DIR_ENV, str(unsafe))
     result = CliRunner().invoke(cli_main, ["cache", "list"])
     assert result.exit_code == 1 and "writable by group or others" in result.output
+
+
+# ---- read-only caches ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _read_only(*paths: Path) -> Iterator[None]:
+    """Make ``paths`` unwritable in a way that holds for root too: the immutable attribute (chattr +i, which the
+    kernel enforces for every user) when running as root, else the permission bits."""
+    if os.geteuid() == 0:
+        done = subprocess.run(["chattr", "+i", *map(str, paths)], capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot make files immutable here (chattr: {done.stderr.strip()})")
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-i", *map(str, paths)], check=True)
+        return
+    modes = {path: stat.S_IMODE(path.stat().st_mode) for path in paths}
+    for path in paths:
+        path.chmod(modes[path] & ~0o222)
+    try:
+        yield
+    finally:
+        for path, mode in modes.items():
+            path.chmod(mode)
+
+
+def test_a_read_only_folder_without_a_cache_names_the_permission(tmp_path: Path) -> None:
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    with _read_only(folder):
+        assert not os.access(folder, os.W_OK)  # holds for root too
+        with pytest.raises(CacheError, match=f"cannot create artifact cache .*no write permission on its "
+                                             f"directory {folder}"):
+            ArtifactCache(folder / "c.db").lookup("k")
+    assert list(folder.iterdir()) == []
+
+
+def _gemm():
+    import pycutlass as cutlass
+
+    math = cutlass.MathInstruction([16, 8, 16], cutlass.float16, cutlass.float16, cutlass.float32,
+                                   cutlass.OpClass.TensorOp, cutlass.MathOperation.multiply_add)
+    return [cutlass.GemmOperationUniversal(
+        80, cutlass.TileDescription([128, 128, 32], stages, [2, 2, 1], math),
+        cutlass.TensorDescription(cutlass.float16, cutlass.RowMajor, 8),
+        cutlass.TensorDescription(cutlass.float16, cutlass.ColumnMajor, 8),
+        cutlass.TensorDescription(cutlass.float16, cutlass.RowMajor, 8),
+        cutlass.LinearCombination(cutlass.float16, 8, cutlass.float32, cutlass.float32)) for stages in (3, 4)]
+
+
+def test_a_read_only_cache_serves_its_kernels_and_refuses_new_ones(tmp_path: Path) -> None:
+    """A shared read-only cache: its kernels load (no last-used update), a compile into it is a CacheError."""
+    import pycutlass as cutlass
+    from pycutlass.compiler.manager import Compiler
+
+    folder = tmp_path / "shared"
+    db_file = folder / "c.db"
+    cached, new = _gemm()
+    options = {"backend": "nvrtc", "target": 80, "cache_path": str(db_file), "progress": False}
+    writer = cutlass.Session(**options)
+    key, _ = Compiler.of(writer).key_and_target(cached)
+    binary = b"\x7fELF a stand-in cubin"
+    with ArtifactCache(db_file) as cache:
+        cache.store([(key, cached.name, {"kernel": cached.kernel_symbol})], binary, "cubin")
+        used_before = cache.entries()[0]["last_used"]
+    before = {path.name: path.read_bytes() for path in folder.iterdir()}
+    with _read_only(db_file, folder):
+        compiler = Compiler.of(cutlass.Session(**options))
+        report = compiler.add_module([cached])
+        assert report.from_disk == 1 and report.compiled == 0 and report.kernels[0].binary == binary
+        with pytest.raises(CacheError, match=r"is read-only here \(no write permission on the file .*\): cannot "
+                                             r"claim\. The kernels it holds load"):
+            compiler.add_module([new])
+        assert compiler.last_report.compiled == 0
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == before  # nothing written, no -wal
+    with ArtifactCache(db_file, read_only=True) as cache:
+        assert cache.entries()[0]["last_used"] == used_before
+
+
+def test_a_cache_dir_that_is_a_file_is_an_error_at_once(tmp_path: Path, monkeypatch) -> None:
+    import pycutlass as cutlass
+    from pycutlass.cache.current import get_cache
+
+    not_a_dir = tmp_path / "cache-file"
+    not_a_dir.write_text("notes")
+    for value in (not_a_dir, not_a_dir / "below"):
+        monkeypatch.setenv(location.CACHE_DIR_ENV, str(value))
+        for command in (["cache", "path"], ["cache", "list"], ["cache", "size"], ["cache", "clear", "--yes"]):
+            out = CliRunner().invoke(cli_main, command)
+            assert out.exit_code == 1 and f"{value} is not a directory" in out.output, out.output
+            assert "no file there yet" not in out.output and "Traceback" not in out.output
+        with pytest.raises(CacheError, match=f"PYCUTLASS_CACHE_DIR={value}: {value} is not a directory"):
+            get_cache(cutlass.Session()).lookup("k")
+    assert not_a_dir.read_text() == "notes"

@@ -244,7 +244,59 @@ def test_cli_compile_only_sweep_from_a_space_file(tmp_path, monkeypatch):
     first = runner.invoke(main, args)
     assert first.exit_code == 0, first.output
     assert "2 ready (2 compiled, 0 cached)" in first.output and "pruned" in first.output
+    # stderr is not a terminal: a line per compiled unit shows progress instead of a bar
+    assert "pycutlass: compiled 1/2: " in first.stderr and "pycutlass: compiled 2/2: " in first.stderr, first.stderr
     again = runner.invoke(main, args)
     assert "2 ready (0 compiled, 2 cached)" in again.output, again.output
     with ResultsDB(tmp_path / "r.db", read_only=True) as db:
         assert db.counts()["problems"] == 2 and db.counts()["compile_status"] == 2
+
+
+def _has_gpu() -> bool:
+    from pycutlass.compiler.target import detected_compute_capability
+
+    return detected_compute_capability(0) is not None
+
+
+@pytest.mark.parametrize("command", [
+    ["sweep", "--space", "sm80-f16-small", "--problems", "square:256:512:256", "--db", "{tmp}/r.db"],
+    ["tune", "--space", "sm80-f16-small", "--problem", "gemm:256x512x256", "--db", "{tmp}/r.db"]])
+def test_benchmarking_without_a_gpu_fails_before_compiling(tmp_path, monkeypatch, command):
+    if _has_gpu():
+        pytest.skip("this machine has a GPU")
+    monkeypatch.setenv("PYCUTLASS_CACHE_DIR", str(tmp_path / "cache"))
+    out = CliRunner().invoke(main, [arg.format(tmp=tmp_path) for arg in command])
+    assert out.exit_code == 1 and "NoGpuError" in out.output and "--compile-only" in out.output, out.output
+    assert "Traceback" not in out.output
+    assert not (tmp_path / "cache").exists()  # nothing was compiled (nor cached)
+
+
+def test_a_target_that_cannot_run_the_family_fails_before_compiling(tmp_path, monkeypatch):
+    """The check `sweep --target` makes, for `bundle export` too: SM90 kernels need sm_90a."""
+    monkeypatch.setenv("PYCUTLASS_CACHE_DIR", str(tmp_path / "cache"))
+    runner = CliRunner()
+    for command in (["sweep", "--space", "sm90-f16-small", "--db", str(tmp_path / "r.db"), "--compile-only"],
+                    ["bundle", "export", "--space", "sm90-f16-small", str(tmp_path / "x.bundle")]):
+        out = runner.invoke(main, [*command, "--target", "80"])
+        assert out.exit_code == 1 and "DescriptionError" in out.output, out.output
+        assert "sm90 template family" in out.output and "target sm_80 cannot run it" in out.output, out.output
+        assert not (tmp_path / "cache").exists() and not (tmp_path / "x.bundle").exists()
+    # the Python API: an explicit target is checked before anything compiles, with the same typed error
+    sweep = Sweep(SearchSpace.preset("sm90-f16-small"), db=tmp_path / "api.db",
+                  session=cutlass.Session(cache_path=str(tmp_path / "api-cache.db")))
+    with pytest.raises(cutlass.DescriptionError, match="target sm_80 cannot run it"):
+        export_bundle(sweep, tmp_path / "api.bundle", target=80)
+    with pytest.raises(cutlass.DescriptionError, match="target sm_80 cannot run it"):
+        Compiler.of(sweep.session).add_module(sweep.operations[:1], target=80)
+    assert not (tmp_path / "api-cache.db").exists()
+
+
+def test_an_unsupported_target_is_named_so_with_the_supported_ones(tmp_path):
+    runner = CliRunner()
+    for target in ("100", "sm_100"):
+        for command in (["sweep", "--space", "sm80-f16-small", "--db", str(tmp_path / "r.db"), "--compile-only"],
+                        ["bundle", "export", "--space", "sm80-f16-small", str(tmp_path / "x.bundle")]):
+            out = runner.invoke(main, [*command, "--target", target])
+            assert out.exit_code == 1 and "Traceback" not in out.output, out.output
+            assert "compute capability 100 is not a supported target; choose one of [80, 86, 87, 89, 90]" \
+                in out.output, out.output
