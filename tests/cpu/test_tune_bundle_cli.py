@@ -198,9 +198,9 @@ def test_cli_checks_everything_before_creating_the_db(tmp_path, monkeypatch):
         "--problems is required to benchmark": ["sweep", "--space", "sm80-f16-small", "--db", "r.db"],
     }
     if detected_compute_capability() is None:
-        mistakes["pass --compile-only"] = ["sweep", "--space", "sm80-f16-small", "--db", "r.db", "--problems",
+        mistakes["sweep` times kernels on a GPU"] = ["sweep", "--space", "sm80-f16-small", "--db", "r.db", "--problems",
                                            "square:256:512:256"]
-        mistakes["autotuning needs a GPU"] = ["tune", "--space", "sm80-f16-small", "--problem", "gemm:64x64x64",
+        mistakes["tune` times kernels on a GPU"] = ["tune", "--space", "sm80-f16-small", "--problem", "gemm:64x64x64",
                                               "--db", "tune.db"]
     for message, command in mistakes.items():
         out = runner.invoke(main, command)
