@@ -10,6 +10,13 @@ import pycutlass
 
 PACKAGE = Path(pycutlass.__file__).parent
 
+# PyCUTLASS 2.11's module paths: each is the same module as its home in pycutlass.compat.
+LEGACY_PATHS = ["_compat", "gemm_operation", "conv2d_operation", "reduction_operation", "memory_manager", "library",
+                "parser", "utils", "utils.*", "test", "test.*"]
+# The core: what pycutlass is, without PyCUTLASS 2.11's surface.
+CORE = ["errors", "session", "description", "epilogue", "emit", "cache", "compiler", "runtime", "kinds", "tune",
+        "torch"]
+
 # Lowest first. A module may import its own layer and the layers below it, never one above.
 LAYERS = [
     ("state", ["errors", "session"]),
@@ -24,10 +31,9 @@ LAYERS = [
     ("tune", ["tune", "tune.space", "tune.problems", "tune.db", "tune.sweep", "tune.bench", "tune.runner",
               "tune.autotune", "tune.select", "tune.plots", "tune.bundle", "tune.resources", "tune.distributed"]),
     ("torch", ["torch", "torch.*"]),  # the only part that imports torch (docs/torch.md)
-    ("api", ["", "gemm", "conv", "cli", "__main__", "utils", "utils.*", "tune.cli",
-             # PyCUTLASS 2.11's module paths (docs/porting.md)
-             "_compat", "gemm_operation", "conv2d_operation", "reduction_operation", "memory_manager", "library",
-             "parser", "test", "test.*"]),
+    ("api", ["", "gemm", "conv", "cli", "__main__", "tune.cli",
+             # PyCUTLASS 2.11's surface (pycutlass.compat) and its old module paths (docs/porting.md)
+             "compat", "compat.*", *LEGACY_PATHS]),
 ]
 
 
@@ -82,6 +88,39 @@ def test_every_import_goes_down_the_layers():
                 violations.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {source} "
                                   f"({LAYERS[layer_of(source)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})")
     assert not violations, "imports against the layer order:\n" + "\n".join(violations)
+
+
+def _in(module: str, top: list[str]) -> bool:
+    relative = module.removeprefix("pycutlass").removeprefix(".")
+    return any(fnmatch.fnmatchcase(relative, p) or fnmatch.fnmatchcase(relative, p + ".*") for p in top)
+
+
+def test_the_core_never_imports_the_pycutlass211_surface():
+    """PyCUTLASS 2.11's surface lives at the edge (pycutlass.compat and its old module paths): nothing in the core
+    imports it, so the core can change without it and it can go without touching the core."""
+    offenders = [f"{path.relative_to(PACKAGE.parent)}:{line}: {module_name(path)} imports {target}"
+                 for path in sorted(PACKAGE.rglob("*.py")) if _in(module_name(path), CORE)
+                 for target, line in imports_of(path) if _in(target, ["compat", *LEGACY_PATHS])]
+    assert not offenders, "the core imports PyCUTLASS 2.11's surface:\n" + "\n".join(offenders)
+
+
+def test_the_pycutlass211_paths_are_their_compat_modules():
+    """Each old path is the compat module itself (not a copy): monkeypatching, ``import *`` and attributes agree."""
+    import importlib
+
+    for name in ["_compat", "gemm_operation", "conv2d_operation", "reduction_operation", "memory_manager", "library",
+                 "utils", "utils.device", "utils.reference_model", "test", "test._common", "test.gemm_testbed",
+                 "test.conv2d_testbed", "test.gemm_grouped_testbed", "test.profiler"]:
+        home = "support" if name == "_compat" else name
+        assert importlib.import_module(f"pycutlass.{name}") is importlib.import_module(f"pycutlass.compat.{home}")
+    # and each old path's file is only the alias: the implementation lives in pycutlass.compat
+    for path in [*PACKAGE.glob("*.py"), PACKAGE / "utils" / "__init__.py", PACKAGE / "test" / "__init__.py"]:
+        if _in(module_name(path), LEGACY_PATHS):
+            body = [node for node in ast.parse(path.read_text()).body
+                    if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
+            assert all(isinstance(node, (ast.Import, ast.ImportFrom, ast.Expr)) for node in body), path
+    assert sorted(p.name for p in (PACKAGE / "test").iterdir() if p.suffix == ".py") == ["__init__.py"]
+    assert sorted(p.name for p in (PACKAGE / "utils").iterdir() if p.suffix == ".py") == ["__init__.py"]
 
 
 def test_the_runtime_knows_no_kind():
