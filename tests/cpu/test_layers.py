@@ -124,6 +124,66 @@ def test_the_pycutlass211_paths_are_their_compat_modules():
     assert sorted(p.name for p in (PACKAGE / "utils").iterdir() if p.suffix == ".py") == ["__init__.py"]
 
 
+def import_graph() -> dict[str, set[str]]:
+    """module -> the pycutlass modules it imports (function-local imports included)."""
+    graph = {module_name(path): set() for path in PACKAGE.rglob("*.py")}
+    for path in PACKAGE.rglob("*.py"):
+        source = module_name(path)
+        graph[source] |= {target for target, _ in imports_of(path) if target != source}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative), each sorted."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, targets = work[-1]
+            target = next(targets, None)
+            if target is not None:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph.get(target, ())))))
+                elif target in on_stack:
+                    low[node] = min(low[node], index[target])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycles():
+    """No two modules import each other, directly or through others, not even inside functions: each piece a cycle
+    shares belongs in a module below both (or the call is inverted with a parameter)."""
+    found = cycles(import_graph())
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_cycle_check_finds_cycles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e", "d"}, "f": {"g"}, "g": {"f"}}
+    assert sorted(cycles(graph)) == [["a", "b", "c"], ["f", "g"]]
+    assert "pycutlass.torch.tuning" in import_graph()["pycutlass.torch.dispatch"]  # function-local imports count
+
+
 def test_the_runtime_knows_no_kind():
     """The runtime runs every kind through one interface; it never imports a kind's module."""
     offenders = [(module_name(path), target) for path in (PACKAGE / "runtime").rglob("*.py")
