@@ -1,4 +1,4 @@
-"""Helpers of the PyCUTLASS 2.11 module paths: the module :mod:`pycutlass.compat.support` under its old path."""
+"""Helpers of the PyCUTLASS 2.11 module paths: the same module as :mod:`pycutlass.compat.support`."""
 from .compat import support as _module
 from .compat.support import alias
 

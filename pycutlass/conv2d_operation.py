@@ -1,4 +1,5 @@
-"""PyCUTLASS 2.11's ``pycutlass.conv2d_operation``: the module :mod:`pycutlass.compat.conv2d_operation` under its old path."""
+"""PyCUTLASS 2.11's ``pycutlass.conv2d_operation``: the same module as
+:mod:`pycutlass.compat.conv2d_operation`."""
 from .compat import conv2d_operation as _module
 from .compat.support import alias
 

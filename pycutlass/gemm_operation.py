@@ -1,4 +1,5 @@
-"""PyCUTLASS 2.11's ``pycutlass.gemm_operation``: the module :mod:`pycutlass.compat.gemm_operation` under its old path."""
+"""PyCUTLASS 2.11's ``pycutlass.gemm_operation``: the same module as
+:mod:`pycutlass.compat.gemm_operation`."""
 from .compat import gemm_operation as _module
 from .compat.support import alias
 

@@ -1,4 +1,5 @@
-"""PyCUTLASS 2.11's ``pycutlass.library``: the module :mod:`pycutlass.compat.library` under its old path."""
+"""PyCUTLASS 2.11's ``pycutlass.library``: the same module as
+:mod:`pycutlass.compat.library`."""
 from .compat import library as _module
 from .compat.support import alias
 

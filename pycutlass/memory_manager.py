@@ -1,4 +1,5 @@
-"""PyCUTLASS 2.11's ``pycutlass.memory_manager``: the module :mod:`pycutlass.compat.memory_manager` under its old path."""
+"""PyCUTLASS 2.11's ``pycutlass.memory_manager``: the same module as
+:mod:`pycutlass.compat.memory_manager`."""
 from .compat import memory_manager as _module
 from .compat.support import alias
 

@@ -1,4 +1,5 @@
-"""PyCUTLASS 2.11's ``pycutlass.reduction_operation``: the module :mod:`pycutlass.compat.reduction_operation` under its old path."""
+"""PyCUTLASS 2.11's ``pycutlass.reduction_operation``: the same module as
+:mod:`pycutlass.compat.reduction_operation`."""
 from .compat import reduction_operation as _module
 from .compat.support import alias
 

@@ -42,7 +42,7 @@ def library(name: str):
 
 
 def star_names(names: list[str]) -> list[str]:
-    """``__all__`` for an alias module: its names, plus the libraries above that are installed."""
+    """``__all__`` for a PyCUTLASS 2.11 module: its names, plus the libraries above that are installed."""
     return names + [lib for lib in _LIBRARIES if importlib.util.find_spec(lib) is not None]
 
 
@@ -63,7 +63,7 @@ def missing_names(module: str, replacements: dict[str, str]):
 
 
 def public_name(module: str) -> str:
-    """The PyCUTLASS 2.11 path users import a compat module by (``pycutlass.compat.library`` -> ``pycutlass.library``)."""
+    """The PyCUTLASS 2.11 path users import a compat module by: ``pycutlass.compat.library`` -> ``pycutlass.library``."""
     return "pycutlass." + module.removeprefix(_HOME) if module.startswith(_HOME) else module
 
 
