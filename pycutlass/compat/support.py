@@ -63,7 +63,7 @@ def missing_names(module: str, replacements: dict[str, str]):
 
 
 def public_name(module: str) -> str:
-    """The PyCUTLASS 2.11 path users import a compat module by: ``pycutlass.compat.library`` -> ``pycutlass.library``."""
+    """The PyCUTLASS 2.11 path of a compat module: ``pycutlass.compat.library`` -> ``pycutlass.library``."""
     return "pycutlass." + module.removeprefix(_HOME) if module.startswith(_HOME) else module
 
 
