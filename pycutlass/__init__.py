@@ -5,7 +5,8 @@ CUDA context and needs no GPU: CUDA, RMM and the compilers are touched only when
 
 PyCUTLASS 2.11's module paths work too (``pycutlass.gemm_operation``, ``conv2d_operation``,
 ``reduction_operation``, ``memory_manager``, ``library``, ``utils.device``, ``utils.reference_model``), and
-``from pycutlass import *`` gives what its scripts take from it. See docs/porting.md.
+``from pycutlass import *`` gives what its scripts take from it. Those modules live in ``pycutlass.compat``; each
+old path is the same module. See docs/porting.md.
 """
 from __future__ import annotations
 

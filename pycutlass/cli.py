@@ -247,4 +247,12 @@ def _when(timestamp: float | None) -> str:
     return "?" if timestamp is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
 
 
-from .tune import cli as _tune_cli  # noqa: E402,F401  (registers sweep, tune, select, heatmap, bundle, db)
+def _add_tuning_commands() -> None:
+    """sweep, tune, select, heatmap, bundle, db (pycutlass.tune.cli)."""
+    from .tune.cli import main as tuning
+
+    for name, command in tuning.commands.items():
+        main.add_command(command, name)
+
+
+_add_tuning_commands()

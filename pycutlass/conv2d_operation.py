@@ -1,13 +1,6 @@
-"""PyCUTLASS 2.11's ``pycutlass.conv2d_operation``: the Conv2d operation and its Arguments."""
-from __future__ import annotations
+"""PyCUTLASS 2.11's ``pycutlass.conv2d_operation``: the same module as
+:mod:`pycutlass.compat.conv2d_operation`."""
+from .compat import conv2d_operation as _module
+from .compat.support import alias
 
-from ._compat import missing_names, star_names
-from .kinds import Conv2dArguments, Conv2dOperation, Conv2dProblemSize, IteratorAlgorithm, StrideSupport
-
-__getattr__ = missing_names(__name__, {
-    "Conv2dRT": "pycutlass launches CUTLASS's kernels itself (Params are built on the device), so there is no "
-                "per-operation host runtime class; use operation.run(arguments)",
-    "EmitConv2dInstance": "use operation.emit() for the CUDA C++ of an operation",
-})
-
-__all__ = star_names(["Conv2dArguments", "Conv2dOperation", "Conv2dProblemSize", "IteratorAlgorithm", "StrideSupport"])
+alias(__name__, _module)

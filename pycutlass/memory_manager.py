@@ -1,14 +1,6 @@
-"""PyCUTLASS 2.11's ``pycutlass.memory_manager``: the RMM pool and the bytes pycutlass holds."""
-from __future__ import annotations
+"""PyCUTLASS 2.11's ``pycutlass.memory_manager``: the same module as
+:mod:`pycutlass.compat.memory_manager`."""
+from .compat import memory_manager as _module
+from .compat.support import alias
 
-from ._compat import missing_names
-from .runtime.memory import get_allocated_size, get_memory_pool
-
-_ARGS = ("Arguments objects copy host tensors to the device and own their buffers; pass numpy/torch/cupy tensors "
-         "to them (docs/arguments.md)")
-__getattr__ = missing_names(__name__, {
-    "PoolMemoryManager": "use pycutlass.get_memory_pool(init_pool_size, max_pool_size), which installs an RMM pool",
-    "todevice": _ARGS, "device_mem_alloc": _ARGS, "align_size": _ARGS,
-})
-
-__all__ = ["get_allocated_size", "get_memory_pool", "rmm"]
+alias(__name__, _module)

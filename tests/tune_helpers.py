@@ -86,7 +86,7 @@ def broken_gemm():
     return f16_gemm((64, 64, 32), cls=BrokenGemm)
 
 
-def fake_worker_main(conn, ordinal, session_options, config_json, bundle_path):
+def fake_worker_main(conn, ordinal, session_options, config_json, prepare_session):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
         message = conn.recv()

@@ -23,61 +23,17 @@ import contextlib
 import json
 import math
 import threading
-from dataclasses import dataclass, field
 
 import torch
 
 from ..errors import ArgumentError, PyCutlassError
 from ..session import Session, SessionState, current
 from . import kernels, reference
+from .calls import TORCH, Choice, Collector, OpCall  # noqa: F401  (Choice and OpCall: public here too)
 from .kernels import ConvClass, GemmClass
 
-TORCH = "torch"  # the choice "run torch's implementation"
 _UNALIGNED_ADDRESS = "an address not aligned to 4 bytes"
-_TOLERANCE = {torch.float16: 2e-2, torch.bfloat16: 5e-2, torch.float64: 1e-9}  # relative to the largest value
 _ALIGNMENTS = {torch.float16: (8, 4, 2), torch.bfloat16: (8, 4, 2), torch.float64: (1,)}
-
-
-# --- recorded calls and tuning results -------------------------------------------------------------------------------
-@dataclass
-class OpCall:
-    """One call seen while collecting: enough to rebuild inputs of the same shapes and layouts."""
-
-    op: str  # gemm, conv2d, conv2d_dgrad, conv2d_wgrad
-    layer: str
-    key: str  # the tuning key (device, class, shape bucket)
-    specs: tuple  # (shape, stride, dtype) per tensor argument, None for absent ones
-    scalars: tuple
-    device: int
-    cls: object = field(repr=False, default=None)
-    problem: tuple = ()
-
-    def describe(self) -> str:
-        if self.op == "gemm":
-            m, n, k = self.problem
-            return f"{m}x{n}x{k}"
-        n, h, w, c, k, r, s = self.problem[:7]
-        return f"N{n} {h}x{w}x{c} -> K{k} {r}x{s}"
-
-
-@dataclass
-class Choice:
-    call: OpCall
-    kernel: str  # an operation's name, "torch", or "-" (nothing tuned: no kernel serves this class)
-    cutlass_us: float | None
-    torch_us: float | None
-
-    @property
-    def speedup(self) -> float | None:
-        if self.cutlass_us and self.torch_us:
-            return self.torch_us / self.cutlass_us
-        return None
-
-
-class Collector:
-    def __init__(self):
-        self.layer = ""
-        self.calls: list[OpCall] = []
 
 
 # --- binding a call signature to a kernel ----------------------------------------------------------------------------
@@ -541,10 +497,10 @@ class Dispatch(SessionState):
         if not candidates:
             return self._no_kernel(f"no CUTLASS configuration builds for {cls}")
         key = self.tuning_key(cls, problem)
-        choice = self._lookup(key)
+        choice = self.lookup(key)
         if choice is None and self.tune and call is not None and not _capturing():
             self.tune_calls([call()], progress=False)
-            choice = self._lookup(key)
+            choice = self.lookup(key)
         if choice is None:
             choice = self._nearest(cls, problem)
         if choice is not None:
@@ -607,7 +563,9 @@ class Dispatch(SessionState):
         bucket = tuple(problem) if isinstance(cls, ConvClass) else bucket_of(_Shape(*problem), self.policy)
         return tuning_key(self._facts_of(cls), cls.signature(), bucket, policy_name(self.policy))
 
-    def _lookup(self, key: str) -> dict | None:
+    def lookup(self, key: str) -> dict | None:
+        """The choice for a tuning key (``OpCall.key``): from this dispatch's table, else from its tuning database;
+        None when the key was never tuned."""
         found = self._choices.get(key)
         if found is None and self._db is not None:
             row = self._db.tuning(key)
@@ -634,7 +592,9 @@ class Dispatch(SessionState):
                 best, best_distance = choice, distance
         return best
 
-    def _set_choice(self, key: str, choice: dict, candidates: int) -> None:
+    def set_choice(self, key: str, choice: dict, candidates: int) -> None:
+        """Record ``choice`` (``kernel``, ``params``, ``us``, ``torch_us``, ...) for a tuning key, chosen among
+        ``candidates`` kernels: in the table, and in the tuning database when one is set."""
         with self._lock:
             self._choices[key] = choice
             self._forget_bound()  # signatures bound to the previous choice

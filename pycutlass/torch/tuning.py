@@ -15,7 +15,7 @@ import torch
 
 from ..compiler.manager import Compiler
 from . import reference
-from .dispatch import TORCH, _TOLERANCE, Choice
+from .calls import TOLERANCE, TORCH, Choice
 
 
 def _inputs(call, generator):
@@ -80,7 +80,7 @@ def _close(out, expected, dtype) -> bool:
     if not torch.isfinite(out).all():
         return False
     scale = expected.abs().max().item() or 1.0
-    return (out - expected).abs().max().item() <= _TOLERANCE.get(dtype, 2e-2) * scale
+    return (out - expected).abs().max().item() <= TOLERANCE.get(dtype, 2e-2) * scale
 
 
 _LEAD_US = 200.0  # longer than the host needs to enqueue one call on a slow host (F.linear: ~40 us)
@@ -92,7 +92,7 @@ def tune_calls(dispatch, calls, *, jobs, progress, prefer_faster, repetitions) -
     by_key = {}
     for call in calls:
         by_key.setdefault(call.key, call)
-    todo = [call for key, call in by_key.items() if dispatch._lookup(key) is None]
+    todo = [call for key, call in by_key.items() if dispatch.lookup(key) is None]
     operations = {}
     for call in todo:
         for _, operation in dispatch.candidates(call.cls):
@@ -110,10 +110,10 @@ def tune_calls(dispatch, calls, *, jobs, progress, prefer_faster, repetitions) -
             bench = benches[call.device] = GemmBench(config, call.device)
         with torch.cuda.device(call.device):
             choice = _tune_one(dispatch, call, bench, generator, failed, prefer_faster)
-        dispatch._set_choice(call.key, choice, len(dispatch.candidates(call.cls)))
+        dispatch.set_choice(call.key, choice, len(dispatch.candidates(call.cls)))
     results = []
     for call in calls:
-        choice = dispatch._lookup(call.key) or {}
+        choice = dispatch.lookup(call.key) or {}
         results.append(Choice(call, choice.get("kernel", "-"), choice.get("us"), choice.get("torch_us")))
     return results
 

@@ -11,6 +11,7 @@ source differs from what was compiled (a different pycutlass would otherwise run
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -171,4 +172,9 @@ def run_bundle(path: str | Path, db, *, config=None, devices=None, timeout: floa
         raise BundleError(f"{path} holds {bundle.target} binaries; this GPU is sm_{detected} (SASS does not run "
                           f"across major architectures): export it again with --target {detected}")
     return run_sweep(sweep, config=config, devices=devices, timeout=timeout, progress=progress, baseline=baseline,
-                     bundle_path=str(path), operations=operations)
+                     prepare_session=functools.partial(adopt_bundle, str(path)), operations=operations)
+
+
+def adopt_bundle(path: str, session) -> None:
+    """Make ``session`` run the binaries of the bundle at ``path`` (a benchmark worker's first step)."""
+    Bundle.open(path).adopt_into(session)

@@ -8,8 +8,11 @@ from pathlib import Path
 
 import click
 
-from ..cli import main
 from ..errors import PyCutlassError
+
+# The tuning commands' own group: pycutlass.cli adds each of them to the ``pycutlass`` command (this module does not
+# import pycutlass.cli, so the two do not import each other).
+main = click.Group("pycutlass-tune", help="The tuning workflows.")
 
 _db_option = click.option("--db", "db_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
                           help="The results database (SQLite; created if missing).")

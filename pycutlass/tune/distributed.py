@@ -201,7 +201,7 @@ class DaskExecutor:
         """Compile the sweep's operations that the memo does not already settle, ``chunk`` per task."""
         from ..cache.current import CacheState
         from ..compiler.manager import Compiler
-        from .sweep import _progress
+        from .progress import progress_bar as _progress
 
         start = time.perf_counter()
         compiler = Compiler.of(sweep.session)
@@ -276,7 +276,7 @@ class DaskExecutor:
         from ..compiler.manager import Compiler
         from .bench import BenchConfig
         from .runner import _times_as_gemm
-        from .sweep import _progress
+        from .progress import progress_bar as _progress
 
         if baseline:
             raise ArgumentError("distributed sweeps record no torch baseline yet; run one with Sweep.benchmark")

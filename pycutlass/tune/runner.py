@@ -67,9 +67,11 @@ def _device_facts(ordinal: int) -> dict:
     return facts
 
 
-def _worker_main(conn, ordinal: int, session_options: dict, config_json: str, bundle_path: str | None) -> None:
+def _worker_main(conn, ordinal: int, session_options: dict, config_json: str, prepare_session=None) -> None:
     """Serve tasks until told to stop: ``("facts",)``, ``("adopt", op, target, binary, ...)``,
-    ``("kernel", op, problem_dict)``, ``("baseline", problem_dict, a_label, c_label)``."""
+    ``("kernel", op, problem_dict)``, ``("baseline", problem_dict, a_label, c_label)``. ``prepare_session``
+    (picklable, called with the worker's session before the first task) readies it, e.g. adopts a bundle's
+    binaries (:func:`pycutlass.tune.bundle.run_bundle`)."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us cleanly
@@ -82,10 +84,8 @@ def _worker_main(conn, ordinal: int, session_options: dict, config_json: str, bu
     # The parent pinned this process to its GPU with CUDA_VISIBLE_DEVICES: it is device 0 here.
     torch.cuda.set_device(0)
     session = Session(**{**session_options, "device": 0})
-    if bundle_path:
-        from .bundle import Bundle
-
-        Bundle.open(bundle_path).adopt_into(session)
+    if prepare_session is not None:
+        prepare_session(session)
     bench = GemmBench(BenchConfig.from_json(config_json), 0)
     while True:
         message = conn.recv()
@@ -157,11 +157,11 @@ class WorkerLost(Exception):
 class Worker:
     """One GPU's worker process, restarted on demand."""
 
-    def __init__(self, ordinal: int, session_options: dict, config: BenchConfig, bundle_path: str | None = None,
+    def __init__(self, ordinal: int, session_options: dict, config: BenchConfig, prepare_session=None,
                  main=None):
         self.ordinal = ordinal
         self._main = main or _worker_main  # tests substitute a stand-in that needs no GPU
-        self._args = (ordinal, session_options, config.fingerprint, bundle_path)
+        self._args = (ordinal, session_options, config.fingerprint, prepare_session)
         self._process = None
         self._conn = None
         self.restarts = 0
@@ -264,10 +264,11 @@ def baseline_name(a_label: str, c_label: str) -> str:
 
 
 def run_sweep(sweep, *, config: BenchConfig | None = None, devices=None, timeout: float = 120.0,
-              progress: bool | None = None, baseline: bool = True, bundle_path: str | None = None,
+              progress: bool | None = None, baseline: bool = True, prepare_session=None,
               operations=None, worker_main=None) -> BenchSummary:
-    """Time ``sweep``'s compiled operations on its problems; one worker per device, rows written as they finish."""
-    from .sweep import _progress
+    """Time ``sweep``'s compiled operations on its problems; one worker per device, rows written as they finish.
+    ``prepare_session``: a picklable ``f(session)`` each worker calls on its session first (see ``_worker_main``)."""
+    from .progress import progress_bar as _progress
 
     config = config or BenchConfig()
     if not isinstance(config, BenchConfig):
@@ -280,7 +281,7 @@ def run_sweep(sweep, *, config: BenchConfig | None = None, devices=None, timeout
     operations = sweep.ready_operations() if operations is None else list(operations)
     start = time.perf_counter()
     options = {k: v for k, v in sweep.session.options.items() if k in ("backend", "target", "cache_path")}
-    workers = [Worker(d, options, config, bundle_path, worker_main) for d in devices]
+    workers = [Worker(d, options, config, prepare_session, worker_main) for d in devices]
     stop = threading.Event()
     summary = BenchSummary()
     device_ids = {}

@@ -19,6 +19,7 @@ from ..compiler.manager import Compiler, parse_target
 from ..errors import ArgumentError
 from ..session import Session, current
 from .db import ResultsDB
+from .progress import progress_bar as _progress
 from .space import SearchSpace
 
 log = logging.getLogger("pycutlass.tune")
@@ -206,21 +207,3 @@ def default_jobs() -> int:
         by_memory = cores
     return max(1, min(cores, by_memory))
 
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(total: int, what: str, progress: bool | None):
-    """A tqdm bar on a terminal (or when asked for), none otherwise."""
-    import sys
-
-    if progress is False or total == 0 or (progress is None and not sys.stderr.isatty()):
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=what, unit="op")

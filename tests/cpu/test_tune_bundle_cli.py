@@ -52,6 +52,29 @@ def test_bundle_round_trip_runs_binaries_without_a_toolchain(bundle_file, monkey
 
 
 @pytest.mark.slow
+def test_run_bundle_gives_each_worker_a_picklable_step_that_adopts_the_binaries(bundle_file, monkeypatch, tmp_path):
+    """The benchmark workers run in fresh interpreters: run_bundle hands them a picklable ``prepare_session`` that
+    adopts the bundle's binaries into the worker's session (the runner itself knows nothing of bundles)."""
+    import pickle
+
+    from pycutlass.tune import bundle as bundle_module, runner
+
+    path, _ = bundle_file
+    seen = {}
+    monkeypatch.setattr(runner, "run_sweep", lambda sweep, **kwargs: seen.update(kwargs) or "summary")
+    monkeypatch.setattr("pycutlass.compiler.target.detected_compute_capability", lambda device=0: None)
+    assert bundle_module.run_bundle(path, tmp_path / "results.db", devices=[0], progress=False) == "summary"
+    prepare = pickle.loads(pickle.dumps(seen["prepare_session"]))
+    session = cutlass.Session(cache_path=":memory:")
+    monkeypatch.setattr(Compiler, "_add", lambda *a, **k: pytest.fail("a bundle run must not compile"))
+    prepare(session)
+    opened = Bundle.open(path)
+    compiler = Compiler.of(session)
+    for op, kernel in zip(seen["operations"], opened.manifest["kernels"]):
+        assert compiler.compiled_for(op, cutlass.Target(90)).sha256 == kernel["binary_sha256"]
+
+
+@pytest.mark.slow
 def test_bundle_hash_checks_catch_tampering(bundle_file, tmp_path):
     path, _ = bundle_file
     with zipfile.ZipFile(path) as archive:

@@ -367,7 +367,7 @@ def test_tune_calls_persist_and_reload_without_retuning(tmp_path):
     other = pycutlass.Session()
     with other.activate():  # a new session reads the choice from the database: nothing is timed again
         again = pct.Dispatch.of(other).configure(family="sm80", db=str(tmp_path / "tuning.db"))
-        assert again._lookup(choices[0].call.key)["kernel"] == choices[0].kernel
+        assert again.lookup(choices[0].call.key)["kernel"] == choices[0].kernel
         pct.linear(x, w1, b1, activation="relu")
         assert used_kernels(again)[-1].loaded_op.name == choices[0].kernel
 

@@ -1,7 +1,7 @@
 """PyCUTLASS 2.11's ``GpuTimer``: CUDA events around launches on a stream."""
 from __future__ import annotations
 
-from ..runtime import driver
+from ...runtime import driver
 
 
 class GpuTimer:

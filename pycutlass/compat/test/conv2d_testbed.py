@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..description.types import LayoutType
-from ..errors import ArgumentError
-from ..kinds.conv2d.problem import (Conv2dProblemSize, IteratorAlgorithm, Operator, SplitKMode, StrideSupport,
+from ...description.types import LayoutType
+from ...errors import ArgumentError
+from ...kinds.conv2d.problem import (Conv2dProblemSize, IteratorAlgorithm, Operator, SplitKMode, StrideSupport,
                                     implicit_gemm_problem_size, implicit_gemm_tensor_a_extent,
                                     implicit_gemm_tensor_b_extent, implicit_gemm_tensor_c_extent)
 from ..utils.reference_model import conv2d_dgrad, conv2d_fprop, conv2d_wgrad
@@ -68,7 +68,7 @@ class Conv2dLauncher(_common.Launcher):
                                           self.activation_args)
 
     def run(self, problem_size, split_k_mode=SplitKMode.Serial, alpha: float = 1.0, beta: float = 0.0):
-        from ..kinds.conv2d.arguments import Conv2dArguments
+        from ...kinds.conv2d.arguments import Conv2dArguments
 
         op = self.operation
         rng = np.random.default_rng(self.seed)
@@ -137,7 +137,7 @@ def test_all_conv2d(operation, conv_test_sizes=(), interleaved: bool = False, co
     sweep on one size (serial and parallel, 1-4 and 201 slices, alpha 2, beta 2). Skips what each kernel
     specializes away (unity-stride dgrad on strides > 1; strided dgrad on stride 1). Returns False when any
     result is wrong. ``compilation_mode``: "nvcc" or "nvrtc", the session's backend for this call."""
-    from .. import compiler
+    from ... import compiler
 
     if compilation_mode not in ("nvcc", "nvrtc"):
         raise ArgumentError(f"compilation_mode must be 'nvcc' or 'nvrtc', got {compilation_mode!r}")

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..description.coords import GemmCoord
-from ..errors import ArgumentError
+from ...description.coords import GemmCoord
+from ...errors import ArgumentError
 from . import _common
 from .gemm_testbed import _effective_stages, _pack, _unpack
 
@@ -31,7 +31,7 @@ class TestbedGrouped(_common.Launcher):
 
     def __init__(self, operation, seed: int = _common.SEED, verification: bool = True, profiling: bool = False,
                  warmup_iterations: int = 500, iterations: int = 500, activation_args=(), **kwargs) -> None:
-        from ..kinds.gemm_grouped.operation import GemmOperationGrouped
+        from ...kinds.gemm_grouped.operation import GemmOperationGrouped
 
         if not isinstance(operation, GemmOperationGrouped):
             raise ArgumentError(f"TestbedGrouped needs a GemmOperationGrouped, got {type(operation).__name__}; "
@@ -68,7 +68,7 @@ class TestbedGrouped(_common.Launcher):
         return sizes
 
     def run(self, problem_count: int, alpha: float = 1.0, beta: float = 0.0):
-        from ..kinds.gemm_grouped.arguments import GemmGroupedArguments
+        from ...kinds.gemm_grouped.arguments import GemmGroupedArguments
 
         op = self.operation
         sizes = self.problem_sizes(problem_count)

@@ -1,8 +1,8 @@
 """``pycutlass.utils.device``: PyCUTLASS's ``device_cc()``."""
 from __future__ import annotations
 
-from ..compiler import target as _target
-from ..errors import NoGpuError
+from ...compiler import target as _target
+from ...errors import NoGpuError
 
 
 def device_cc(device: int = 0) -> int:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..description.coords import GemmCoord
-from ..description.types import LayoutType, OpClass
-from ..errors import ArgumentError
-from ..kinds.gemm.modes import Mode
+from ...description.coords import GemmCoord
+from ...description.types import LayoutType, OpClass
+from ...errors import ArgumentError
+from ...kinds.gemm.modes import Mode
 from . import _common
 
 
@@ -70,7 +70,7 @@ class GemmUniversalLauncher(_common.Launcher):
                                           np.asarray(tensor_C, np.float64), alpha, beta, self.activation_args)
 
     def run(self, mode, problem_size, batch_count: int = 1, alpha: float = 1.0, beta: float = 0.0):
-        from ..kinds.gemm.arguments import GemmArguments
+        from ...kinds.gemm.arguments import GemmArguments
 
         op = self.operation
         m, n, k = problem_size.m(), problem_size.n(), problem_size.k()
@@ -102,7 +102,7 @@ def test_all_gemm(operation, testcase: str = "universal", compilation_mode: str 
     """PyCUTLASS 2.11's sweep: "universal" (Gemm and parallel split-K, M and N near the alignment and near 512, K
     from one access to three pipelines' worth, 1-7 slices, alpha 1, beta 2), "multistage" or "interleaved". Returns
     False at the first wrong result. ``compilation_mode``: "nvcc" or "nvrtc", the session's backend for this call."""
-    from .. import compiler
+    from ... import compiler
 
     if testcase not in ("universal", "multistage", "interleaved"):
         raise ArgumentError(f"testcase must be 'universal', 'multistage' or 'interleaved', got {testcase!r}")

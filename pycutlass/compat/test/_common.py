@@ -6,9 +6,9 @@ import logging
 
 import numpy as np
 
-from ..description.types import DataType
-from ..epilogue.activations import reference as activation_reference
-from ..errors import ArgumentError, DescriptionError
+from ...description.types import DataType
+from ...epilogue.activations import reference as activation_reference
+from ...errors import ArgumentError, DescriptionError
 
 log = logging.getLogger("pycutlass.test")
 
@@ -124,8 +124,8 @@ def poisoned(size: int, element: DataType) -> np.ndarray:
 def reduction_for(operation):
     """PyCUTLASS's ReductionOperation for an operation's parallel split-K: its epilogue, over partials in its output
     type (what pycutlass's split-K writes). Raises DescriptionError where no reduction takes that output."""
-    from ..description.coords import MatrixCoord
-    from ..kinds.reduction.operation import ReductionOperation
+    from ...description.coords import MatrixCoord
+    from ...kinds.reduction.operation import ReductionOperation
 
     functor = operation.epilogue_functor
     return ReductionOperation(
@@ -155,7 +155,7 @@ class Launcher:
 
     def __init__(self, operation, seed, verification, profiling, warmup_iterations, iterations, activation_args,
                  kwargs, with_reduction: bool = True) -> None:
-        from .. import compiler
+        from ... import compiler
         from .profiler import GpuTimer
 
         self.operation = operation
@@ -179,7 +179,7 @@ class Launcher:
         compiler.add_module([op for op in (operation, self.reduction_operation) if op is not None])
 
     def reduction_arguments(self, arguments, problem_size, partitions, destination, source, alpha, beta):
-        from ..kinds.reduction.arguments import ReductionArguments
+        from ...kinds.reduction.arguments import ReductionArguments
 
         if self.reduction_operation is None:
             raise ArgumentError(f"no ReductionOperation for this output: {self._no_reduction}")
@@ -193,7 +193,7 @@ class Launcher:
         case), run, then compare ``output()`` with ``reference()`` (or call ``compare()`` -> (passed, detail)
         where one output is not enough), ``report(detail)`` on a mismatch; or profile. True / False, or
         milliseconds per run when profiling."""
-        from ..runtime.memory import get_allocated_size
+        from ...runtime.memory import get_allocated_size
 
         before = get_allocated_size()
         try:

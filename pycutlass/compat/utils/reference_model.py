@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..description.tensor_description import TensorDescription
-from ..description.types import LayoutType
-from ..errors import ArgumentError
-from ..kinds.conv2d.problem import Conv2dProblemSize, Operator, _as_operator, Mode
+from ...description.tensor_description import TensorDescription
+from ...description.types import LayoutType
+from ...errors import ArgumentError
+from ...kinds.conv2d.problem import Conv2dProblemSize, Operator, _as_operator, Mode
 
 
 def _is_torch(x) -> bool:
