@@ -207,9 +207,21 @@ def test_autotune_rejects_mixed_candidates(tmp_path):
     other = cutlass.GemmOperationUniversal(80, cutlass.TileDescription([128, 128, 32], 3, [2, 2, 1], bf16), t, t, t,
                                            cutlass.LinearCombination(cutlass.bfloat16, 8, cutlass.float32,
                                                                      cutlass.float32))
-    with pytest.raises(ArgumentError, match="share types"):
+    with pytest.raises(ArgumentError, match="share types") as raised:
         autotune([CANDIDATES[0], other], GemmProblem(64, 64, 64), db=tmp_path / "t.db", measure=model_seconds,
                  device_facts=FACTS)
+    # a typed error naming both operation classes
+    from pycutlass.tune.select import MixedClassesError
+
+    assert isinstance(raised.value, MixedClassesError) and len(raised.value.classes) == 2
+    assert any("A=bf16/row/8" in c for c in raised.value.classes) and "A=f16/row/8" in str(raised.value)
+    with pytest.raises(MixedClassesError):
+        Tuned([other, CANDIDATES[1]], db=tmp_path / "t.db", measure=model_seconds, device_facts=FACTS)
+    result = autotune(CANDIDATES, GemmProblem(64, 64, 64), db=tmp_path / "t.db", measure=model_seconds,
+                      device_facts=FACTS)
+    assert result.op_class == Tuned(CANDIDATES, db=tmp_path / "t.db", measure=model_seconds,
+                                    device_facts=FACTS).op_class
+    assert result.op_class.startswith("gemm A=f16/row/8 B=f16/col/8 C=f16/row/8 D=f16/row/8 acc=f32")
 
 
 def test_tuned_dispatch_pow2_buckets_are_thread_safe(tmp_path):
@@ -315,4 +327,19 @@ def test_bench_config_and_statistics():
     # a device-sleep lead is part of the harness; without one the fingerprint is what it was before the field
     led = BenchConfig(lead_us=200)
     assert BenchConfig.from_json(led.fingerprint) == led and led.fingerprint != BenchConfig().fingerprint
-    assert "lead_us" not in BenchConfig().fingerprint
+    assert "lead_us" not in BenchConfig(lead_us=0).fingerprint
+
+
+def test_default_harness_leads_every_launch_and_never_shares_rows_with_lead_less_ones():
+    """The default harness times kernels on the GPU at every size: a device-side lead longer than the host's launch
+    path (torch.matmul's measured about 24 us on an H200) is on by default, for the torch baseline too (same
+    BenchConfig), and it is in the fingerprint, so rows timed without a lead (the old default) are not reused."""
+    from pycutlass.tune.bench import DEFAULT_LEAD_US, BenchConfig
+
+    assert BenchConfig().lead_us == DEFAULT_LEAD_US and 30 <= DEFAULT_LEAD_US <= 100
+    lead_less = ('{"arg_pool":1,"cuda_graph":0,"flush_l2":true,"max_seconds":2.0,"repetitions":50,"seed":0,'
+                 '"verify":true,"warmup":5}')  # what every default-harness row before the lead was keyed by
+    assert BenchConfig(lead_us=0).fingerprint == lead_less
+    assert BenchConfig().fingerprint != lead_less and json.loads(BenchConfig().fingerprint)["lead_us"] == 50
+    assert run_id("s", "d", "k", "p", BenchConfig().fingerprint) != run_id("s", "d", "k", "p", lead_less)
+    assert BenchConfig.from_json(BenchConfig().fingerprint) == BenchConfig()
