@@ -1,4 +1,4 @@
-"""Autotuning with a persistent tuning cache (seed 003), and ``Tuned``: a GEMM that dispatches by shape.
+"""Autotuning with a persistent tuning cache, and ``Tuned``: a GEMM that dispatches by shape.
 
     best = autotune(SearchSpace.preset("sm80-f16"), GemmProblem(4096, 4096, 4096), db="tune.db")
     gemm = Tuned(SearchSpace.preset("sm80-f16"), db="tune.db", policy="pow2")

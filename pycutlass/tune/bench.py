@@ -1,4 +1,4 @@
-"""The timing harness (seed 003's rules): verified once, then timed honestly.
+"""The timing harness: every kernel verified once, then timed honestly.
 
 - random-normal inputs (zeros and small integers run faster and lie), outputs poisoned with NaN before the check;
 - each kernel verified against a float64 reference once before it is timed; a wrong kernel is never timed;

@@ -428,7 +428,7 @@ def _class_from_params(params: dict) -> str:
 def _class_of(operation, params: dict) -> str:
     try:
         return operation_class(operation)
-    except AttributeError:  # not a description object (a stand-in with a name): from its parameters, if any
+    except (AttributeError, TypeError):  # not a description object (a stand-in with a name): from its parameters
         return _class_from_params(params)
 
 

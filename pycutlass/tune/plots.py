@@ -31,6 +31,7 @@ MAX_AXES_INCHES = 30.0  # the data area's share of it; the rest is for labels
 CELL_INCHES = (0.12, 0.45)  # a heatmap column's width, largest while the grid fits MAX_AXES_INCHES
 ROW_INCHES = (0.12, 0.28)  # a heatmap row's height: a 7-point value and a 10-point label fit 0.28 in
 MAX_HEATMAP_KERNELS = 40  # rows drawn by default; the rest become one summary row
+MIN_HEATMAP_INCHES = 2.5  # the data area's least height
 MAX_LABEL_CHARS = 48  # kernel names run to 100+ characters; the middle goes
 FONT_RANGE = (5.0, 10.0)
 
@@ -251,6 +252,11 @@ def heatmap(results: Iterable[tuple[Hashable, Hashable, float]], path: str | Pat
     results = [item for items in groups.values() for item in items]
     op_class = next(iter(groups)) if len(groups) == 1 else None
     problems, kernels, seconds = results_matrix(results)
+    try:  # problems that order (GemmProblem: by M, N, K) read left to right; others keep their first-seen order
+        order = sorted(range(len(problems)), key=lambda p: problems[p])
+        problems, seconds = [problems[p] for p in order], seconds[order]
+    except TypeError:
+        pass
     efficiency = efficiency_matrix(seconds)
     chosen = _selected_kernels(selected, kernels)
     columns = _shown_kernels(efficiency, kernels, chosen, max_kernels)
@@ -279,7 +285,8 @@ def heatmap(results: Iterable[tuple[Hashable, Hashable, float]], path: str | Pat
         best_hidden = float(np.nanmax(grid[-1])) if not np.all(np.isnan(grid[-1])) else float("nan")
         kernel_names.append(f"+{len(hidden)} more, none above {best_hidden:.2f} of best" if best_hidden < 0.995
                             else f"+{len(hidden)} more: their best per problem")
-    width, height = _axis_inches(n_cols), _axis_inches(n_rows, ROW_INCHES)
+    # a few rows still get room for the colorbar's label
+    width, height = _axis_inches(n_cols), max(_axis_inches(n_rows, ROW_INCHES), MIN_HEATMAP_INCHES)
     # + the kernel names, the colorbar, the problem names (vertical), the title and the legend
     figure = _figure(width + _label_inches(kernel_names, n_rows, height) + 2.0,
                      height + _label_inches(problem_names, n_cols, width) + 1.5 + 0.3 * bool(op_class))
@@ -295,7 +302,8 @@ def heatmap(results: Iterable[tuple[Hashable, Hashable, float]], path: str | Pat
 
     _set_ticks(axes.xaxis, problem_names, width, rotation=90)
     labelled_rows = _set_ticks(axes.yaxis, kernel_names, height)
-    axes.set_xlabel("problem (M x N x K)" if problem_label is None else "problem")
+    shapes = all(re.match(r"\d+x\d+x\d+", name) for name in problem_names)
+    axes.set_xlabel("problem (M x N x K)" if shapes else "problem")
     axes.set_ylabel("kernel")
     if n_rows * n_cols <= 400:  # values are legible only on small grids
         for (row, col), value in np.ndenumerate(grid):

@@ -62,7 +62,8 @@ def _class_attribute(value: Any) -> str | None:
 def result_class(item: Any) -> str | None:
     """A result's operation class: the row's ``op_class`` (``ResultsDB.results`` rows carry it), else its
     kernel's, else its problem's; None when nothing names one."""
-    found = _class_attribute(item) if not isinstance(item, Mapping) else None
+    found = getattr(item, "op_class", None)
+    found = found if isinstance(found, str) else None
     if found is None and isinstance(item, tuple) and len(item) == 3:
         found = _class_attribute(item[0]) or _class_attribute(item[1])
     return found

@@ -571,4 +571,7 @@ def test_old_rows_without_a_class_get_it_from_their_parameters(tmp_path):
 
     db.add_kernel(NamedOp("stand-in"), {"kind": "gemm"})
     assert db.kernel_classes()["stand-in"] == UNKNOWN_CLASS
+    db.db.execute("alter table kernels drop column op_class")  # a DB written before the column existed
     db.close()
+    with ResultsDB(tmp_path / "r.db", read_only=True) as old:
+        assert old.kernel_classes() == {**classes, "stand-in": UNKNOWN_CLASS}
