@@ -343,3 +343,74 @@ def test_default_harness_leads_every_launch_and_never_shares_rows_with_lead_less
     assert BenchConfig().fingerprint != lead_less and json.loads(BenchConfig().fingerprint)["lead_us"] == 50
     assert run_id("s", "d", "k", "p", BenchConfig().fingerprint) != run_id("s", "d", "k", "p", lead_less)
     assert BenchConfig.from_json(BenchConfig().fingerprint) == BenchConfig()
+
+
+class _FakeTorch:
+    """Stands in for torch (no GPU): records what the harness enqueues on the stream, in order."""
+
+    def __init__(self):
+        log = self.log = []
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                pass
+
+            def record(self):
+                log.append("event")
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, other):
+                return 0.01
+
+        class CUDAGraph:
+            def replay(self):
+                log.append("replay")
+
+        class Cuda:
+            pass
+
+        cuda = self.cuda = Cuda()
+        cuda.Event, cuda.CUDAGraph = Event, CUDAGraph
+        cuda._sleep = lambda cycles: log.append(("sleep", cycles))
+        cuda.synchronize = lambda device=None: None
+        cuda.graph = lambda graph, stream=None: _Capture(log)
+
+
+class _Capture:
+    def __init__(self, log):
+        self.log = log
+
+    def __enter__(self):
+        self.log.append("capture")
+
+    def __exit__(self, *exc):
+        self.log.append("captured")
+
+
+def _timed_stream(config, cycles_per_us=1500.0):
+    """What GemmBench.time enqueues for 3 timed samples, after the warm-up (and capture)."""
+    from pycutlass.tune.bench import GemmBench
+
+    fake = _FakeTorch()
+    bench = object.__new__(GemmBench)
+    bench.torch, bench.config, bench.device = fake, config, None
+    bench._flush = type("Flush", (), {"zero_": lambda self: fake.log.append("flush")})()
+    bench._sleep_cycles_per_us = cycles_per_us  # as measured on the device
+    samples, _ = bench.time(lambda i: fake.log.append("launch"))
+    assert len(samples) == 3
+    return fake.log[fake.log.index("flush"):]  # each timed sample starts with the L2 flush
+
+
+def test_every_timed_launch_waits_behind_a_gpu_side_lead_by_default():
+    from pycutlass.tune.bench import BenchConfig
+
+    lead = ("sleep", int(50 * 1500.0))  # 50 us at the device's sleep rate
+    assert _timed_stream(BenchConfig(repetitions=3, warmup=2)) == ["flush", lead, "event", "launch", "event"] * 3
+    # graph replays get it too (their replay call would otherwise be timed)
+    graph = _timed_stream(BenchConfig(repetitions=3, warmup=2, cuda_graph=4))
+    assert graph == ["flush", lead, "event", "replay", "event"] * 3, graph
+    # lead_us=0: the launch directly after the flush, as harnesses timed before the lead
+    assert _timed_stream(BenchConfig(repetitions=3, warmup=2, lead_us=0)) == ["flush", "event", "launch",
+                                                                              "event"] * 3
