@@ -575,3 +575,20 @@ def test_old_rows_without_a_class_get_it_from_their_parameters(tmp_path):
     db.close()
     with ResultsDB(tmp_path / "r.db", read_only=True) as old:
         assert old.kernel_classes() == {**classes, "stand-in": UNKNOWN_CLASS}
+
+
+def test_cli_tune_refuses_a_space_of_two_classes(tmp_path):
+    """One answer per problem is asked for: candidates of two classes are refused, naming both, and nothing is
+    written."""
+    from click.testing import CliRunner
+
+    from pycutlass.cli import main
+
+    (tmp_path / "space.toml").write_text(
+        'compute_capability = 80\ndtypes = ["f16_f32acc", "bf16"]\nlayouts = "rcr"\n'
+        'threadblock_shape = [[128, 128, 32]]\nwarp_count = [2, 2, 1]\nstages = [3]\n')
+    out = CliRunner().invoke(main, ["tune", "--space", str(tmp_path / "space.toml"), "--problem", "gemm:64x64x64",
+                                    "--db", str(tmp_path / "t.db")])
+    assert out.exit_code != 0 and "Traceback" not in out.output
+    assert "MixedClassesError" in out.output and "A=f16/row/8" in out.output and "A=bf16/row/8" in out.output
+    assert not (tmp_path / "t.db").exists()
