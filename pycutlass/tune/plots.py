@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 import re
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -79,16 +78,6 @@ def _label_inches(labels: Sequence[str], count: int, inches: float) -> float:
     return longest * _font_size(count, inches) * 0.6 / 72.0
 
 
-def _without_common_prefix(labels: list[str]) -> list[str]:
-    """Operation names share a long prefix (kind, types, layouts); what tells them apart starts after it, at an
-    underscore."""
-    if len(labels) < 2:
-        return labels
-    prefix = os.path.commonprefix(labels)
-    cut = prefix.rfind("_") + 1
-    return [label[cut:] for label in labels] if cut > 8 else labels
-
-
 def _shorten(label: str) -> str:
     if len(label) <= MAX_LABEL_CHARS:
         return label
@@ -142,7 +131,7 @@ def _value_text(field: str, value: Any) -> str:
 
 def kernel_labels(params: Mapping[Hashable, Mapping[str, Any]]) -> dict:
     """``{kernel: short label}`` from each kernel's space parameters: only the parameters whose values differ
-    among these kernels (e.g. ``"128x256x64 c2x1x1 ws-coop streamk"``), so labels of one class stay short.
+    among these kernels (e.g. ``"128x256x64 c2x1x1 ws-coop sched:streamk"``), so labels of one class stay short.
     Labels that would still be equal get the derived parameters, then the kernel's name."""
     kernels = list(params)
     fields = [f for f in dict.fromkeys(f for k in kernels for f in params[k]) if f not in _CLASS_FIELDS]
@@ -252,15 +241,17 @@ def heatmap(results: Iterable[tuple[Hashable, Hashable, float]], path: str | Pat
     results = [item for items in groups.values() for item in items]
     op_class = next(iter(groups)) if len(groups) == 1 else None
     problems, kernels, seconds = results_matrix(results)
-    try:  # problems that order (GemmProblem: by M, N, K) read left to right; others keep their first-seen order
-        order = sorted(range(len(problems)), key=lambda p: problems[p])
-        problems, seconds = [problems[p] for p in order], seconds[order]
-    except TypeError:
-        pass
+    if not any(isinstance(problem, str) for problem in problems):  # strings would sort "16x.." after "128x.."
+        try:  # problems that order (GemmProblem: by M, N, K) read left to right; others keep their first-seen order
+            order = sorted(range(len(problems)), key=lambda p: problems[p])
+            problems, seconds = [problems[p] for p in order], seconds[order]
+        except TypeError:
+            pass
     efficiency = efficiency_matrix(seconds)
     chosen = _selected_kernels(selected, kernels)
     columns = _shown_kernels(efficiency, kernels, chosen, max_kernels)
-    hidden = [k for k in range(len(kernels)) if k not in set(columns)]
+    shown_columns = set(columns)
+    hidden = [k for k in range(len(kernels)) if k not in shown_columns]
     grid = efficiency[:, columns].T  # rows: shown kernels, columns: problems
     if hidden:
         with np.errstate(all="ignore"):
