@@ -116,3 +116,50 @@ def fake_worker_main(conn, ordinal, session_options, config_json, prepare_sessio
         conn.send({"measurement": {"status": "ok", "seconds": seconds, "seconds_min": seconds * 0.98,
                                    "seconds_iqr": seconds * 0.01, "repetitions": 50, "rel_error": 1e-4},
                    "resources": {"registers": tile[0], "threads": 128}})
+
+
+def sm90_two_class_results(seed=0):
+    """What an SM90 sweep over f16 and bf16 kernels records, without a GPU: 108 configurations per class (tile x
+    cluster x kernel schedule x tile scheduler) on 9 GEMM shapes, as ``ResultsDB.results`` rows (``Result``: the
+    kernel's operation class attached) over ``GemmProblem`` objects, and each kernel's space parameters. Times come
+    from a tile-waste cost model with noise; bf16 kernels run 3% slower than their f16 twins; ~3% of pairs fail."""
+    import itertools
+    import math
+    import random
+
+    from pycutlass.tune.db import Result
+    from pycutlass.tune.problems import GemmProblem
+
+    rng = random.Random(seed)
+    tiles = [(64, 64, 64), (64, 128, 64), (64, 256, 64), (128, 64, 64), (128, 128, 64), (128, 256, 64),
+             (256, 64, 64), (256, 128, 64), (256, 256, 64)]
+    clusters = [(1, 1, 1), (2, 1, 1)]
+    schedules = ["TmaWarpSpecialized", "TmaWarpSpecializedCooperative", "TmaWarpSpecializedPingpong"]
+    schedulers = ["Default", "StreamK"]
+    configs = [c for c in itertools.product(tiles, clusters, schedules, schedulers)][:108]
+    problems = [GemmProblem(m, n, k) for m, n, k in [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),
+                                                     (16, 4096, 4096), (128, 4096, 4096), (8192, 8192, 8192),
+                                                     (4096, 14336, 4096), (4096, 4096, 14336), (64, 1024, 8192)]]
+    classes = {"f16": "gemm A=f16/row/8 B=f16/col/8 C=f16/row/8 D=f16/row/8 acc=f32 epilogue=LinearCombination/f32",
+               "bf16": "gemm A=bf16/row/8 B=bf16/col/8 C=bf16/row/8 D=bf16/row/8 acc=f32 "
+                       "epilogue=LinearCombination/f32"}
+    results, params = [], {}
+    for dtype, op_class in classes.items():
+        slow = 1.03 if dtype == "bf16" else 1.0
+        for index, (tile, cluster, schedule, scheduler) in enumerate(configs):
+            name = (f"pycutlass_gemm_sm90_{dtype}{dtype}{dtype}f32_tnt_{'x'.join(map(str, tile))}_"
+                    f"c{cluster[0]}x{cluster[1]}_s0_{schedule[18:].lower() or 'ws'}_a888_{index:04x}{dtype}cafe")
+            params[name] = {"kind": "gemm", "compute_capability": 90, "element_a": {"f16": "float16"}.get(
+                dtype, "bfloat16"), "layouts": "rcr", "alignment": [8, 8, 8], "threadblock_shape": list(tile),
+                "cluster_shape": list(cluster), "kernel_schedule": schedule, "epilogue_schedule": "Auto",
+                "tile_scheduler": scheduler, "stages": 0, "swizzle": "IdentitySwizzle1",
+                "instruction_shape": [64, tile[1], 16]}
+            for problem in problems:
+                if rng.random() < 0.03:
+                    continue
+                tiles_needed = math.ceil(problem.m / tile[0]) * math.ceil(problem.n / tile[1])
+                waves = math.ceil(tiles_needed / (132 / cluster[0]))
+                seconds = 1e-6 * (3 + waves * tile[0] * tile[1] * problem.k / 6e5) * slow
+                seconds *= 1 + 0.04 * schedules.index(schedule) * (problem.m < 256) + rng.uniform(0, 0.05)
+                results.append(Result(name, problem, seconds, op_class))
+    return results, params

@@ -108,10 +108,17 @@ def _candidates(space_or_operations) -> tuple[list, dict]:
         params = {op.name: {} for op in operations}
     if not operations:
         raise ArgumentError("autotune needs at least one valid candidate operation")
-    signatures = {canonical_json(operation_signature(op)) for op in operations}
-    if len(signatures) > 1:
-        raise ArgumentError(f"autotune's candidates must share types, layouts and epilogue (they answer one "
-                            f"call); found {len(signatures)} different ones: {sorted(signatures)[:2]} ...")
+    by_signature: dict[str, list] = {}
+    for op in operations:
+        by_signature.setdefault(canonical_json(operation_signature(op)), []).append(op)
+    if len(by_signature) > 1:
+        from .db import operation_class
+        from .select import MixedClassesError
+
+        classes = list(dict.fromkeys(operation_class(ops[0]) for ops in by_signature.values()))
+        raise MixedClassesError(f"autotune's candidates must share types, layouts and epilogue (they answer one "
+                                f"call), and they hold {len(by_signature)} operation classes: {'; '.join(classes)}. "
+                                f"Tune each class with its own candidates", classes)
     return operations, params
 
 
@@ -140,6 +147,7 @@ class TuneResult:
     from_cache: bool
     candidates: int
     timings: dict  # operation name -> seconds (None: failed or wrong); empty when from the cache
+    op_class: str = ""  # the candidates' operation class
 
 
 def autotune(space_or_operations, problem, *, db: ResultsDB | str, policy="exact", config=None,
@@ -169,6 +177,9 @@ class _Tuner:
             self.facts()
         self.db = db if isinstance(db, ResultsDB) else ResultsDB(db)
         self.signature = operation_signature(self.operations[0])
+        from .db import operation_class
+
+        self.op_class = operation_class(self.operations[0])
         self._ready = None  # candidates that compiled, found on the first tune
 
     def facts(self) -> dict:
@@ -198,7 +209,7 @@ class _Tuner:
         if not retune:
             hit = self.cached(key)
             if hit is not None:
-                return TuneResult(hit[0], hit[1]["seconds"], key, True, hit[1]["candidates"], {})
+                return TuneResult(hit[0], hit[1]["seconds"], key, True, hit[1]["candidates"], {}, self.op_class)
         ready = self._compile()
         measure = self._measure or gpu_measure(self.config, self.session)
         timings = {op.name: measure(op, problem) for op in ready}
@@ -207,7 +218,7 @@ class _Tuner:
             raise ArgumentError(f"no candidate ran correctly on {problem.key} ({len(ready)} tried)")
         best = min(good, key=good.get)
         self.db.put_tuning(key, best, self.params.get(best, {}), good[best], policy_name(self.policy), len(ready))
-        return TuneResult(self.by_name[best], good[best], key, False, len(ready), timings)
+        return TuneResult(self.by_name[best], good[best], key, False, len(ready), timings, self.op_class)
 
     def _compile(self) -> list:
         if self._ready is None:
@@ -245,6 +256,11 @@ class Tuned:
     @property
     def policy(self):
         return self._tuner.policy
+
+    @property
+    def op_class(self) -> str:
+        """The operation class every candidate shares (``pycutlass.tune.db.operation_class``)."""
+        return self._tuner.op_class
 
     def dispatched(self) -> dict:
         """``{(m, n, k, batch): operation}`` for every shape this callable has served so far."""

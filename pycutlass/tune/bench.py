@@ -4,8 +4,10 @@
 - each kernel verified against a float64 reference once before it is timed; a wrong kernel is never timed;
 - warm-up, then CUDA events around every repetition, L2 flushed before each (or an argument pool larger than L2),
   at least ``repetitions`` samples and at most ``max_seconds``; median, minimum and inter-quartile range;
-- optional CUDA-graph replay (``cuda_graph`` launches per graph) to take the host's launch cost out;
-- the torch baseline (cuBLAS) is timed by the same code in the same process.
+- a GPU-side lead before each timed launch (``lead_us``, on by default): the GPU sleeps while the host enqueues the
+  launch, so the time is the kernel's on the GPU, not the host's launch path, at every problem size;
+- optional CUDA-graph replay (``cuda_graph`` launches per graph) to take the host's launch cost out as well;
+- the torch baseline (cuBLAS) is timed by the same code in the same process, with the same lead.
 
 Needs torch and a GPU. GEMM problems (``GemmProblem``) on GEMM operations (Sm80 and SM90 families).
 """
@@ -29,6 +31,13 @@ _INTEGER = ("int8", "int32")
 _FP8 = ("float8_e4m3", "float8_e5m2")
 
 
+# The host enqueues the start event and the launch while the lead runs, so the lead must outlast that host path:
+# torch.matmul measured 26.9 us for an f16 1024^3 GEMM on an H200 without a lead, a cuBLAS kernel of a few us, so
+# its host path is about 24 us there; pycutlass's run() with prepared arguments is shorter. 50 us is twice the
+# longest, for slower hosts, and costs 50 us of GPU idle per sample (2.5 ms per pair at 50 repetitions).
+DEFAULT_LEAD_US = 50.0
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """How to time. The fingerprint goes into every run row: results of different harnesses never mix."""
@@ -42,8 +51,9 @@ class BenchConfig:
     verify: bool = True
     seed: int = 0
     # GPU-side lead before each timed launch (a device sleep, microseconds): the host enqueues the launch while the
-    # GPU still sleeps, so a small kernel's time is its own, not its launch's host latency. 0 = no lead.
-    lead_us: float = 0.0
+    # GPU still sleeps, so a small kernel's time is its own, not its launch's host latency. 0 = no lead (then the
+    # samples of kernels shorter than their host launch path time the host). DEFAULT_LEAD_US says why 50.
+    lead_us: float = DEFAULT_LEAD_US
 
     def __post_init__(self):
         for name in ("warmup", "repetitions", "cuda_graph", "arg_pool", "seed"):
@@ -62,7 +72,9 @@ class BenchConfig:
     def fingerprint(self) -> str:
         fields = asdict(self)
         if not fields["lead_us"]:
-            del fields["lead_us"]  # harnesses without a lead keep the fingerprint they had before it existed
+            # lead_us=0 times what harnesses without the field timed, so it keeps their fingerprint (and rows); the
+            # default lead is in every other fingerprint, so its rows never mix with lead-less ones
+            del fields["lead_us"]
         return canonical_json(fields)
 
     @classmethod
@@ -162,7 +174,8 @@ class GemmBench:
 
     # --- timing -----------------------------------------------------------------------------------------------
     def _cycles_per_us(self) -> float:
-        """Clock cycles of ``torch.cuda._sleep`` per microsecond on this device (measured once)."""
+        """Clock cycles of ``torch.cuda._sleep`` per microsecond on this device (measured once). At least the SM's
+        maximum clock: a sleep measured while the clock was still ramping up would otherwise end early later."""
         if self._sleep_cycles_per_us is None:
             torch, cycles = self.torch, 2_000_000
             torch.cuda._sleep(cycles)  # warm up
@@ -171,8 +184,19 @@ class GemmBench:
             torch.cuda._sleep(cycles)
             end.record()
             end.synchronize()
-            self._sleep_cycles_per_us = cycles / max(start.elapsed_time(end) * 1e3, 1.0)
+            measured = cycles / max(start.elapsed_time(end) * 1e3, 1.0)
+            self._sleep_cycles_per_us = max(measured, self._max_clock_mhz())
         return self._sleep_cycles_per_us
+
+    def _max_clock_mhz(self) -> float:
+        try:
+            from cuda.bindings import driver as cu
+
+            _, dev = cu.cuDeviceGet(self.device.index or 0)
+            err, khz = cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CLOCK_RATE, dev)
+            return int(khz) / 1000.0 if err == cu.CUresult.CUDA_SUCCESS else 0.0
+        except Exception:  # no driver bindings: the measured rate alone
+            return 0.0
 
     def time(self, launch, *, pool: int = 1, capture=None) -> tuple[list[float], str]:
         """Seconds per launch, one sample per repetition. ``launch(i)`` runs with argument set ``i % pool``;
@@ -194,7 +218,8 @@ class GemmBench:
                 graph, note = None, f"CUDA graph capture failed ({type(exc).__name__}: {exc}); plain launches timed"
         torch.cuda.synchronize(self.device)
         flush = self._flush is not None and pool <= 1
-        lead = int(config.lead_us * self._cycles_per_us()) if config.lead_us and graph is None else 0
+        # graph replays get the lead too: the replay's own host call would otherwise be timed once per sample
+        lead = int(config.lead_us * self._cycles_per_us()) if config.lead_us else 0
         events = []
         elapsed_estimate, i = 0.0, 0
         while len(events) < config.repetitions:

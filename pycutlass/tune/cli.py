@@ -166,18 +166,48 @@ def tune(space, problem_specs, db_path, policy, jobs, retune):
             click.echo(f"{problem.key}: {result.operation.name} {result.seconds * 1e6:.1f} us ({source})")
 
 
-def _load_results(db_path: Path, sweep_name: str | None):
-    """(kernel name, problem object, seconds) from a results DB."""
-    from .db import ResultsDB
+def _load_results(db_path: Path, sweep_name: str | None, *, with_params: bool = False):
+    """(kernel name, problem object, seconds) rows from a results DB, each carrying its operation class
+    (``Result.op_class``); with ``with_params`` also ``{kernel name: space parameters}``."""
+    from .db import Result, ResultsDB
     from .problems import problem_from_dict
 
     with ResultsDB(db_path, read_only=True) as db:
         rows = db.results(sweep=sweep_name)
         specs = {row["key"]: json.loads(row["spec"]) for row in db.query("select key, spec from problems")}
+        params = {row["name"]: json.loads(row["params"] or "{}")
+                  for row in db.query("select name, params from kernels")} if with_params else None
     if not rows:
         raise click.ClickException(f"{db_path} has no successful runs{' for sweep ' + sweep_name if sweep_name else ''}")
     problems = {key: problem_from_dict(spec) for key, spec in specs.items()}
-    return [(kernel, problems[problem], seconds) for kernel, problem, seconds in rows]
+    results = [Result(row[0], problems[row[1]], row[2], row.op_class) for row in rows]
+    return (results, params) if with_params else results
+
+
+def _by_class(results) -> dict:
+    from .select import split_classes
+
+    return split_classes(results)
+
+
+def _class_file(path: Path, op_class: str, several: bool) -> Path:
+    from .plots import class_path
+
+    return class_path(path, op_class) if several else path
+
+
+def _report_selection(results, min_efficiency: float, indent: str = ""):
+    """The exact and greedy selections of one operation class, printed."""
+    from .select import greedy_select, select_kernels
+
+    exact = select_kernels(results, min_efficiency)
+    greedy = greedy_select(results, min_efficiency)
+    click.echo(f"{indent}{len(exact.kernels)} kernels cover {len(exact.assignment)} problems at >= {min_efficiency} "
+               f"(worst {exact.worst:.3f}, geomean {exact.geomean:.3f}; greedy needs {len(greedy.kernels)})")
+    for kernel in exact.kernels:
+        served = sum(1 for k in exact.assignment.values() if k == kernel)
+        click.echo(f"{indent}  {kernel}  ({served} problems)")
+    return exact, greedy
 
 
 @main.command()
@@ -194,31 +224,37 @@ def _load_results(db_path: Path, sweep_name: str | None):
 @click.option("--policy", type=click.Choice(["exact", "pow2"]), default="exact", show_default=True,
               help="The generated dispatcher's key policy.")
 def select(db_path, sweep_name, min_efficiency, pareto_path, pareto_max_size, dispatch_json, dispatch_py, policy):
-    """The minimum kernel set covering every problem within --min-efficiency of its best kernel."""
-    from .select import generate_dispatch_python, greedy_select, pareto_curve, select_kernels, write_dispatch_table
+    """The minimum kernel set covering every problem within --min-efficiency of its best kernel.
+
+    Kernels compete only within their operation class (types, layouts, alignments, epilogue): with several
+    classes in the DB, each gets its own section, Pareto plot (PATH-<class>.png) and dispatch table."""
+    from .select import generate_dispatch_python, pareto_curve, write_dispatch_table
 
     with _reported():
-        results = _load_results(db_path, sweep_name)
-        exact = select_kernels(results, min_efficiency)
-        greedy = greedy_select(results, min_efficiency)
-        click.echo(f"{len(exact.kernels)} kernels cover {len(exact.assignment)} problems at >= {min_efficiency} "
-                   f"(worst {exact.worst:.3f}, geomean {exact.geomean:.3f}; greedy needs {len(greedy.kernels)})")
-        for kernel in exact.kernels:
-            served = sum(1 for k in exact.assignment.values() if k == kernel)
-            click.echo(f"  {kernel}  ({served} problems)")
-        if pareto_path:
-            from .plots import pareto_plot
+        classes = _by_class(_load_results(db_path, sweep_name))
+        several = len(classes) > 1
+        if several:
+            click.echo(f"{len(classes)} operation classes; kernels compete only within their class")
+        chosen = {}
+        for op_class, results in classes.items():
+            if several:
+                click.echo(f"class {op_class}:")
+            exact, greedy = _report_selection(results, min_efficiency, "  " if several else "")
+            chosen[op_class] = exact
+            if pareto_path:
+                from .plots import pareto_plot
 
-            kernels = len({kernel for kernel, _, _ in results})
-            curve = pareto_curve(results, max_size=max(len(exact.kernels), min(pareto_max_size, kernels)))
-            pareto_plot(curve, pareto_path, greedy=greedy)
-            click.echo(f"wrote {pareto_path}")
+                kernels = len({kernel for kernel, _, _ in results})
+                curve = pareto_curve(results, max_size=max(len(exact.kernels), min(pareto_max_size, kernels)))
+                target = _class_file(pareto_path, op_class, several)
+                pareto_plot(curve, target, greedy=greedy, title=op_class if several else None)
+                click.echo(f"{'  ' if several else ''}wrote {target}")
         if dispatch_json:
-            write_dispatch_table(exact, dispatch_json, key_fn=lambda problem: problem.key)
+            write_dispatch_table(chosen, dispatch_json, key_fn=lambda problem: problem.key)
             click.echo(f"wrote {dispatch_json}")
         if dispatch_py:
-            dispatch_py.write_text(generate_dispatch_python(exact, ("m", "n", "k"), policy=policy))
-            click.echo(f"wrote {dispatch_py}")
+            dispatch_py.write_text(generate_dispatch_python(chosen, ("m", "n", "k"), policy=policy))
+            click.echo(f"wrote {dispatch_py}" + (" (select_kernel(op_class, m, n, k))" if several else ""))
 
 
 @main.command()
@@ -227,20 +263,26 @@ def select(db_path, sweep_name, min_efficiency, pareto_path, pareto_max_size, di
 @click.option("--sweep", "sweep_name", default=None)
 @click.option("--select", "min_efficiency", type=float, default=None,
               help="Mark the minimum kernel set at this efficiency (e.g. 0.98).")
-@click.option("--max-kernels", type=int, default=None, help="Show at most this many kernels (selected first).")
+@click.option("--max-kernels", type=int, default=40, show_default=True,
+              help="Show at most this many kernels (selected first, then the best by geomean); one row sums up "
+                   "the rest. 0: all.")
 def heatmap(db_path, out, sweep_name, min_efficiency, max_kernels):
-    """Problems x kernels, normalized per problem, as a PNG or SVG."""
+    """Kernels x problems, normalized per problem, as a PNG or SVG: one figure per operation class (OUT when the
+    DB holds one class, OUT-<class>.png for each of several)."""
     from .plots import heatmap as draw
 
     with _reported():
-        results = _load_results(db_path, sweep_name)
-        selected = None
-        if min_efficiency is not None:
-            from .select import select_kernels
+        results, params = _load_results(db_path, sweep_name, with_params=True)
+        classes = _by_class(results)
+        for op_class, items in classes.items():
+            selected = None
+            if min_efficiency is not None:
+                from .select import select_kernels
 
-            selected = select_kernels(results, min_efficiency)
-        draw(results, out, selected=selected, max_kernels=max_kernels, problem_label=lambda p: p.key)
-        click.echo(f"wrote {out}")
+                selected = select_kernels(items, min_efficiency)
+            target = _class_file(out, op_class, len(classes) > 1)
+            draw(items, target, selected=selected, max_kernels=max_kernels or None, kernel_params=params)
+            click.echo(f"wrote {target}" + (f" ({op_class})" if len(classes) > 1 else ""))
 
 
 @main.group()
@@ -315,14 +357,22 @@ def db_export(path, table, out):
 @db.command("info")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def db_info(path):
-    """Row counts per table and the sweeps recorded."""
-    from .db import ResultsDB
+    """Row counts per table, the sweeps recorded and, when there are several, the operation classes."""
+    from .db import BASELINE_KIND, ResultsDB
 
     with _reported(), ResultsDB(path, read_only=True) as source:
         for table, count in source.counts().items():
             click.echo(f"{table:15} {count}")
         for row in source.query("select name, fingerprint from sweeps"):
             click.echo(f"sweep {row['name']}")
+        baselines = {row["name"] for row in source.query("select name from kernels where kind = ?", [BASELINE_KIND])}
+        classes: dict = {}
+        for kernel, op_class in source.kernel_classes().items():
+            if kernel not in baselines:
+                classes[op_class] = classes.get(op_class, 0) + 1
+        if len(classes) > 1:
+            for op_class, count in classes.items():
+                click.echo(f"class {op_class}: {count} kernels")
 
 
 @db.command("correlate")

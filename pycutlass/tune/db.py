@@ -3,8 +3,9 @@
 Tables (documented in docs/tuning.md; query them with ``sqlite-utils`` or Datasette):
 
 - ``devices``         one row per GPU + driver + toolkit + library versions a run was measured on
-- ``kernels``         one row per operation (``name`` = the operation's unique name), its space parameters as
-                      columns and as JSON, and its description; baselines (torch) are kernels of kind "baseline"
+- ``kernels``         one row per operation (``name`` = the operation's unique name), its operation class
+                      (``op_class``, see ``operation_class``), its space parameters as columns and as JSON, and its
+                      description; baselines (torch) are kernels of kind "baseline"
 - ``problems``        one row per problem (``key``), its fields as columns and as JSON
 - ``compile_status``  the compile memo, keyed by the cache key (source + flags + target + toolchain): ok or failed,
                       with the error class and the compiler log
@@ -25,6 +26,7 @@ import csv
 import os
 import hashlib
 import json
+import re
 import sqlite3
 import threading
 import time
@@ -43,7 +45,8 @@ TABLES: dict[str, tuple[str | tuple[str, ...], dict[str, type]]] = {
     "devices": ("id", {"id": str, "name": str, "uuid": str, "compute_capability": int, "sm_count": int,
                        "sm_clock_mhz": int, "memory_clock_mhz": int, "l2_bytes": int, "driver": str,
                        "cuda_runtime": str, "cutlass": str, "pycutlass": str, "torch": str, "host": str}),
-    "kernels": ("name", {"name": str, "kind": str, "family": str, "description": str, "params": str}),
+    "kernels": ("name", {"name": str, "kind": str, "family": str, "op_class": str, "description": str,
+                         "params": str}),
     "problems": ("key", {"key": str, "kind": str, "flops": float, "spec": str}),
     "compile_status": ("cache_key", {"cache_key": str, "kernel": str, "target": str, "backend": str, "status": str,
                                      "error_class": str, "log": str, "seconds": float, "time": float}),
@@ -61,6 +64,73 @@ TABLES: dict[str, tuple[str | tuple[str, ...], dict[str, type]]] = {
 
 RUN_STATUSES = ("ok", "wrong", "failed", "timeout")
 BASELINE_KIND = "baseline"
+UNKNOWN_CLASS = "unknown"  # a kernel row whose class cannot be derived (no description objects, no params)
+
+_SHORT_TYPES = {"float64": "f64", "float32": "f32", "tfloat32": "tf32", "float16": "f16", "bfloat16": "bf16",
+                "int8": "s8", "int32": "s32", "float8_e4m3": "e4m3", "float8_e5m2": "e5m2"}
+_SHORT_LAYOUTS = {"RowMajor": "row", "ColumnMajor": "col"}
+
+
+def _type(element) -> str:
+    label = getattr(element, "label", str(element))
+    return _SHORT_TYPES.get(label, label)
+
+
+def _tensor(element, layout, alignment) -> str:
+    name = getattr(layout, "value", str(layout))
+    return f"{_type(element)}/{_SHORT_LAYOUTS.get(name, name)}/{alignment}"
+
+
+def operation_class(operation) -> str:
+    """The operation class: what a call computes and accepts, not how. Kernels compete only within a class.
+
+    ``"gemm A=f16/row/8 B=f16/col/8 C=f16/row/8 D=f16/row/8 acc=f32 epilogue=LinearCombination/f32"``: the kind
+    (the Sm80 and SM90 families of one kind are one class: they answer the same call), A, B, C and D as element
+    type / layout / alignment, the accumulator, the epilogue and its compute type; then the math operation when it
+    is not a plain multiply-add, the convolution kind and a bias when present. Stable: built from the
+    descriptions' own labels, never from a name or a hash."""
+    tile = operation.tile_description
+    math_inst = tile.math_instruction
+    epilogue = operation.epilogue_functor
+    kind = re.sub(r"_sm\d+$", "", str(getattr(operation, "kind", type(operation).__name__)))
+    conv_kind = getattr(operation, "conv_kind", None)
+    if conv_kind is not None:
+        kind += f"/{getattr(conv_kind, 'name', conv_kind)}"
+    A, B, C = operation.A, operation.B, operation.C
+    d_alignment = getattr(epilogue, "alignment", C.alignment)
+    parts = [kind, f"A={_tensor(math_inst.element_a, A.layout, A.alignment)}",
+             f"B={_tensor(math_inst.element_b, B.layout, B.alignment)}",
+             f"C={_tensor(C.element, C.layout, C.alignment)}",
+             f"D={_tensor(getattr(epilogue, 'element_output', C.element), C.layout, d_alignment)}",
+             f"acc={_type(math_inst.element_accumulator)}",
+             f"epilogue={epilogue.describe()}/{_type(getattr(epilogue, 'element_epilogue', ''))}"]
+    math_operation = getattr(math_inst, "math_operation", None)
+    if math_operation is not None and getattr(math_operation, "value", math_operation) != "multiply_add":
+        parts.append(f"math={getattr(math_operation, 'value', math_operation)}")
+    if getattr(operation, "bias", None):
+        parts.append(f"bias={operation.bias}")
+    return " ".join(parts)
+
+
+def class_slug(op_class: str) -> str:
+    """An operation class as a file-name part: letters, digits, '.', '-' and '_' only."""
+    return re.sub(r"[^A-Za-z0-9.]+", "-", op_class.replace(" ", "_").replace("=", "-")).strip("-") or "class"
+
+
+class Result(tuple):
+    """One ``(kernel, problem, seconds)`` triple of ``ResultsDB.results`` that carries its kernel's operation class
+    as ``op_class``: it unpacks and compares as the plain triple; selection and plots group rows by the class."""
+
+    def __new__(cls, kernel, problem, seconds, op_class: str):
+        self = super().__new__(cls, (kernel, problem, seconds))
+        self.op_class = op_class
+        return self
+
+    def __reduce__(self):
+        return (Result, (*self, self.op_class))
+
+    def __repr__(self) -> str:
+        return f"Result({', '.join(map(repr, self))}, op_class={self.op_class!r})"
 
 
 def pycutlass_version() -> str:
@@ -241,11 +311,14 @@ class ResultsDB:
         self._upsert("devices", [row])
         return row["id"]
 
-    def add_kernel(self, operation, params: dict | None = None) -> str:
-        """Record an operation (its parameters flattened to columns, so SQL can group by tile or stages)."""
+    def add_kernel(self, operation, params: dict | None = None, *, op_class: str | None = None) -> str:
+        """Record an operation (its parameters flattened to columns, so SQL can group by tile or stages) and its
+        operation class (``operation_class``; ``op_class`` gives it for objects that are not descriptions)."""
         params = dict(params or {})
+        if op_class is None:
+            op_class = _class_of(operation, params)
         row = {"name": operation.name, "kind": params.get("kind", type(operation).__name__),
-               "family": operation.family, "description": operation.describe(),
+               "family": operation.family, "op_class": op_class, "description": operation.describe(),
                "params": canonical_json(params), **_flatten(params)}
         self._upsert("kernels", [row])
         return operation.name
@@ -336,9 +409,28 @@ class ResultsDB:
     def tuning_keys(self) -> list[dict]:
         return self.query("select key, kernel, params, seconds from tuning")
 
+    def kernel_classes(self) -> dict[str, str]:
+        """``{kernel name: operation class}`` of every kernel row. Rows written before the ``op_class`` column
+        existed get theirs from their space parameters (or ``UNKNOWN_CLASS`` without any); nothing is written."""
+        has_column = "op_class" in self.db["kernels"].columns_dict
+        rows = self.query(f"select name, params{', op_class' if has_column else ''} from kernels")
+        classes = {}
+        for row in rows:
+            found = row.get("op_class")
+            if not found:
+                try:
+                    params = json.loads(row["params"] or "{}")
+                except ValueError:
+                    params = {}
+                found = _class_from_params(params)
+            classes[row["name"]] = found
+        return classes
+
     def results(self, *, sweep: str | None = None, device: str | None = None,
-                include_baselines: bool = False) -> list[tuple[str, str, float]]:
-        """``(kernel, problem, seconds)`` of every successful run: the input of select_kernels and heatmaps."""
+                include_baselines: bool = False) -> list[Result]:
+        """``(kernel, problem, seconds)`` of every successful run: the input of select_kernels and heatmaps. Each
+        is a ``Result`` whose ``op_class`` names its kernel's operation class (see ``split_classes`` in
+        ``pycutlass.tune.select``: kernels compete only within a class)."""
         sql = ("select r.kernel, r.problem, min(r.seconds) as seconds from runs r join kernels k on k.name = r.kernel "
                "where r.status = 'ok'")
         args: list = []
@@ -352,7 +444,10 @@ class ResultsDB:
             sql += " and r.device = ?"
             args.append(device)
         sql += " group by r.kernel, r.problem order by r.problem, r.kernel"
-        return [(row["kernel"], row["problem"], row["seconds"]) for row in self.query(sql, args)]
+        rows = self.query(sql, args)
+        classes = self.kernel_classes() if rows else {}
+        return [Result(row["kernel"], row["problem"], row["seconds"], classes.get(row["kernel"], UNKNOWN_CLASS))
+                for row in rows]
 
     def counts(self) -> dict[str, int]:
         return {name: self.query(f"select count(*) as n from [{name}]")[0]["n"] for name in TABLES}
@@ -475,6 +570,25 @@ def _file_signature(path: Path) -> tuple:
         except FileNotFoundError:
             signature += (None,)
     return signature
+
+
+def _class_from_params(params: dict) -> str:
+    """A kernel's class rebuilt from its space parameters (descriptions only: nothing compiles)."""
+    if not params.get("element_a") and not params.get("dtypes"):
+        return UNKNOWN_CLASS
+    try:
+        from .space import build_operation
+
+        return operation_class(build_operation(params))
+    except Exception:  # parameters of another pycutlass version, or of a stand-in: the class stays unknown
+        return UNKNOWN_CLASS
+
+
+def _class_of(operation, params: dict) -> str:
+    try:
+        return operation_class(operation)
+    except (AttributeError, TypeError):  # not a description object (a stand-in with a name): from its parameters
+        return _class_from_params(params)
 
 
 def _flatten(params: dict, prefix: str = "") -> dict:

@@ -9,6 +9,12 @@ failed) cannot serve that problem.
 - ``greedy_select``   the classic greedy set cover, to compare against
 - ``pareto_curve``    for each set size, the best worst-case and the best geometric-mean efficiency (exact)
 - dispatch tables     ``Selection.dispatch_table``, ``write_dispatch_table``, ``generate_dispatch_python``
+- operation classes   ``split_classes``, ``select_per_class``: kernels compete only within their class
+
+A result may carry an operation class (an ``op_class`` attribute, as the rows of ``ResultsDB.results`` do; a
+problem may carry one the same way): an f16 kernel never serves a bf16 problem. The functions that give one answer
+(``select_kernels``, ``greedy_select``, ``pareto_curve``, ``results_matrix``) refuse results of several classes with
+``MixedClassesError``; split them with ``split_classes`` and decide each class on its own.
 
 scipy (or highspy) is imported only when a solver runs. docs/kernel-selection.md has the formulation.
 """
@@ -31,6 +37,69 @@ from ..errors import ArgumentError
 
 SOLVERS = ("auto", "scipy", "highspy")
 BUCKET_POLICIES = ("exact", "pow2")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Operation classes
+
+
+class MixedClassesError(ArgumentError):
+    """Results of several operation classes were given where one answer is asked for; ``classes`` names them."""
+
+    def __init__(self, message: str, classes: Sequence):
+        super().__init__(message)
+        self.classes = tuple(classes)
+
+
+def _class_attribute(value: Any) -> str | None:
+    if isinstance(value, Mapping):
+        found = value.get("op_class")
+    else:
+        found = getattr(value, "op_class", None)
+    return found if isinstance(found, str) else None
+
+
+def result_class(item: Any) -> str | None:
+    """A result's operation class: the row's ``op_class`` (``ResultsDB.results`` rows carry it), else its
+    kernel's, else its problem's; None when nothing names one."""
+    found = getattr(item, "op_class", None)
+    found = found if isinstance(found, str) else None
+    if found is None and isinstance(item, tuple) and len(item) == 3:
+        found = _class_attribute(item[0]) or _class_attribute(item[1])
+    return found
+
+
+def split_classes(results: Iterable) -> dict:
+    """``{operation class: [results of that class]}`` in first-seen order (one ``None`` key when no result names
+    a class). A result whose problem names another class than its kernel is left out: a kernel competes only on
+    problems of its own class."""
+    if isinstance(results, (str, bytes)) or not isinstance(results, Iterable):
+        raise ArgumentError(f"results must be an iterable of (kernel, problem, seconds) triples, "
+                            f"not {type(results).__name__}")
+    groups: dict = {}
+    for item in results:
+        op_class = result_class(item)
+        if op_class is not None and isinstance(item, tuple) and len(item) == 3:
+            wanted = _class_attribute(item[1])
+            if wanted is not None and wanted != op_class:
+                continue
+        groups.setdefault(op_class, []).append(item)
+    return groups
+
+
+def _one_class(results: Iterable, what: str) -> tuple[list, str | None]:
+    """The results as a list and their single class; MixedClassesError when they hold several."""
+    groups = split_classes(results)
+    if len(groups) > 1:
+        named = [str(name) for name in groups]
+        raise MixedClassesError(
+            f"{what} answers for one operation class, and the results hold {len(groups)}: "
+            f"{'; '.join(named)}. A kernel competes only with kernels of its class: split the results with "
+            f"split_classes() (or select_per_class()) and decide each class on its own", named)
+    if not groups:
+        return [], None
+    [(op_class, items)] = groups.items()
+    return items, op_class
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -59,10 +128,8 @@ def _valid_seconds(kernel: Any, problem: Any, seconds: Any) -> float:
     return value
 
 
-def _table(results: Iterable[tuple[Hashable, Hashable, float]]) -> _Table:
-    if isinstance(results, (str, bytes)) or not isinstance(results, Iterable):
-        raise ArgumentError(f"results must be an iterable of (kernel, problem, seconds) triples, "
-                            f"not {type(results).__name__}")
+def _table(results: Iterable[tuple[Hashable, Hashable, float]], what: str = "selection") -> _Table:
+    results, _ = _one_class(results, what)
     best: dict[tuple, float] = {}
     problem_index: dict = {}
     kernel_index: dict = {}
@@ -89,7 +156,7 @@ def _table(results: Iterable[tuple[Hashable, Hashable, float]]) -> _Table:
 def results_matrix(results: Iterable[tuple[Hashable, Hashable, float]]) -> tuple[list, list, np.ndarray]:
     """``(problems, kernels, seconds)``: both lists in first-seen order and a ``len(problems) x len(kernels)``
     array of seconds, NaN where a kernel was not measured on a problem (a pair listed twice keeps its minimum)."""
-    table = _table(results)
+    table = _table(results, "results_matrix")
     return list(table.problems), list(table.kernels), table.seconds.copy()
 
 
@@ -284,7 +351,8 @@ class Selection:
     every problem to the fastest kernel of the set on it and ``efficiency`` to that kernel's efficiency;
     ``efficiency_by_kernel`` holds every selected kernel's efficiency on every problem it ran (used to merge
     problems that share a dispatch key). ``optimal`` says the solver proved the set minimum and its tie-break
-    best; ``solver`` is "scipy", "highspy" or "greedy"."""
+    best; ``solver`` is "scipy", "highspy" or "greedy"; ``op_class`` is the results' operation class (None when
+    they named none)."""
 
     kernels: tuple
     assignment: dict
@@ -293,6 +361,7 @@ class Selection:
     optimal: bool
     solver: str
     efficiency_by_kernel: dict = field(repr=False)
+    op_class: str | None = None
 
     @property
     def worst(self) -> float:
@@ -313,6 +382,7 @@ class Selection:
             "geomean": self.geomean,
             "optimal": self.optimal,
             "solver": self.solver,
+            **({"op_class": self.op_class} if self.op_class is not None else {}),
         }
 
     def dispatch_table(self, key_fn: Callable[[Any], Any] | None = None) -> dict[str, str]:
@@ -340,7 +410,7 @@ def _merge_kernel(selection: Selection, problems: list) -> Any:
 
 
 def _selection(table: _Table, chosen: Iterable[int], min_efficiency: float, optimal: bool,
-               solver: str) -> Selection:
+               solver: str, op_class: str | None = None) -> Selection:
     chosen = list(chosen)
     assignment, efficiency, by_kernel = {}, {}, {}
     served: dict[int, int] = dict.fromkeys(chosen, 0)
@@ -353,7 +423,7 @@ def _selection(table: _Table, chosen: Iterable[int], min_efficiency: float, opti
         by_kernel[problem] = {table.kernels[k]: value for k, value in ran.items()}
     order = sorted(chosen, key=lambda k: (-served[k], str(table.kernels[k])))
     return Selection(tuple(table.kernels[k] for k in order), assignment, efficiency, min_efficiency, optimal,
-                     solver, by_kernel)
+                     solver, by_kernel, op_class)
 
 
 def _eligible(table: _Table, threshold: float) -> np.ndarray:
@@ -371,20 +441,35 @@ def select_kernels(results: Iterable[tuple[Hashable, Hashable, float]], min_effi
     solve early the best set found is returned with ``optimal=False`` (the greedy set if none was found)."""
     min_efficiency = _check_threshold(min_efficiency)
     backend, time_limit = _check_solver(solver), _check_time_limit(time_limit)
+    results, op_class = _one_class(results, "select_kernels")
     table = _table(results)
     eligible = _eligible(table, min_efficiency)
     cover, optimal = _min_cover(eligible, backend, time_limit)
     if cover is None:
-        return _greedy(table, min_efficiency, solver=backend, optimal=False)
+        return _greedy(table, min_efficiency, solver=backend, optimal=False, op_class=op_class)
     best, tie_break_optimal = _best_assignment(table.efficiency, eligible, len(cover), backend, time_limit)
     if best is not None and len(best) <= len(cover):
         cover, optimal = best, optimal and tie_break_optimal
     else:
         optimal = False
-    return _selection(table, cover, min_efficiency, optimal, backend)
+    return _selection(table, cover, min_efficiency, optimal, backend, op_class)
 
 
-def _greedy(table: _Table, min_efficiency: float, *, solver: str = "greedy", optimal: bool = False) -> Selection:
+def select_per_class(results: Iterable[tuple[Hashable, Hashable, float]], min_efficiency: float = 0.98, *,
+                     greedy: bool = False, **options) -> dict:
+    """``{operation class: Selection}``: ``select_kernels`` (or ``greedy_select``) within each class of
+    ``split_classes(results)``, so no kernel covers a problem of another class."""
+    _check_threshold(min_efficiency)
+    groups = split_classes(results)
+    if not groups:
+        raise ArgumentError("results is empty; give at least one (kernel, problem, seconds) triple")
+    if greedy:
+        return {op_class: greedy_select(items, min_efficiency) for op_class, items in groups.items()}
+    return {op_class: select_kernels(items, min_efficiency, **options) for op_class, items in groups.items()}
+
+
+def _greedy(table: _Table, min_efficiency: float, *, solver: str = "greedy", optimal: bool = False,
+            op_class: str | None = None) -> Selection:
     eligible = _eligible(table, min_efficiency)
     uncovered = np.ones(len(table.problems), bool)
     chosen: list[int] = []
@@ -399,14 +484,15 @@ def _greedy(table: _Table, min_efficiency: float, *, solver: str = "greedy", opt
         best = int(by_name[np.lexsort((-means[by_name], -counts[by_name]))[0]])
         chosen.append(best)
         uncovered &= ~eligible[:, best]
-    return _selection(table, chosen, min_efficiency, optimal, solver)
+    return _selection(table, chosen, min_efficiency, optimal, solver, op_class)
 
 
 def greedy_select(results: Iterable[tuple[Hashable, Hashable, float]], min_efficiency: float = 0.98) -> Selection:
     """The classic greedy set cover, for comparison with ``select_kernels``: repeatedly take the kernel that
     covers the most uncovered problems (ties: the higher mean efficiency on them). ``optimal`` is False."""
     min_efficiency = _check_threshold(min_efficiency)
-    return _greedy(_table(results), min_efficiency)
+    results, op_class = _one_class(results, "greedy_select")
+    return _greedy(_table(results), min_efficiency, op_class=op_class)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -446,7 +532,7 @@ def pareto_curve(results: Iterable[tuple[Hashable, Hashable, float]], *, max_siz
     if max_size is not None and (isinstance(max_size, bool) or not isinstance(max_size, numbers.Integral)
                                  or max_size < 1):
         raise ArgumentError(f"max_size is {max_size!r}; it must be None or an integer >= 1")
-    table = _table(results)
+    table = _table(results, "pareto_curve")
     thresholds = np.unique(table.efficiency[~np.isnan(table.efficiency)])  # ascending, ends at 1.0
     covers: dict[int, tuple[list[int], bool]] = {}
 
@@ -494,13 +580,41 @@ def _best_set(table: _Table, eligible: np.ndarray, size: int, fallback: list[int
 # Dispatch tables
 
 
-def write_dispatch_table(selection: Selection, path: str | Path, *,
+def _selections(selection: Selection | Mapping) -> dict:
+    """``{operation class: Selection}`` from one Selection or a mapping of them (``select_per_class``)."""
+    if isinstance(selection, Selection):
+        return {selection.op_class: selection}
+    if isinstance(selection, Mapping) and selection and all(isinstance(v, Selection) for v in selection.values()):
+        for op_class, chosen in selection.items():
+            if chosen.op_class is not None and chosen.op_class != op_class:
+                raise ArgumentError(f"the selection under class {op_class!r} was made for class "
+                                    f"{chosen.op_class!r}")
+        return dict(selection)
+    raise ArgumentError(f"selection is a {type(selection).__name__}; give a Selection or a non-empty "
+                        f"{{operation class: Selection}} mapping (select_per_class returns one)")
+
+
+def _table_document(selection: Selection, key_fn) -> dict:
+    return {"min_efficiency": selection.min_efficiency, "kernels": [str(k) for k in selection.kernels],
+            "table": selection.dispatch_table(key_fn)}
+
+
+def write_dispatch_table(selection: Selection | Mapping, path: str | Path, *,
                          key_fn: Callable[[Any], Any] | None = None) -> Path:
-    """Write ``{"min_efficiency", "kernels", "table": {key: kernel}}`` as JSON (see
-    ``Selection.dispatch_table``) and return the path."""
+    """Write ``{"min_efficiency", "kernels", "table": {key: kernel}}`` as JSON (see ``Selection.dispatch_table``),
+    with ``"op_class"`` when the selection has one, and return the path. For several operation classes (a
+    ``{class: Selection}`` mapping) the document is ``{"classes": {class: {"min_efficiency", "kernels",
+    "table"}}}``: a problem's kernel is looked up in its own class's table."""
     path = Path(path)
-    document = {"min_efficiency": selection.min_efficiency, "kernels": [str(k) for k in selection.kernels],
-                "table": selection.dispatch_table(key_fn)}
+    selections = _selections(selection)
+    if len(selections) == 1:
+        [(op_class, only)] = selections.items()
+        document = _table_document(only, key_fn)
+        if op_class is not None:
+            document["op_class"] = op_class
+    else:
+        document = {"classes": {str(op_class): _table_document(chosen, key_fn)
+                                for op_class, chosen in selections.items()}}
     path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
     return path
 
@@ -535,15 +649,19 @@ def _pow2(value: int) -> int:
     return 1 << max(0, (value - 1).bit_length())
 
 
-def generate_dispatch_python(selection: Selection, key_fields: Sequence[str], *,
+def generate_dispatch_python(selection: Selection | Mapping, key_fields: Sequence[str], *,
                              function_name: str = "select_kernel", policy: str = "exact") -> str:
     """The source of a standalone module (no pycutlass import) holding ``TABLE`` and
-    ``function_name(*key_fields) -> kernel name``.
+    ``function_name(*key_fields) -> kernel name`` (and ``OP_CLASS``, the selection's operation class).
 
     Each problem gives one integer per key field: a dict by name, a tuple or list by position, or any other
     object by attribute. ``policy``: "exact" keys the values as they are; "pow2" rounds each up to a power of
     two (queries are rounded the same way). A query missing from the table goes to the nearest key in log2
-    space. Problems sharing a key get the selected kernel best over all of them."""
+    space. Problems sharing a key get the selected kernel best over all of them.
+
+    For several operation classes (a ``{class: Selection}`` mapping, as ``select_per_class`` returns) the module
+    holds ``TABLES = {class: table}`` and ``function_name(op_class, *key_fields)``: a query is answered from its
+    own class's table only (nearest key within that class), and an unknown class raises ValueError."""
     if isinstance(key_fields, str) or not isinstance(key_fields, Sequence) or not key_fields:
         raise ArgumentError(f"key_fields is {key_fields!r}; give a non-empty sequence of field names, "
                             f"e.g. ('m', 'n', 'k')")
@@ -554,23 +672,37 @@ def generate_dispatch_python(selection: Selection, key_fields: Sequence[str], *,
                                 f"identifier that is not a keyword and does not start with '_'")
     if len(set(key_fields)) != len(key_fields):
         raise ArgumentError(f"key_fields {key_fields!r} names a field twice")
-    if function_name in key_fields or function_name in ("math", "TABLE", "KEY_FIELDS", "POLICY"):
+    if function_name in key_fields or function_name in ("math", "TABLE", "TABLES", "KEY_FIELDS", "POLICY",
+                                                        "OP_CLASS", "op_class"):
         raise ArgumentError(f"function_name {function_name!r} clashes with a name of the generated module")
     if policy not in BUCKET_POLICIES:
         raise ArgumentError(f"policy is {policy!r}; it must be one of {', '.join(map(repr, BUCKET_POLICIES))}")
+    selections = _selections(selection)
+    if len(selections) > 1 and "op_class" in key_fields:
+        raise ArgumentError("key_fields names 'op_class', the generated function's first argument for several "
+                            "operation classes")
     bucket = _pow2 if policy == "pow2" else (lambda value: value)
-    table = selection._grouped(lambda problem: tuple(bucket(v) for v in _field_values(problem, key_fields)))
-    entries = "".join(f"    {key!r}: {str(kernel)!r},\n" for key, kernel in sorted(table.items()))
+
+    def entries_of(chosen: Selection, indent: str) -> str:
+        table = chosen._grouped(lambda problem: tuple(bucket(v) for v in _field_values(problem, key_fields)))
+        return "".join(f"{indent}{key!r}: {str(kernel)!r},\n" for key, kernel in sorted(table.items()))
+
     arguments = ", ".join(key_fields)
     key_expression = ", ".join(f"_bucket({name})" for name in key_fields) + ("," if len(key_fields) == 1 else "")
     bucket_body = ("return 1 << max(0, (int(value) - 1).bit_length())  # the next power of two >= value"
                    if policy == "pow2" else "return int(value)")
+    if len(selections) > 1:
+        return _multi_class_module(selections, entries_of, key_fields, function_name, policy, arguments,
+                                   key_expression, bucket_body)
+    [(op_class, selection)] = selections.items()
+    entries = entries_of(selection, "    ")
     return f'''"""Kernel dispatch generated by pycutlass.tune.select (policy {policy}, \
 {len(selection.kernels)} kernels, min_efficiency {selection.min_efficiency})."""
 import math
 
 KEY_FIELDS = {key_fields!r}
 POLICY = {policy!r}
+OP_CLASS = {op_class!r}
 TABLE = {{
 {entries}}}
 
@@ -589,5 +721,42 @@ def {function_name}({arguments}):
     kernel = TABLE.get(key)
     if kernel is None:
         kernel = TABLE[min(TABLE, key=lambda known: (_log_distance(known, key), known))]
+    return kernel
+'''
+
+
+def _multi_class_module(selections: dict, entries_of, key_fields, function_name, policy, arguments, key_expression,
+                        bucket_body) -> str:
+    tables = "".join(f"    {str(op_class)!r}: {{\n{entries_of(chosen, '        ')}    }},\n"
+                     for op_class, chosen in selections.items())
+    kernels = sum(len(chosen.kernels) for chosen in selections.values())
+    return f'''"""Kernel dispatch generated by pycutlass.tune.select (policy {policy}, {len(selections)} operation \
+classes, {kernels} kernels)."""
+import math
+
+KEY_FIELDS = {key_fields!r}
+POLICY = {policy!r}
+TABLES = {{
+{tables}}}
+
+
+def _bucket(value):
+    {bucket_body}
+
+
+def _log_distance(a, b):
+    return sum((math.log2(max(x, 1)) - math.log2(max(y, 1))) ** 2 for x, y in zip(a, b))
+
+
+def {function_name}(op_class, {arguments}):
+    """The kernel name for a problem of an operation class, from that class's kernels only; an unseen shape gets
+    the nearest tuned one of the class (log2 distance)."""
+    table = TABLES.get(op_class)
+    if table is None:
+        raise ValueError(f"no kernels for operation class {{op_class!r}}; the classes are {{sorted(TABLES)}}")
+    key = ({key_expression})
+    kernel = table.get(key)
+    if kernel is None:
+        kernel = table[min(table, key=lambda known: (_log_distance(known, key), known))]
     return kernel
 '''

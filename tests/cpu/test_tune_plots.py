@@ -125,3 +125,65 @@ def test_plots_use_no_pyplot(tmp_path):
             "assert 'matplotlib.pyplot' not in sys.modules")
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "bars.png")], check=True, cwd=tmp_path)
     check_image(tmp_path / "bars.png", ".png")
+
+
+def png_size(path):
+    data = path.read_bytes()
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_108_kernels_of_two_classes_give_one_readable_heatmap_per_class(tmp_path):
+    """An SM90 sweep's 108 configurations x 9 shapes in f16 and bf16: one figure per class, bounded in size, rows
+    labelled by the parameters that vary (no cut names), at most 40 rows plus one summary row, MxNxK columns."""
+    from pycutlass.tune.select import MixedClassesError, select_per_class
+    from tests.tune_helpers import sm90_two_class_results
+
+    results, params = sm90_two_class_results()
+    chosen = select_per_class(results, 0.98)
+    with pytest.raises(MixedClassesError, match="results hold 2"):
+        plots.heatmap(results, tmp_path / "mixed.png")
+    written = plots.heatmaps(results, tmp_path / "heatmap.png", selected=chosen, kernel_params=params)
+    assert set(written) == set(chosen) and len(written) == 2
+    for op_class, path in written.items():
+        assert path.name.startswith("heatmap-gemm-A-") and path.suffix == ".png"
+        assert ("bf16" in path.name) == ("bf16" in op_class)
+        check_image(path, ".png")
+        width, height = png_size(path)
+        assert height <= 1600 and width <= 1400, (width, height)  # 108 rows at the old 0.45 in were 3326 px tall
+
+    f16_class = next(c for c in chosen if "A=f16/" in c)
+    svg = plots.heatmap([r for r in results if r.op_class == f16_class], tmp_path / "f16.svg",
+                        selected=chosen[f16_class], kernel_params=params).read_text()
+    assert f16_class in svg  # the class is the title
+    for label in ("128x128x64 c1x1x1 ws-coop sched:streamk", "64x64x64 c1x1x1 ws sched:default",
+                  "1024x1024x1024", "4096x14336x4096", "+68 more"):
+        assert label in svg, label
+    assert "pycutlass_gemm_sm90" not in svg and "…" not in svg and "gemm 1024x1024x1024" not in svg
+    # 40 kernel rows: the selected ones first, then the best by geometric mean
+    shown = [name for name in (line.strip()[5:-4] for line in svg.splitlines() if line.strip().startswith("<!-- "))
+             if " sched:" in name]
+    assert len(shown) == 40, shown
+    # without parameters the labels come from the names: the parts that vary, no shared prefix, no hash
+    by_name = plots.heatmap([r for r in results if r.op_class == f16_class], tmp_path / "names.svg",
+                            max_kernels=10).read_text()
+    assert "64x128x64 c1x1 cooperative" in by_name and "f16f16f16f32" not in by_name
+    assert "pycutlass_gemm" not in by_name and "+98 more" in by_name
+
+
+def test_kernel_and_problem_labels():
+    from pycutlass.tune.problems import GemmProblem
+
+    params = {"a": {"threadblock_shape": [128, 128, 64], "cluster_shape": [1, 1, 1], "stages": 0,
+                    "kernel_schedule": "TmaWarpSpecializedPingpong", "element_a": "float16", "warp_count": [2, 2, 1]},
+              "b": {"threadblock_shape": [128, 256, 64], "cluster_shape": [2, 1, 1], "stages": 0,
+                    "kernel_schedule": "TmaWarpSpecializedPingpong", "element_a": "float16", "warp_count": [2, 2, 1]},
+              "c": {"threadblock_shape": [128, 256, 64], "cluster_shape": [2, 1, 1], "stages": 0,
+                    "kernel_schedule": "TmaWarpSpecializedPingpong", "element_a": "float16", "warp_count": [4, 2, 1]}}
+    # only what varies; the derived warps only where the rest leaves two labels equal
+    assert plots.kernel_labels(params) == {"a": "128x128x64 c1x1x1 w2x2x1", "b": "128x256x64 c2x1x1 w2x2x1",
+                                           "c": "128x256x64 c2x1x1 w4x2x1"}
+    assert plots.kernel_labels({k: params[k] for k in "ab"}) == {"a": "128x128x64 c1x1x1", "b": "128x256x64 c2x1x1"}
+    assert plots.shape_label(GemmProblem(16, 4096, 512)) == "16x4096x512"
+    assert plots.shape_label(GemmProblem(16, 4096, 512, batch=4)) == "16x4096x512 b4"
+    assert plots.shape_label("gemm 64x64x64 b2") == "64x64x64 b2" and plots.shape_label((1, 2, 3)) == "1x2x3"
+    assert plots.shape_label("p1") == "p1"

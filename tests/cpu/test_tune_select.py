@@ -339,3 +339,256 @@ def test_solver_without_a_solution_falls_back_to_greedy(monkeypatch):
     assert not fallback.optimal
     assert fallback.kernels == greedy_select(results, 0.95).kernels
     assert not any(point.optimal for point in pareto_curve(results, time_limit=0.01))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Operation classes: f16 and bf16 kernels timed on the same shapes
+
+
+def _typed_gemm(element, tile):
+    import pycutlass as cutlass
+
+    math_inst = cutlass.MathInstruction([16, 8, 16], element, element, cutlass.float32, cutlass.OpClass.TensorOp,
+                                        cutlass.MathOperation.multiply_add)
+    a = cutlass.TensorDescription(element, cutlass.RowMajor, 8)
+    b = cutlass.TensorDescription(element, cutlass.ColumnMajor, 8)
+    return cutlass.GemmOperationUniversal(80, cutlass.TileDescription(list(tile), 3, [2, 2, 1], math_inst), a, b, a,
+                                          cutlass.LinearCombination(element, 8, cutlass.float32, cutlass.float32))
+
+
+TILES = ((64, 64, 32), (128, 128, 32), (128, 64, 32))
+SHAPES = ((16, 4096, 4096), (128, 4096, 4096), (1024, 4096, 4096), (4096, 4096, 4096))
+
+
+def two_class_db(path):
+    """A results DB as a sweep over f16 and bf16 kernels records it: every kernel on every shape. The bf16 kernels
+    are twice as fast, so results of both classes pooled would have bf16 kernels "serve" the f16 problems."""
+    import pycutlass as cutlass
+    from pycutlass.tune.db import ResultsDB
+    from pycutlass.tune.problems import GemmProblem
+
+    db = ResultsDB(path)
+    device = db.add_device({"name": "synthetic", "uuid": "GPU-0"})
+    problems = [GemmProblem(*shape) for shape in SHAPES]
+    for problem in problems:
+        db.add_problem(problem)
+    kernels = {}
+    for element, speed in ((cutlass.float16, 1.0), (cutlass.bfloat16, 2.0)):
+        for tile in TILES:
+            op = _typed_gemm(element, tile)
+            db.add_kernel(op, {"kind": "gemm", "threadblock_shape": list(tile)})
+            kernels.setdefault(element.label, []).append(op.name)
+            for problem in problems:
+                # small tiles win small M, big tiles big M
+                waste = math.ceil(problem.m / tile[0]) * tile[0] / problem.m
+                seconds = 1e-5 * waste * (1 + 0.1 * (tile[0] < problem.m / 8)) / speed
+                db.record_run(sweep="s", device=device, kernel=op.name, problem=problem.key, harness="h",
+                              status="ok", seconds=seconds, flops=problem.flops)
+    db.close()
+    return kernels
+
+
+def test_results_carry_their_class_and_selection_stays_within_it(tmp_path):
+    from pycutlass.tune.db import ResultsDB
+    from pycutlass.tune.select import MixedClassesError, select_per_class, split_classes
+
+    kernels = two_class_db(tmp_path / "r.db")
+    with ResultsDB(tmp_path / "r.db", read_only=True) as db:
+        results = db.results()
+    assert len(results) == 2 * len(TILES) * len(SHAPES)
+    f16_class = "gemm A=f16/row/8 B=f16/col/8 C=f16/row/8 D=f16/row/8 acc=f32 epilogue=LinearCombination/f32"
+    bf16_class = f16_class.replace("f16/", "bf16/")
+    for kernel, problem, seconds in results:  # rows still unpack as triples
+        assert seconds > 0
+    assert {r.op_class for r in results if r[0] in kernels["float16"]} == {f16_class}
+    assert {r.op_class for r in results if r[0] in kernels["bfloat16"]} == {bf16_class}
+
+    # one answer asked for results of two classes: a typed error naming both
+    for decide in (lambda: select_kernels(results, 0.98), lambda: greedy_select(results, 0.98),
+                   lambda: pareto_curve(results), lambda: results_matrix(results)):
+        with pytest.raises(MixedClassesError, match=r"hold 2: gemm A=b?f16/row/8 .*; gemm A=b?f16/row") as raised:
+            decide()
+        assert set(raised.value.classes) == {f16_class, bf16_class}
+
+    groups = split_classes(results)
+    assert list(groups) == [f16_class, bf16_class] or list(groups) == [bf16_class, f16_class]
+    chosen = select_per_class(results, 0.98)
+    greedy = select_per_class(results, 0.98, greedy=True)
+    for op_class, dtype in ((f16_class, "float16"), (bf16_class, "bfloat16")):
+        selection = chosen[op_class]
+        assert selection.op_class == op_class and selection.to_dict()["op_class"] == op_class
+        assert set(selection.kernels) <= set(kernels[dtype]), selection.kernels  # never a kernel of the other class
+        assert set(selection.assignment.values()) <= set(kernels[dtype])
+        assert len(selection.assignment) == len(SHAPES) and selection.worst >= 0.98
+        assert set(greedy[op_class].kernels) <= set(kernels[dtype])
+        # within the class the efficiencies are against the class's own best (the f16 ones are not 0.5)
+        assert selection.worst >= 0.98
+
+
+def test_a_problem_of_one_class_is_never_served_by_a_kernel_of_another():
+    f16, bf16 = "gemm f16", "gemm bf16"
+
+    @dataclass(frozen=True)
+    class TypedGemm:
+        m: int
+        op_class: str
+
+    class Row(tuple):
+        def __new__(cls, kernel, problem, seconds, op_class):
+            row = super().__new__(cls, (kernel, problem, seconds))
+            row.op_class = op_class
+            return row
+
+    results = [Row("fast_bf16", TypedGemm(16, f16), 1.0, bf16),  # a bf16 kernel timed on an f16 problem
+               Row("f16_a", TypedGemm(16, f16), 3.0, f16), Row("f16_b", TypedGemm(16, f16), 2.0, f16),
+               Row("fast_bf16", TypedGemm(16, bf16), 1.0, bf16)]
+    groups = select.split_classes(results)
+    assert [r[0] for r in groups[f16]] == ["f16_a", "f16_b"] and [r[0] for r in groups[bf16]] == ["fast_bf16"]
+    assert select_kernels(groups[f16], 1.0).kernels == ("f16_b",)
+    # problems that name their class, with kernels that do not: the problem's class decides
+    plain = [("k1", {"m": 1, "op_class": f16}, 1.0), ("k2", {"m": 1, "op_class": bf16}, 1.0)]
+    assert {key: [r[0] for r in rows] for key, rows in select.split_classes(plain).items()} == {
+        f16: ["k1"], bf16: ["k2"]}
+
+
+def test_dispatch_tables_answer_within_the_class(tmp_path):
+    from pycutlass.tune.db import ResultsDB
+    from pycutlass.tune.select import select_per_class
+
+    from pycutlass.tune.db import Result
+    from pycutlass.tune.problems import GemmProblem
+
+    kernels = two_class_db(tmp_path / "r.db")
+    problems = {problem.key: problem for problem in (GemmProblem(*shape) for shape in SHAPES)}
+    with ResultsDB(tmp_path / "r.db", read_only=True) as db:  # problems as objects, as the command line has them
+        results = [Result(k, problems[p], t, row.op_class) for row in db.results() for k, p, t in [row]]
+    chosen = select_per_class(results, 0.98)
+    document = json.loads(write_dispatch_table(chosen, tmp_path / "d.json", key_fn=lambda p: p.key).read_text())
+    assert set(document["classes"]) == set(chosen)
+    for op_class, entry in document["classes"].items():
+        dtype = "bfloat16" if "bf16" in op_class else "float16"
+        assert set(entry["table"].values()) <= set(kernels[dtype]) and len(entry["table"]) == len(SHAPES)
+        assert entry["min_efficiency"] == 0.98
+    # one class: the single-class document, naming its class
+    [(only_class, only)] = list(chosen.items())[:1]
+    single = json.loads(write_dispatch_table(only, tmp_path / "one.json", key_fn=lambda p: p.key).read_text())
+    assert single["op_class"] == only_class and "table" in single and "classes" not in single
+
+    source = generate_dispatch_python(chosen, ("m", "n", "k"))
+    choose = load(source)
+    for op_class, selection in chosen.items():
+        dtype = "bfloat16" if "bf16" in op_class else "float16"
+        for problem, kernel in selection.assignment.items():
+            assert choose(op_class, problem.m, problem.n, problem.k) == kernel
+        assert choose(op_class, 3000, 4096, 4096) in kernels[dtype]  # a miss: nearest within the class
+    with pytest.raises(ValueError, match="no kernels for operation class 'gemm A=f32'"):
+        choose("gemm A=f32", 16, 16, 16)
+    with pytest.raises(ArgumentError, match="op_class"):
+        generate_dispatch_python(chosen, ("op_class", "m"))
+    single_source = generate_dispatch_python(chosen[only_class], ("m", "n", "k"))
+    assert f"OP_CLASS = {only_class!r}" in single_source
+    with pytest.raises(ArgumentError, match="Selection"):
+        write_dispatch_table({}, tmp_path / "x.json")
+
+
+def test_cli_reports_each_class_and_writes_per_class_files(tmp_path):
+    pytest.importorskip("matplotlib")
+    from click.testing import CliRunner
+
+    from pycutlass.cli import main
+
+    kernels = two_class_db(tmp_path / "r.db")
+    runner = CliRunner()
+    out = runner.invoke(main, ["select", "--db", str(tmp_path / "r.db"), "--min-efficiency", "0.98",
+                               "--pareto", str(tmp_path / "pareto.png"), "--dispatch-json", str(tmp_path / "d.json"),
+                               "--dispatch-py", str(tmp_path / "d.py")])
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    assert lines[0] == "2 operation classes; kernels compete only within their class"
+    sections = [i for i, line in enumerate(lines) if line.startswith("class gemm ")]
+    assert len(sections) == 2
+    for start in sections:
+        dtype = "bfloat16" if "A=bf16" in lines[start] else "float16"
+        listed = [line.split()[0] for line in lines[start + 2:] if line.startswith("    ")]
+        listed = listed[:next((i for i, line in enumerate(lines[start + 2:]) if not line.startswith("    ")),
+                              len(listed))]
+        assert listed and set(listed) <= set(kernels[dtype]), (dtype, listed)
+    pngs = sorted(p.name for p in tmp_path.glob("pareto-*.png"))
+    assert len(pngs) == 2 and any("bf16" in name for name in pngs)
+    assert set(json.loads((tmp_path / "d.json").read_text())["classes"]) == {
+        lines[i][len("class "):-1] for i in sections}
+    assert "def select_kernel(op_class, m, n, k)" in (tmp_path / "d.py").read_text()
+
+    out = runner.invoke(main, ["heatmap", "--db", str(tmp_path / "r.db"), str(tmp_path / "h.png"), "--select", "0.98"])
+    assert out.exit_code == 0, out.output
+    written = sorted(p.name for p in tmp_path.glob("h-*.png"))
+    assert len(written) == 2 and not (tmp_path / "h.png").exists(), out.output
+    out = runner.invoke(main, ["db", "info", str(tmp_path / "r.db")])
+    assert sum(line.startswith("class gemm ") and line.endswith(": 3 kernels") for line in out.output.splitlines()) == 2
+
+
+def test_cli_single_class_output_is_unchanged(tmp_path):
+    """One class: no class sections, the one dispatch table as before (now naming its class), one heatmap file."""
+    from click.testing import CliRunner
+
+    from pycutlass.cli import main
+    from pycutlass.tune.db import ResultsDB
+
+    two_class_db(tmp_path / "r.db")
+    with ResultsDB(tmp_path / "r.db") as db:  # keep the f16 kernels only
+        db.db.execute("delete from runs where kernel like '%bf16%'")
+    out = CliRunner().invoke(main, ["select", "--db", str(tmp_path / "r.db"), "--min-efficiency", "0.98",
+                                    "--dispatch-json", str(tmp_path / "d.json")])
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    assert lines[0].split(" kernels cover ")[1].startswith(f"{len(SHAPES)} problems at >= 0.98 (worst ")
+    assert all(not line.startswith("class ") for line in lines)
+    assert all(line.startswith("  pycutlass_gemm_sm80_") for line in lines[1:-1])
+    document = json.loads((tmp_path / "d.json").read_text())
+    assert set(document) == {"min_efficiency", "kernels", "table", "op_class"}
+    assert all(key.startswith("gemm ") for key in document["table"])
+
+
+def test_old_rows_without_a_class_get_it_from_their_parameters(tmp_path):
+    """Kernel rows written before the op_class column: the class comes from the space parameters."""
+    from pycutlass.tune.db import UNKNOWN_CLASS, ResultsDB
+    from pycutlass.tune.space import SearchSpace
+
+    db = ResultsDB(tmp_path / "r.db")
+    built = {}
+    for dtypes in ("f16_f32acc", "bf16"):
+        space = SearchSpace(compute_capability=[80], dtypes=[dtypes], layouts=["rcr"],
+                            threadblock_shape=[[128, 128, 32]], warp_count=[[2, 2, 1]], stages=[3])
+        point = space.build()
+        op = point.operations[0]
+        built[dtypes] = op
+        db.add_kernel(op, point.params_of(op))
+    db.db.execute("update kernels set op_class = null")
+    classes = db.kernel_classes()
+    assert classes[built["f16_f32acc"].name].startswith("gemm A=f16/row/8 B=f16/col/8")
+    assert classes[built["bf16"].name].startswith("gemm A=bf16/row/8 B=bf16/col/8")
+    from tests.tune_helpers import NamedOp
+
+    db.add_kernel(NamedOp("stand-in"), {"kind": "gemm"})
+    assert db.kernel_classes()["stand-in"] == UNKNOWN_CLASS
+    db.db.execute("alter table kernels drop column op_class")  # a DB written before the column existed
+    db.close()
+    with ResultsDB(tmp_path / "r.db", read_only=True) as old:
+        assert old.kernel_classes() == {**classes, "stand-in": UNKNOWN_CLASS}
+
+
+def test_cli_tune_refuses_a_space_of_two_classes(tmp_path):
+    """One answer per problem is asked for: candidates of two classes are refused, naming both, and nothing is
+    written."""
+    from click.testing import CliRunner
+
+    from pycutlass.cli import main
+
+    (tmp_path / "space.toml").write_text(
+        'compute_capability = 80\ndtypes = ["f16_f32acc", "bf16"]\nlayouts = "rcr"\n'
+        'threadblock_shape = [[128, 128, 32]]\nwarp_count = [2, 2, 1]\nstages = [3]\n')
+    out = CliRunner().invoke(main, ["tune", "--space", str(tmp_path / "space.toml"), "--problem", "gemm:64x64x64",
+                                    "--db", str(tmp_path / "t.db")])
+    assert out.exit_code != 0 and "Traceback" not in out.output
+    assert "MixedClassesError" in out.output and "A=f16/row/8" in out.output and "A=bf16/row/8" in out.output
+    assert not (tmp_path / "t.db").exists()

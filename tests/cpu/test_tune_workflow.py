@@ -207,9 +207,21 @@ def test_autotune_rejects_mixed_candidates(tmp_path):
     other = cutlass.GemmOperationUniversal(80, cutlass.TileDescription([128, 128, 32], 3, [2, 2, 1], bf16), t, t, t,
                                            cutlass.LinearCombination(cutlass.bfloat16, 8, cutlass.float32,
                                                                      cutlass.float32))
-    with pytest.raises(ArgumentError, match="share types"):
+    with pytest.raises(ArgumentError, match="share types") as raised:
         autotune([CANDIDATES[0], other], GemmProblem(64, 64, 64), db=tmp_path / "t.db", measure=model_seconds,
                  device_facts=FACTS)
+    # a typed error naming both operation classes
+    from pycutlass.tune.select import MixedClassesError
+
+    assert isinstance(raised.value, MixedClassesError) and len(raised.value.classes) == 2
+    assert any("A=bf16/row/8" in c for c in raised.value.classes) and "A=f16/row/8" in str(raised.value)
+    with pytest.raises(MixedClassesError):
+        Tuned([other, CANDIDATES[1]], db=tmp_path / "t.db", measure=model_seconds, device_facts=FACTS)
+    result = autotune(CANDIDATES, GemmProblem(64, 64, 64), db=tmp_path / "t.db", measure=model_seconds,
+                      device_facts=FACTS)
+    assert result.op_class == Tuned(CANDIDATES, db=tmp_path / "t.db", measure=model_seconds,
+                                    device_facts=FACTS).op_class
+    assert result.op_class.startswith("gemm A=f16/row/8 B=f16/col/8 C=f16/row/8 D=f16/row/8 acc=f32")
 
 
 def test_tuned_dispatch_pow2_buckets_are_thread_safe(tmp_path):
@@ -356,4 +368,90 @@ def test_bench_config_and_statistics():
     # a device-sleep lead is part of the harness; without one the fingerprint is what it was before the field
     led = BenchConfig(lead_us=200)
     assert BenchConfig.from_json(led.fingerprint) == led and led.fingerprint != BenchConfig().fingerprint
-    assert "lead_us" not in BenchConfig().fingerprint
+    assert "lead_us" not in BenchConfig(lead_us=0).fingerprint
+
+
+def test_default_harness_leads_every_launch_and_never_shares_rows_with_lead_less_ones():
+    """The default harness times kernels on the GPU at every size: a device-side lead longer than the host's launch
+    path (torch.matmul's measured about 24 us on an H200) is on by default, for the torch baseline too (same
+    BenchConfig), and it is in the fingerprint, so rows timed without a lead (the old default) are not reused."""
+    from pycutlass.tune.bench import DEFAULT_LEAD_US, BenchConfig
+
+    assert BenchConfig().lead_us == DEFAULT_LEAD_US and 30 <= DEFAULT_LEAD_US <= 100
+    lead_less = ('{"arg_pool":1,"cuda_graph":0,"flush_l2":true,"max_seconds":2.0,"repetitions":50,"seed":0,'
+                 '"verify":true,"warmup":5}')  # what every default-harness row before the lead was keyed by
+    assert BenchConfig(lead_us=0).fingerprint == lead_less
+    assert BenchConfig().fingerprint != lead_less and json.loads(BenchConfig().fingerprint)["lead_us"] == 50
+    assert run_id("s", "d", "k", "p", BenchConfig().fingerprint) != run_id("s", "d", "k", "p", lead_less)
+    assert BenchConfig.from_json(BenchConfig().fingerprint) == BenchConfig()
+
+
+class _FakeTorch:
+    """Stands in for torch (no GPU): records what the harness enqueues on the stream, in order."""
+
+    def __init__(self):
+        log = self.log = []
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                pass
+
+            def record(self):
+                log.append("event")
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, other):
+                return 0.01
+
+        class CUDAGraph:
+            def replay(self):
+                log.append("replay")
+
+        class Cuda:
+            pass
+
+        cuda = self.cuda = Cuda()
+        cuda.Event, cuda.CUDAGraph = Event, CUDAGraph
+        cuda._sleep = lambda cycles: log.append(("sleep", cycles))
+        cuda.synchronize = lambda device=None: None
+        cuda.graph = lambda graph, stream=None: _Capture(log)
+
+
+class _Capture:
+    def __init__(self, log):
+        self.log = log
+
+    def __enter__(self):
+        self.log.append("capture")
+
+    def __exit__(self, *exc):
+        self.log.append("captured")
+
+
+def _timed_stream(config, cycles_per_us=1500.0):
+    """What GemmBench.time enqueues for 3 timed samples, after the warm-up (and capture)."""
+    from pycutlass.tune.bench import GemmBench
+
+    fake = _FakeTorch()
+    bench = object.__new__(GemmBench)
+    bench.torch, bench.config, bench.device = fake, config, None
+    bench._flush = type("Flush", (), {"zero_": lambda self: fake.log.append("flush")})()
+    bench._sleep_cycles_per_us = cycles_per_us  # as measured on the device
+    samples, _ = bench.time(lambda i: fake.log.append("launch"))
+    assert len(samples) == 3
+    return fake.log[fake.log.index("flush"):]  # each timed sample starts with the L2 flush
+
+
+def test_every_timed_launch_waits_behind_a_gpu_side_lead_by_default():
+    from pycutlass.tune.bench import BenchConfig
+
+    lead = ("sleep", int(50 * 1500.0))  # 50 us at the device's sleep rate
+    assert _timed_stream(BenchConfig(repetitions=3, warmup=2)) == ["flush", lead, "event", "launch", "event"] * 3
+    # graph replays get it too (their replay call would otherwise be timed)
+    graph = _timed_stream(BenchConfig(repetitions=3, warmup=2, cuda_graph=4))
+    assert graph == ["flush", lead, "event", "replay", "event"] * 3, graph
+    # lead_us=0: the launch directly after the flush, as harnesses timed before the lead
+    assert _timed_stream(BenchConfig(repetitions=3, warmup=2, lead_us=0)) == ["flush", "event", "launch",
+                                                                              "event"] * 3
