@@ -95,7 +95,7 @@ def tuning_key(device_facts: dict, signature: dict, bucket: tuple, policy) -> st
 
 
 # --- candidates and measurement ---------------------------------------------------------------------------------
-def _candidates(space_or_operations) -> tuple[list, dict]:
+def candidates(space_or_operations) -> tuple[list, dict]:
     """Operations and their parameters (parameters let the cache rebuild the winner in another process)."""
     if isinstance(space_or_operations, str):  # a preset name, as SearchSpace.preset takes it
         space_or_operations = SearchSpace.preset(space_or_operations)
@@ -165,7 +165,7 @@ class _Tuner:
     def __init__(self, space_or_operations, db, policy, config, session, jobs, measure, device_facts,
                  facts_first=False):
         bucket_of(_Probe(), policy)  # validates the policy early
-        self.operations, self.params = _candidates(space_or_operations)
+        self.operations, self.params = candidates(space_or_operations)
         self.by_name = {op.name: op for op in self.operations}
         self.policy = policy
         self.config = config

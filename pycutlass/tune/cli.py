@@ -155,13 +155,15 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
 @click.option("--retune", is_flag=True, help="Ignore the tuning cache.")
 def tune(space, problem_specs, db_path, policy, jobs, retune):
     """Find the fastest kernel of a space for each problem (tuning cache in --db)."""
-    from .autotune import autotune
+    from .autotune import autotune, candidates
 
     with _reported():
         problems = _problems(problem_specs)
+        search_space = _space(space)
+        candidates(search_space)  # a space the tuner refuses (no candidate, two classes) is named before the GPU
         _require_gpu("tune")
         for problem in problems:
-            result = autotune(_space(space), problem, db=str(db_path), policy=policy, jobs=jobs, retune=retune)
+            result = autotune(search_space, problem, db=str(db_path), policy=policy, jobs=jobs, retune=retune)
             source = "cache" if result.from_cache else f"tuned over {result.candidates}"
             click.echo(f"{problem.key}: {result.operation.name} {result.seconds * 1e6:.1f} us ({source})")
 

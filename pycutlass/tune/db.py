@@ -92,8 +92,8 @@ def operation_class(operation) -> str:
     tile = operation.tile_description
     math_inst = tile.math_instruction
     epilogue = operation.epilogue_functor
-    kind = re.sub(r"_sm\d+$", "", str(getattr(operation, "kind", type(operation).__name__)))
-    conv_kind = getattr(operation, "conv_kind", None)
+    kind = re.sub(r"_sm\d+$", "", str(operation.kind))
+    conv_kind = operation.conv_kind
     if conv_kind is not None:
         kind += f"/{getattr(conv_kind, 'name', conv_kind)}"
     A, B, C = operation.A, operation.B, operation.C
@@ -107,7 +107,7 @@ def operation_class(operation) -> str:
     math_operation = getattr(math_inst, "math_operation", None)
     if math_operation is not None and getattr(math_operation, "value", math_operation) != "multiply_add":
         parts.append(f"math={getattr(math_operation, 'value', math_operation)}")
-    if getattr(operation, "bias", None):
+    if operation.bias:
         parts.append(f"bias={operation.bias}")
     return " ".join(parts)
 
