@@ -31,10 +31,10 @@ class TensorDescription:
             raise DescriptionError(
                 f"alignment {self.alignment!r} is not valid for {self.element.label}: a vector access is at most "
                 f"128 bits for A and B and 256 bits for a tensor-op GEMM's C, so the alignment (in elements) must be "
-                f"one of {allowed}")
+                f"one of {allowed}", rule="alignment.invalid")
         if self.layout.is_interleaved and self.element is not DataType.int8 and \
                 self.layout not in (LayoutType.TensorNC32HW32, LayoutType.TensorC32RSK32):
-            raise DescriptionError(f"interleaved layout {self.layout.value} is only supported for int8")
+            raise DescriptionError(f"interleaved layout {self.layout.value} is only supported for int8", rule="tensor.interleaved_type")
 
     @property
     def access_bits(self) -> int:

@@ -140,7 +140,7 @@ class LinearCombinationClamp(EpilogueFunctor):
             raise DescriptionError(
                 f"LinearCombinationClamp clamps to the output type's range with CUTLASS's platform::numeric_limits, "
                 f"which has max() and lowest() only for {', '.join(e.label for e in CLAMP_OUTPUTS)} outputs; got "
-                f"{out.label} (float32 has no lowest(), float64 no numeric_limits). Use LinearCombination")
+                f"{out.label} (float32 has no lowest(), float64 no numeric_limits). Use LinearCombination", rule="epilogue.clamp_output")
         if self.element_accumulator is DataType.int32 and self.element_epilogue is DataType.float32 \
                 and out.is_float:
             raise DescriptionError(

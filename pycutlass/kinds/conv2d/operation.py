@@ -247,7 +247,7 @@ class Conv2dOperation(TiledOperation):
                                      (("A", self.A, "M", m, k_major["A"]), ("B", self.B, "N", n, k_major["B"])),
                                      fast_f16, one_contiguous_access)
         if problem:
-            raise DescriptionError(f"{what}: {problem}")
+            raise DescriptionError(f"{what}: {problem}", rule="sm80.mainloop_thread_map")
         a_along_m, b_along_n = self.conv_kind is Operator.wgrad, self.conv_kind in (Operator.dgrad, Operator.wgrad)
         check_congruous_tile(self.tile_description, [("A", "M", m)] * a_along_m + [("B", "N", n)] * b_along_n, what)
         # Warp tiles the H100 fuzz runs found wrong (the same congruous operands; the epilogue's accesses).

@@ -40,11 +40,11 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
                                f"{C.element.label}; they must match")
     if epilogue.alignment != C.alignment:
         raise DescriptionError(f"{what}: epilogue alignment {epilogue.alignment} must equal C's alignment "
-                               f"{C.alignment}")
+                               f"{C.alignment}", rule="alignment.epilogue_match")
     for label, desc in (("A", A), ("B", B)):
         if desc.access_bits > 128:
             raise DescriptionError(f"{what}: {label} alignment {desc.alignment} x {desc.element.bits} bits exceeds the "
-                                   f"128-bit loads of the main loop (cp.async / ldmatrix move at most 16 bytes)")
+                                   f"128-bit loads of the main loop (cp.async / ldmatrix move at most 16 bytes)", rule="alignment.max_128b")
     if C.access_bits > 128:
         # CUTLASS's PredicatedTileIterator stores AlignedArray<ElementOutput, kElementsPerAccess> with
         # arch::global_store<AccessType, 32> (cutlass/arch/memory.h), as CUTLASS's generator does for f16 -> f32 and
@@ -55,7 +55,7 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
             raise DescriptionError(
                 f"{what}: C alignment {C.alignment} x {C.element.bits} bits exceeds 128 bits; only the tensor-op "
                 f"epilogues of GemmOperationUniversal, GemmOperationGrouped and Conv2dOperation (RowMajor, "
-                f"ColumnMajor or NHWC C) store 256-bit vectors. Use alignment {128 // C.element.bits}")
+                f"ColumnMajor or NHWC C) store 256-bit vectors. Use alignment {128 // C.element.bits}", rule="alignment.max_128b")
     if epilogue.element_accumulator is not math.element_accumulator:
         raise DescriptionError(f"{what}: the epilogue reads {epilogue.element_accumulator.label} accumulators but the "
                                f"math instruction accumulates in {math.element_accumulator.label}")
@@ -112,7 +112,7 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
     if math.opcode_class is OpClass.TensorOp and not C.layout.is_interleaved:
         problem = epilogue_thread_map_problem(tile, C)
         if problem:
-            raise DescriptionError(f"{what}: {problem}")
+            raise DescriptionError(f"{what}: {problem}", rule="sm80.epilogue_thread_map")
         check_mixed_epilogue_warp_tile(tile, C, math.element_accumulator, what)
     if math.opcode_class is OpClass.TensorOp and tile.stages > 2:
         # Multistage main loops copy with cp.async, whose smallest transfer is 4 bytes.
@@ -120,7 +120,7 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
             if desc.access_bits < 32:
                 raise DescriptionError(
                     f"{what}: {label} alignment {desc.alignment} x {desc.element.bits} bits is below the 32-bit "
-                    f"minimum of multistage ({tile.stages}-stage) kernels; raise the alignment or use stages=2")
+                    f"minimum of multistage ({tile.stages}-stage) kernels; raise the alignment or use stages=2", rule="alignment.multistage_32b")
 
 
 def check_f64_tensor_op_stages(tile: TileDescription, what: str) -> None:
@@ -498,7 +498,7 @@ def check_mixed_epilogue_warp_tile(tile: TileDescription, C: TensorDescription, 
         raise DescriptionError(
             f"{what}: warp tile {list(tile.warp_shape)} is 16 wide in N, which CUTLASS's mixed-precision epilogue "
             f"(C {C.element.label} x {C.alignment} from {accumulator.label} accumulators) computes wrongly; use a "
-            f"warp tile 32 or 64 wide, or a smaller C alignment")
+            f"warp tile 32 or 64 wide, or a smaller C alignment", rule="sm80.warp_tile_n16_mixed")
 
 
 def check_wide_warp_tile(tile: TileDescription, C: TensorDescription, accumulator: DataType, what: str,
@@ -514,7 +514,7 @@ def check_wide_warp_tile(tile: TileDescription, C: TensorDescription, accumulato
                 f"{C.element.label} output from {accumulator.label} accumulators")
         raise DescriptionError(f"{what}: warp tile {list(tile.warp_shape)} is 128 wide in N, which CUTLASS's tensor-op "
                                f"epilogue runs correctly only for a row- or column-major float32 output from float32 "
-                               f"accumulators, not {kind}; use a warp tile 16, 32 or 64 wide (change warp_count)")
+                               f"accumulators, not {kind}; use a warp tile 16, 32 or 64 wide (change warp_count)", rule="sm80.warp_tile_n128")
 
 
 def _uses_mixed_epilogue(C: TensorDescription, accumulator: DataType) -> bool:
@@ -600,7 +600,7 @@ def check_gemm_layouts(op) -> None:
     if math.element_a is DataType.int8 and math.opcode_class is OpClass.TensorOp:
         if (op.A.layout, op.B.layout) != (LayoutType.RowMajor, LayoutType.ColumnMajor):
             raise DescriptionError("int8 tensor-op GEMM reads K-contiguous operands: A must be RowMajor and B "
-                                   f"ColumnMajor, got A {op.A.layout.value}, B {op.B.layout.value}")
+                                   f"ColumnMajor, got A {op.A.layout.value}, B {op.B.layout.value}", rule="sm80.int8_k_major")
     what = type(op).__name__
     m, n, _ = op.tile_description.threadblock_shape
     operands = kernel_operands(op.A, op.B, op.C)
@@ -613,6 +613,6 @@ def check_gemm_layouts(op) -> None:
         check_simt_warp_tile(op.tile_description, operands, what)
     problem = mainloop_thread_map_problem(op.tile_description, op.A, op.B, op.C)
     if problem:
-        raise DescriptionError(f"{what}: {problem}")
+        raise DescriptionError(f"{what}: {problem}", rule="sm80.mainloop_thread_map")
     # (after the rules for what does not compile: those are reported first)
     check_narrow_warp_tiles(op.tile_description, op.C, a_along_m, b_along_n, what, half_in_smem=half_in_smem)

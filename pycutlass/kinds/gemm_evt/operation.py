@@ -184,7 +184,7 @@ class GemmOperationEvt(TiledOperation):
                              fast_f16=half_in_smem)
         problem = mainloop_thread_map_problem(tile_description, A, B, C)
         if problem:
-            raise DescriptionError(f"{what}: {problem}")
+            raise DescriptionError(f"{what}: {problem}", rule="sm80.mainloop_thread_map")
         check_narrow_warp_tiles(tile_description, None, a_along_m, b_along_n, what, half_in_smem=half_in_smem)
         tree = epilogue_functor
         if tree.element_output is not C.element:
@@ -197,7 +197,7 @@ class GemmOperationEvt(TiledOperation):
                                    f"math instruction accumulates in {math.element_accumulator.label}")
         problem = epilogue_thread_map_problem(tile_description, C)
         if problem:
-            raise DescriptionError(f"{what}: {problem}")
+            raise DescriptionError(f"{what}: {problem}", rule="sm80.epilogue_thread_map")
         check_mixed_epilogue_warp_tile(tile_description, C, math.element_accumulator, what)
         check_wide_warp_tile(tile_description, C, math.element_accumulator, what, visitor=True)
         _, warps_n, warps_k = tile_description.warp_count
@@ -222,7 +222,7 @@ class GemmOperationEvt(TiledOperation):
             for label, desc in (("A", A), ("B", B)):
                 if desc.access_bits < 32:
                     raise DescriptionError(f"{what}: {label} alignment {desc.alignment} is below the 32-bit minimum "
-                                           f"of multistage kernels")
+                                           f"of multistage kernels", rule="alignment.multistage_32b")
         if swizzling_functor not in GEMM_SWIZZLES:
             raise DescriptionError(f"{what}: swizzling_functor must be one of {[s.name for s in GEMM_SWIZZLES]}, "
                                    f"got {swizzling_functor!r}")
