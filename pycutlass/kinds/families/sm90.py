@@ -1,6 +1,7 @@
 """What every SM90 (CUTLASS 3.x) kind shares: which tiles mean the family, its schedules' warp counts, shared memory
-and epilogue fusion rules, TMA's operand rule, the NVRTC shim its headers need, and the operation traits
-(``Sm90Operation``)."""
+and epilogue fusion rules, TMA's operand rule, the description rules every SM90 kind states (one function each),
+the NVRTC shim its headers need, and the operation traits (``Sm90Operation``). The CUDA C++ the GEMM and the
+pointer-array templates share is ``sm90_pieces.cu.j2``."""
 from __future__ import annotations
 
 import math
