@@ -66,27 +66,31 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
                  stride_support, epilogue_functor, swizzling_functor=IdentitySwizzle1, bias: bool = False):
         what = "Conv2dOperation(90)"
         if arch != 90 or isinstance(arch, bool):
-            raise DescriptionError(f"{what}: Conv2dOperationSm90 is compute capability 90, got {arch!r}")
+            raise DescriptionError(f"{what}: Conv2dOperationSm90 is compute capability 90, got {arch!r}",
+                                   rule="target.compute_capability")
         check_conv_enums(conv_kind, iterator_algorithm, stride_support, what)
         if not isinstance(bias, bool):
             raise DescriptionError(f"{what}: bias must be True (a per-output-channel bias vector, fused) or False, "
-                                   f"got {bias!r}")
+                                   f"got {bias!r}", rule="bias.unsupported")
         if bias and conv_kind is Operator.wgrad:
             raise DescriptionError(f"{what}: bias=True is for fprop and dgrad (a per-channel bias of the output "
-                                   f"activation); wgrad writes a filter gradient")
+                                   f"activation); wgrad writes a filter gradient", rule="bias.unsupported")
         if conv_kind is Operator.dgrad and stride_support is not StrideSupport.Unity:
             # The kernel runs stride (1, 1) only (check_problem_size says why), so "Strided" would promise what no
             # problem can use; the Sm80-family strided dgrad kernel is the one that takes strides.
             raise DescriptionError(f"{what}: SM90 dgrad is built for stride (1, 1) only: pass StrideSupport.Unity, or "
-                                   f"an Sm80 tile (e.g. stages=3, warp_count=[2, 2, 1]) for a strided dgrad", rule="conv2d_sm90.dgrad_stride")
+                                   f"an Sm80 tile (e.g. stages=3, warp_count=[2, 2, 1]) for a strided dgrad",
+                                   rule="conv2d_sm90.dgrad_stride")
         if iterator_algorithm not in (IteratorAlgorithm.analytic, IteratorAlgorithm.optimized):
             raise DescriptionError(f"{what}: SM90 convolutions read activations through TMA im2col; the "
                                    f"{iterator_algorithm.name} iterator algorithm is Sm80-family only (pass "
-                                   f"optimized or analytic, which mean the same kernel here)")
+                                   f"optimized or analytic, which mean the same kernel here)",
+                                   rule="conv2d.iterator_algorithm")
         check_description_types(tile_description, A, B, C, epilogue_functor, what)
         if swizzling_functor is not IdentitySwizzle1:
             raise DescriptionError(f"{what}: the SM90 conv kernel rasterizes tiles itself (no threadblock swizzle); "
-                                   f"pass IdentitySwizzle1, got {getattr(swizzling_functor, 'name', swizzling_functor)!r}")
+                                   f"pass IdentitySwizzle1, got {getattr(swizzling_functor, 'name', swizzling_functor)!r}",
+                                   rule="swizzle.unsupported")
         self.compute_capability = 90
         self.conv_kind = conv_kind
         self.iterator_algorithm = iterator_algorithm

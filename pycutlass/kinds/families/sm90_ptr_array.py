@@ -14,9 +14,9 @@ from ...emit.emitter import render
 from ...errors import DescriptionError
 from ..base import check_description_types
 from .sm90 import (check_cluster_shape, check_default_tile_scheduler, check_derived_warp_count, check_epilogue_kind,
-                   check_epilogue_schedule, check_epilogue_types, check_explicit_stages, check_fast_accum, check_k_major,
-                   check_operand_element, check_schedule_tile_m, check_tensor_op, check_tile_k, check_tile_n,
-                   check_tma_operand, epilogue_suffix, fusion_activation)
+                   check_epilogue_schedule, check_epilogue_types, check_explicit_stages, check_fast_accum,
+                   check_k_major, check_operand_element, check_schedule_tile_m, check_tensor_op, check_tile_k,
+                   check_tile_n, check_tma_operand, epilogue_suffix, fusion_activation)
 
 _KS, _ES = KernelScheduleType, EpilogueScheduleType
 GROUPED_WHAT = "GemmOperationGrouped(90)"
@@ -55,7 +55,8 @@ def _round_up(value: int, multiple: int) -> int:
 def tensormap_workspace_bytes(name: str, sm_count: int) -> int:
     """The pointer-array kernel's per-SM tensormap slots: C and one D per epilogue warpgroup, then A and B."""
     if isinstance(sm_count, bool) or not isinstance(sm_count, int) or sm_count <= 0:
-        raise DescriptionError(f"{name}: sm_count must be a positive integer, got {sm_count!r}")
+        raise DescriptionError(f"{name}: sm_count must be a positive integer, got {sm_count!r}",
+                               rule="description.field_type")
     epilogue = _round_up(TMA_DESCRIPTOR_BYTES * sm_count * (EPILOGUE_WARP_GROUPS + 1), _TENSORMAP_ALIGNMENT)
     mainloop = _round_up(TMA_DESCRIPTOR_BYTES * sm_count * 2, _TENSORMAP_ALIGNMENT)
     return epilogue + mainloop
@@ -98,9 +99,11 @@ def render_ptr_array_kernel(op, template: Path, bias: str | None = None, sizes_k
     functor = op.epilogue_functor
     activation, activation_args, clamp = fusion_activation(functor)
     if bias not in (None, "column"):
-        raise DescriptionError(f"{op.name}: the pointer-array template builds bias None or 'column', got {bias!r}")
+        raise DescriptionError(f"{op.name}: the pointer-array template builds bias None or 'column', got {bias!r}",
+                               rule="bias.unsupported")
     if bias is not None and clamp:  # the operation rejects it; the bias tree sets no clamp bounds
-        raise DescriptionError(f"{op.name}: the clamp is not built with the per-group bias tree")
+        raise DescriptionError(f"{op.name}: the clamp is not built with the per-group bias tree",
+                               rule="bias.unsupported")
     return render(
         template, name=op.name, summary=op.describe(),
         element_a=names.ELEMENT[op.A.element], layout_a=names.LAYOUT[op.A.layout], alignment_a=op.A.alignment,

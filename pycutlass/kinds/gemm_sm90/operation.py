@@ -106,26 +106,27 @@ class GemmOperationSm90(Sm90Operation, GemmOperationUniversal):
                  swizzling_functor: SwizzlingFunctor = IdentitySwizzle1, visitor: bool = False, bias=None,
                  array: bool = False, direct_store: bool = False):
         if arch != 90:
-            raise DescriptionError(f"GemmOperationSm90 is compute capability 90, got {arch!r}")
+            raise DescriptionError(f"GemmOperationSm90 is compute capability 90, got {arch!r}",
+                                   rule="target.compute_capability")
         if direct_store is not False:
             raise DescriptionError("direct_store=True is the Sm80 family's register-to-global epilogue; the SM90 "
                                    "kernels store through their own (TMA) epilogue. Use an Sm80 tile (with "
-                                   "warp_count) for direct_store")
+                                   "warp_count) for direct_store", rule="direct_store.unsupported")
         if array is not False:
             raise DescriptionError(f"array must be True (CUTLASS's pointer-array kernel, for Mode.Array with lists of "
                                    f"matrices) or False, got {array!r}" if array is not True else
                                    "GemmOperationSm90 is the ordinary SM90 kernel; build array=True operations "
-                                   "through GemmOperationUniversal(90, ..., array=True)")
+                                   "through GemmOperationUniversal(90, ..., array=True)", rule="description.field_type")
         self.compute_capability = 90
         if visitor:
             raise DescriptionError("the epilogue visitor tree is built for the Sm80 family only; for SM90 use "
-                                   "LinearCombinationGeneric and bias='row'/'column'")
+                                   "LinearCombinationGeneric and bias='row'/'column'", rule="evt.unsupported")
         if bias not in (None, *BIAS_MODES):
             raise DescriptionError(f"bias must be None, 'row' (M values, one per row of D) or 'column' (N values), "
-                                   f"got {bias!r}")
+                                   f"got {bias!r}", rule="bias.unsupported")
         if swizzling_functor not in GEMM_SWIZZLES:
             raise DescriptionError(f"swizzling_functor must be one of {[s.name for s in GEMM_SWIZZLES]}, got "
-                                   f"{swizzling_functor!r}")
+                                   f"{swizzling_functor!r}", rule="swizzle.unsupported")
         self.bias = bias
         self._describe(90, tile_description, A, B, C, epilogue_functor, swizzling_functor)
         self.kernel_schedule, self.epilogue_schedule = _check(tile_description, A, B, C, epilogue_functor, bias)
@@ -284,11 +285,13 @@ def _check(tile: TileDescription, A, B, C, functor, bias) -> tuple[KernelSchedul
                                f"schedule, got {schedule.value}", rule="sm90.epilogue_schedule")
     elif epilogue is _ES.TmaWarpSpecialized and base is _KS.TmaWarpSpecializedCooperative:
         raise DescriptionError(f"{what}: a cooperative kernel takes the TmaWarpSpecializedCooperative (or "
-                               f"NoSmemWarpSpecialized) epilogue, got TmaWarpSpecialized", rule="sm90.epilogue_schedule")
+                               f"NoSmemWarpSpecialized) epilogue, got TmaWarpSpecialized",
+                               rule="sm90.epilogue_schedule")
     if epilogue is _ES.NoSmemWarpSpecialized and (functor.activation is not None or bias or
                                                   functor.kind in CLAMP_KINDS):
         raise DescriptionError(f"{what}: the NoSmemWarpSpecialized epilogue is CUTLASS's plain linear combination; "
-                               f"activations, clamps and bias need a TMA epilogue schedule", rule="sm90.nosmem_epilogue")
+                               f"activations, clamps and bias need a TMA epilogue schedule",
+                               rule="sm90.nosmem_epilogue")
     check_derived_warp_count(what, tile, schedule)
     if tile.stages:
         check_explicit_stages(what, tile, base is _KS.TmaWarpSpecializedCooperative, epilogue, C.element,
