@@ -25,11 +25,11 @@ from ...epilogue.functors import EpilogueFunctor
 from ...errors import DescriptionError
 from .. import registry
 from ..families.sm90 import (  # noqa: F401  (their names as this module had them)
-    CLAMP_ACTIVATION, CLAMP_KINDS, EPILOGUE_KINDS, NVRTC_SHIM, Sm90Operation, check_cluster_shape,
-    check_derived_warp_count, check_epilogue_kind, check_epilogue_types, check_explicit_stages, check_fast_accum,
-    check_k_major, check_operand_element, check_schedule_tile_m, check_tensor_op, check_tile_k, check_tile_n,
-    check_tma_operand, derived_warp_count, epilogue_smem_bytes, epilogue_suffix, fusion_activation,
-    resolve_kernel_schedule)
+    CLAMP_ACTIVATION, CLAMP_KINDS, EPILOGUE_KINDS, NVRTC_SHIM, Sm90Operation, check_explicit_stages, check_tma_operand,
+    derived_warp_count, epilogue_smem_bytes, epilogue_suffix, fusion_activation, resolve_kernel_schedule)
+from ..families.sm90 import (check_cluster_shape, check_derived_warp_count, check_epilogue_kind, check_epilogue_types,
+                             check_fast_accum, check_k_major, check_operand_element, check_schedule_tile_m,
+                             check_tensor_op, check_tile_k, check_tile_n)
 from ..base import check_description_types
 from ..gemm.operation import GemmOperationUniversal
 from .abi import Sm90GemmArgs
