@@ -27,6 +27,10 @@ D = cutlass.DataType
 UNCODED_LIMIT = 0
 
 
+class _NarrowerError(DescriptionError):
+    """A subclass, as code that catches pycutlass errors may define (defined at module level: picklable)."""
+
+
 def _description_error_calls(root: Path):
     for path in sorted(root.rglob("*.py")):
         tree = ast.parse(path.read_text())
@@ -48,6 +52,9 @@ def test_the_rule_survives_pickling():
         again = pickle.loads(pickle.dumps(error))
         assert type(again) is DescriptionError and str(again) == str(error) and again.rule == error.rule
     assert pickle.loads(pickle.dumps(coded)).rule == "sm90.tile_n"
+    sub = _NarrowerError("tile too wide", rule="sm90.tile_n")
+    again = pickle.loads(pickle.dumps(sub))
+    assert type(again) is _NarrowerError and again.rule == "sm90.tile_n" and str(again) == "tile too wide"
     with pytest.raises(DescriptionError) as raised:
         sm90(tile=(128, 96, 64))
     assert pickle.loads(pickle.dumps(raised.value)).rule == raised.value.rule == "sm90.tile_n"
