@@ -7,7 +7,15 @@ class PyCutlassError(Exception):
 
 
 class DescriptionError(PyCutlassError, ValueError):
-    """An operation, tile, tensor or math-instruction description is not a valid configuration."""
+    """An operation, tile, tensor or math-instruction description is not a valid configuration.
+
+    ``rule``: the stable code of the rule it breaks (``"sm90.tile_n"``, ``"smem.capacity"``; the table of codes is
+    ``pycutlass.description.rules.RULES``), or None. Tuning groups rejected configurations by it; the message says
+    what was wrong and what is allowed."""
+
+    def __init__(self, message: str = "", rule: str | None = None):
+        super().__init__(message)
+        self.rule = rule  # kept through pickling (BaseException pickles __dict__): errors cross worker processes
 
 
 class ArgumentError(PyCutlassError, ValueError):

@@ -70,9 +70,10 @@ class MathInstruction:
             raise DescriptionError(
                 f"MathInstruction.instruction_shape must be three integers such as [16, 8, 16] (at compute capability "
                 f"90 also a warpgroup shape [64, n, k], or an Sm80 shape meaning 'the builder chooses'), got "
-                f"{self.instruction_shape!r}") from None
+                f"{self.instruction_shape!r}", rule="instruction.shape") from None
         if len(shape) != 3:
-            raise DescriptionError(f"MathInstruction.instruction_shape must be three integers, got {list(shape)}")
+            raise DescriptionError(f"MathInstruction.instruction_shape must be three integers, got {list(shape)}",
+                                   rule="instruction.shape")
         object.__setattr__(self, "instruction_shape", shape)
         if shape == (16, 8, 8) and self.opcode_class is _T and \
                 (self.element_a, self.element_b, self.math_operation) in _FAST_SPELLINGS:
@@ -86,10 +87,12 @@ class MathInstruction:
                                    ("opcode_class", self.opcode_class, OpClass),
                                    ("math_operation", self.math_operation, MathOperation)):
             if not isinstance(value, kind):
-                raise DescriptionError(f"MathInstruction.{field} must be a {kind.__name__}, got {value!r}")
+                raise DescriptionError(f"MathInstruction.{field} must be a {kind.__name__}, got {value!r}",
+                                       rule="description.field_type")
         if self.element_a != self.element_b and not (self.element_a.is_fp8 and self.element_b.is_fp8):
             raise DescriptionError(f"MathInstruction: element_a ({self.element_a.label}) and element_b "
-                                   f"({self.element_b.label}) must be the same type (or two fp8 types)")
+                                   f"({self.element_b.label}) must be the same type (or two fp8 types)",
+                                   rule="instruction.mixed_operands")
         if len(shape) == 3 and shape[0] == 64 and self.opcode_class is _T:
             self._check_warpgroup(shape)
             return
@@ -99,7 +102,7 @@ class MathInstruction:
             raise DescriptionError(
                 f"MathInstruction {self.opcode_class.name} {list(shape)} {self.element_a.label}->"
                 f"{self.element_accumulator.label} with {self.math_operation.name} is not supported. "
-                f"Valid combinations:\n{_describe_valid()}")
+                f"Valid combinations:\n{_describe_valid()}", rule="instruction.unsupported")
 
     def _check_warpgroup(self, shape) -> None:
         k = WARPGROUP_MATH_INSTRUCTIONS.get((self.element_a, self.element_accumulator))
@@ -109,7 +112,7 @@ class MathInstruction:
             raise DescriptionError(
                 f"warpgroup MathInstruction {list(shape)} {self.element_a.label}->{self.element_accumulator.label} "
                 f"with {self.math_operation.name} is not supported; SM90 wgmma shapes (n a multiple of 8 in 8..256, "
-                f"multiply_add) are:\n{rows}")
+                f"multiply_add) are:\n{rows}", rule="instruction.warpgroup_unsupported")
 
     @property
     def is_warpgroup(self) -> bool:

@@ -29,7 +29,7 @@ class Target:
     def __post_init__(self):
         problem = target_problem(self.compute_capability, self.suffix)
         if problem is not None:
-            raise DescriptionError(problem)
+            raise DescriptionError(problem, rule="target.invalid")
 
     @classmethod
     def parse(cls, value) -> "Target":
@@ -39,7 +39,7 @@ class Target:
         try:
             return cls(*read_target(value))
         except ValueError as error:
-            raise DescriptionError(str(error)) from None
+            raise DescriptionError(str(error), rule="target.invalid") from None
 
     @property
     def name(self) -> str:
@@ -70,7 +70,7 @@ class Target:
             need = "== 90 (sm_90a)" if family == "sm90" else f">= {FAMILIES[family]}"
             raise DescriptionError(f"{what} uses the {family} template family, which needs compute capability "
                                    f"{need}; target {self.name} cannot run it (its main loop would compile to "
-                                   f"nothing)")
+                                   f"nothing)", rule="target.family")
 
     def __str__(self) -> str:
         return self.name
@@ -81,4 +81,5 @@ def family_of(compute_capability: int) -> str:
     if compute_capability in (80, 86, 87, 89, 90):
         return "sm80"
     raise DescriptionError(f"compute capability {compute_capability!r} is not supported for operations; choose one "
-                           f"of [80, 86, 89, 90] (Hopper runs the Sm80 family: use 80 or 90)")
+                           f"of [80, 86, 89, 90] (Hopper runs the Sm80 family: use 80 or 90)",
+                           rule="target.compute_capability")

@@ -17,10 +17,11 @@ class TensorDescription:
 
     def __post_init__(self):
         if not isinstance(self.element, DataType):
-            raise DescriptionError(f"TensorDescription.element must be a DataType, got {self.element!r}")
+            raise DescriptionError(f"TensorDescription.element must be a DataType, got {self.element!r}",
+                                   rule="description.field_type")
         if not isinstance(self.layout, LayoutType):
             raise DescriptionError(f"TensorDescription.layout must be a layout (e.g. pycutlass.RowMajor), "
-                                   f"got {self.layout!r}")
+                                   f"got {self.layout!r}", rule="description.field_type")
         # CUTLASS's double-precision kernels access one element at a time. A and B (cp.async, ldmatrix) move at most
         # 128 bits per access; a tensor-op GEMM epilogue writes C/D with up to 256 bits (arch::global_store<.., 32>,
         # as CUTLASS's generator does for f16 -> f32 and s8 -> s32 with alignment 8). The operations check the
@@ -31,10 +32,11 @@ class TensorDescription:
             raise DescriptionError(
                 f"alignment {self.alignment!r} is not valid for {self.element.label}: a vector access is at most "
                 f"128 bits for A and B and 256 bits for a tensor-op GEMM's C, so the alignment (in elements) must be "
-                f"one of {allowed}")
+                f"one of {allowed}", rule="alignment.invalid")
         if self.layout.is_interleaved and self.element is not DataType.int8 and \
                 self.layout not in (LayoutType.TensorNC32HW32, LayoutType.TensorC32RSK32):
-            raise DescriptionError(f"interleaved layout {self.layout.value} is only supported for int8")
+            raise DescriptionError(f"interleaved layout {self.layout.value} is only supported for int8",
+                                   rule="tensor.interleaved_type")
 
     @property
     def access_bits(self) -> int:

@@ -22,9 +22,11 @@ def _triple(name: str, value) -> tuple[int, int, int]:
             raise TypeError
         triple = tuple(int(v) for v in value)
     except TypeError:
-        raise DescriptionError(f"TileDescription.{name} must be 3 integers, got {value!r}") from None
+        raise DescriptionError(f"TileDescription.{name} must be 3 integers, got {value!r}",
+                               rule="description.field_type") from None
     if len(triple) != 3 or any(v <= 0 for v in triple):
-        raise DescriptionError(f"TileDescription.{name} must be 3 positive integers, got {value!r}")
+        raise DescriptionError(f"TileDescription.{name} must be 3 positive integers, got {value!r}",
+                               rule="description.field_type")
     return triple
 
 
@@ -56,14 +58,14 @@ class TileDescription:
                            ("tile_scheduler", TileSchedulerType)):
             if not isinstance(getattr(self, name), kind):
                 raise DescriptionError(f"TileDescription.{name} must be a pycutlass.{kind.__name__}, got "
-                                       f"{getattr(self, name)!r}")
+                                       f"{getattr(self, name)!r}", rule="description.field_type")
         if not isinstance(self.math_instruction, MathInstruction):
             raise DescriptionError(f"TileDescription.math_instruction must be a MathInstruction, "
-                                   f"got {self.math_instruction!r}")
+                                   f"got {self.math_instruction!r}", rule="description.field_type")
         if isinstance(self.stages, bool) or not isinstance(self.stages, int) or \
                 not (self.stages == 0 or 2 <= self.stages <= 10):
             raise DescriptionError(f"TileDescription.stages must be an integer in 2..10 (or 0: CUTLASS's automatic "
-                                   f"count, SM90 family), got {self.stages!r}")
+                                   f"count, SM90 family), got {self.stages!r}", rule="tile.stages")
         if self.warp_count is not None:
             object.__setattr__(self, "warp_count", _triple("warp_count", self.warp_count))
         if self.sm90_only or self.warp_count in SM90_WARP_COUNTS:
@@ -76,12 +78,15 @@ class TileDescription:
         for axis, t, w in zip("MNK", tb, warps):
             if t % w:
                 raise DescriptionError(f"threadblock {axis} extent {t} is not divisible by the warp count "
-                                       f"{w} along {axis}; threadblock_shape={list(tb)}, warp_count={list(warps)}")
+                                       f"{w} along {axis}; threadblock_shape={list(tb)}, warp_count={list(warps)}",
+                                       rule="sm80.warp_divides_tile")
         if warps[2] != 1:
-            raise DescriptionError(f"warp_count along K must be 1 (sliced-K is not supported), got {list(warps)}")
+            raise DescriptionError(f"warp_count along K must be 1 (sliced-K is not supported), got {list(warps)}",
+                                   rule="sm80.warp_count_k")
         threads = 32 * warps[0] * warps[1] * warps[2]
         if threads > 1024:
-            raise DescriptionError(f"warp_count {list(warps)} gives {threads} threads per block; at most 1024")
+            raise DescriptionError(f"warp_count {list(warps)} gives {threads} threads per block; at most 1024",
+                                   rule="sm80.threads_per_block")
         warp = self.warp_shape
         inst = self.math_instruction.instruction_shape
         if self.math_instruction.opcode_class is OpClass.TensorOp:
@@ -89,27 +94,29 @@ class TileDescription:
                 if ws % i:
                     raise DescriptionError(
                         f"warp tile {list(warp)} (threadblock {list(tb)} / warps {list(warps)}) is not a multiple "
-                        f"of the instruction shape {list(inst)} along {axis}")
+                        f"of the instruction shape {list(inst)} along {axis}", rule="sm80.warp_tile_instruction")
             if warp[1] not in WARP_N_TENSOR_OP:
                 # CUTLASS's tensor-op epilogues take warp tiles 16, 32 or 64 wide, and 128 for float32 output
                 # (check_wide_warp_tile); 8 (and other widths) do not compile.
                 raise DescriptionError(f"warp tile {list(warp)} (threadblock {list(tb)} / warps {list(warps)}) must be "
                                        f"16, 32 or 64 wide in N for tensor-op epilogues (128 for float32 outputs); "
-                                       f"change warp_count")
+                                       f"change warp_count", rule="sm80.warp_tile_n")
             if self.math_instruction.element_a.bits == 64 and (warp[0] % 16 or warp[1] % 16):
                 # The 64-bit operand iterators (MmaTensorOpMultiplicandTileIterator for 64b, mma_tensor_op_tile_
                 # iterator_sm80.h) static_assert "Divisibility." unless the warp tile's M and N are multiples of 16.
                 raise DescriptionError(f"float64 tensor-op warp tile {list(warp)} (threadblock {list(tb)} / warps "
                                        f"{list(warps)}) must have M and N multiples of 16 (CUTLASS's 64-bit operand "
-                                       f"iterators static_assert 'Divisibility.'); change warp_count")
+                                       f"iterators static_assert 'Divisibility.'); change warp_count",
+                                       rule="sm80.warp_tile_f64")
             if tb[2] < 2 * inst[2] and self.math_instruction.element_a.bits < 64:
                 raise DescriptionError(f"threadblock K ({tb[2]}) must hold at least two instruction K-steps "
-                                       f"({2 * inst[2]}) for {self.math_instruction.element_a.label}")
+                                       f"({2 * inst[2]}) for {self.math_instruction.element_a.label}",
+                                       rule="sm80.tile_k_steps")
         else:
             # SIMT warps are 32 lanes arranged 4x8 or 8x4, each lane owning a multiple of one element.
             if (warp[0] * warp[1]) % 32 or warp[0] % 4 or warp[1] % 4:
                 raise DescriptionError(f"SIMT warp tile {list(warp)} must have M and N multiples of 4 and "
-                                       f"M*N a multiple of 32")
+                                       f"M*N a multiple of 32", rule="sm80.simt_warp_tile")
 
     @property
     def sm90_only(self) -> bool:
@@ -127,7 +134,7 @@ class TileDescription:
                 f"{what}: this TileDescription uses SM90-only values (warp_count=None, stages=0, a warpgroup or fp8 "
                 f"instruction, a cluster, or a kernel/epilogue/tile schedule), which the CUTLASS 2.x Sm80 family "
                 f"this operation builds does not have; build it with compute capability 90 (GEMM), or give "
-                f"warp_count, stages >= 2 and an Sm80 instruction shape")
+                f"warp_count, stages >= 2 and an Sm80 instruction shape", rule="tile.sm90_only_values")
         if self.warp_count in SM90_WARP_COUNTS:
             self._check_sm80_rules()  # deferred in __post_init__: the SM90 family may have meant these warps
 
@@ -152,7 +159,8 @@ class TileDescription:
         if need > budget:
             raise DescriptionError(
                 f"tile {list(self.threadblock_shape)} with {self.stages} stages needs {need // 1024} KiB of shared "
-                f"memory; {target.name} allows {budget // 1024} KiB per block. Use fewer stages or a smaller tile")
+                f"memory; {target.name} allows {budget // 1024} KiB per block. Use fewer stages or a smaller tile",
+                rule="smem.capacity")
 
     def procedural_name(self) -> str:
         m, n, k = self.threadblock_shape

@@ -23,7 +23,8 @@ class Activation:
 
     def __post_init__(self):
         if not isinstance(self.element, DataType) or self.element.is_integer:
-            raise DescriptionError(f"activation {self.name} computes in a floating-point type, got {self.element!r}")
+            raise DescriptionError(f"activation {self.name} computes in a floating-point type, got {self.element!r}",
+                                   rule="epilogue.activation_type")
 
     @property
     def num_arguments(self) -> int:

@@ -34,7 +34,8 @@ class EpilogueFunctor:
         self._resolve_element_epilogue()
         for name in ("element_output", "element_accumulator", "element_epilogue"):
             if not isinstance(getattr(self, name), DataType):
-                raise DescriptionError(f"{type(self).__name__}.{name} must be a DataType, got {getattr(self, name)!r}")
+                raise DescriptionError(f"{type(self).__name__}.{name} must be a DataType, got {getattr(self, name)!r}",
+                                       rule="description.field_type")
         if self.element_epilogue.is_integer:
             self._check_integer_epilogue()
         elif self.element_epilogue not in COMPUTE_TYPES:
@@ -44,13 +45,13 @@ class EpilogueFunctor:
             raise DescriptionError(
                 f"{type(self).__name__}: element_epilogue {self.element_epilogue.label} is {why}; alpha * accumulator "
                 f"+ beta * C computes in one of {', '.join(t.label for t in COMPUTE_TYPES)} (float32 for a "
-                f"tfloat32 GEMM)")
+                f"tfloat32 GEMM)", rule="epilogue.compute_type")
         # Up to 256 bits: tensor-op GEMM epilogues store C/D 32 bytes at a time (the operations check the rest).
         max_alignment = 256 // self.element_output.bits
         if not isinstance(self.alignment, int) or self.alignment < 1 or self.alignment > max_alignment \
                 or self.alignment & (self.alignment - 1):
             raise DescriptionError(f"{type(self).__name__}.alignment {self.alignment!r} must be a power of two "
-                                   f"<= {max_alignment} for {self.element_output.label}")
+                                   f"<= {max_alignment} for {self.element_output.label}", rule="epilogue.alignment")
 
     def _check_integer_epilogue(self) -> None:
         """int32 compute, as PyCUTLASS 2.11's s8 -> s32 GEMM tests ask for: CUTLASS's LinearCombination(Clamp)
@@ -66,7 +67,7 @@ class EpilogueFunctor:
                 f"accumulators and int32 output or LinearCombinationClamp with int32 accumulators and int8/int32 "
                 f"output; got element_epilogue {self.element_epilogue.label}, accumulator "
                 f"{self.element_accumulator.label}, output {self.element_output.label}. Otherwise the epilogue "
-                f"computes in a floating-point type (float32)")
+                f"computes in a floating-point type (float32)", rule="epilogue.compute_type")
 
     def _wide_types(self) -> list[str]:
         """What makes this a float64 epilogue: a float64 output, accumulator or activation."""
@@ -91,7 +92,7 @@ class EpilogueFunctor:
                 f"{type(self).__name__}: a float64 epilogue ({', '.join(wide)}) must compute in float64: CUTLASS "
                 f"computes alpha, beta and the activation in element_epilogue, and "
                 f"{getattr(self.element_epilogue, 'label', self.element_epilogue)} would round the float64 results; "
-                f"pass element_epilogue=float64 or leave it out")
+                f"pass element_epilogue=float64 or leave it out", rule="epilogue.compute_type")
 
     @property
     def num_activation_args(self) -> int:
@@ -140,12 +141,14 @@ class LinearCombinationClamp(EpilogueFunctor):
             raise DescriptionError(
                 f"LinearCombinationClamp clamps to the output type's range with CUTLASS's platform::numeric_limits, "
                 f"which has max() and lowest() only for {', '.join(e.label for e in CLAMP_OUTPUTS)} outputs; got "
-                f"{out.label} (float32 has no lowest(), float64 no numeric_limits). Use LinearCombination")
+                f"{out.label} (float32 has no lowest(), float64 no numeric_limits). Use LinearCombination",
+                rule="epilogue.clamp_output")
         if self.element_accumulator is DataType.int32 and self.element_epilogue is DataType.float32 \
                 and out.is_float:
             raise DescriptionError(
                 f"LinearCombinationClamp with int32 accumulators computed in float32 is CUTLASS's integer-output "
-                f"specialization (static_assert: integer output); got {out.label}. Use int8 or int32 output")
+                f"specialization (static_assert: integer output); got {out.label}. Use int8 or int32 output",
+                rule="epilogue.integer_output")
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,7 @@ class FastLinearCombinationClamp(EpilogueFunctor):
                 raise DescriptionError(
                     f"FastLinearCombinationClamp always has {name} {fixed.label} (CUTLASS's functor takes only the "
                     f"output type and alignment); got {getattr(given, 'label', given)!r}. Leave it out, or use "
-                    f"LinearCombinationClamp")
+                    f"LinearCombinationClamp", rule="epilogue.fast_clamp")
         object.__setattr__(self, "element_output", element_output)
         object.__setattr__(self, "alignment", alignment)
         object.__setattr__(self, "element_accumulator", DataType.int32)
@@ -182,7 +185,8 @@ class FastLinearCombinationClamp(EpilogueFunctor):
     def __post_init__(self):
         if self.element_output is not DataType.int8:
             raise DescriptionError(f"FastLinearCombinationClamp writes int8 output, got "
-                                   f"{getattr(self.element_output, 'label', self.element_output)}")
+                                   f"{getattr(self.element_output, 'label', self.element_output)}",
+                                   rule="epilogue.fast_clamp")
         super().__post_init__()
 
 
@@ -198,7 +202,7 @@ class LinearCombinationGeneric(EpilogueFunctor):
                  element_accumulator: DataType = DataType.float32, element_epilogue: DataType | None = None):
         if not isinstance(activation, Activation):
             raise DescriptionError(f"LinearCombinationGeneric needs an activation such as relu(pycutlass.float32) "
-                                   f"as its first argument, got {activation!r}")
+                                   f"as its first argument, got {activation!r}", rule="description.field_type")
         object.__setattr__(self, "activation", activation)
         object.__setattr__(self, "kind", "LinearCombinationGeneric")
         object.__setattr__(self, "element_output", element_output)
@@ -211,7 +215,7 @@ class LinearCombinationGeneric(EpilogueFunctor):
                 f"LinearCombinationGeneric: {activation.name} cannot compute in bfloat16: CUTLASS's "
                 f"{activation.cpp_template.rsplit('::', 1)[-1]}<bfloat16_t> returns the float of its fast "
                 f"{'tanh' if activation.name == 'tanh' else 'exp'} where a bfloat16_t is due, which does not "
-                f"compile; pass element_epilogue=float32 (or float16)")
+                f"compile; pass element_epilogue=float32 (or float16)", rule="epilogue.activation_type")
 
     def __repr__(self) -> str:
         # The activation's full repr (with its compute type) keeps operation names unique.

@@ -81,7 +81,7 @@ class Traced:
         for operand in (a, b):
             if operand.op == "reduction":
                 raise DescriptionError(f"EpilogueVisitTree: the reduction {operand.name or operand.label()} is used "
-                                       f"in {op}; a reduction's result can only be returned")
+                                       f"in {op}; a reduction's result can only be returned", rule="evt.reduction")
         return Traced(Node(op, (a, b)))
 
     def __add__(self, other): return self._binary("add", other)
@@ -101,7 +101,8 @@ class Traced:
 
     def _unsupported(self, what):
         raise DescriptionError(f"EpilogueVisitTree: {what} on {self.__evt_node__.label()} is not supported; nodes "
-                               f"may use +, -, *, /, the activations {sorted(UNARY_OPS)}, and reduction_op")
+                               f"may use +, -, *, /, the activations {sorted(UNARY_OPS)}, and reduction_op",
+                               rule="evt.operation")
 
     def __pow__(self, other): self._unsupported("**")
     def __rpow__(self, other): self._unsupported("**")
@@ -129,11 +130,11 @@ class Traced:
         for arg in args:
             if isinstance(arg, Traced) or isinstance(arg, bool) or not isinstance(arg, (int, float, np.number)):
                 raise DescriptionError(f"EpilogueVisitTree: {name}'s argument must be a Python number (a constant "
-                                       f"of the kernel), got {arg!r}")
+                                       f"of the kernel), got {arg!r}", rule="evt.constant")
             values.append(float(arg))
         if self.__evt_node__.op == "reduction":
             raise DescriptionError(f"EpilogueVisitTree: {name} of a reduction; a reduction's result can only be "
-                                   f"returned")
+                                   f"returned", rule="evt.reduction")
         return Traced(Node(name, (self.__evt_node__,), value=tuple(values)))
 
 
@@ -142,10 +143,10 @@ def _as_node(value, what: str) -> Node:
         return value.__evt_node__
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise DescriptionError(f"EpilogueVisitTree: {what} must be a traced value or a Python number, got "
-                               f"{type(value).__name__} {value!r}")
+                               f"{type(value).__name__} {value!r}", rule="evt.constant")
     value = float(value)
     if not math.isfinite(value):
-        raise DescriptionError(f"EpilogueVisitTree: constant {value!r} is not finite")
+        raise DescriptionError(f"EpilogueVisitTree: constant {value!r} is not finite", rule="evt.constant")
     return Node("const", value=(value,))
 
 
@@ -160,17 +161,19 @@ def reduction_op(x, direction: str, op: str = "Add", length=None):
     writes either form, as the output buffer's size says (see ``kinds/gemm_evt``).
     """
     if direction not in REDUCTION_DIRECTIONS:
-        raise DescriptionError(f"reduction_op: direction must be 'row' or 'column', got {direction!r}")
+        raise DescriptionError(f"reduction_op: direction must be 'row' or 'column', got {direction!r}",
+                               rule="evt.reduction")
     if str(op).lower() not in ("add", "sum", "plus"):
-        raise DescriptionError(f"reduction_op: only the 'Add' reduction is supported, got {op!r}")
+        raise DescriptionError(f"reduction_op: only the 'Add' reduction is supported, got {op!r}", rule="evt.reduction")
     if length is not None and (isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1):
         raise DescriptionError(f"reduction_op: length must be a positive integer (the threadblock tile's extent "
-                               f"along the reduced dimension) or None, got {length!r}")
+                               f"along the reduced dimension) or None, got {length!r}", rule="evt.reduction")
     length = None if length is None else int(length)
     if isinstance(x, Traced):
         node = x.__evt_node__
         if node.op == "reduction":
-            raise DescriptionError("reduction_op of a reduction; a reduction's result can only be returned")
+            raise DescriptionError("reduction_op of a reduction; a reduction's result can only be returned",
+                                   rule="evt.reduction")
         return Traced(Node("reduction", (node,), value=(direction, length)))
     x = np.asarray(x, dtype=np.float64)
     axis = -1 if direction == "row" else -2
@@ -189,12 +192,12 @@ def reduction_op(x, direction: str, op: str = "Add", length=None):
 def _kind_of(annotation, parameter: str) -> str:
     if annotation is inspect.Parameter.empty:
         raise DescriptionError(f"EpilogueVisitTree.__call__: parameter {parameter!r} needs an annotation, one of "
-                               f"{list(INPUT_KINDS)} (e.g. {parameter}: 'tensor')")
+                               f"{list(INPUT_KINDS)} (e.g. {parameter}: 'tensor')", rule="evt.signature")
     text = annotation if isinstance(annotation, str) else repr(annotation)
     found = [kind for kind in INPUT_KINDS if f"'{kind}'" in text or text == kind]
     if len(found) != 1:
         raise DescriptionError(f"EpilogueVisitTree.__call__: parameter {parameter!r} is annotated {annotation!r}; "
-                               f"use one of {list(INPUT_KINDS)}")
+                               f"use one of {list(INPUT_KINDS)}", rule="evt.signature")
     return found[0]
 
 
@@ -207,12 +210,12 @@ def _return_names(function) -> list[str] | None:
     returns = [n for n in ast.walk(tree) if isinstance(n, ast.Return) and n.value is not None]
     if len(returns) != 1:
         raise DescriptionError("EpilogueVisitTree.__call__ must have exactly one return statement naming its "
-                               "outputs (e.g. return D, T)")
+                               "outputs (e.g. return D, T)", rule="evt.signature")
     value = returns[0].value
     items = value.elts if isinstance(value, ast.Tuple) else [value]
     if not all(isinstance(item, ast.Name) for item in items):
         raise DescriptionError("EpilogueVisitTree.__call__ must return variable names (they name the outputs: "
-                               "return D, T), not expressions")
+                               "return D, T), not expressions", rule="evt.signature")
     return [item.id for item in items]
 
 
@@ -245,18 +248,21 @@ def trace(functor, function) -> EvtDescription:
     inputs, arguments, has_accumulator = [], {}, False
     for parameter in signature.parameters.values():
         if parameter.kind not in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
-            raise DescriptionError(f"EpilogueVisitTree.__call__: *args/**kwargs ({parameter.name}) are not supported")
+            raise DescriptionError(f"EpilogueVisitTree.__call__: *args/**kwargs ({parameter.name}) are not supported",
+                                   rule="evt.signature")
         if parameter.name in ("accum", "accumulator"):
             has_accumulator = True
             arguments[parameter.name] = Traced(Node("acc"))
             continue
         kind = _kind_of(parameter.annotation, parameter.name)
         if parameter.name == "problem_size":
-            raise DescriptionError("EpilogueVisitTree.__call__: 'problem_size' is reserved (output_op takes it)")
+            raise DescriptionError("EpilogueVisitTree.__call__: 'problem_size' is reserved (output_op takes it)",
+                                   rule="evt.signature")
         inputs.append((parameter.name, kind))
         arguments[parameter.name] = Traced(Node(kind, name=parameter.name))
     if not has_accumulator:
-        raise DescriptionError("EpilogueVisitTree.__call__ needs the accumulator as a parameter named 'accum'")
+        raise DescriptionError("EpilogueVisitTree.__call__ needs the accumulator as a parameter named 'accum'",
+                               rule="evt.signature")
     result = function(**arguments)
     values = list(result) if isinstance(result, tuple) else [result]
     names = _return_names(function)
@@ -264,27 +270,27 @@ def trace(functor, function) -> EvtDescription:
         names = ["D"] + [f"output{i}" for i in range(1, len(values))]
     if len(names) != len(values):
         raise DescriptionError(f"EpilogueVisitTree.__call__ returns {len(values)} values but its return statement "
-                               f"names {len(names)}")
+                               f"names {len(names)}", rule="evt.signature")
     if not values:
-        raise DescriptionError("EpilogueVisitTree.__call__ must return at least one output")
+        raise DescriptionError("EpilogueVisitTree.__call__ must return at least one output", rule="evt.signature")
     outputs = []
     for name, value in zip(names, values):
         if not isinstance(value, Traced):
             raise DescriptionError(f"EpilogueVisitTree: output {name!r} is {value!r}, not a value computed from the "
-                                   f"inputs")
+                                   f"inputs", rule="evt.signature")
         if name in dict(inputs) or name in ("accum", "accumulator"):
             raise DescriptionError(f"EpilogueVisitTree: output {name!r} has the name of an input; name outputs "
-                                   f"with new variables")
+                                   f"with new variables", rule="evt.signature")
         if name in dict(outputs):
-            raise DescriptionError(f"EpilogueVisitTree: output {name!r} is returned twice")
+            raise DescriptionError(f"EpilogueVisitTree: output {name!r} is returned twice", rule="evt.signature")
         outputs.append((name, value.__evt_node__))
     description = EvtDescription(tuple(inputs), tuple(outputs))
     if len(description.tensors) > MAX_TENSORS:
         raise DescriptionError(f"EpilogueVisitTree: {len(description.tensors)} tensors (inputs and outputs) exceed "
-                               f"the {MAX_TENSORS} the kernel's argument struct holds")
+                               f"the {MAX_TENSORS} the kernel's argument struct holds", rule="evt.capacity")
     if len(description.scalars) > MAX_SCALARS:
         raise DescriptionError(f"EpilogueVisitTree: {len(description.scalars)} scalars exceed the {MAX_SCALARS} "
-                               f"the kernel's argument struct holds")
+                               f"the kernel's argument struct holds", rule="evt.capacity")
     return description
 
 
@@ -310,13 +316,13 @@ class EpilogueVisitTree:
                                ("element_output", element_output)):
             if not isinstance(element, DataType) and not (label == "element_compute" and element is None):
                 raise DescriptionError(f"{type(self).__name__}: {label} must be a pycutlass data type, got "
-                                       f"{element!r}")
+                                       f"{element!r}", rule="description.field_type")
         if isinstance(elements_per_access, bool) or not isinstance(elements_per_access, int) or \
                 elements_per_access < 1:
             raise DescriptionError(f"{type(self).__name__}: elements_per_access must be a positive integer, got "
-                                   f"{elements_per_access!r}")
+                                   f"{elements_per_access!r}", rule="description.field_type")
         if type(self).__call__ is EpilogueVisitTree.__call__:
-            raise DescriptionError(f"{type(self).__name__} must define __call__ (the epilogue)")
+            raise DescriptionError(f"{type(self).__name__} must define __call__ (the epilogue)", rule="evt.signature")
         self.elementwise_functor = elementwise_functor
         self.tile_description = tile_description
         self.element_accumulator = element_accumulator
@@ -341,16 +347,17 @@ class EpilogueVisitTree:
         if wide and element_compute is not DataType.float64:
             raise DescriptionError(f"{type(self).__name__}: a float64 tree ({', '.join(wide)}) must compute in "
                                    f"float64: every node computes in element_compute, and {element_compute.label} "
-                                   f"would round the float64 results; pass element_compute=float64 or leave it out")
+                                   f"would round the float64 results; pass element_compute=float64 or leave it out",
+                                   rule="evt.types")
         return element_compute
 
     def _check_types(self):
         if self.element_compute not in (DataType.float32, DataType.float64):
             raise DescriptionError(f"{type(self).__name__}: element_compute must be float32 or float64, got "
-                                   f"{self.element_compute.label}")
+                                   f"{self.element_compute.label}", rule="evt.types")
         if self.element_output not in (DataType.float16, DataType.bfloat16, DataType.float32, DataType.float64):
             raise DescriptionError(f"{type(self).__name__}: element_output must be a floating-point type, got "
-                                   f"{self.element_output.label}")
+                                   f"{self.element_output.label}", rule="evt.types")
 
     def initialize(self):
         """PyCUTLASS 2.11 parsed the tree here; pycutlass traced it at construction. Kept for its scripts."""

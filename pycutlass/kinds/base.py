@@ -25,7 +25,7 @@ def check_compute_capability(arch) -> int:
     """An operation's compute capability: it selects the template family (Hopper runs the Sm80 family too)."""
     if isinstance(arch, bool) or not isinstance(arch, int):
         raise DescriptionError(f"compute capability {arch!r} is not supported for operations; choose one of "
-                               f"[80, 86, 89, 90] (an integer)")
+                               f"[80, 86, 89, 90] (an integer)", rule="target.compute_capability")
     family_of(arch)
     return arch
 
@@ -34,12 +34,14 @@ def check_description_types(tile, A, B, C, epilogue, what: str) -> None:
     """Every tiled GEMM-like kind takes these description types (named in the error when one is not)."""
     for label, desc in (("A", A), ("B", B), ("C", C)):
         if not isinstance(desc, TensorDescription):
-            raise DescriptionError(f"{what}: {label} must be a TensorDescription, got {desc!r}")
+            raise DescriptionError(f"{what}: {label} must be a TensorDescription, got {desc!r}",
+                                   rule="description.field_type")
     if not isinstance(tile, TileDescription):
-        raise DescriptionError(f"{what}: tile_description must be a TileDescription, got {tile!r}")
+        raise DescriptionError(f"{what}: tile_description must be a TileDescription, got {tile!r}",
+                               rule="description.field_type")
     if not isinstance(epilogue, EpilogueFunctor):
         raise DescriptionError(f"{what}: epilogue_functor must be an epilogue functor such as LinearCombination, "
-                               f"got {epilogue!r}")
+                               f"got {epilogue!r}", rule="description.field_type")
 
 
 class Operation:

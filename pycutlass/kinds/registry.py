@@ -82,7 +82,7 @@ def operation_kind(constructor: str, arch, tile, *, visitor=False, array=False) 
                 if array is not False:
                     raise DescriptionError("array=True builds the SM90 pointer-array kernel, which has no epilogue "
                                            "visitor tree; visitor operations run Mode.Array with tensors holding the "
-                                           "batch")
+                                           "batch", rule="evt.unsupported")
                 return candidate
     sm90 = arch == 90 and not isinstance(arch, bool) and any(k.sm90_tile for k in candidates) and is_sm90_tile(tile)
     return select(constructor, sm90_tile=sm90, array=sm90 and array is True)

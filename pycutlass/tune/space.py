@@ -28,6 +28,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping
 
 from ..description.math_instruction import WARPGROUP_MATH_INSTRUCTIONS, MathInstruction
+from ..description.rules import summary as rule_summary
 from ..description.target import Target
 from ..description.tensor_description import TensorDescription
 from ..description.tile_description import SM90_WARP_COUNTS, TileDescription
@@ -393,53 +394,19 @@ def build_operation(params: Mapping):
 
 # ---- why a point was pruned ---------------------------------------------------------------------------------------
 # Phrases of the descriptions' rules -> one short reason each, so a report counts rules, not messages.
-_KNOWN_RULES = (
-    ("of shared memory", "too much shared memory"),
-    ("SM90-only values", "SM90-only value in an Sm80-family kernel"),
-    ("not divisible by the warp count", "tile not divisible by the warp count"),
-    ("not a multiple of the instruction shape", "warp tile not a multiple of the instruction shape"),
-    ("wide in N for tensor-op epilogues", "warp tile N not 16, 32, 64 or 128"),
-    ("is 128 wide in N", "128-wide warp tile without a float32 output"),
-    ("mixed-precision epilogue", "16-wide warp tile with the mixed-precision epilogue"),
-    ("OutputTileOptimalThreadMap", "epilogue thread map does not fit the tile"),
-    ("at least two instruction K-steps", "tile K below two instruction K-steps"),
-    ("threads per block", "too many threads per block"),
-    ("warp_count along K", "warp_count along K must be 1"),
-    ("cooperative schedule splits tile M", "cooperative schedule needs tile M a multiple of 128"),
-    ("computes a tile with one warpgroup", "non-cooperative schedule needs tile M of 64 or 128"),
-    ("stream-K tile scheduler", "stream-K needs the cooperative schedule"),
-    ("TMA swizzle atom", "SM90 tile K must be 128 bytes"),
-    ("TMA moves 16-byte vectors", "SM90 needs 16-byte alignment"),
-    ("warp_count is derived", "SM90 warp_count must be derived"),
-    ("below the 32-bit minimum of multistage", "alignment below 32 bits with stages > 2"),
-    ("is not valid for", "alignment not valid for the type"),
-    ("exceeds the 128-bit loads", "alignment wider than 128 bits"),
-    ("exceeds 128 bits", "alignment wider than 128 bits"),
-    ("tile M must be 64, 128 or 256", "SM90 tile M not 64, 128 or 256"),
-    ("tile N must be 64, 128 or 256", "SM90 tile N not 64, 128 or 256"),
-    ("tile N must be one of", f"SM90 tile N not one of {', '.join(map(str, SM90_TILE_N))}"),
-    ("cluster_shape must be", "SM90 cluster not 1x1x1, 2x1x1 or 1x2x1"),
-    ("operands are not in the SM90 family", "operand type not in the SM90 family"),
-    ("K-major only", "SM90 operand type needs A row-major, B column-major"),
-    ("int8 tensor-op GEMM reads K-contiguous", "int8 needs A row-major, B column-major"),
-    ("LinearCombinationClamp clamps", "clamp epilogue needs an int8, int32, f16 or bf16 output"),
-    ("not built for the SM90 family", "epilogue not built for the SM90 family"),
-    ("warpgroup MathInstruction", "wgmma instruction not supported"),
-    ("Valid combinations:", "math instruction not supported"),
-    ("SM90 dgrad is built for stride", "SM90 dgrad needs stride_support unity"),
-)
 _PREFIX = re.compile(r"^[A-Za-z_][\w.]*(\(\w+\))?( \(\w+\))?: ")
 _NOISE = re.compile(r"\[[^\]]*\]|\([^)]*\)|(?<!\w)'[^']*'(?!\w)|\"[^\"]*\"")
 _NUMBER = re.compile(r"\b\d+(\.\d+)?\b")
 
 
 def reason_of(error: BaseException) -> str:
-    """A short key shared by every rejection by the same rule: a known rule's name, else the message's first line
-    without its operation prefix, the value it got, advice, bracketed and quoted values ("#" for numbers)."""
+    """A short key shared by every rejection by the same rule: the summary of the error's rule code
+    (``description.rules.RULES``), else the message's first line without its operation prefix, the value it got,
+    advice, bracketed and quoted values ("#" for numbers)."""
+    known = rule_summary(getattr(error, "rule", None))
+    if known:
+        return known
     text = str(error)
-    for phrase, reason in _KNOWN_RULES:
-        if phrase in text:
-            return reason
     line = _PREFIX.sub("", text.splitlines()[0] if text else type(error).__name__)
     line = re.split(r",? got |; |\. ", line)[0]  # the rule comes first; the value it got and advice follow
     line = _NUMBER.sub("#", _NOISE.sub("", line))

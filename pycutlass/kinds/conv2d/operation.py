@@ -113,14 +113,14 @@ class Conv2dOperation(TiledOperation):
             raise DescriptionError(f"{what}: bias=True fuses a bias vector in the SM90 convolution (compute capability "
                                    f"90 with an SM90 tile); the Sm80-family kernel this tile builds takes a bias as C "
                                    f"(a per-channel vector broadcast, beta = 1: Conv2dArguments(..., C=bias) or "
-                                   f"bias=...), so leave bias out here; got bias={bias!r}")
+                                   f"bias=...), so leave bias out here; got bias={bias!r}", rule="bias.unsupported")
         check_conv_enums(conv_kind, iterator_algorithm, stride_support, what)
         self.compute_capability = check_compute_capability(arch)
         check_operand_types(tile_description, A, B, C, epilogue_functor, what, wide_c=True, simt_wide_ab=True)
         if swizzling_functor not in CONV_SWIZZLES:
             raise DescriptionError(f"{what}: swizzling_functor must be one of "
                                    f"{[s.name for s in IDENTITY_SWIZZLES + STRIDED_DGRAD_SWIZZLES]}, "
-                                   f"got {swizzling_functor!r}")
+                                   f"got {swizzling_functor!r}", rule="swizzle.unsupported")
         self.conv_kind = conv_kind
         self.iterator_algorithm = iterator_algorithm
         self.stride_support = stride_support
@@ -139,9 +139,10 @@ class Conv2dOperation(TiledOperation):
         if element is DataType.int8:
             if self.conv_kind is not Operator.fprop:
                 raise DescriptionError(f"{what}: int8 convolutions are fprop only (CUTLASS has no int8 dgrad/wgrad "
-                                       f"kernels); use float16, bfloat16, tfloat32, float32 or float64")
+                                       f"kernels); use float16, bfloat16, tfloat32, float32 or float64",
+                                       rule="conv2d.int8_kind")
         elif element not in _FLOAT_TYPES:
-            raise DescriptionError(f"{what}: unsupported operand type {element.label}")
+            raise DescriptionError(f"{what}: unsupported operand type {element.label}", rule="conv2d.operand_type")
 
         if element is DataType.float64 and math.opcode_class is OpClass.TensorOp:
             for label, desc in (("A", self.A), ("B", self.B)):
@@ -149,32 +150,34 @@ class Conv2dOperation(TiledOperation):
                     raise DescriptionError(
                         f"{what}: float64 tensor-op convolutions load A and B one 64-bit element at a time "
                         f"(CUTLASS's double-precision thread maps), so {label} alignment must be 1, got "
-                        f"{desc.alignment}")
+                        f"{desc.alignment}", rule="conv2d.f64_alignment")
 
         if any(layout.is_interleaved for layout in layouts):
             if layouts != _INTERLEAVED:
                 raise DescriptionError(
                     f"{what}: interleaved convolutions take A TensorNC32HW32, B TensorC32RSK32 and C TensorNC32HW32; "
-                    f"got {[layout.value for layout in layouts]}")
+                    f"got {[layout.value for layout in layouts]}", rule="conv2d.interleaved")
             if self.conv_kind is not Operator.fprop or element is not DataType.int8:
                 raise DescriptionError(f"{what}: interleaved (NC32HW32 / C32RSK32) layouts are supported for int8 "
-                                       f"fprop only")
+                                       f"fprop only", rule="conv2d.interleaved")
             if math.opcode_class is not OpClass.TensorOp:
-                raise DescriptionError(f"{what}: interleaved int8 fprop needs OpClass.TensorOp")
+                raise DescriptionError(f"{what}: interleaved int8 fprop needs OpClass.TensorOp",
+                                       rule="conv2d.interleaved")
             if algorithm not in (IteratorAlgorithm.analytic, IteratorAlgorithm.optimized):
                 raise DescriptionError(f"{what}: interleaved int8 fprop exists for the analytic and optimized "
-                                       f"iterator algorithms only, got {algorithm.name}")
+                                       f"iterator algorithms only, got {algorithm.name}", rule="conv2d.interleaved")
             if self.C.element is not DataType.int8:
                 raise DescriptionError(f"{what}: interleaved int8 fprop writes int8 output (C.element must be "
-                                       f"int8, got {self.C.element.label})")
+                                       f"int8, got {self.C.element.label})", rule="conv2d.interleaved")
             for label, desc in (("A", self.A), ("B", self.B)):
                 if desc.alignment != 16:
                     raise DescriptionError(f"{what}: interleaved int8 fprop reads 128-bit vectors: {label} "
-                                           f"alignment must be 16, got {desc.alignment}")
+                                           f"alignment must be 16, got {desc.alignment}", rule="conv2d.interleaved")
             check_interleaved_thread_maps(self.tile_description, what)
         elif layouts != (_NHWC, _NHWC, _NHWC):
             raise DescriptionError(f"{what}: A, B and C must all be TensorNHWC (int8 fprop may use the interleaved "
-                                   f"NC32HW32/C32RSK32 layouts); got {[layout.value for layout in layouts]}")
+                                   f"NC32HW32/C32RSK32 layouts); got {[layout.value for layout in layouts]}",
+                                   rule="conv2d.layout")
 
         # The implicit GEMM's K-contiguous operands (DefaultMmaCore layouts of default_conv2d_*.h): fprop reads A
         # (NHWC activation) and B (KRSC filter) along C, dgrad reads A (NPQK output gradient) along K; wgrad none.
@@ -201,7 +204,7 @@ class Conv2dOperation(TiledOperation):
             raise DescriptionError(
                 f"{what}: CUTLASS's two-stage convolution main loop cannot feed float32 operands to the "
                 f"{math.math_operation.name} tensor-op mma (it does not transform the fragments); use stages >= 3, "
-                f"tfloat32 operands, or multiply_add_fast_f16")
+                f"tfloat32 operands, or multiply_add_fast_f16", rule="conv2d.two_stage_f32")
         # The main loops copy with DefaultMmaCore's thread maps; the iterators of the K-contiguous operands (fprop A
         # and B, dgrad A: conv2d_fprop_{activation,filter}_tile_access_iterator_*.h, conv2d_dgrad_output_gradient_
         # tile_access_iterator_*.h) also static_assert "Require Iterations::kContiguous == 1".
@@ -247,7 +250,7 @@ class Conv2dOperation(TiledOperation):
                                      (("A", self.A, "M", m, k_major["A"]), ("B", self.B, "N", n, k_major["B"])),
                                      fast_f16, one_contiguous_access)
         if problem:
-            raise DescriptionError(f"{what}: {problem}")
+            raise DescriptionError(f"{what}: {problem}", rule="sm80.mainloop_thread_map")
         a_along_m, b_along_n = self.conv_kind is Operator.wgrad, self.conv_kind in (Operator.dgrad, Operator.wgrad)
         check_congruous_tile(self.tile_description, [("A", "M", m)] * a_along_m + [("B", "N", n)] * b_along_n, what)
         # Warp tiles the H100 fuzz runs found wrong (the same congruous operands; the epilogue's accesses).
@@ -256,21 +259,23 @@ class Conv2dOperation(TiledOperation):
         if algorithm in (IteratorAlgorithm.fixed_channels, IteratorAlgorithm.few_channels):
             if self.conv_kind is not Operator.fprop:
                 raise DescriptionError(f"{what}: the {algorithm.name} iterator algorithm exists for fprop only; "
-                                       f"use analytic or optimized")
+                                       f"use analytic or optimized", rule="conv2d.iterator_algorithm")
             if math.opcode_class is not OpClass.TensorOp:
                 raise DescriptionError(f"{what}: the {algorithm.name} iterator algorithm exists for "
-                                       f"OpClass.TensorOp only; use analytic or optimized with SIMT")
+                                       f"OpClass.TensorOp only; use analytic or optimized with SIMT",
+                                       rule="conv2d.iterator_algorithm")
             if algorithm is IteratorAlgorithm.fixed_channels and self.A.alignment != self.B.alignment:
                 raise DescriptionError(
                     f"{what}: fixed_channels runs problems with C == the access size of both A and B, so A and B "
-                    f"need the same alignment (got A {self.A.alignment}, B {self.B.alignment})")
+                    f"need the same alignment (got A {self.A.alignment}, B {self.B.alignment})",
+                    rule="conv2d.iterator_algorithm")
 
         swizzle = self.swizzling_functor
         if swizzle.kind in ("horizontal", "strided_dgrad_horizontal"):
             raise DescriptionError(
                 f"{what}: {swizzle.name} does not build with CUTLASS's convolution kernels (they call "
                 f"get_tile_offset(log_tile), which the horizontal swizzles lack); use IdentitySwizzle1/2/4/8, or "
-                f"StridedDgradIdentitySwizzle1/4 for strided dgrad")
+                f"StridedDgradIdentitySwizzle1/4 for strided dgrad", rule="swizzle.unsupported")
         if self.is_strided_dgrad and self.tile_description.stages == 2:
             # The 2-stage strided-dgrad kernels (analytic and optimized) wrap their iterators in
             # TileIteratorStridedDgrad (cutlass/conv/threadblock/conv2d_tile_iterator.h), whose load() makes one
@@ -288,16 +293,17 @@ class Conv2dOperation(TiledOperation):
                         f"vector (it lacks TileIterator's kAccessesPerVector loop) and computes wrong results unless "
                         f"the alignment equals that vector; {label} alignment is {desc.alignment}. Use alignment "
                         f"{vector} for A and B, stages >= 3 (A/B alignment * bits >= 32), or StrideSupport.Unity for "
-                        f"stride-1 problems")
+                        f"stride-1 problems", rule="conv2d.strided_dgrad_alignment")
         if self.is_strided_dgrad:
             if swizzle not in STRIDED_DGRAD_SWIZZLES:
                 raise DescriptionError(
                     f"{what}: dgrad with StrideSupport.Strided runs CUTLASS's strided-dgrad kernel, which needs "
                     f"StridedDgradIdentitySwizzle1 or StridedDgradIdentitySwizzle4 (got {swizzle.name}); or use "
-                    f"StrideSupport.Unity for stride-1 problems")
+                    f"StrideSupport.Unity for stride-1 problems", rule="conv2d.strided_dgrad_swizzle")
         elif swizzle not in IDENTITY_SWIZZLES:
             raise DescriptionError(
-                f"{what}: {swizzle.name} is for dgrad with StrideSupport.Strided only; use IdentitySwizzle1/2/4/8")
+                f"{what}: {swizzle.name} is for dgrad with StrideSupport.Strided only; use IdentitySwizzle1/2/4/8",
+                rule="conv2d.strided_dgrad_swizzle")
 
     @property
     def is_strided_dgrad(self) -> bool:

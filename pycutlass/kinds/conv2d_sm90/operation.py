@@ -20,8 +20,8 @@ from __future__ import annotations
 from importlib import resources
 
 from ...description.tile_description import TileDescription
-from ...description.types import (DataType, EpilogueScheduleType, IdentitySwizzle1, KernelScheduleType, LayoutType,
-                                   OpClass, TileSchedulerType)
+from ...description.types import (DataType, EpilogueScheduleType, IdentitySwizzle1, KernelScheduleType,
+                                   LayoutType)
 from ...emit import names
 from ...emit.abi import fill_epilogue
 from ...errors import ArgumentError, DescriptionError
@@ -29,13 +29,15 @@ from ..conv2d.operation import Conv2dOperation
 from ..families.conv import (Conv2dProblemSize, IteratorAlgorithm, Mode, Operator, StrideSupport,
                              check_conv_enums)
 from ..base import check_description_types
-from ..families.sm90 import NVRTC_SHIM, Sm90Operation
+from ..families.sm90 import (NVRTC_SHIM, Sm90Operation, check_cluster_shape, check_default_tile_scheduler,
+                             check_derived_warp_count, check_epilogue_kind, check_epilogue_schedule,
+                             check_epilogue_types, check_schedule_tile_m, check_tensor_op, check_tile_k, check_tile_n,
+                             check_tma_alignment)
 from .abi import Sm90Conv2dArgs
 
 _F16, _BF16, _F32 = DataType.float16, DataType.bfloat16, DataType.float32
 _NHWC = LayoutType.TensorNHWC
-_KS, _ES, _TS = KernelScheduleType, EpilogueScheduleType, TileSchedulerType
-_CLUSTERS = ((1, 1, 1), (2, 1, 1), (1, 2, 1))
+_KS, _ES = KernelScheduleType, EpilogueScheduleType
 _MAX_TENSOR_ELEMENTS = 2**31  # TMA dims and CUTLASS's int problem shape
 
 
@@ -64,27 +66,31 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
                  stride_support, epilogue_functor, swizzling_functor=IdentitySwizzle1, bias: bool = False):
         what = "Conv2dOperation(90)"
         if arch != 90 or isinstance(arch, bool):
-            raise DescriptionError(f"{what}: Conv2dOperationSm90 is compute capability 90, got {arch!r}")
+            raise DescriptionError(f"{what}: Conv2dOperationSm90 is compute capability 90, got {arch!r}",
+                                   rule="target.compute_capability")
         check_conv_enums(conv_kind, iterator_algorithm, stride_support, what)
         if not isinstance(bias, bool):
             raise DescriptionError(f"{what}: bias must be True (a per-output-channel bias vector, fused) or False, "
-                                   f"got {bias!r}")
+                                   f"got {bias!r}", rule="bias.unsupported")
         if bias and conv_kind is Operator.wgrad:
             raise DescriptionError(f"{what}: bias=True is for fprop and dgrad (a per-channel bias of the output "
-                                   f"activation); wgrad writes a filter gradient")
+                                   f"activation); wgrad writes a filter gradient", rule="bias.unsupported")
         if conv_kind is Operator.dgrad and stride_support is not StrideSupport.Unity:
             # The kernel runs stride (1, 1) only (check_problem_size says why), so "Strided" would promise what no
             # problem can use; the Sm80-family strided dgrad kernel is the one that takes strides.
             raise DescriptionError(f"{what}: SM90 dgrad is built for stride (1, 1) only: pass StrideSupport.Unity, or "
-                                   f"an Sm80 tile (e.g. stages=3, warp_count=[2, 2, 1]) for a strided dgrad")
+                                   f"an Sm80 tile (e.g. stages=3, warp_count=[2, 2, 1]) for a strided dgrad",
+                                   rule="conv2d_sm90.dgrad_stride")
         if iterator_algorithm not in (IteratorAlgorithm.analytic, IteratorAlgorithm.optimized):
             raise DescriptionError(f"{what}: SM90 convolutions read activations through TMA im2col; the "
                                    f"{iterator_algorithm.name} iterator algorithm is Sm80-family only (pass "
-                                   f"optimized or analytic, which mean the same kernel here)")
+                                   f"optimized or analytic, which mean the same kernel here)",
+                                   rule="conv2d.iterator_algorithm")
         check_description_types(tile_description, A, B, C, epilogue_functor, what)
         if swizzling_functor is not IdentitySwizzle1:
             raise DescriptionError(f"{what}: the SM90 conv kernel rasterizes tiles itself (no threadblock swizzle); "
-                                   f"pass IdentitySwizzle1, got {getattr(swizzling_functor, 'name', swizzling_functor)!r}")
+                                   f"pass IdentitySwizzle1, got {getattr(swizzling_functor, 'name', swizzling_functor)!r}",
+                                   rule="swizzle.unsupported")
         self.compute_capability = 90
         self.conv_kind = conv_kind
         self.iterator_algorithm = iterator_algorithm
@@ -233,66 +239,47 @@ def _corners(kind, pad: int, upper_pad: int, r: int, dilation: int, extent: int,
 
 def _check(what, conv_kind, tile: TileDescription, A, B, C, functor, bias) -> None:
     math = tile.math_instruction
-    if math.opcode_class is not OpClass.TensorOp:
-        raise DescriptionError(f"{what}: the SM90 convolution computes on tensor cores (OpClass.TensorOp)")
+    check_tensor_op(what, math, "the SM90 convolution")
     element = math.element_a
     if element not in (_F16, _BF16) or math.element_b is not element:
         raise DescriptionError(f"{what}: SM90 convolutions are built for float16 or bfloat16 operands (both the "
                                f"same) so far, got {math.element_a.label} x {math.element_b.label}; use an Sm80 tile "
-                               f"for other types")
+                               f"for other types", rule="sm90.operand_type")
     if math.element_accumulator is not _F32:
         raise DescriptionError(f"{what}: SM90 convolutions accumulate in float32 here, got "
-                               f"{math.element_accumulator.label}")
+                               f"{math.element_accumulator.label}", rule="sm90.accumulator")
     for label, desc in (("A", A), ("B", B), ("C", C)):
         if desc.layout is not _NHWC:
-            raise DescriptionError(f"{what}: {label} must be TensorNHWC on SM90, got {desc.layout.value}")
+            raise DescriptionError(f"{what}: {label} must be TensorNHWC on SM90, got {desc.layout.value}",
+                                   rule="conv2d_sm90.layout")
         if desc.element is not element:
             raise DescriptionError(f"{what}: {label} must hold {element.label} (the operands' type; other output "
-                                   f"types are not built yet), got {desc.element.label}")
-        if desc.alignment != 8:
-            raise DescriptionError(f"{what}: TMA moves 16-byte vectors, so {label}'s alignment must be 8 "
-                                   f"{element.label} elements, got {desc.alignment}")
-    if functor.element_output is not C.element or functor.alignment != C.alignment:
-        raise DescriptionError(f"{what}: the epilogue writes {functor.element_output.label} with alignment "
-                               f"{functor.alignment}; C is {C.element.label} with alignment {C.alignment}: they must "
-                               f"match")
+                                   f"types are not built yet), got {desc.element.label}", rule="sm90.output_type")
+        check_tma_alignment(what, label, desc)
     if conv_kind is Operator.wgrad:
         if functor.kind != "LinearCombination" or functor.activation is not None:
             raise DescriptionError(f"{what}: SM90 wgrad writes through CUTLASS's NoSmemWarpSpecialized epilogue: only "
-                                   f"LinearCombination (no activation) is built, got {functor.describe()}")
-    elif functor.kind not in ("LinearCombination", "LinearCombinationGeneric"):
-        raise DescriptionError(f"{what}: the {functor.kind} epilogue is not built for SM90 convolutions; use "
-                               f"LinearCombination or LinearCombinationGeneric (any activation), optionally with "
-                               f"bias=True")
-    if functor.element_epilogue is not _F32:
-        raise DescriptionError(f"{what}: the epilogue computes in float32 here, got {functor.element_epilogue.label}")
+                                   f"LinearCombination (no activation) is built, got {functor.describe()}",
+                                   rule="sm90.epilogue_kind")
+    else:
+        check_epilogue_kind(what, functor, ("LinearCombination", "LinearCombinationGeneric"), "SM90 convolutions",
+                            "LinearCombination or LinearCombinationGeneric (any activation), optionally with bias=True")
+    # The convolution's epilogue has always taken a functor of any accumulator type (it reads float32).
+    check_epilogue_types(what, functor, C, accumulator=None)
     m, n, k = tile.threadblock_shape
-    if m not in (64, 128):
-        raise DescriptionError(f"{what}: the SM90 conv kernel computes a tile with one consumer warpgroup: tile M "
-                               f"must be 64 or 128, got {m}")
-    if n not in (64, 128, 256):
-        raise DescriptionError(f"{what}: tile N must be 64, 128 or 256, got {n}")
-    if k != 64:
-        raise DescriptionError(f"{what}: tile K must be 64 {element.label} elements (the 128-byte TMA swizzle "
-                               f"atom), got {k}")
-    if tuple(tile.cluster_shape) not in _CLUSTERS:
-        raise DescriptionError(f"{what}: cluster_shape must be [1, 1, 1], [2, 1, 1] or [1, 2, 1], got "
-                               f"{list(tile.cluster_shape)}")
+    check_schedule_tile_m(what, _KS.TmaWarpSpecialized, m, "the SM90 conv kernel")
+    check_tile_n(what, n, (64, 128, 256))
+    check_tile_k(what, k, element)
+    check_cluster_shape(what, tile)
     if tile.kernel_schedule not in (_KS.Auto, _KS.TmaWarpSpecialized):
         raise DescriptionError(f"{what}: CUTLASS 4.2 builds SM90 convolutions with one schedule "
                                f"(KernelImplicitTmaWarpSpecializedSm90; 'Persistent schedules not support for conv "
                                f"yet'): kernel_schedule must be Auto or TmaWarpSpecialized, got "
-                               f"{tile.kernel_schedule.value}")
+                               f"{tile.kernel_schedule.value}", rule="sm90.kernel_schedule")
     wanted = _ES.NoSmemWarpSpecialized if conv_kind is Operator.wgrad else _ES.TmaWarpSpecialized
-    if tile.epilogue_schedule not in (_ES.Auto, wanted):
-        raise DescriptionError(f"{what}: epilogue_schedule must be Auto or {wanted.value} for SM90 "
-                               f"{conv_kind.name}, got {tile.epilogue_schedule.value}")
-    if tile.tile_scheduler is not _TS.Default:
-        raise DescriptionError(f"{what}: SM90 convolutions have no stream-K (CUTLASS 4.2); tile_scheduler must be "
-                               f"Default, got {tile.tile_scheduler.name}")
+    check_epilogue_schedule(what, tile, wanted, f"for SM90 {conv_kind.name}")
+    check_default_tile_scheduler(what, tile, "SM90 convolutions have no stream-K (CUTLASS 4.2)")
     if tile.stages:
         raise DescriptionError(f"{what}: explicit stage counts are not built for SM90 convolutions yet; pass "
-                               f"stages=0 (CUTLASS's automatic count), got {tile.stages}")
-    if tile.warp_count is not None and tuple(tile.warp_count) != (4, 1, 1):
-        raise DescriptionError(f"{what}: warp_count is derived on SM90 ([4, 1, 1]: one consumer warpgroup); pass None "
-                               f"or that value, got {list(tile.warp_count)}")
+                               f"stages=0 (CUTLASS's automatic count), got {tile.stages}", rule="sm90.stages")
+    check_derived_warp_count(what, tile, _KS.TmaWarpSpecialized)

@@ -284,13 +284,14 @@ def check_conv_enums(conv_kind, iterator_algorithm, stride_support, what: str) -
     """The conv kinds' enum arguments have the enum types (both the Sm80-family and the SM90 kind)."""
     if not isinstance(conv_kind, Operator):
         raise DescriptionError(f"{what}: conv_kind must be pycutlass.conv.Operator.fprop, .dgrad or .wgrad, "
-                               f"got {conv_kind!r}")
+                               f"got {conv_kind!r}", rule="description.field_type")
     if not isinstance(iterator_algorithm, IteratorAlgorithm):
         raise DescriptionError(f"{what}: iterator_algorithm must be a pycutlass.conv.IteratorAlgorithm "
-                               f"({', '.join(a.name for a in IteratorAlgorithm)}), got {iterator_algorithm!r}")
+                               f"({', '.join(a.name for a in IteratorAlgorithm)}), got {iterator_algorithm!r}",
+                               rule="description.field_type")
     if not isinstance(stride_support, StrideSupport):
         raise DescriptionError(f"{what}: stride_support must be pycutlass.conv.StrideSupport.Strided or .Unity, "
-                               f"got {stride_support!r}")
+                               f"got {stride_support!r}", rule="description.field_type")
 
 
 def _rebuild(*args) -> Conv2dProblemSize:

@@ -34,17 +34,19 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
     for label, desc in (("A", A), ("B", B)):
         if desc.element not in allowed:
             raise DescriptionError(f"{what}: {label}.element is {desc.element.label} but the math instruction "
-                                   f"multiplies {operand.label}; use one of {sorted(e.label for e in allowed)}")
+                                   f"multiplies {operand.label}; use one of {sorted(e.label for e in allowed)}",
+                                   rule="sm80.operand_element")
     if epilogue.element_output is not C.element:
         raise DescriptionError(f"{what}: the epilogue writes {epilogue.element_output.label} but C is "
-                               f"{C.element.label}; they must match")
+                               f"{C.element.label}; they must match", rule="epilogue.output_type")
     if epilogue.alignment != C.alignment:
         raise DescriptionError(f"{what}: epilogue alignment {epilogue.alignment} must equal C's alignment "
-                               f"{C.alignment}")
+                               f"{C.alignment}", rule="alignment.epilogue_match")
     for label, desc in (("A", A), ("B", B)):
         if desc.access_bits > 128:
             raise DescriptionError(f"{what}: {label} alignment {desc.alignment} x {desc.element.bits} bits exceeds the "
-                                   f"128-bit loads of the main loop (cp.async / ldmatrix move at most 16 bytes)")
+                                   f"128-bit loads of the main loop (cp.async / ldmatrix move at most 16 bytes)",
+                                   rule="alignment.max_128b")
     if C.access_bits > 128:
         # CUTLASS's PredicatedTileIterator stores AlignedArray<ElementOutput, kElementsPerAccess> with
         # arch::global_store<AccessType, 32> (cutlass/arch/memory.h), as CUTLASS's generator does for f16 -> f32 and
@@ -55,10 +57,12 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
             raise DescriptionError(
                 f"{what}: C alignment {C.alignment} x {C.element.bits} bits exceeds 128 bits; only the tensor-op "
                 f"epilogues of GemmOperationUniversal, GemmOperationGrouped and Conv2dOperation (RowMajor, "
-                f"ColumnMajor or NHWC C) store 256-bit vectors. Use alignment {128 // C.element.bits}")
+                f"ColumnMajor or NHWC C) store 256-bit vectors. Use alignment {128 // C.element.bits}",
+                rule="alignment.max_128b")
     if epilogue.element_accumulator is not math.element_accumulator:
         raise DescriptionError(f"{what}: the epilogue reads {epilogue.element_accumulator.label} accumulators but the "
-                               f"math instruction accumulates in {math.element_accumulator.label}")
+                               f"math instruction accumulates in {math.element_accumulator.label}",
+                               rule="epilogue.accumulator_type")
     if math.opcode_class is OpClass.Simt:
         # CUTLASS's SIMT main loops load one element per access (kElementsPerAccess = 1 in default_mma_core_simt.h
         # and the SIMT cores of default_mma_core_sm80.h: a wider access static_asserts "Vectors implied by the
@@ -71,7 +75,7 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
             if desc.alignment != 1:
                 raise DescriptionError(f"{what}: SIMT kernels access {'C' if simt_wide_ab else 'A, B and C'} one "
                                        f"element at a time (CUTLASS's SIMT thread maps and epilogue), so {label} "
-                                       f"alignment must be 1, got {desc.alignment}")
+                                       f"alignment must be 1, got {desc.alignment}", rule="alignment.simt")
     if math.opcode_class is OpClass.Simt:
         check_simt_epilogue_width(tile, what)
     check_f64_tensor_op_stages(tile, what)
@@ -79,7 +83,7 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
         # CUTLASS's f64 tensor-op epilogue (found by tools/fuzz_run.py: a 16x16x16 tile on one warp) static_asserts
         # "This specialization requires at least two warps." / "This tile iterator requires at least two warps."
         raise DescriptionError(f"{what}: CUTLASS's float64 tensor-op epilogue needs at least two warps, got "
-                               f"warp_count {list(tile.warp_count)}")
+                               f"warp_count {list(tile.warp_count)}", rule="sm80.f64_warps")
     if math.opcode_class is OpClass.TensorOp and math.element_a.bits < 64:
         # The main loop copies each operand tile global -> shared with a warp-raked thread map of 128-bit accesses
         # (PitchLinearWarpRakedThreadMap, cutlass/transform/pitch_linear_thread_map.h), which static_asserts "Number
@@ -93,7 +97,7 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
                     f"{what}: the {label} tile ({extent} x K = {rows} x {k} {math.element_a.label}) is {accesses} "
                     f"128-bit accesses, fewer than the {tile.threads} threads of warp_count {list(tile.warp_count)}; "
                     f"CUTLASS's warp-raked thread map gives every thread at least one (static_assert 'Number of "
-                    f"iterations must be non-zero'). Use a larger tile or fewer warps")
+                    f"iterations must be non-zero'). Use a larger tile or fewer warps", rule="sm80.mainloop_thread_map")
     if math.opcode_class is OpClass.TensorOp and not C.layout.is_interleaved and \
             math.element_accumulator is DataType.int32:
         # DefaultIteratorsTensorOp (default_epilogue_tensor_op.h) for int32 accumulators: int32 and float32 outputs
@@ -106,13 +110,13 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
                 f"{what}: CUTLASS's tensor-op epilogue writes {C.element.label} from int32 accumulators with "
                 f"{' or '.join(map(str, allowed))} elements per access only (DefaultIteratorsTensorOp "
                 f"static_asserts otherwise); C alignment is {C.alignment}. Use C alignment {allowed[-1]}, or an "
-                f"int32 / float32 output")
+                f"int32 / float32 output", rule="sm80.int_epilogue_alignment")
     if math.opcode_class is OpClass.TensorOp:
         check_wide_warp_tile(tile, C, math.element_accumulator, what)
     if math.opcode_class is OpClass.TensorOp and not C.layout.is_interleaved:
         problem = epilogue_thread_map_problem(tile, C)
         if problem:
-            raise DescriptionError(f"{what}: {problem}")
+            raise DescriptionError(f"{what}: {problem}", rule="sm80.epilogue_thread_map")
         check_mixed_epilogue_warp_tile(tile, C, math.element_accumulator, what)
     if math.opcode_class is OpClass.TensorOp and tile.stages > 2:
         # Multistage main loops copy with cp.async, whose smallest transfer is 4 bytes.
@@ -120,7 +124,8 @@ def check_operand_types(tile: TileDescription, A: TensorDescription, B: TensorDe
             if desc.access_bits < 32:
                 raise DescriptionError(
                     f"{what}: {label} alignment {desc.alignment} x {desc.element.bits} bits is below the 32-bit "
-                    f"minimum of multistage ({tile.stages}-stage) kernels; raise the alignment or use stages=2")
+                    f"minimum of multistage ({tile.stages}-stage) kernels; raise the alignment or use stages=2",
+                    rule="alignment.multistage_32b")
 
 
 def check_f64_tensor_op_stages(tile: TileDescription, what: str) -> None:
@@ -131,7 +136,8 @@ def check_f64_tensor_op_stages(tile: TileDescription, what: str) -> None:
     math = tile.math_instruction
     if math.opcode_class is OpClass.TensorOp and math.element_a is DataType.float64 and tile.stages < 3:
         raise DescriptionError(f"{what}: CUTLASS has no two-stage float64 tensor-op main loop (two DefaultMmaCore "
-                               f"specializations match and the compile fails as ambiguous); use stages >= 3")
+                               f"specializations match and the compile fails as ambiguous); use stages >= 3",
+                               rule="sm80.f64_stages")
 
 
 def check_simt_epilogue_width(tile: TileDescription, what: str) -> None:
@@ -142,14 +148,16 @@ def check_simt_epilogue_width(tile: TileDescription, what: str) -> None:
     if tile.threadblock_shape[1] < 32:
         raise DescriptionError(f"{what}: CUTLASS's SIMT epilogue stores threadblock N / 32 columns per lane, so the "
                                f"threadblock tile must be at least 32 wide in N (static_assert 'ThreadMap::"
-                               f"Iterations::kColumn must be > 0'); got {list(tile.threadblock_shape)}")
+                               f"Iterations::kColumn must be > 0'); got {list(tile.threadblock_shape)}",
+                               rule="sm80.simt_epilogue_n")
     if tile.threadblock_shape[1] % 32:
         # The same map's one-row arrangement (RowArrangement<..., false> in output_tile_thread_map.h) steps 32
         # columns at a time, N / 32 times (integer division): the last N % 32 columns would never be written.
         raise DescriptionError(f"{what}: CUTLASS's SIMT epilogue writes the tile's N columns 32 at a time, N / 32 "
                                f"times, so a threadblock N that is not a multiple of 32 leaves its last "
                                f"{tile.threadblock_shape[1] % 32} columns unwritten; got "
-                               f"{list(tile.threadblock_shape)}. Use N = 32, 64, 96, 128, ...")
+                               f"{list(tile.threadblock_shape)}. Use N = 32, 64, 96, 128, ...",
+                               rule="sm80.simt_epilogue_n")
 
 
 def kernel_operands(A: TensorDescription, B: TensorDescription, C: TensorDescription):
@@ -191,7 +199,7 @@ def check_simt_warp_tile(tile: TileDescription, operands, what: str) -> None:
             f"{what}: CUTLASS's {'two-stage' if two_stage else 'multistage'} SIMT main loop arranges a warp's lanes "
             f"{lanes_m} x {lanes_n} over the warp tile {wm} x {wn}, which must be a multiple of that (DefaultMmaCore's "
             f"static_assert 'WarpShape must be divisible by ThreadTile shape.', and the warp-level MmaSimt's "
-            f"'Divisibility'); change warp_count")
+            f"'Divisibility'); change warp_count", rule="sm80.simt_lanes")
     (label_a, desc_a, layout_a), (label_b, desc_b, layout_b) = operands
     for label, desc, k_major, warp_extent, lanes in ((label_a, desc_a, layout_a is LayoutType.RowMajor, wm, lanes_m),
                                                      (label_b, desc_b, layout_b is LayoutType.ColumnMajor, wn,
@@ -211,7 +219,8 @@ def check_simt_warp_tile(tile: TileDescription, operands, what: str) -> None:
                 f"{what}: CUTLASS's {'two-stage' if two_stage else 'multistage'} SIMT main loop pads the "
                 f"K-contiguous operand {label} by {formula} = {padding} elements in shared memory, which must be a "
                 f"multiple of its lane tile (min(128 / bits, warp tile / lanes) = {lane}; static_assert 'Padding "
-                f"must be divisible by Lane'); use another threadblock K, other warps or another stage count")
+                f"must be divisible by Lane'); use another threadblock K, other warps or another stage count",
+                rule="sm80.simt_padding")
 
 
 class _Overrun(str):
@@ -376,7 +385,7 @@ def check_interleaved_thread_maps(tile: TileDescription, what: str) -> None:
         raise DescriptionError(
             f"{what}: the interleaved int8 main loop gives each warp one of the tile's K / 32 = {k_rows} rows of "
             f"32-element groups (TransposePitchLinearThreadMap static_asserts 'Contiguous iteration has to be one'), "
-            f"and this tile has {warps} warp(s); use tile K <= {32 * warps} or more warps")
+            f"and this tile has {warps} warp(s); use tile K <= {32 * warps} or more warps", rule="sm80.interleaved")
 
 
 def check_crosswise_tile_k(tile: TileDescription, operands, what: str) -> None:
@@ -401,7 +410,8 @@ def check_crosswise_tile_k(tile: TileDescription, operands, what: str) -> None:
                 f"{what}: tile K {k} x {bits}-bit {math.element_a.label} is {k * bits // 8} bytes, more than the "
                 f"128-byte shared-memory line CUTLASS's tensor-op layout for the K-contiguous operand {label} "
                 f"({desc.layout.value}) holds (TensorOpMultiplicandCrosswise static_asserts 'kCrosswise should be no "
-                f"large than one shared memory cache line'); use threadblock K <= {1024 // bits}")
+                f"large than one shared memory cache line'); use threadblock K <= {1024 // bits}",
+                rule="sm80.crosswise_tile_k")
 
 
 def check_congruous_tile(tile: TileDescription, operands, what: str, fast_f16: bool = False) -> None:
@@ -431,14 +441,14 @@ def check_congruous_tile(tile: TileDescription, operands, what: str, fast_f16: b
                 f"{what}: operand {label} is contiguous along {axis}, which CUTLASS's tensor-op main loop stores as "
                 f"TensorOpMultiplicandCongruous<{bits}, min({line}, threadblock {axis} = {extent}) = {crosswise}>, "
                 f"a layout its warp-level iterator (MmaTensorOpMultiplicandTileIterator) does not have (an "
-                f"incomplete type); use threadblock {axis} {need}")
+                f"incomplete type); use threadblock {axis} {need}", rule="sm80.congruous_tile")
         if bits == 16 and crosswise == 16 and math.instruction_shape[2] == 8:
             raise DescriptionError(
                 f"{what}: operand {label} is contiguous along {axis} with threadblock {axis} = 16, which CUTLASS's "
                 f"warp-level iterator for TensorOpMultiplicandCongruous<16, 16> cannot read with a K = 8 "
                 f"instruction (its pointer array has 8 / 4 / 4 = 0 entries: 'the size of an array must be greater "
                 f"than zero'); use the {list(math.instruction_shape[:2]) + [16]} instruction or threadblock "
-                f"{axis} >= 32")
+                f"{axis} >= 32", rule="sm80.congruous_tile")
 
 
 def check_narrow_warp_tiles(tile: TileDescription, C: TensorDescription | None, a_along_m: bool, b_along_n: bool,
@@ -471,7 +481,7 @@ def check_narrow_warp_tiles(tile: TileDescription, C: TensorDescription | None, 
             f"{what}: f32 operands multiplied in {math.math_operation.name.rsplit('_', 1)[1]} "
             f"({math.math_operation.name}) with a warp tile {list(tile.warp_shape)} only {warp_m} along M: CUTLASS "
             f"computes every problem wrongly so (H100). Use at least 32 along M per warp (fewer warps along M or a "
-            f"larger tile), or multiply_add / multiply_add_fast_f32")
+            f"larger tile), or multiply_add / multiply_add_fast_f32", rule="sm80.narrow_warp_tile")
     if math.element_a.bits == 16 or half_in_smem:
         for label, along, extent, congruous in (("A", "M", warp_m, a_along_m), ("B", "N", warp_n, b_along_n)):
             if congruous and extent < 32:
@@ -479,13 +489,14 @@ def check_narrow_warp_tiles(tile: TileDescription, C: TensorDescription | None, 
                     f"{what}: the kernel's {label} operand is contiguous along {along}, and its warp tile "
                     f"{list(tile.warp_shape)} is {extent} along {along}; CUTLASS's 16-bit tensor-op warp iterators "
                     f"read past such a tile (wrong results or an illegal address on an H100). Use at least 32 along "
-                    f"{along} per warp (fewer warps or a larger tile), or a {label} contiguous along K")
+                    f"{along} per warp (fewer warps or a larger tile), or a {label} contiguous along K",
+                    rule="sm80.narrow_warp_tile")
     if C is not None and not C.layout.is_interleaved and C.element.bits >= 16 and warp_n // C.alignment < 4:
         raise DescriptionError(
             f"{what}: the warp tile is {warp_n} wide in N, {warp_n // C.alignment} of C's {C.alignment}-element "
             f"accesses; CUTLASS's tensor-op epilogue needs at least 4 per warp row (with fewer, some problem sizes "
             f"come out wrong on an H100). Use a C alignment of at most {max(1, warp_n // 4)} or a warp tile at "
-            f"least {4 * C.alignment} wide")
+            f"least {4 * C.alignment} wide", rule="sm80.epilogue_accesses")
 
 
 def check_mixed_epilogue_warp_tile(tile: TileDescription, C: TensorDescription, accumulator: DataType,
@@ -498,7 +509,7 @@ def check_mixed_epilogue_warp_tile(tile: TileDescription, C: TensorDescription, 
         raise DescriptionError(
             f"{what}: warp tile {list(tile.warp_shape)} is 16 wide in N, which CUTLASS's mixed-precision epilogue "
             f"(C {C.element.label} x {C.alignment} from {accumulator.label} accumulators) computes wrongly; use a "
-            f"warp tile 32 or 64 wide, or a smaller C alignment")
+            f"warp tile 32 or 64 wide, or a smaller C alignment", rule="sm80.warp_tile_n16_mixed")
 
 
 def check_wide_warp_tile(tile: TileDescription, C: TensorDescription, accumulator: DataType, what: str,
@@ -514,7 +525,8 @@ def check_wide_warp_tile(tile: TileDescription, C: TensorDescription, accumulato
                 f"{C.element.label} output from {accumulator.label} accumulators")
         raise DescriptionError(f"{what}: warp tile {list(tile.warp_shape)} is 128 wide in N, which CUTLASS's tensor-op "
                                f"epilogue runs correctly only for a row- or column-major float32 output from float32 "
-                               f"accumulators, not {kind}; use a warp tile 16, 32 or 64 wide (change warp_count)")
+                               f"accumulators, not {kind}; use a warp tile 16, 32 or 64 wide (change warp_count)",
+                               rule="sm80.warp_tile_n128")
 
 
 def _uses_mixed_epilogue(C: TensorDescription, accumulator: DataType) -> bool:
@@ -575,23 +587,27 @@ def check_gemm_layouts(op) -> None:
     interleaved = any(layout.is_interleaved for layout in layouts)
     if any(not layout.is_matrix for layout in layouts):
         raise DescriptionError(f"GemmOperationUniversal: A, B and C need matrix layouts (RowMajor, ColumnMajor, "
-                               f"or interleaved-32 for int8), got {[layout.value for layout in layouts]}")
+                               f"or interleaved-32 for int8), got {[layout.value for layout in layouts]}",
+                               rule="sm80.layout")
     if interleaved:
         if math.element_a is not DataType.int8 or layouts != _INTERLEAVED_GEMM:
             raise DescriptionError(
                 "interleaved int8 GEMM takes A ColumnMajorInterleaved32, B RowMajorInterleaved32 and C "
-                f"ColumnMajorInterleaved32; got {[layout.value for layout in layouts]}")
+                f"ColumnMajorInterleaved32; got {[layout.value for layout in layouts]}", rule="sm80.interleaved")
         if op.C.element is not DataType.int8:
-            raise DescriptionError("interleaved int8 GEMM writes int8 output (C.element must be int8)")
+            raise DescriptionError("interleaved int8 GEMM writes int8 output (C.element must be int8)",
+                                   rule="sm80.interleaved")
         for label, desc in (("A", op.A), ("B", op.B)):
             if desc.alignment != 16:
-                raise DescriptionError(f"interleaved int8 GEMM needs {label} alignment 16, got {desc.alignment}")
+                raise DescriptionError(f"interleaved int8 GEMM needs {label} alignment 16, got {desc.alignment}",
+                                       rule="sm80.interleaved")
         if op.C.alignment != 8:
             # CUTLASS's interleaved epilogue (interleaved_epilogue.h) fails to compile its output operator call
             # for C alignment 2, 4 or 16 (compile sweep seed 414); CUTLASS's generator builds these kernels with
             # 8, the alignment the GPU suites run.
             raise DescriptionError(f"interleaved int8 GEMM writes C with 8 elements per access (CUTLASS's "
-                                   f"interleaved epilogue); C alignment must be 8, got {op.C.alignment}")
+                                   f"interleaved epilogue); C alignment must be 8, got {op.C.alignment}",
+                                   rule="sm80.interleaved")
         check_interleaved_thread_maps(op.tile_description, type(op).__name__)
         return
     check_crosswise_tile_k(op.tile_description, (("A", op.A, op.A.layout is LayoutType.RowMajor),
@@ -600,7 +616,8 @@ def check_gemm_layouts(op) -> None:
     if math.element_a is DataType.int8 and math.opcode_class is OpClass.TensorOp:
         if (op.A.layout, op.B.layout) != (LayoutType.RowMajor, LayoutType.ColumnMajor):
             raise DescriptionError("int8 tensor-op GEMM reads K-contiguous operands: A must be RowMajor and B "
-                                   f"ColumnMajor, got A {op.A.layout.value}, B {op.B.layout.value}")
+                                   f"ColumnMajor, got A {op.A.layout.value}, B {op.B.layout.value}",
+                                   rule="sm80.int8_k_major")
     what = type(op).__name__
     m, n, _ = op.tile_description.threadblock_shape
     operands = kernel_operands(op.A, op.B, op.C)
@@ -613,6 +630,6 @@ def check_gemm_layouts(op) -> None:
         check_simt_warp_tile(op.tile_description, operands, what)
     problem = mainloop_thread_map_problem(op.tile_description, op.A, op.B, op.C)
     if problem:
-        raise DescriptionError(f"{what}: {problem}")
+        raise DescriptionError(f"{what}: {problem}", rule="sm80.mainloop_thread_map")
     # (after the rules for what does not compile: those are reported first)
     check_narrow_warp_tiles(op.tile_description, op.C, a_along_m, b_along_n, what, half_in_smem=half_in_smem)

@@ -1,6 +1,7 @@
 """What every SM90 (CUTLASS 3.x) kind shares: which tiles mean the family, its schedules' warp counts, shared memory
-and epilogue fusion rules, TMA's operand rule, the NVRTC shim its headers need, and the operation traits
-(``Sm90Operation``)."""
+and epilogue fusion rules, TMA's operand rule, the description rules every SM90 kind states (one function each),
+the NVRTC shim its headers need, and the operation traits (``Sm90Operation``). The CUDA C++ the GEMM and the
+pointer-array templates share is ``sm90_pieces.cu.j2``."""
 from __future__ import annotations
 
 import math
@@ -8,7 +9,8 @@ from pathlib import Path
 
 from ...description.tensor_description import TensorDescription
 from ...description.tile_description import TileDescription
-from ...description.types import EpilogueScheduleType, KernelScheduleType, LayoutType, TileSchedulerType
+from ...description.types import (DataType, EpilogueScheduleType, KernelScheduleType, LayoutType, OpClass,
+                                  TileSchedulerType)
 from ...emit.abi import TmaRecord
 from ...emit.emitter import render
 from ...epilogue.functors import EpilogueFunctor
@@ -62,7 +64,7 @@ def check_explicit_stages(what: str, tile: TileDescription, cooperative: bool, e
         raise DescriptionError(f"{what}: {tile.stages} stages of a {m}x{n}x{k} tile take {mainloop // 1024} KiB of "
                                f"shared memory, and the epilogue's {element_c.label} buffers {epilogue_bytes // 1024} "
                                f"KiB: more than the {_SMEM_BYTES // 1024} KiB an SM has (or below 2 stages). Use "
-                               f"stages=0 (CUTLASS's automatic count) or fewer stages")
+                               f"stages=0 (CUTLASS's automatic count) or fewer stages", rule="smem.capacity")
 
 
 # Epilogue functors the SM90 kinds build through CUTLASS's fusion operations. The two clamps are
@@ -128,10 +130,123 @@ def is_sm90_tile(tile) -> bool:
 def check_tma_operand(what: str, label: str, desc: TensorDescription) -> None:
     """TMA moves A, B, C and D as 16-byte vectors of a row- or column-major matrix."""
     if desc.layout not in _PLAIN:
-        raise DescriptionError(f"{what}: {label} must be RowMajor or ColumnMajor on SM90, got {desc.layout.value}")
+        raise DescriptionError(f"{what}: {label} must be RowMajor or ColumnMajor on SM90, got {desc.layout.value}",
+                               rule="sm90.layout")
+    check_tma_alignment(what, label, desc)
+
+
+def check_tma_alignment(what: str, label: str, desc: TensorDescription) -> None:
+    """TMA moves 16-byte vectors: an operand's alignment is 16 bytes of its elements."""
     if desc.alignment * desc.element.bits != 128:
         raise DescriptionError(f"{what}: TMA moves 16-byte vectors, so {label}'s alignment must be "
-                               f"{128 // desc.element.bits} {desc.element.label} elements; got {desc.alignment}")
+                               f"{128 // desc.element.bits} {desc.element.label} elements; got {desc.alignment}",
+                               rule="sm90.alignment_16b")
+
+
+# ---- rules every SM90 kind states (GEMM, the pointer-array kernel of grouped GEMM and Array mode, convolution) ----
+def check_tensor_op(what: str, math, kernel: str) -> None:
+    """``kernel``: what the message calls the kind's kernel ("the SM90 family", "the SM90 convolution")."""
+    if math.opcode_class is not OpClass.TensorOp:
+        raise DescriptionError(f"{what}: {kernel} computes on tensor cores (OpClass.TensorOp); SIMT kernels are in "
+                               f"the Sm80 family (compute capability 80)", rule="sm90.tensor_op")
+
+
+def check_operand_element(what: str, label: str, desc: TensorDescription, element, allowed=None) -> None:
+    """A and B hold what the instruction multiplies (``allowed``: the element types that stand for it)."""
+    if desc.element not in (allowed or (element,)):
+        raise DescriptionError(f"{what}: {label}.element is {desc.element.label} but the math instruction "
+                               f"multiplies {element.label}", rule="sm90.operand_element")
+
+
+def check_k_major(what: str, A: TensorDescription, B: TensorDescription, operands: str) -> None:
+    """wgmma reads operands narrower or wider than 16 bits from shared memory K-major only."""
+    if (A.layout, B.layout) != (LayoutType.RowMajor, LayoutType.ColumnMajor):
+        raise DescriptionError(f"{what}: wgmma reads {operands} operands K-major only: A must be RowMajor and B "
+                               f"ColumnMajor (got A {A.layout.value}, B {B.layout.value}); only 16-bit types take "
+                               f"every layout", rule="sm90.k_major")
+
+
+def check_epilogue_kind(what: str, functor: EpilogueFunctor, allowed: tuple, kernel: str, advice: str) -> None:
+    if functor.kind not in allowed:
+        raise DescriptionError(f"{what}: the {functor.kind} epilogue is not built for {kernel}; use {advice}",
+                               rule="sm90.epilogue_kind")
+
+
+def check_epilogue_types(what: str, functor: EpilogueFunctor, C: TensorDescription, accumulator) -> None:
+    """The epilogue writes C's element and alignment, reads the instruction's accumulators (``accumulator``; None:
+    any), computes in float32."""
+    if functor.element_output is not C.element or functor.alignment != C.alignment:
+        raise DescriptionError(f"{what}: the epilogue writes {functor.element_output.label} x {functor.alignment} but "
+                               f"C is {C.element.label} x {C.alignment}; they must match", rule="epilogue.output_type")
+    if accumulator is not None and functor.element_accumulator is not accumulator:
+        raise DescriptionError(f"{what}: the epilogue reads {functor.element_accumulator.label} accumulators but the "
+                               f"math instruction accumulates in {accumulator.label}",
+                               rule="epilogue.accumulator_type")
+    if functor.element_epilogue is not DataType.float32:
+        raise DescriptionError(f"{what}: SM90 epilogues compute in float32, got {functor.element_epilogue.label}",
+                               rule="sm90.epilogue_compute")
+
+
+def check_tile_n(what: str, n: int, allowed: tuple) -> None:
+    """Tile widths the kind's GPU suite has proven correct (wgmma offers more)."""
+    if n not in allowed:
+        spoken = f"one of {list(allowed)}" if len(allowed) > 3 else f"{', '.join(map(str, allowed[:-1]))} or " \
+            f"{allowed[-1]}"
+        raise DescriptionError(f"{what}: tile N must be {spoken}, got {n}", rule="sm90.tile_n")
+
+
+def check_tile_k(what: str, k: int, operand) -> None:
+    """Tile K spans the 128-byte TMA swizzle atom exactly."""
+    if k * operand.bits // 8 != 128:
+        raise DescriptionError(f"{what}: tile K must be {128 * 8 // operand.bits} {operand.label} elements (the "
+                               f"128-byte TMA swizzle atom), got {k}", rule="sm90.tile_k_bytes")
+
+
+def check_cluster_shape(what: str, tile: TileDescription) -> None:
+    """The clusters the GPU suite proves (CUTLASS has 4-CTA ones too)."""
+    if tuple(tile.cluster_shape) not in ((1, 1, 1), (2, 1, 1), (1, 2, 1)):
+        raise DescriptionError(f"{what}: cluster_shape must be [1, 1, 1], [2, 1, 1] or [1, 2, 1], got "
+                               f"{list(tile.cluster_shape)}", rule="sm90.cluster_shape")
+
+
+def check_fast_accum(what: str, schedule: KernelScheduleType, fp8: bool, operands: str) -> None:
+    if schedule.is_fp8_fast_accum and not fp8:
+        raise DescriptionError(f"{what}: {schedule.value} accumulates fp8 products fast; the operands are {operands}",
+                               rule="sm90.fast_accum_operands")
+
+
+def check_schedule_tile_m(what: str, schedule: KernelScheduleType, m: int, one_warpgroup: str,
+                          advice: str = "") -> None:
+    """Cooperative kernels split tile M over two warpgroups of 64 rows; the others compute it with one
+    (``one_warpgroup``: how the message names such a kernel)."""
+    if schedule.base is _KS.TmaWarpSpecializedCooperative:
+        if m not in (128, 256):
+            raise DescriptionError(f"{what}: the cooperative schedule splits tile M over two warpgroups of 64 rows: "
+                                   f"tile M must be 128 or 256 (a multiple of 128 up to 256), got {m}",
+                                   rule="sm90.cooperative_tile_m")
+    elif m not in (64, 128):
+        raise DescriptionError(f"{what}: {one_warpgroup} computes a tile with one warpgroup: tile M must be 64 or 128, "
+                               f"got {m}{advice}", rule="sm90.schedule_tile_m")
+
+
+def check_default_tile_scheduler(what: str, tile: TileDescription, why: str) -> None:
+    if tile.tile_scheduler is not _TS.Default:
+        raise DescriptionError(f"{what}: {why}; tile_scheduler must be Default, got {tile.tile_scheduler.name}",
+                               rule="sm90.tile_scheduler")
+
+
+def check_epilogue_schedule(what: str, tile: TileDescription, wanted: EpilogueScheduleType, context: str) -> None:
+    """Kinds whose kernel schedule fixes the epilogue schedule: Auto or that one."""
+    if tile.epilogue_schedule not in (EpilogueScheduleType.Auto, wanted):
+        raise DescriptionError(f"{what}: the epilogue schedule (epilogue_schedule) must be Auto or {wanted.value} "
+                               f"{context}, got {tile.epilogue_schedule.value}", rule="sm90.epilogue_schedule")
+
+
+def check_derived_warp_count(what: str, tile: TileDescription, schedule: KernelScheduleType) -> None:
+    derived = derived_warp_count(tile.threadblock_shape, schedule)
+    if tile.warp_count is not None and tuple(tile.warp_count) != derived:
+        raise DescriptionError(f"{what}: warp_count is derived on SM90 ({list(derived)} for {schedule.value}); pass "
+                               f"None or that value, got {list(tile.warp_count)}", rule="sm90.warp_count_derived")
 
 
 def helpers_code() -> str:

@@ -7,16 +7,18 @@ import ctypes
 from pathlib import Path
 
 from ...description.tile_description import TileDescription
-from ...description.types import (DataType, EpilogueScheduleType, KernelScheduleType, LayoutType, OpClass,
-                                  TileSchedulerType)
+from ...description.types import DataType, EpilogueScheduleType, KernelScheduleType
 from ...emit import names
 from ...emit.abi import EPILOGUE_FIELDS, AbiStruct
 from ...emit.emitter import render
 from ...errors import DescriptionError
 from ..base import check_description_types
-from .sm90 import check_explicit_stages, check_tma_operand, derived_warp_count, epilogue_suffix, fusion_activation
+from .sm90 import (check_cluster_shape, check_default_tile_scheduler, check_derived_warp_count, check_epilogue_kind,
+                   check_epilogue_schedule, check_epilogue_types, check_explicit_stages, check_fast_accum,
+                   check_k_major, check_operand_element, check_schedule_tile_m, check_tensor_op, check_tile_k,
+                   check_tile_n, check_tma_operand, epilogue_suffix, fusion_activation)
 
-_KS, _ES, _TS = KernelScheduleType, EpilogueScheduleType, TileSchedulerType
+_KS, _ES = KernelScheduleType, EpilogueScheduleType
 GROUPED_WHAT = "GemmOperationGrouped(90)"
 _OPERANDS = (DataType.float16, DataType.bfloat16)
 _FP8 = (DataType.float8_e4m3, DataType.float8_e5m2)
@@ -53,7 +55,8 @@ def _round_up(value: int, multiple: int) -> int:
 def tensormap_workspace_bytes(name: str, sm_count: int) -> int:
     """The pointer-array kernel's per-SM tensormap slots: C and one D per epilogue warpgroup, then A and B."""
     if isinstance(sm_count, bool) or not isinstance(sm_count, int) or sm_count <= 0:
-        raise DescriptionError(f"{name}: sm_count must be a positive integer, got {sm_count!r}")
+        raise DescriptionError(f"{name}: sm_count must be a positive integer, got {sm_count!r}",
+                               rule="description.field_type")
     epilogue = _round_up(TMA_DESCRIPTOR_BYTES * sm_count * (EPILOGUE_WARP_GROUPS + 1), _TENSORMAP_ALIGNMENT)
     mainloop = _round_up(TMA_DESCRIPTOR_BYTES * sm_count * 2, _TENSORMAP_ALIGNMENT)
     return epilogue + mainloop
@@ -96,9 +99,11 @@ def render_ptr_array_kernel(op, template: Path, bias: str | None = None, sizes_k
     functor = op.epilogue_functor
     activation, activation_args, clamp = fusion_activation(functor)
     if bias not in (None, "column"):
-        raise DescriptionError(f"{op.name}: the pointer-array template builds bias None or 'column', got {bias!r}")
+        raise DescriptionError(f"{op.name}: the pointer-array template builds bias None or 'column', got {bias!r}",
+                               rule="bias.unsupported")
     if bias is not None and clamp:  # the operation rejects it; the bias tree sets no clamp bounds
-        raise DescriptionError(f"{op.name}: the clamp is not built with the per-group bias tree")
+        raise DescriptionError(f"{op.name}: the clamp is not built with the per-group bias tree",
+                               rule="bias.unsupported")
     return render(
         template, name=op.name, summary=op.describe(),
         element_a=names.ELEMENT[op.A.element], layout_a=names.LAYOUT[op.A.layout], alignment_a=op.A.alignment,
@@ -123,50 +128,34 @@ def check_ptr_array(tile: TileDescription, A, B, C, functor, what: str = GROUPED
     float8_e4m3 / float8_e5m2 operands (A RowMajor, B ColumnMajor; the grouped kind's GPU suite covers them)."""
     check_description_types(tile, A, B, C, functor, what)
     math = tile.math_instruction
-    if math.opcode_class is not OpClass.TensorOp:
-        raise DescriptionError(f"{what}: {kernel} computes on tensor cores (OpClass.TensorOp)")
+    check_tensor_op(what, math, kernel)
     operand = math.element_a
     is_fp8 = fp8 and operand in _FP8 and math.element_b in _FP8
     if not is_fp8 and (operand not in _OPERANDS or math.element_b is not operand):
         allowed = "float16 or bfloat16 operands (both the same)" + (", or float8_e4m3 / float8_e5m2 (any pair)"
                                                                     if fp8 else "")
         raise DescriptionError(f"{what}: {kernel} is built for {allowed}, got {operand.label} x "
-                               f"{math.element_b.label}; {other_types}")
+                               f"{math.element_b.label}; {other_types}", rule="sm90.operand_type")
     if math.element_accumulator is not DataType.float32:
-        raise DescriptionError(f"{what}: accumulate in float32, got {math.element_accumulator.label}")
+        raise DescriptionError(f"{what}: accumulate in float32, got {math.element_accumulator.label}",
+                               rule="sm90.accumulator")
     for label, desc, element in (("A", A, operand), ("B", B, math.element_b)):
-        if desc.element is not element:
-            raise DescriptionError(f"{what}: {label}.element is {desc.element.label} but the math instruction "
-                                   f"multiplies {element.label}")
+        check_operand_element(what, label, desc, element)
         check_tma_operand(what, label, desc)
-    if is_fp8 and (A.layout, B.layout) != (LayoutType.RowMajor, LayoutType.ColumnMajor):
-        raise DescriptionError(f"{what}: wgmma reads fp8 operands K-major only: A must be RowMajor and B ColumnMajor "
-                               f"(got A {A.layout.value}, B {B.layout.value})")
+    if is_fp8:
+        check_k_major(what, A, B, "fp8")
     if C.element not in _OUTPUTS:
-        raise DescriptionError(f"{what}: C must be one of {[e.label for e in _OUTPUTS]}, got {C.element.label}")
+        raise DescriptionError(f"{what}: C must be one of {[e.label for e in _OUTPUTS]}, got {C.element.label}",
+                               rule="sm90.output_type")
     check_tma_operand(what, "C", C)
-    if functor.kind not in epilogues:
-        raise DescriptionError(f"{what}: the {functor.kind} epilogue is not built for {kernel}; use "
-                               f"{' or '.join(epilogues)}{epilogue_hint}")
-    if functor.element_output is not C.element or functor.alignment != C.alignment:
-        raise DescriptionError(f"{what}: the epilogue writes {functor.element_output.label} x {functor.alignment} but "
-                               f"C is {C.element.label} x {C.alignment}; they must match")
-    if functor.element_accumulator is not DataType.float32 or functor.element_epilogue is not DataType.float32:
-        raise DescriptionError(f"{what}: the epilogue reads float32 accumulators and computes in float32, got "
-                               f"{functor.element_accumulator.label} / {functor.element_epilogue.label}")
+    check_epilogue_kind(what, functor, epilogues, kernel, f"{' or '.join(epilogues)}{epilogue_hint}")
+    check_epilogue_types(what, functor, C, DataType.float32)
 
     m, n, k = tile.threadblock_shape
-    if n not in (64, 128, 256):
-        raise DescriptionError(f"{what}: tile N must be 64, 128 or 256, got {n}")
-    if k * operand.bits // 8 != 128:
-        raise DescriptionError(f"{what}: tile K must be {128 * 8 // operand.bits} {operand.label} elements (the "
-                               f"128-byte TMA swizzle atom), got {k}")
-    if tuple(tile.cluster_shape) not in ((1, 1, 1), (2, 1, 1), (1, 2, 1)):
-        raise DescriptionError(f"{what}: cluster_shape must be [1, 1, 1], [2, 1, 1] or [1, 2, 1], got "
-                               f"{list(tile.cluster_shape)}")
-    if tile.tile_scheduler is not _TS.Default:
-        raise DescriptionError(f"{what}: the grouped kernel uses CUTLASS's group scheduler; tile_scheduler must be "
-                               f"Default, got {tile.tile_scheduler.name}")
+    check_tile_n(what, n, (64, 128, 256))
+    check_tile_k(what, k, operand)
+    check_cluster_shape(what, tile)
+    check_default_tile_scheduler(what, tile, "the grouped kernel uses CUTLASS's group scheduler")
     schedule = tile.kernel_schedule
     if schedule is _KS.Auto:  # as CUTLASS's builder (and GemmOperationUniversal(90)): fp8 accumulates fast
         schedule = _KS.TmaWarpSpecializedCooperative if m % 128 == 0 else _KS.TmaWarpSpecializedPingpong
@@ -176,30 +165,18 @@ def check_ptr_array(tile: TileDescription, A, B, C, functor, what: str = GROUPED
         fast = ", or their FP8FastAccum forms for fp8" if fp8 else ""
         raise DescriptionError(f"{what}: kernel_schedule must be Auto, TmaWarpSpecializedCooperative or "
                                f"TmaWarpSpecializedPingpong (CUTLASS's pointer-array kernels){fast}, got "
-                               f"{schedule.value}")
-    if schedule.is_fp8_fast_accum and not is_fp8:
-        raise DescriptionError(f"{what}: {schedule.value} accumulates fp8 products fast; the operands are "
-                               f"{operand.label} x {math.element_b.label}")
+                               f"{schedule.value}", rule="sm90.kernel_schedule")
+    check_fast_accum(what, schedule, is_fp8, f"{operand.label} x {math.element_b.label}")
     base = schedule.base
-    if base is _KS.TmaWarpSpecializedCooperative and m not in (128, 256):
-        raise DescriptionError(f"{what}: the cooperative schedule splits tile M over two warpgroups of 64 rows: tile "
-                               f"M must be 128 or 256, got {m}")
-    if base is _KS.TmaWarpSpecializedPingpong and m not in (64, 128):
-        raise DescriptionError(f"{what}: the ping-pong schedule computes a tile with one warpgroup: tile M must be 64 "
-                               f"or 128, got {m}")
+    check_schedule_tile_m(what, schedule, m, "the ping-pong schedule")
     expected_epilogue = _ES.TmaWarpSpecializedCooperative if base is _KS.TmaWarpSpecializedCooperative \
         else _ES.TmaWarpSpecialized
-    if tile.epilogue_schedule not in (_ES.Auto, expected_epilogue):
-        raise DescriptionError(f"{what}: with {schedule.value} the epilogue schedule must be Auto or "
-                               f"{expected_epilogue.value} (CUTLASS's pointer-array TMA epilogue), got "
-                               f"{tile.epilogue_schedule.value}")
-    if tile.warp_count is not None and tile.warp_count != derived_warp_count(tile.threadblock_shape, schedule):
-        raise DescriptionError(f"{what}: warp_count is derived on SM90 "
-                               f"({list(derived_warp_count(tile.threadblock_shape, schedule))} for "
-                               f"{schedule.value}); pass None or that value, got {list(tile.warp_count)}")
+    check_epilogue_schedule(what, tile, expected_epilogue,
+                            f"with {schedule.value} (CUTLASS's pointer-array TMA epilogue)")
+    check_derived_warp_count(what, tile, schedule)
     if tile.stages:
         check_explicit_stages(what, tile, base is _KS.TmaWarpSpecializedCooperative, expected_epilogue,
-                                   C.element, operand.bits)
+                              C.element, operand.bits)
     return schedule
 
 

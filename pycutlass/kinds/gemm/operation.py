@@ -48,21 +48,24 @@ class GemmOperationUniversal(TiledOperation):
         if bias is not None:  # the SM90 family's epilogue bias; a CUTLASS 2.x kernel adds a bias as a broadcast C
             raise DescriptionError(f"bias={bias!r}: the Sm80 family builds no bias epilogue; allowed here: bias=None "
                                    f"(add a bias vector as a broadcast C: the arguments' bias=True). bias='row' or "
-                                   f"'column' builds an SM90 operation (compute capability 90 with an SM90 tile)")
+                                   f"'column' builds an SM90 operation (compute capability 90 with an SM90 tile)",
+                                   rule="bias.unsupported")
         if not isinstance(direct_store, bool):
-            raise DescriptionError(f"direct_store must be True or False, got {direct_store!r}")
+            raise DescriptionError(f"direct_store must be True or False, got {direct_store!r}",
+                                   rule="description.field_type")
         self.direct_store = direct_store
         if not isinstance(array, bool):
-            raise DescriptionError(f"array must be True or False, got {array!r}")
+            raise DescriptionError(f"array must be True or False, got {array!r}", rule="description.field_type")
         # array=True builds the SM90 pointer-array kernel; a CUTLASS 2.x kernel runs every mode (Array included) as
         # it is, so here it changes nothing (the same code and name).
         if visitor:
             raise DescriptionError("the epilogue visitor tree is not supported; use LinearCombinationGeneric for "
-                                   "activations and a broadcast C for bias")
+                                   "activations and a broadcast C for bias", rule="evt.unsupported")
         check_operand_types(tile_description, A, B, C, epilogue_functor, "GemmOperationUniversal", wide_c=True)
         if swizzling_functor not in GEMM_SWIZZLES:
             raise DescriptionError(f"GemmOperationUniversal: swizzling_functor must be one of "
-                                   f"{[s.name for s in GEMM_SWIZZLES]}, got {swizzling_functor!r}")
+                                   f"{[s.name for s in GEMM_SWIZZLES]}, got {swizzling_functor!r}",
+                                   rule="swizzle.unsupported")
         self._describe(arch, tile_description, A, B, C, epilogue_functor, swizzling_functor)
         self._check_layouts()
         if direct_store:
@@ -80,13 +83,14 @@ class GemmOperationUniversal(TiledOperation):
         math = self.tile_description.math_instruction
         if math.opcode_class is not OpClass.TensorOp:
             raise DescriptionError(f"{what}: the direct-store epilogue assumes the tensor-op accumulator layout; got a "
-                                   f"{math.opcode_class.name} math instruction")
+                                   f"{math.opcode_class.name} math instruction", rule="direct_store.unsupported")
         if self.C.layout.is_interleaved:
             raise DescriptionError(f"{what}: the direct-store epilogue writes a row- or column-major C, got "
-                                   f"{self.C.layout.value}")
+                                   f"{self.C.layout.value}", rule="direct_store.unsupported")
         if self.C.alignment < 2:
             raise DescriptionError(f"{what}: the direct-store epilogue stores two adjacent outputs at a time; C "
-                                   f"alignment must be at least 2, got {self.C.alignment}")
+                                   f"alignment must be at least 2, got {self.C.alignment}",
+                                   rule="direct_store.unsupported")
 
     def _check_layouts(self) -> None:
         check_gemm_layouts(self)

@@ -48,21 +48,24 @@ class GemmOperationArraySm90(GemmOperationSm90):
                  swizzling_functor: SwizzlingFunctor = IdentitySwizzle1, visitor: bool = False, bias=None,
                  array: bool = True):
         if arch != 90 or isinstance(arch, bool):
-            raise DescriptionError(f"GemmOperationArraySm90 is compute capability 90, got {arch!r}")
+            raise DescriptionError(f"GemmOperationArraySm90 is compute capability 90, got {arch!r}",
+                                   rule="target.compute_capability")
         if array is not True:
             raise DescriptionError(f"{_WHAT}: GemmOperationArraySm90 is the pointer-array kernel; array must be True, "
                                    f"got {array!r} (GemmOperationUniversal(90, ...) without it builds the ordinary "
-                                   f"SM90 kernel)")
+                                   f"SM90 kernel)", rule="description.field_type")
         self.compute_capability = 90
         if visitor:
-            raise DescriptionError(f"{_WHAT}: the epilogue visitor tree is built for the Sm80 family only")
+            raise DescriptionError(f"{_WHAT}: the epilogue visitor tree is built for the Sm80 family only",
+                                   rule="evt.unsupported")
         if bias is not None:
             raise DescriptionError(f"{_WHAT}: bias={bias!r} is not built for the pointer-array kernel (no pointer-array "
                                    f"bias fusion here); build the operation without array=True (Mode.Array with "
-                                   f"tensors holding the batch runs batched there) or add the bias through C")
+                                   f"tensors holding the batch runs batched there) or add the bias through C",
+                                   rule="bias.unsupported")
         if swizzling_functor not in GEMM_SWIZZLES:
             raise DescriptionError(f"{_WHAT}: swizzling_functor must be one of {[s.name for s in GEMM_SWIZZLES]}, got "
-                                   f"{swizzling_functor!r}")
+                                   f"{swizzling_functor!r}", rule="swizzle.unsupported")
         self.bias = None
         self._describe(90, tile_description, A, B, C, epilogue_functor, swizzling_functor)
         self.kernel_schedule = check_ptr_array(

@@ -95,7 +95,8 @@ class TreeEmitter:
                     f"    return op(x, typename T::Element({node.value[0]!r}));\n  }}\n}};")
             ta, aa = self.node(node.inputs[0])
             return self._new(f"Sm80EVT<{self._compute(functor)}, {ta}>"), f"{{{aa}, {{}}}}"
-        raise DescriptionError(f"EpilogueVisitTree: node {node.label()} cannot be emitted")  # pragma: no cover
+        raise DescriptionError(f"EpilogueVisitTree: node {node.label()} cannot be emitted",
+                               rule="evt.operation")  # pragma: no cover
 
     def reduction(self, name: str, node: Node) -> tuple[str, str]:
         """pycutlass's own row / column sum node (evt_reductions.cu.j2): complete sums or PyCUTLASS 2.11's per-tile
@@ -149,30 +150,34 @@ class GemmOperationEvt(TiledOperation):
                  direct_store: bool = False):
         what = "GemmOperationUniversal(visitor=True)"
         if direct_store is not False:
-            raise DescriptionError(f"{what}: direct_store=True replaces the epilogue, which the visitor tree is")
+            raise DescriptionError(f"{what}: direct_store=True replaces the epilogue, which the visitor tree is",
+                                   rule="direct_store.unsupported")
         self.compute_capability = check_compute_capability(arch)
         if not isinstance(epilogue_functor, EpilogueVisitTree):
             raise DescriptionError(f"{what}: epilogue_functor must be an EpilogueVisitTree subclass instance, got "
-                                   f"{epilogue_functor!r}")
+                                   f"{epilogue_functor!r}", rule="description.field_type")
         for label, desc in (("A", A), ("B", B), ("C", C)):
             if not isinstance(desc, TensorDescription):
-                raise DescriptionError(f"{what}: {label} must be a TensorDescription, got {desc!r}")
+                raise DescriptionError(f"{what}: {label} must be a TensorDescription, got {desc!r}",
+                                       rule="description.field_type")
             if desc.layout not in (LayoutType.RowMajor, LayoutType.ColumnMajor):
-                raise DescriptionError(f"{what}: {label} must be RowMajor or ColumnMajor, got {desc.layout.value}")
+                raise DescriptionError(f"{what}: {label} must be RowMajor or ColumnMajor, got {desc.layout.value}",
+                                       rule="evt.layout")
         if not isinstance(tile_description, TileDescription):
-            raise DescriptionError(f"{what}: tile_description must be a TileDescription, got {tile_description!r}")
+            raise DescriptionError(f"{what}: tile_description must be a TileDescription, got {tile_description!r}",
+                                   rule="description.field_type")
         math = tile_description.math_instruction
         if math.opcode_class is not OpClass.TensorOp:
             raise DescriptionError(f"{what}: CUTLASS's Sm80 visitor epilogue uses the tensor-op output thread map; "
-                                   f"use a TensorOp math instruction")
+                                   f"use a TensorOp math instruction", rule="evt.tensor_op")
         if C.layout is not LayoutType.RowMajor:
             raise DescriptionError(f"{what}: the visitor's tensors are row-major M x N; C must be RowMajor, got "
-                                   f"{C.layout.value}")
+                                   f"{C.layout.value}", rule="evt.layout")
         allowed = {math.element_a} | ({DataType.float32} if math.element_a is DataType.tfloat32 else set())
         for label, desc in (("A", A), ("B", B)):
             if desc.element not in allowed:
                 raise DescriptionError(f"{what}: {label}.element is {desc.element.label} but the math instruction "
-                                       f"multiplies {math.element_a.label}")
+                                       f"multiplies {math.element_a.label}", rule="sm80.operand_element")
         check_crosswise_tile_k(tile_description, (("A", A, A.layout is LayoutType.RowMajor),
                                                   ("B", B, B.layout is LayoutType.ColumnMajor)), what)
         # The main loop is DefaultGemmUniversal's (default_gemm_universal_with_visitor.h), C RowMajor: the GEMM's rules.
@@ -184,20 +189,22 @@ class GemmOperationEvt(TiledOperation):
                              fast_f16=half_in_smem)
         problem = mainloop_thread_map_problem(tile_description, A, B, C)
         if problem:
-            raise DescriptionError(f"{what}: {problem}")
+            raise DescriptionError(f"{what}: {problem}", rule="sm80.mainloop_thread_map")
         check_narrow_warp_tiles(tile_description, None, a_along_m, b_along_n, what, half_in_smem=half_in_smem)
         tree = epilogue_functor
         if tree.element_output is not C.element:
-            raise DescriptionError(f"{what}: the tree writes {tree.element_output.label} but C is {C.element.label}")
+            raise DescriptionError(f"{what}: the tree writes {tree.element_output.label} but C is {C.element.label}",
+                                   rule="epilogue.output_type")
         if tree.alignment != C.alignment:
             raise DescriptionError(f"{what}: the tree's elements_per_access {tree.alignment} must equal C's "
-                                   f"alignment {C.alignment}")
+                                   f"alignment {C.alignment}", rule="alignment.epilogue_match")
         if tree.element_accumulator is not math.element_accumulator:
             raise DescriptionError(f"{what}: the tree reads {tree.element_accumulator.label} accumulators but the "
-                                   f"math instruction accumulates in {math.element_accumulator.label}")
+                                   f"math instruction accumulates in {math.element_accumulator.label}",
+                                   rule="epilogue.accumulator_type")
         problem = epilogue_thread_map_problem(tile_description, C)
         if problem:
-            raise DescriptionError(f"{what}: {problem}")
+            raise DescriptionError(f"{what}: {problem}", rule="sm80.epilogue_thread_map")
         check_mixed_epilogue_warp_tile(tile_description, C, math.element_accumulator, what)
         check_wide_warp_tile(tile_description, C, math.element_accumulator, what, visitor=True)
         _, warps_n, warps_k = tile_description.warp_count
@@ -209,7 +216,7 @@ class GemmOperationEvt(TiledOperation):
                 # warps, and the reduction nodes sum a tile's row within one warp (evt_reductions.cu.j2).
                 raise DescriptionError(f"{what}: reduction {name!r}: warp_count {list(tile_description.warp_count)} "
                                        f"puts 8 or more warps on each 8-row slice of the output, spreading a row over "
-                                       f"several warps; use warp_count[1] * warp_count[2] < 8")
+                                       f"several warps; use warp_count[1] * warp_count[2] < 8", rule="evt.reduction")
             if node.value[1] is not None:
                 axis, extent = (("N", tile_description.threadblock_shape[1]) if node.value[0] == "row"
                                 else ("M", tile_description.threadblock_shape[0]))
@@ -217,15 +224,15 @@ class GemmOperationEvt(TiledOperation):
                     raise DescriptionError(
                         f"{what}: reduction {name!r} has length {node.value[1]}, but the kernel's per-tile partial "
                         f"sums span the threadblock tile's {axis} = {extent} (PyCUTLASS 2.11 wrote one per tile); "
-                        f"pass length={extent}, or None for complete sums only")
+                        f"pass length={extent}, or None for complete sums only", rule="evt.reduction")
         if tile_description.stages > 2:
             for label, desc in (("A", A), ("B", B)):
                 if desc.access_bits < 32:
                     raise DescriptionError(f"{what}: {label} alignment {desc.alignment} is below the 32-bit minimum "
-                                           f"of multistage kernels")
+                                           f"of multistage kernels", rule="alignment.multistage_32b")
         if swizzling_functor not in GEMM_SWIZZLES:
             raise DescriptionError(f"{what}: swizzling_functor must be one of {[s.name for s in GEMM_SWIZZLES]}, "
-                                   f"got {swizzling_functor!r}")
+                                   f"got {swizzling_functor!r}", rule="swizzle.unsupported")
         self._describe(arch, tile_description, A, B, C, tree, swizzling_functor)
         self.visitor = True
         tile_description.check_shared_memory(arch)

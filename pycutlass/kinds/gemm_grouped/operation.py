@@ -88,15 +88,17 @@ class GemmOperationGrouped(TiledOperation):
         if bias is not None:
             raise DescriptionError(f"{_WHAT}: bias= is built for the SM90 grouped kernel (an SM90 tile at compute "
                                    f"capability 90); the CUTLASS 2.x kernel adds a bias as a broadcast C (one "
-                                   f"vector per problem in Cs)")
+                                   f"vector per problem in Cs)", rule="bias.unsupported")
         self.compute_capability = check_compute_capability(arch)
         check_operand_types(tile_description, A, B, C, epilogue_functor, _WHAT, wide_c=True)
         if not isinstance(precompute_mode, SchedulerMode):
             raise DescriptionError(f"{_WHAT}: precompute_mode must be pycutlass.SchedulerMode.Host or "
-                                   f"pycutlass.SchedulerMode.Device, got {precompute_mode!r}")
+                                   f"pycutlass.SchedulerMode.Device, got {precompute_mode!r}",
+                                   rule="description.field_type")
         if swizzling_functor not in GROUPED_SWIZZLES:
             raise DescriptionError(f"{_WHAT}: swizzling_functor must be one of {[s.name for s in GROUPED_SWIZZLES]} "
-                                   f"(the grouped kernel schedules its tiles itself), got {swizzling_functor!r}")
+                                   f"(the grouped kernel schedules its tiles itself), got {swizzling_functor!r}",
+                                   rule="swizzle.unsupported")
         self._describe(arch, tile_description, A, B, C, epilogue_functor, swizzling_functor)
         self.precompute_mode = precompute_mode
         self._check_layouts()
@@ -107,7 +109,8 @@ class GemmOperationGrouped(TiledOperation):
         if any(layout not in (LayoutType.RowMajor, LayoutType.ColumnMajor) for layout in layouts):
             raise DescriptionError(f"{_WHAT}: A, B and C must be RowMajor or ColumnMajor (interleaved and tensor "
                                    f"layouts are not supported for grouped GEMM), got "
-                                   f"A {self.A.layout.value}, B {self.B.layout.value}, C {self.C.layout.value}")
+                                   f"A {self.A.layout.value}, B {self.B.layout.value}, C {self.C.layout.value}",
+                                   rule="grouped.layout")
         # The remaining rules (int8 tensor ops read K-contiguous A and B) are the GEMM's own.
         check_gemm_layouts(self)
 

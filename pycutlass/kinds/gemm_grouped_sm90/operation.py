@@ -64,14 +64,16 @@ class GemmOperationGroupedSm90(Sm90Operation, GemmOperationGrouped):
                  swizzling_functor: SwizzlingFunctor = IdentitySwizzle1,
                  precompute_mode: SchedulerMode = SchedulerMode.Device, bias=None):
         if arch != 90 or isinstance(arch, bool):
-            raise DescriptionError(f"GemmOperationGroupedSm90 is compute capability 90, got {arch!r}")
+            raise DescriptionError(f"GemmOperationGroupedSm90 is compute capability 90, got {arch!r}",
+                                   rule="target.compute_capability")
         self.compute_capability = 90
         if precompute_mode is not SchedulerMode.Device:
             raise DescriptionError(f"{_WHAT}: CUTLASS's SM90 group scheduler walks the groups on the device; "
-                                   f"precompute_mode must be SchedulerMode.Device, got {precompute_mode!r}")
+                                   f"precompute_mode must be SchedulerMode.Device, got {precompute_mode!r}",
+                                   rule="grouped.precompute_mode")
         if swizzling_functor not in GROUPED_SWIZZLES:
             raise DescriptionError(f"{_WHAT}: swizzling_functor must be one of {[s.name for s in GROUPED_SWIZZLES]}, "
-                                   f"got {swizzling_functor!r}")
+                                   f"got {swizzling_functor!r}", rule="swizzle.unsupported")
         self._describe(90, tile_description, A, B, C, epilogue_functor, swizzling_functor)
         self.precompute_mode = precompute_mode
         self.kernel_schedule = check_ptr_array(tile_description, A, B, C, epilogue_functor,
@@ -121,7 +123,8 @@ class GemmOperationGroupedSm90(Sm90Operation, GemmOperationGrouped):
     # --- scheduling (what the runtime needs) ----------------------------------------------------------------
     def grid_for(self, sm_count: int, occupancy: int = 1, problem_sizes=None) -> int:
         raise DescriptionError(f"{self.name}: the SM90 grouped kernel sizes its persistent grid itself (one wave of "
-                               f"sm_count CTAs); see GemmGroupedArguments.threadblock_count after a run")
+                               f"sm_count CTAs); see GemmGroupedArguments.threadblock_count after a run",
+                               rule="grouped.persistent_grid")
 
     def workspace_bytes(self, sm_count: int, threadblock_count: int | None = None) -> int:
         """Per-SM tensormap slots: C and one D per epilogue warpgroup, then A and B (CUTLASS's get_workspace_size,
@@ -157,15 +160,18 @@ def _check_bias(bias, functor: EpilogueFunctor | None = None) -> str | None:
                                f"pointer-array bias fusion, so the per-group bias is pycutlass's own epilogue tree, "
                                f"and its activation node is not given the clamp's bounds (nor tested on a GPU); "
                                f"use the clamp without a bias, or bias='column' with LinearCombination or "
-                               f"LinearCombinationGeneric")
+                               f"LinearCombinationGeneric", rule="bias.unsupported")
     if bias is None or bias == "column":
         return bias
     if bias == "row":
         raise DescriptionError(f"{_WHAT}: bias='row' (M values per group) is not built: CUTLASS's column broadcast "
                                f"reads the vector in 16-byte vectors predicated on their first row, so a group whose "
                                f"M is not a multiple of 8 would read past its vector (and device-side sizes could "
-                               f"not be checked); use bias='column' (N values per group, read element by element)")
+                               f"not be checked); use bias='column' (N values per group, read element by element)",
+                               rule="bias.unsupported")
     if bias is True:
         raise DescriptionError(f"{_WHAT}: bias=True (C as a broadcast vector, PyCUTLASS's bias) is not built for SM90 "
-                               f"(TMA reads whole matrices); use bias='column' and pass the vectors as bias=")
-    raise DescriptionError(f"{_WHAT}: bias must be None or 'column' (N values per group), got {bias!r}")
+                               f"(TMA reads whole matrices); use bias='column' and pass the vectors as bias=",
+                               rule="bias.unsupported")
+    raise DescriptionError(f"{_WHAT}: bias must be None or 'column' (N values per group), got {bias!r}",
+                           rule="bias.unsupported")

@@ -19,7 +19,7 @@ from __future__ import annotations
 from ...description.tensor_description import TensorDescription
 from ...description.tile_description import TileDescription
 from ...description.types import (GEMM_SWIZZLES, DataType, EpilogueScheduleType, IdentitySwizzle1,
-                                   KernelScheduleType, LayoutType, OpClass, SwizzlingFunctor, TileSchedulerType)
+                                   KernelScheduleType, LayoutType, SwizzlingFunctor, TileSchedulerType)
 from ...emit import names
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import DescriptionError
@@ -27,6 +27,9 @@ from .. import registry
 from ..families.sm90 import (  # noqa: F401  (their names as this module had them)
     CLAMP_ACTIVATION, CLAMP_KINDS, EPILOGUE_KINDS, NVRTC_SHIM, Sm90Operation, check_explicit_stages, check_tma_operand,
     derived_warp_count, epilogue_smem_bytes, epilogue_suffix, fusion_activation, resolve_kernel_schedule)
+from ..families.sm90 import (check_cluster_shape, check_derived_warp_count, check_epilogue_kind, check_epilogue_types,
+                             check_fast_accum, check_k_major, check_operand_element, check_schedule_tile_m,
+                             check_tensor_op, check_tile_k, check_tile_n)
 from ..base import check_description_types
 from ..gemm.operation import GemmOperationUniversal
 from .abi import Sm90GemmArgs
@@ -103,26 +106,27 @@ class GemmOperationSm90(Sm90Operation, GemmOperationUniversal):
                  swizzling_functor: SwizzlingFunctor = IdentitySwizzle1, visitor: bool = False, bias=None,
                  array: bool = False, direct_store: bool = False):
         if arch != 90:
-            raise DescriptionError(f"GemmOperationSm90 is compute capability 90, got {arch!r}")
+            raise DescriptionError(f"GemmOperationSm90 is compute capability 90, got {arch!r}",
+                                   rule="target.compute_capability")
         if direct_store is not False:
             raise DescriptionError("direct_store=True is the Sm80 family's register-to-global epilogue; the SM90 "
                                    "kernels store through their own (TMA) epilogue. Use an Sm80 tile (with "
-                                   "warp_count) for direct_store")
+                                   "warp_count) for direct_store", rule="direct_store.unsupported")
         if array is not False:
             raise DescriptionError(f"array must be True (CUTLASS's pointer-array kernel, for Mode.Array with lists of "
                                    f"matrices) or False, got {array!r}" if array is not True else
                                    "GemmOperationSm90 is the ordinary SM90 kernel; build array=True operations "
-                                   "through GemmOperationUniversal(90, ..., array=True)")
+                                   "through GemmOperationUniversal(90, ..., array=True)", rule="description.field_type")
         self.compute_capability = 90
         if visitor:
             raise DescriptionError("the epilogue visitor tree is built for the Sm80 family only; for SM90 use "
-                                   "LinearCombinationGeneric and bias='row'/'column'")
+                                   "LinearCombinationGeneric and bias='row'/'column'", rule="evt.unsupported")
         if bias not in (None, *BIAS_MODES):
             raise DescriptionError(f"bias must be None, 'row' (M values, one per row of D) or 'column' (N values), "
-                                   f"got {bias!r}")
+                                   f"got {bias!r}", rule="bias.unsupported")
         if swizzling_functor not in GEMM_SWIZZLES:
             raise DescriptionError(f"swizzling_functor must be one of {[s.name for s in GEMM_SWIZZLES]}, got "
-                                   f"{swizzling_functor!r}")
+                                   f"{swizzling_functor!r}", rule="swizzle.unsupported")
         self.bias = bias
         self._describe(90, tile_description, A, B, C, epilogue_functor, swizzling_functor)
         self.kernel_schedule, self.epilogue_schedule = _check(tile_description, A, B, C, epilogue_functor, bias)
@@ -228,98 +232,67 @@ def _check(tile: TileDescription, A, B, C, functor, bias) -> tuple[KernelSchedul
     what = "GemmOperationUniversal(90)"
     check_description_types(tile, A, B, C, functor, what)
     math = tile.math_instruction
-    if math.opcode_class is not OpClass.TensorOp:
-        raise DescriptionError(f"{what}: the SM90 family computes on tensor cores (OpClass.TensorOp); SIMT kernels "
-                               f"are in the Sm80 family (compute capability 80)")
+    check_tensor_op(what, math, "the SM90 family")
     operand = math.element_a
     if operand not in _ACCUMULATORS:
         raise DescriptionError(f"{what}: {operand.label} operands are not in the SM90 family (it takes float16, "
                                f"bfloat16, tfloat32, float8_e4m3/e5m2 and int8); use compute capability 80 for "
-                               f"{operand.label}")
+                               f"{operand.label}", rule="sm90.operand_type")
     if math.element_accumulator not in _ACCUMULATORS[operand]:
         raise DescriptionError(f"{what}: {operand.label} operands accumulate in "
                                f"{[a.label for a in _ACCUMULATORS[operand]]} on SM90, got "
-                               f"{math.element_accumulator.label}")
+                               f"{math.element_accumulator.label}", rule="sm90.accumulator")
     for label, desc, element in (("A", A, math.element_a), ("B", B, math.element_b)):
-        allowed = {element, _F32} if element is _TF32 else {element}
-        if desc.element not in allowed:
-            raise DescriptionError(f"{what}: {label}.element is {desc.element.label} but the math instruction "
-                                   f"multiplies {element.label}")
+        check_operand_element(what, label, desc, element, (element, _F32) if element is _TF32 else None)
         check_tma_operand(what, label, desc)
-    if operand.bits != 16 and (A.layout, B.layout) != (LayoutType.RowMajor, LayoutType.ColumnMajor):
-        raise DescriptionError(f"{what}: wgmma reads {operand.label} operands K-major only: A must be RowMajor and B "
-                               f"ColumnMajor (got A {A.layout.value}, B {B.layout.value}); only 16-bit types take "
-                               f"every layout")
+    if operand.bits != 16:
+        check_k_major(what, A, B, operand.label)
     outputs = {_S8: (_S8, _S32)}.get(operand, _FLOAT_OUTPUTS + ((_E4M3, _E5M2) if operand.is_fp8 else ()))
     if C.element not in outputs:
         raise DescriptionError(f"{what}: C of {C.element.label} is not supported with {operand.label} operands; "
-                               f"choose one of {[e.label for e in outputs]}")
+                               f"choose one of {[e.label for e in outputs]}", rule="sm90.output_type")
     check_tma_operand(what, "C", C)
-    if functor.kind not in EPILOGUE_KINDS:
-        raise DescriptionError(f"{what}: the {functor.kind} epilogue is not built for the SM90 family; use "
-                               f"LinearCombination, LinearCombinationGeneric (any activation) or "
-                               f"LinearCombinationClamp / FastLinearCombinationClamp, optionally with "
-                               f"bias='row'/'column'")
-    if functor.element_output is not C.element or functor.alignment != C.alignment:
-        raise DescriptionError(f"{what}: the epilogue writes {functor.element_output.label} x {functor.alignment} but "
-                               f"C is {C.element.label} x {C.alignment}; they must match")
-    if functor.element_accumulator is not math.element_accumulator:
-        raise DescriptionError(f"{what}: the epilogue reads {functor.element_accumulator.label} accumulators but the "
-                               f"math instruction accumulates in {math.element_accumulator.label}")
-    if functor.element_epilogue is not _F32:
-        raise DescriptionError(f"{what}: SM90 epilogues compute in float32, got {functor.element_epilogue.label}")
+    check_epilogue_kind(what, functor, EPILOGUE_KINDS, "the SM90 family", "LinearCombination, "
+                        "LinearCombinationGeneric (any activation) or LinearCombinationClamp / "
+                        "FastLinearCombinationClamp, optionally with bias='row'/'column'")
+    check_epilogue_types(what, functor, C, math.element_accumulator)
 
     # --- tile, cluster, schedules -----------------------------------------------------------------------------
     m, n, k = tile.threadblock_shape
-    cm, cn, ck = tile.cluster_shape
     if m not in (64, 128, 256):
         raise DescriptionError(f"{what}: tile M must be 64, 128 or 256 (wgmma works in 64-row steps per warpgroup), "
-                               f"got {m}")
+                               f"got {m}", rule="sm90.tile_m")
     # Tile N, tile K and the cluster are limited to what the GPU suite has proven correct (other wgmma N, swizzle
     # widths and 4-CTA clusters exist in CUTLASS, but an accepted description must compute correctly).
     # 32 gives decode shapes (M <= 128) enough CTAs to stream B from every SM; 192 tiles 3000-wide outputs in one
     # wave. Both are wgmma N values whose TMA boxes and epilogue tiles CUTLASS's builders derive unchanged.
-    if n not in TILE_N:
-        raise DescriptionError(f"{what}: tile N must be one of {list(TILE_N)}, got {n}")
-    k_bytes = k * operand.bits // 8
-    if k_bytes != 128:
-        raise DescriptionError(f"{what}: tile K of {k} {operand.label} elements is {k_bytes} bytes; the TMA swizzle "
-                               f"atom here is 128 bytes: use K = {128 * 8 // operand.bits}")
-    if tuple(tile.cluster_shape) not in ((1, 1, 1), (2, 1, 1), (1, 2, 1)):
-        raise DescriptionError(f"{what}: cluster_shape must be [1, 1, 1], [2, 1, 1] or [1, 2, 1], got "
-                               f"{list(tile.cluster_shape)}")
+    check_tile_n(what, n, TILE_N)
+    check_tile_k(what, k, operand)
+    check_cluster_shape(what, tile)
     schedule = resolve_kernel_schedule(tile, operand)
-    if schedule.is_fp8_fast_accum and not operand.is_fp8:
-        raise DescriptionError(f"{what}: {schedule.value} accumulates fp8 products fast; the operands are "
-                               f"{operand.label}")
+    check_fast_accum(what, schedule, operand.is_fp8, operand.label)
     base = schedule.base
-    if base is _KS.TmaWarpSpecializedCooperative and m % 128:
-        raise DescriptionError(f"{what}: the cooperative schedule splits tile M over two warpgroups of 64 rows, so "
-                               f"tile M must be a multiple of 128, got {m}")
-    if base is not _KS.TmaWarpSpecializedCooperative and m > 128:
-        raise DescriptionError(f"{what}: {base.value} computes a tile with one warpgroup: tile M must be 64 or 128, "
-                               f"got {m} (use the cooperative schedule)")
+    check_schedule_tile_m(what, schedule, m, base.value, " (use the cooperative schedule)")
     if tile.tile_scheduler is _TS.StreamK and base is not _KS.TmaWarpSpecializedCooperative:
         raise DescriptionError(f"{what}: the stream-K tile scheduler runs with the cooperative schedule only, got "
-                               f"{schedule.value}")
+                               f"{schedule.value}", rule="sm90.stream_k_schedule")
     epilogue = tile.epilogue_schedule
     if epilogue is _ES.Auto:
         epilogue = _ES.TmaWarpSpecializedCooperative if base is _KS.TmaWarpSpecializedCooperative \
             else _ES.TmaWarpSpecialized
     elif epilogue is _ES.TmaWarpSpecializedCooperative and base is not _KS.TmaWarpSpecializedCooperative:
         raise DescriptionError(f"{what}: the TmaWarpSpecializedCooperative epilogue needs the cooperative kernel "
-                               f"schedule, got {schedule.value}")
+                               f"schedule, got {schedule.value}", rule="sm90.epilogue_schedule")
     elif epilogue is _ES.TmaWarpSpecialized and base is _KS.TmaWarpSpecializedCooperative:
         raise DescriptionError(f"{what}: a cooperative kernel takes the TmaWarpSpecializedCooperative (or "
-                               f"NoSmemWarpSpecialized) epilogue, got TmaWarpSpecialized")
+                               f"NoSmemWarpSpecialized) epilogue, got TmaWarpSpecialized",
+                               rule="sm90.epilogue_schedule")
     if epilogue is _ES.NoSmemWarpSpecialized and (functor.activation is not None or bias or
                                                   functor.kind in CLAMP_KINDS):
         raise DescriptionError(f"{what}: the NoSmemWarpSpecialized epilogue is CUTLASS's plain linear combination; "
-                               f"activations, clamps and bias need a TMA epilogue schedule")
-    if tile.warp_count is not None and tile.warp_count != derived_warp_count(tile.threadblock_shape, schedule):
-        raise DescriptionError(f"{what}: warp_count is derived on SM90 "
-                               f"({list(derived_warp_count(tile.threadblock_shape, schedule))} for {schedule.value}); "
-                               f"pass None or that value, got {list(tile.warp_count)}")
+                               f"activations, clamps and bias need a TMA epilogue schedule",
+                               rule="sm90.nosmem_epilogue")
+    check_derived_warp_count(what, tile, schedule)
     if tile.stages:
         check_explicit_stages(what, tile, base is _KS.TmaWarpSpecializedCooperative, epilogue, C.element,
                               operand.bits)

@@ -23,11 +23,12 @@ class ReductionOperation(Operation):
         if not isinstance(shape, MatrixCoord):
             shape = MatrixCoord(*shape)
         if not isinstance(C, TensorDescription):
-            raise DescriptionError(f"ReductionOperation: C must be a TensorDescription, got {C!r}")
+            raise DescriptionError(f"ReductionOperation: C must be a TensorDescription, got {C!r}",
+                                   rule="description.field_type")
         if C.layout not in (LayoutType.RowMajor, LayoutType.ColumnMajor, LayoutType.TensorNHWC):
             raise DescriptionError(f"ReductionOperation: C must be RowMajor, ColumnMajor or TensorNHWC (a convolution's "
                                    f"output, reduced as its implicit GEMM's row-major NPQ x K matrix), got "
-                                   f"{C.layout.value}")
+                                   f"{C.layout.value}", rule="reduction.layout")
         element_workspace = element_workspace or element_accumulator
         if epilogue_functor is None:
             from ...epilogue import LinearCombination
@@ -38,18 +39,19 @@ class ReductionOperation(Operation):
         if epilogue_functor.element_output is not C.element or epilogue_functor.alignment != count:
             raise DescriptionError("ReductionOperation: the epilogue must write C's element type with alignment == "
                                    f"count ({count}); got {epilogue_functor.element_output.label} x "
-                                   f"{epilogue_functor.alignment}")
+                                   f"{epilogue_functor.alignment}", rule="reduction.epilogue")
         if epilogue_functor.element_accumulator is not element_accumulator:
-            raise DescriptionError("ReductionOperation: the epilogue's accumulator type must be element_accumulator")
+            raise DescriptionError("ReductionOperation: the epilogue's accumulator type must be element_accumulator",
+                                   rule="reduction.epilogue")
         # ReduceSplitK (reduction/kernel/reduce_split_k.h) moves AlignedArray<T, count> values: up to 256 bits,
         # the widest C of a tensor-op GEMM or conv epilogue (float32 x 8), whose parallel split-K it reduces.
         if count < 1 or count & (count - 1) or count * C.element.bits > 256:
             raise DescriptionError(f"ReductionOperation: count {count} must be a power of two within one 256-bit "
-                                   f"access of the {C.element.label} output")
+                                   f"access of the {C.element.label} output", rule="reduction.count")
         rows, cols = shape
         if rows < 1 or cols < count or cols % count or (cols // count) * rows > 1024:
             raise DescriptionError(f"ReductionOperation: shape {rows}x{cols} needs cols a multiple of count {count} "
-                                   f"and at most 1024 threads ((cols / count) * rows)")
+                                   f"and at most 1024 threads ((cols / count) * rows)", rule="reduction.shape")
         self.shape = (rows, cols)
         self.C = C
         self.element_accumulator = element_accumulator
