@@ -22,7 +22,8 @@ LAYERS = [
     ("kind runtime", ["kinds.*.arguments", "kinds.*.matrix"]),
     ("registration", ["kinds", "kinds.*"]),
     ("tune", ["tune", "tune.space", "tune.problems", "tune.db", "tune.sweep", "tune.bench", "tune.runner",
-              "tune.autotune", "tune.select", "tune.plots", "tune.bundle", "tune.resources", "tune.distributed"]),
+              "tune.autotune", "tune.select", "tune.plots", "tune.bundle", "tune.resources", "tune.distributed",
+              "tune.rank"]),
     ("torch", ["torch", "torch.*"]),  # the only part that imports torch (docs/torch.md)
     ("api", ["", "gemm", "conv", "cli", "__main__", "utils", "utils.*", "tune.cli",
              # PyCUTLASS 2.11's module paths (docs/porting.md)
