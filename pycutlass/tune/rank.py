@@ -169,7 +169,7 @@ def cannot_win(config: Config) -> str | None:
     """Why a configuration loses on every shape (so it is not worth compiling), or None. Only rules about valid
     configurations: what the descriptions reject keeps their own reason."""
     tm, tn, _ = config.tile
-    valid = tm % 128 == 0 if config.schedule == "cooperative" else tm in (64, 128)
+    valid = tm % 128 == 0 if config.schedule == "cooperative" else tm in (64, 128) and not config.stream_k
     if not config.sm90 or not valid:
         return None
     if config.accumulator_registers > ACCUMULATOR_REGISTER_LIMIT:
@@ -252,7 +252,8 @@ def estimate(config: Config, problem, device: DeviceModel) -> Estimate:
         # reduced through global memory (a fixup per split tile)
         units = tiles * k_iters
         share = max(1, math.ceil(units / slots))
-        t_compute = share * t_main / k_iters * 1.04 + t_epilogue * (2.0 if units > tiles and tiles % slots else 1.0)
+        fixup = t_epilogue if tiles % slots else 0.0  # a split tile's partial sums go through global memory
+        t_compute = share * t_main / k_iters * 1.04 + math.ceil(tiles / slots) * t_epilogue + fixup
         balance = units / (math.ceil(units / slots) * slots)
         notes.append(f"stream-K {waves:.2f} waves")
     else:
@@ -435,11 +436,12 @@ def rank(points, problem, device=None, history=None, *, sm_count: int | None = N
         for entry in scored:
             relative = measured.get(_name_of(entry[0]))
             if relative is not None:
-                # measured nearby results dominate; the model only orders what was never measured
-                entry[1] = best_model * (relative ** 0.8) * ((entry[1] / best_model) ** 0.2)
+                # a measurement nearby outweighs the model: the model's verdict only nudges it (a kernel measured
+                # best outranks every unmeasured one the model does not put 10x ahead of it)
+                entry[1] = best_model * relative * (entry[1] / best_model) ** 0.1
                 entry[2] += f", measured nearby at {relative:.0%} of the best"
             else:
-                entry[1] *= 0.9
+                entry[1] *= 0.8
     scored.sort(key=lambda e: (-round(e[1], 12), e[3]))
     return [Ranked(item, score, reason) for item, score, reason, _ in scored]
 
