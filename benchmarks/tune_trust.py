@@ -60,7 +60,16 @@ def operations_by_dtype(space: SearchSpace) -> dict[str, list]:
     return found
 
 
-def trust_table(timings: dict, by_dtype: dict, problems, device, ks=KS) -> dict:
+def available_models() -> list[str]:
+    """The analytic model, and nvMatmulHeuristics when installed (the ``rank`` extra)."""
+    try:
+        import nvMatmulHeuristics  # noqa: F401
+    except ImportError:
+        return ["analytic"]
+    return ["analytic", "nvmmh"]
+
+
+def trust_table(timings: dict, by_dtype: dict, problems, device, ks=KS, model: str = "analytic") -> dict:
     """(b): ``timings[(kernel, problem key)] = seconds``. Per (shape, dtype): the exhaustive best, and for each K
     the best measured among the ranked top K of the candidates the space keeps (cannot-win pruned)."""
     rows, per_k = [], {k: {"hits": 0, "logs": [], "pairs": 0} for k in ks}
@@ -80,7 +89,7 @@ def trust_table(timings: dict, by_dtype: dict, problems, device, ks=KS) -> dict:
             row = {"shape": "x".join(map(str, problem.shape)), "dtype": dtype, "best": best_name.split("_tnt_")[-1],
                    "best_us": round(best * 1e6, 2)}
             for k in ks:
-                chosen = [op.name for op in top_k(kept, problem, k, device) if op.name in measured]
+                chosen = [op.name for op in top_k(kept, problem, k, device, model=model) if op.name in measured]
                 picked = min((measured[name] for name in chosen), default=math.inf)
                 ratio = picked / best
                 row[f"top{k}/best"] = round(ratio, 4)
@@ -99,7 +108,7 @@ def trust_table(timings: dict, by_dtype: dict, problems, device, ks=KS) -> dict:
                     and goal["geomean_regret_%"] <= 100 * GOAL_REGRET)
     pruned = [{"kernel": name.split("_tnt_")[-1], "best_ratio": round(ratio, 2), "within_2x": ratio <= 2.0}
               for name, ratio in sorted(never.items(), key=lambda item: item[1])]
-    return {"rows": rows, "summary": summary, "pruned_cannot_win": pruned, "goal_met": goal_met,
+    return {"model": model, "rows": rows, "summary": summary, "pruned_cannot_win": pruned, "goal_met": goal_met,
             "goal": f"K=8: >= {GOAL_HITS} pairs within 2% and geomean regret <= {GOAL_REGRET:.0%}"}
 
 
@@ -182,6 +191,8 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=50)
     parser.add_argument("--tile-n", default="64,128,256", help="tile N values (the SM90 kind takes 32..256)")
     parser.add_argument("--device", default="H100", help="the GPU model the ranking assumes (H100, H200)")
+    parser.add_argument("--model", default="all", choices=["all", "analytic", "nvmmh"],
+                        help="ranking model(s) to evaluate (all: the analytic one and nvMatmulHeuristics if installed)")
     parser.add_argument("--db", default=str(RESULTS / "tune-trust.db"))
     parser.add_argument("--dry-run", action="store_true", help="synthetic timings: no GPU, nothing compiles")
     parser.add_argument("--out", default=str(RESULTS / "tune-trust.json"))
@@ -204,12 +215,14 @@ def main() -> None:
         payload["timings"] = "synthetic (analytic model x deterministic +-8% noise)"
     else:
         timings, payload["sweep"] = measured_timings(args, space, problems)
-    table = trust_table(timings, by_dtype, problems, device)
-    print_table("(b) ranked top K vs exhaustive best", table["rows"])
-    print_table(f"(b) summary; goal: {table['goal']}", table["summary"])
+    payload["ranking"] = {}
+    for model in available_models() if args.model == "all" else [args.model]:
+        table = trust_table(timings, by_dtype, problems, device, model=model)
+        print_table(f"(b) ranked top K ({model}) vs exhaustive best", table["rows"])
+        print_table(f"(b) summary ({model}); goal: {table['goal']}", table["summary"])
+        payload["ranking"][model] = table
     if table["pruned_cannot_win"]:
         print_table("configurations pruned as unable to win: their best ratio to the best", table["pruned_cannot_win"])
-    payload["ranking"] = table
     if not args.dry_run:
         payload["time_to_kernel"] = time_to_kernel(args)
     write_json(args.out, payload)

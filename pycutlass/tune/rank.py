@@ -266,6 +266,8 @@ def estimate(config: Config, problem, device: DeviceModel) -> Estimate:
     active = min(tiles, slots) if not config.stream_k else min(slots, tiles * k_iters)
     pull = min(1.0, active / (0.6 * slots))
     dram = ((M + N) * K * a_bytes + M * N * c_bytes) * batch
+    if config.stream_k and math.ceil(tiles * k_iters / slots) < k_iters:
+        dram += min(slots, tiles * k_iters) * tm * tn * 4 * 2  # split tiles' float32 partials, written and read
     l2 = tiles * k_iters * loads
     t_memory = max(dram / device.dram_bytes_per_s, l2 / device.l2_bytes_per_s) / pull
     seconds = max(t_compute, t_memory) + _LAUNCH_S
@@ -295,11 +297,11 @@ class _Nvmmh:
         self.target = int(target)
 
     def seconds(self, config: Config, problem) -> float | None:
-        precision = {16: "HSH", 32: "TST"}.get(config.a_bits)
-        if precision is None:
+        # its precision names: operands, compute, output (H f16, S f32). Its 0.1 release estimates no bf16 GEMM
+        # ("B" is not bfloat16 there); bf16 runs at f16's rate with f16's bytes on tensor cores, so f16 stands in.
+        if config.a_bits != 16 or config.acc_bits != 32 or config.c_bits not in (16, 32):
             return None
-        if config.c_bits == 16 and config.a_bits == 16 and config.acc_bits == 32:
-            precision = "HSH"
+        precision = "HS" + ("H" if config.c_bits == 16 else "S")
         M, N, K, batch = _problem_shape(problem)
         lib, ctypes = self.lib, self._ctypes
         lib._ensure_discovery_loaded(lib.target, precision, self.layout)
@@ -414,21 +416,31 @@ def rank(points, problem, device=None, history=None, *, sm_count: int | None = N
     dev = device_model(device, compute_capability=configs[0].cc, sm_count=sm_count)
     flops = 2.0 * problem.m * problem.n * problem.k * getattr(problem, "batch", 1)
     nvmmh = _nvmmh(dev, model)
+    estimates = [estimate(config, problem, dev) for config in configs]
+    seconds = [found.seconds for found in estimates]
+    reasons = [found.reason for found in estimates]
+    if nvmmh is not None:
+        theirs = [nvmmh.seconds(config, problem) for config in configs]
+        ratios = []
+        for index, (config, value) in enumerate(zip(configs, theirs)):
+            if value is None:
+                continue
+            # NVIDIA's estimate for the tile/cluster/stages, scaled by our schedule terms (ours for this schedule
+            # over ours for the same tile with the schedule its model assumes)
+            reference = estimate(replace(config, schedule="cooperative" if config.tile[0] % 128 == 0 else
+                                         "pingpong", stream_k=False), problem, dev).seconds
+            ratios.append(value / reference)
+            seconds[index] = value * seconds[index] / reference
+            reasons[index] = f"nvMatmulHeuristics {value * 1e6:.1f} us, {reasons[index]}"
+        if ratios:  # what it does not estimate keeps our estimate on its scale, pessimistically
+            scale = max(ratios)
+            for index, value in enumerate(theirs):
+                if value is None:
+                    seconds[index] *= scale
     scored = []
     for index, (item, config) in enumerate(zip(items, configs)):
-        found = estimate(config, problem, dev)
-        seconds, reason = found.seconds, found.reason
-        if nvmmh is not None:
-            theirs = nvmmh.seconds(config, problem)
-            if theirs is not None:
-                # NVIDIA's estimate for the tile/cluster/stages, scaled by our schedule terms (ours for this
-                # schedule over ours for the same tile with the schedule its model assumes)
-                reference = estimate(replace(config, schedule="cooperative" if config.tile[0] % 128 == 0 else
-                                             "pingpong", stream_k=False), problem, dev).seconds
-                seconds = theirs * seconds / reference
-                reason = f"nvMatmulHeuristics {theirs * 1e6:.1f} us, {reason}"
         peak = dev.peak_flops_16bit * _PEAK_SCALE.get(config.a_bits, 1.0)
-        scored.append([item, flops / seconds / peak, reason, index])
+        scored.append([item, flops / seconds[index] / peak, reasons[index], index])
     measured = history_scores(_history_rows(history), filter(None, map(_name_of, items)), problem) \
         if history is not None else {}
     if measured:

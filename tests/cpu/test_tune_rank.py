@@ -306,3 +306,18 @@ def test_trust_table_counts_hits_and_regret_on_synthetic_timings():
     assert all(r["top16/best"] >= 1.5 for r in f16_rows)
     assert missed["summary"][2]["within_2%"] <= table["summary"][2]["within_2%"] - 2
     assert missed["pruned_cannot_win"] and not missed["goal_met"]
+
+
+def test_nvidia_model_is_used_when_installed_and_named_when_missing(sm90):
+    problem = GemmProblem(4096, 4096, 4096)
+    try:
+        import nvMatmulHeuristics  # noqa: F401
+    except ImportError:
+        with pytest.raises(ArgumentError, match=r"pycutlass\[rank\]"):
+            rank(sm90.operations, problem, model="nvmmh")
+        assert [r.reason for r in rank(sm90.operations, problem)] == \
+            [r.reason for r in rank(sm90.operations, problem, model="analytic")]
+        return
+    ranked = rank(sm90.operations, problem, device="H200", model="nvmmh")
+    assert any("nvMatmulHeuristics" in r.reason for r in ranked)
+    assert all("spill" not in r.reason for r in ranked[:8])
