@@ -1,6 +1,6 @@
 """How far the ranking can be trusted: compile only the top K of a space and still get the exhaustive best?
 
-    python benchmarks/tune_trust.py                          # GPU host: (a) sweep, (b) ranking table, (c) time-to-kernel
+    python benchmarks/tune_trust.py                          # GPU host: (a) sweep, (b) ranking, (c) time-to-kernel
     python benchmarks/tune_trust.py --compile-only --target 90 --jobs 16   # any host: compile the space into the cache
     python benchmarks/tune_trust.py --dry-run                # no GPU, no compiles: synthetic timings through (b)
 
@@ -130,7 +130,8 @@ def measured_timings(args, space, problems) -> tuple[dict, dict]:
     """(a): compile and time the whole space with the torch baseline."""
     from pycutlass.tune.bench import BenchConfig
     from pycutlass.tune.db import ResultsDB
-    from pycutlass.tune.runner import baseline_name, element_label
+    from pycutlass.tune.bench import element_label
+    from pycutlass.tune.runner import baseline_name
     from pycutlass.tune.sweep import Sweep
 
     db = ResultsDB(args.db)
@@ -209,7 +210,8 @@ def main() -> None:
         summary = Sweep(space, problems, db=args.db, name="tune-trust", session=session).compile(jobs=args.jobs)
         print(f"compile: {summary}")
         return
-    payload = {"space": space.to_dict(), "configurations": sum(map(len, by_dtype.values())), "device_model": device.name}
+    payload = {"space": space.to_dict(), "configurations": sum(map(len, by_dtype.values())),
+               "device_model": device.name}
     if args.dry_run:
         timings = synthetic_timings(by_dtype, problems, device)
         payload["timings"] = "synthetic (analytic model x deterministic +-8% noise)"

@@ -164,7 +164,7 @@ def config_of(item) -> Config:
                   _label_bits(mi.element_a), _label_bits(item.C.element), _label_bits(mi.element_accumulator))
 
 
-# ---- cannot win: a rule the space applies before ranking ---------------------------------------------------------------
+# ---- cannot win: a rule the space applies before ranking -------------------------------------------------------------
 def cannot_win(config: Config) -> str | None:
     """Why a configuration loses on every shape (so it is not worth compiling), or None. Only rules about valid
     configurations: what the descriptions reject keeps their own reason."""
@@ -289,8 +289,7 @@ class _Nvmmh:
                                         NvMatmulHeuristicsNvidiaGpu, NvMatmulHeuristicsTarget)
 
         self._ctypes = ctypes
-        target = NvMatmulHeuristicsTarget.CUTLASS3 if device.compute_capability == 90 else \
-            NvMatmulHeuristicsTarget.CUTLASS
+        target = NvMatmulHeuristicsTarget.CUTLASS3
         gpu = getattr(NvMatmulHeuristicsNvidiaGpu, device.nvmmh_gpu or "", None)
         self.lib = NvMatmulHeuristicsInterfaceEx(backend=target, gpu=gpu)
         self.layout = NvMatmulHeuristicsMatmulLayout.TN_ROW_MAJOR
@@ -299,7 +298,7 @@ class _Nvmmh:
     def seconds(self, config: Config, problem) -> float | None:
         # its precision names: operands, compute, output (H f16, S f32). Its 0.1 release estimates no bf16 GEMM
         # ("B" is not bfloat16 there); bf16 runs at f16's rate with f16's bytes on tensor cores, so f16 stands in.
-        if config.a_bits != 16 or config.acc_bits != 32 or config.c_bits not in (16, 32):
+        if not config.sm90 or config.a_bits != 16 or config.acc_bits != 32 or config.c_bits not in (16, 32):
             return None
         precision = "HS" + ("H" if config.c_bits == 16 else "S")
         M, N, K, batch = _problem_shape(problem)
@@ -321,7 +320,7 @@ class _Nvmmh:
 
 
 def _nvmmh(device: DeviceModel, model: str):
-    if model == "analytic" or os.environ.get("PYCUTLASS_RANK_MODEL") == "analytic":
+    if model == "analytic" or device.compute_capability != 90:  # (used for SM90 configurations only)
         return None
     try:
         return _Nvmmh(device)
@@ -332,7 +331,7 @@ def _nvmmh(device: DeviceModel, model: str):
         return None
 
 
-# ---- measured history -------------------------------------------------------------------------------------------------
+# ---- measured history ------------------------------------------------------------------------------------------------
 def _parse_shape(problem_key: str):
     import re
 
@@ -373,7 +372,7 @@ def history_scores(rows, names: Iterable[str], problem) -> dict[str, float]:
     return {kernel: math.exp(sum(values) / len(values)) for kernel, values in logs.items()}
 
 
-# ---- rank ---------------------------------------------------------------------------------------------------------------
+# ---- rank ------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Ranked:
     """One ranked candidate: ``score`` is the estimated fraction of peak (with history: reweighted), higher first."""
