@@ -3,6 +3,7 @@
     python benchmarks/tune_trust.py                          # GPU host: (a) sweep, (b) ranking, (c) time-to-kernel
     python benchmarks/tune_trust.py --compile-only --target 90 --jobs 16   # any host: compile the space into the cache
     python benchmarks/tune_trust.py --dry-run                # no GPU, no compiles: synthetic timings through (b)
+    python benchmarks/tune_trust.py --replay GEMM_SM90_JSON...   # (b) on grids benchmarks/gemm_sm90.py measured
 
 (a) the exhaustive sweep: every configuration of the space (f16 and bf16, A row-major / B column-major, SM90 tiles
     M 64/128/256 x N 64/128/256 (``--tile-n`` widens it), clusters 1x1/2x1/1x2, the three kernel schedules: 108
@@ -126,6 +127,44 @@ def synthetic_timings(by_dtype: dict, problems, device) -> dict:
     return timings
 
 
+_REPLAY_SCHEDULES = {"coop": "TmaWarpSpecializedCooperative", "pp": "TmaWarpSpecializedPingpong",
+                     "ws": "TmaWarpSpecialized"}
+_REPLAY_DTYPES = {"f16": "f16_f32acc", "bf16": "bf16"}
+
+
+def replay_timings(paths) -> tuple[dict, dict, list]:
+    """(b) from grids already measured by benchmarks/gemm_sm90.py (its JSON: per dtype and shape, each
+    configuration's milliseconds, e.g. "128x256x64 c2x1 coop sk"); variants with other knobs are left out."""
+    import json
+
+    from pycutlass.tune.space import build_operation
+
+    by_dtype, timings, problems = {}, {}, {}
+    for path in paths:
+        results = json.loads(Path(path).read_text())["results"]
+        for label, dtype in _REPLAY_DTYPES.items():
+            for entry in results.get(label, []):
+                problem = GemmProblem(*(int(v) for v in entry["shape"].split("x")))
+                problems.setdefault(problem.key, problem)
+                for measured in entry.get("configs", []):
+                    words = measured["config"].split()
+                    if not measured.get("ms") or len(words) not in (3, 4) or words[2] not in _REPLAY_SCHEDULES \
+                            or words[3:] not in ([], ["sk"]):
+                        continue
+                    cluster = [int(v) for v in words[1][1:].split("x")] + [1]
+                    op = build_operation({
+                        "compute_capability": 90, "dtypes": dtype, "warp_count": "auto", "stages": 0,
+                        "threadblock_shape": [int(v) for v in words[0].split("x")], "cluster_shape": cluster,
+                        "kernel_schedule": _REPLAY_SCHEDULES[words[2]],
+                        "tile_scheduler": "StreamK" if words[3:] == ["sk"] else "Default"})
+                    ops = by_dtype.setdefault(dtype, {})
+                    ops.setdefault(op.name, op)
+                    # the grid's own entry comes first; later ones with the same label are variants with runtime
+                    # knobs (split-K, swizzle) that the label does not show
+                    timings.setdefault((op.name, problem.key), measured["ms"] / 1e3)
+    return {dtype: list(ops.values()) for dtype, ops in by_dtype.items()}, timings, list(problems.values())
+
+
 def measured_timings(args, space, problems) -> tuple[dict, dict]:
     """(a): compile and time the whole space with the torch baseline."""
     from pycutlass.tune.bench import BenchConfig
@@ -196,6 +235,8 @@ def main() -> None:
                         help="ranking model(s) to evaluate (all: the analytic one and nvMatmulHeuristics if installed)")
     parser.add_argument("--db", default=str(RESULTS / "tune-trust.db"))
     parser.add_argument("--dry-run", action="store_true", help="synthetic timings: no GPU, nothing compiles")
+    parser.add_argument("--replay", nargs="+", default=None, metavar="JSON",
+                        help="(b) only, from grids benchmarks/gemm_sm90.py measured (no GPU, nothing compiles)")
     parser.add_argument("--out", default=str(RESULTS / "tune-trust.json"))
     args = parser.parse_args()
     space = trust_space(tuple(int(v) for v in args.tile_n.split(",")))
@@ -212,7 +253,11 @@ def main() -> None:
         return
     payload = {"space": space.to_dict(), "configurations": sum(map(len, by_dtype.values())),
                "device_model": device.name}
-    if args.dry_run:
+    if args.replay:
+        by_dtype, timings, problems = replay_timings(args.replay)
+        payload.update(timings=f"measured by benchmarks/gemm_sm90.py ({len(args.replay)} result files)", space=None,
+                       configurations=sum(map(len, by_dtype.values())))
+    elif args.dry_run:
         timings = synthetic_timings(by_dtype, problems, device)
         payload["timings"] = "synthetic (analytic model x deterministic +-8% noise)"
     else:
@@ -225,7 +270,7 @@ def main() -> None:
         payload["ranking"][model] = table
     if table["pruned_cannot_win"]:
         print_table("configurations pruned as unable to win: their best ratio to the best", table["pruned_cannot_win"])
-    if not args.dry_run:
+    if not (args.dry_run or args.replay):
         payload["time_to_kernel"] = time_to_kernel(args)
     write_json(args.out, payload)
 

@@ -10,9 +10,10 @@ model of one persistent GEMM: tile quantization and waves over the SMs, the main
 stream-K for problems under one wave), accumulator registers per consumer thread (spills), memory bandwidth for
 skinny problems, and occupancy on the Sm80 family. Deterministic and free of any GPU.
 
-``model="auto"`` uses NVIDIA's nvMatmulHeuristics (``pip install nvidia-matmul-heuristics``, the ``rank`` extra)
-for the tile/cluster/stage estimate when it is installed, with this model's schedule and register terms on top;
-``model="analytic"`` always uses the model alone. ``history`` (a ResultsDB, its path, or ``(kernel, problem key,
+``model="analytic"`` (the default) is this model alone. ``model="nvmmh"`` takes NVIDIA's nvMatmulHeuristics
+(``pip install nvidia-matmul-heuristics``, the ``rank`` extra) for the tile/cluster/stage estimate, with this
+model's schedule and register terms on top; ``model="auto"`` does so when it is installed. On grids measured on an
+H100 the model alone ranked better (docs/design/ranking.md), hence the default. ``history`` (a ResultsDB, its path, or ``(kernel, problem key,
 seconds)`` rows) reranks by measured results for shapes within 2x of the problem: kernels that did well there move up.
 """
 from __future__ import annotations
@@ -401,7 +402,7 @@ def _name_of(item) -> str | None:
 
 
 def rank(points, problem, device=None, history=None, *, sm_count: int | None = None,
-         model: str = "auto") -> list[Ranked]:
+         model: str = "analytic") -> list[Ranked]:
     """``points`` (SpacePoints, (params, operation) pairs, params dicts, operations, a SearchSpace or BuiltSpace)
     best first for ``problem`` on ``device`` (a name from ``DEVICES``, a DeviceModel, or None: the usual GPU of the
     points' compute capability). Ties keep the input order, so the result is deterministic."""

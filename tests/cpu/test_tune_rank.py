@@ -322,3 +322,19 @@ def test_nvidia_model_is_used_when_installed_and_named_when_missing(sm90):
     ranked = rank(sm90.operations, problem, device="H200", model="nvmmh")
     assert any("nvMatmulHeuristics" in r.reason for r in ranked)
     assert all("spill" not in r.reason for r in ranked[:8])
+
+
+def test_trust_replay_reads_measured_grids_first_entry_per_label(tmp_path):
+    import json
+
+    trust = _trust_module()
+    grid = {"results": {"f16": [{"shape": "16x4096x4096", "configs": [
+        {"config": "64x32x64 c1x1 ws", "ms": 0.024}, {"config": "128x256x64 c2x1 coop", "ms": 0.070},
+        {"config": "128x128x64 c1x1 coop sk", "ms": 0.040}, {"config": "128x256x64 c2x1 coop", "ms": 0.010},
+        {"config": "64x128x64 c1x1 coop splitk=2", "ms": 0.001}, {"config": "128x128x64 c1x1 coop", "ms": None}]}]}}
+    (tmp_path / "grid.json").write_text(json.dumps(grid))
+    by_dtype, timings, problems = trust.replay_timings([tmp_path / "grid.json"])
+    assert [p.key for p in problems] == ["gemm 16x4096x4096"] and list(by_dtype) == ["f16_f32acc"]
+    assert sorted(round(t * 1e3, 3) for t in timings.values()) == [0.024, 0.04, 0.07]  # later duplicate ignored
+    table = trust.trust_table(timings, by_dtype, problems, device_model("H100"), ks=(1,))
+    assert table["rows"][0]["best"].startswith("64x32x64") and table["summary"][0]["within_2%"] == 1
