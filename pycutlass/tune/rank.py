@@ -229,6 +229,7 @@ def estimate(config: Config, problem, device: DeviceModel) -> Estimate:
         resident = 1
     else:
         smem = config.stages * (tm + tn) * tk * a_bytes
+        # registers allow about 16 warps at 128 per thread (65536 per SM)
         resident = max(1, min(int(device.smem_per_sm // max(smem, 1)), 16 // max(1, config.warps)))
         # a single resident CTA cannot hide its own epilogue and barriers; two or more overlap them
         efficiency *= 0.88 if resident == 1 else 1.0
@@ -255,7 +256,6 @@ def estimate(config: Config, problem, device: DeviceModel) -> Estimate:
         share = max(1, math.ceil(units / slots))
         fixup = t_epilogue if tiles % slots else 0.0  # a split tile's partial sums go through global memory
         t_compute = share * t_main / k_iters * 1.04 + math.ceil(tiles / slots) * t_epilogue + fixup
-        balance = units / (math.ceil(units / slots) * slots)
         notes.append(f"stream-K {waves:.2f} waves")
     else:
         rounds = math.ceil(tiles / slots)
@@ -350,7 +350,13 @@ def _history_rows(history) -> list[tuple[str, str, float]]:
             return list(db.results())
     if hasattr(history, "results"):
         return list(history.results())
-    return [tuple(row) for row in history]
+    try:
+        rows = [tuple(row) for row in history]
+    except TypeError:
+        rows = None
+    if rows is None or any(len(row) != 3 for row in rows):
+        raise ArgumentError("rank: history must be a ResultsDB, its path, or (kernel, problem key, seconds) rows")
+    return rows
 
 
 def history_scores(rows, names: Iterable[str], problem) -> dict[str, float]:

@@ -95,6 +95,8 @@ def test_history_of_nearby_shapes_moves_measured_winners_up(sm90):
     assert moved[0].point.name == underdog and "measured nearby" in moved[0].reason
     far = [(underdog, "gemm 4096x16384x4096", 1.0e-3)] + [(n, "gemm 4096x16384x4096", 1.3e-3) for n in others]
     assert rank(sm90.operations, problem, history=far, model="analytic")[0].point.name != underdog  # 4x away
+    with pytest.raises(ArgumentError, match="history"):
+        rank(sm90.operations, problem, history=[("only a name",)])
 
 
 def test_top_k_spreads_picks_over_tiles(sm90):
