@@ -237,12 +237,17 @@ def test_sweep_top_k_keeps_the_union_over_problems(tmp_path):
         Sweep(space, [], db=tmp_path / "s.db", top_k=2)
 
 
-def test_cli_top_k_options(tmp_path):
+def test_cli_top_k_options(monkeypatch, tmp_path):
     from click.testing import CliRunner
 
     from pycutlass.cli import main
 
+    compiles = _CountingCompiles(monkeypatch)
     runner = CliRunner()
+    swept = runner.invoke(main, ["sweep", "--space", "sm80-f16-small", "--problems", "gemm:64x4096x4096", "--db",
+                                 str(tmp_path / "k.db"), "--top-k", "2", "--compile-only"])
+    assert swept.exit_code == 0, swept.output
+    assert len(compiles.names) == 2 and "2 ready" in swept.output and "ranked below the top 2" in swept.output
     bad = runner.invoke(main, ["tune", "--space", "sm80-f16-small", "--problem", "gemm:64x64x64", "--db",
                                str(tmp_path / "t.db"), "--top-k", "none"])
     assert bad.exit_code != 0 and "positive integer or 'all'" in bad.output
