@@ -129,15 +129,15 @@ def sm90_grid(cls: GemmClass) -> list[tuple[dict, object]]:
         for n in SM90_TILE_N:
             for cluster in SM90_CLUSTERS:
                 for schedule in SM90_SCHEDULES:
-                    for scheduler in ("Default", "StreamK") if schedule.endswith("Cooperative") else ("Default",):
+                    cooperative = schedule.endswith("Cooperative")
+                    if (m == 64 and cooperative) or (m == 256 and not cooperative):
+                        continue  # the descriptions reject these (cooperative splits M in two; the others take 64, 128)
+                    for scheduler in ("Default", "StreamK") if cooperative else ("Default",):
                         extra = {"compute_capability": 90, "cluster_shape": cluster, "kernel_schedule": schedule,
                                  "tile_scheduler": scheduler}
                         if cls.bias:
                             extra["bias"] = "column"
                         params = _gemm_params(cls, [m, n, 64], extra)
-                        if m == 256 and not schedule.endswith("Cooperative") or m == 64 and schedule.endswith(
-                                "Cooperative"):
-                            continue  # (the descriptions reject these: skip building them)
                         if cannot_win(config_of(params)) is None:
                             found.append(params)
     return _buildable(found)
