@@ -3,7 +3,9 @@
 A call's *class* is everything that decides the kernel's description (types, layouts, alignment, epilogue, bias); its
 *problem* is the shape. Candidates are small, deliberate sets: the SM90 (TMA + WGMMA) configurations that won at
 least one shape of ``benchmarks/gemm_sm90.py`` on an H100, and Sm80-family configurations for what SM90 does not
-build (alignments below 16 bytes, float64, convolutions). Descriptions only: nothing here compiles or needs torch.
+build (alignments below 16 bytes, float64, convolutions). When a layer is tuned, an SM90 class draws that layer's
+candidates from the whole SM90 grid ranked for its shape (:func:`ranked_gemm_candidates`); the fixed sets serve
+untuned calls and every class the ranking does not cover. Descriptions only: nothing here compiles or needs torch.
 """
 from __future__ import annotations
 
@@ -11,6 +13,10 @@ from dataclasses import dataclass
 
 from ..errors import DescriptionError
 from ..tune.space import build_operation
+
+SM90_TILE_N = (32, 64, 128, 192, 256)
+SM90_SCHEDULES = ("TmaWarpSpecialized", "TmaWarpSpecializedCooperative", "TmaWarpSpecializedPingpong")
+SM90_CLUSTERS = ([1, 1, 1], [2, 1, 1], [1, 2, 1])
 
 DTYPES = {"float16": "f16_f32acc", "bfloat16": "bf16", "float64": "f64"}
 _BITS = {"float16": 16, "bfloat16": 16, "float64": 64}
@@ -109,6 +115,45 @@ def gemm_candidates(cls: GemmClass) -> list[tuple[dict, object]]:
         for tile, warps, stages in configs:
             found.append(_gemm_params(cls, tile, {"compute_capability": 80, "warp_count": warps, "stages": stages}))
     return _buildable(found)
+
+
+def sm90_grid(cls: GemmClass) -> list[tuple[dict, object]]:
+    """Every SM90 configuration that builds for the class and can win (tiles M 64/128/256 x N 32..256, clusters
+    1x1/2x1/1x2, the three kernel schedules, stream-K with the cooperative one); empty for a non-SM90 class."""
+    if not cls.sm90 or cls.dtype not in DTYPES:
+        return []
+    from ..tune.rank import cannot_win, config_of
+
+    found = []
+    for m in (64, 128, 256):
+        for n in SM90_TILE_N:
+            for cluster in SM90_CLUSTERS:
+                for schedule in SM90_SCHEDULES:
+                    cooperative = schedule.endswith("Cooperative")
+                    if (m == 64 and cooperative) or (m == 256 and not cooperative):
+                        continue  # the descriptions reject these (cooperative splits M in two; the others take 64, 128)
+                    for scheduler in ("Default", "StreamK") if cooperative else ("Default",):
+                        extra = {"compute_capability": 90, "cluster_shape": cluster, "kernel_schedule": schedule,
+                                 "tile_scheduler": scheduler}
+                        if cls.bias:
+                            extra["bias"] = "column"
+                        params = _gemm_params(cls, [m, n, 64], extra)
+                        if cannot_win(config_of(params)) is None:
+                            found.append(params)
+    return _buildable(found)
+
+
+def ranked_gemm_candidates(cls: GemmClass, problem, top_k: int | None, grid=None, device=None) -> list:
+    """A layer's candidates: the ``top_k`` configurations of the SM90 grid ranked best for ``problem`` (m, n, k[,
+    batch]); for classes without a ranked grid (Sm80 family, float64) the fixed candidates."""
+    grid = sm90_grid(cls) if grid is None else grid
+    if not grid:
+        return gemm_candidates(cls)
+    from ..tune.problems import GemmProblem
+    from ..tune.rank import top_k as best
+
+    shape = GemmProblem(*(int(v) for v in tuple(problem)[:3]))
+    return best(grid, shape, top_k, device)
 
 
 def conv_candidates(cls: ConvClass) -> list[tuple[dict, object]]:

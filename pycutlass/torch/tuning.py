@@ -1,5 +1,8 @@
 """Tuning recorded torch calls: compile every candidate at once, check each against torch, time each beside torch.
 
+An SM90 GEMM layer's candidates are the ``top_k`` configurations of the SM90 grid ranked best for its shape
+(``kernels.ranked_gemm_candidates``); the union over the layers compiles once. Other classes use the fixed sets.
+
 Inputs are random normal tensors with the recorded shapes and strides (so layouts and channels_last survive).
 A candidate counts only if its result is within the dtype's tolerance of torch's; timings are medians of CUDA-event
 samples with L2 flushed and a device sleep before each (the sweep harness's ``GemmBench.time``), so each is the
@@ -14,7 +17,8 @@ import statistics
 import torch
 
 from ..compiler.manager import Compiler
-from . import reference
+from ..tune.autotune import DEFAULT_TOP_K
+from . import kernels, reference
 from .calls import TOLERANCE, TORCH, Choice
 
 
@@ -86,16 +90,38 @@ def _close(out, expected, dtype) -> bool:
 _LEAD_US = 200.0  # longer than the host needs to enqueue one call on a slow host (F.linear: ~40 us)
 
 
-def tune_calls(dispatch, calls, *, jobs, progress, prefer_faster, repetitions) -> list[Choice]:
+def call_candidates(dispatch, calls, top_k: int | None = DEFAULT_TOP_K) -> dict:
+    """call key -> [(params, operation)]: a ranked draw per SM90 GEMM layer, the class's fixed set otherwise. Drawn
+    operations are registered with the dispatch, so a call can name them."""
+    grids, found = {}, {}
+    for call in calls:
+        cls = call.cls
+        if isinstance(cls, kernels.GemmClass) and cls.sm90:
+            if cls not in grids:
+                grids[cls] = kernels.sm90_grid(cls)
+            drawn = kernels.ranked_gemm_candidates(cls, call.problem, top_k, grids[cls]) if grids[cls] else []
+        else:
+            drawn = []
+        if not drawn:
+            drawn = dispatch.candidates(cls)
+        for params, operation in drawn:
+            dispatch.register_kernel(operation, params)
+        found[call.key] = drawn
+    return found
+
+
+def tune_calls(dispatch, calls, *, jobs, progress, prefer_faster, repetitions,
+               top_k: int | None = DEFAULT_TOP_K) -> list[Choice]:
     from ..tune.bench import BenchConfig, GemmBench
 
     by_key = {}
     for call in calls:
         by_key.setdefault(call.key, call)
     todo = [call for key, call in by_key.items() if dispatch.lookup(key) is None]
+    drawn = call_candidates(dispatch, todo, top_k)
     operations = {}
     for call in todo:
-        for _, operation in dispatch.candidates(call.cls):
+        for _, operation in drawn[call.key]:
             operations.setdefault(operation.name, operation)
     failed = _compile(Compiler.of(dispatch.session), list(operations.values()), jobs)
     bar = _progress(todo, progress)
@@ -109,8 +135,8 @@ def tune_calls(dispatch, calls, *, jobs, progress, prefer_faster, repetitions) -
         if bench is None:
             bench = benches[call.device] = GemmBench(config, call.device)
         with torch.cuda.device(call.device):
-            choice = _tune_one(dispatch, call, bench, generator, failed, prefer_faster)
-        dispatch.set_choice(call.key, choice, len(dispatch.candidates(call.cls)))
+            choice = _tune_one(dispatch, call, drawn[call.key], bench, generator, failed, prefer_faster)
+        dispatch.set_choice(call.key, choice, len(drawn[call.key]))
     results = []
     for call in calls:
         choice = dispatch.lookup(call.key) or {}
@@ -136,12 +162,12 @@ def _median_us(bench, fn) -> float:
     return statistics.median(samples) * 1e6
 
 
-def _tune_one(dispatch, call, bench, generator, failed, prefer_faster) -> dict:
+def _tune_one(dispatch, call, candidates, bench, generator, failed, prefer_faster) -> dict:
     tensors = _inputs(call, generator)
     expected = _reference(call, tensors)
     torch_us = _median_us(bench, lambda: _eager(call, tensors))
     timings = {}
-    for params, operation in dispatch.candidates(call.cls):
+    for params, operation in candidates:
         if operation.name in failed:
             continue
         try:

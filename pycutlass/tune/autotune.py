@@ -7,6 +7,10 @@
 The cache key names the device (GPU, compute capability, driver, toolkit), the operation class (kind, types,
 layouts, epilogue) and the shape under a key policy: ``"exact"``, ``"pow2"`` (M, N, K rounded up to powers of two)
 or a function of the problem.
+
+Tuning a problem compiles and times only the ``top_k`` candidates that :func:`pycutlass.tune.rank.rank` ranks best
+for it (default :data:`DEFAULT_TOP_K`), plus every candidate already in the kernel cache (checked by cache key,
+without compiling); ``top_k=None`` compiles them all.
 """
 from __future__ import annotations
 
@@ -22,6 +26,11 @@ from ..kinds.gemm.modes import Mode
 from ..session import Session, current
 from .db import ResultsDB, canonical_json
 from .space import SearchSpace
+
+# An SM90 operation costs 20-40 s of CPU to compile and a 16-core host compiles about 8 at once, so 8 candidates
+# compile in one round (under a minute on such a host); benchmarks/tune_trust.py checks that the ranking's best 8
+# hold the exhaustive best within 2%. Sweeps default to every candidate instead.
+DEFAULT_TOP_K = 8
 
 
 # --- key policies -----------------------------------------------------------------------------------------------
@@ -89,6 +98,21 @@ def local_device_facts(ordinal: int = 0) -> dict:
             "toolkit": toolkit}
 
 
+def local_sm_count(ordinal: int = 0) -> int | None:
+    """The current GPU's SM count (for ranking; not part of tuning keys), or None without a GPU."""
+    try:
+        from cuda.bindings import driver as cu
+
+        (err,) = cu.cuInit(0)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            return None
+        _, dev = cu.cuDeviceGet(ordinal)
+        err, count = cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)
+        return int(count) if err == cu.CUresult.CUDA_SUCCESS else None
+    except Exception:  # noqa: BLE001 - no driver: the device model's usual count
+        return None
+
+
 def tuning_key(device_facts: dict, signature: dict, bucket: tuple, policy) -> str:
     return canonical_json({"device": device_facts, "op": signature, "bucket": list(bucket),
                            "policy": policy_name(policy)})
@@ -152,19 +176,29 @@ class TuneResult:
 
 def autotune(space_or_operations, problem, *, db: ResultsDB | str, policy="exact", config=None,
              session: Session | None = None, jobs: int | None = None, measure: Callable | None = None,
-             device_facts: dict | None = None, retune: bool = False) -> TuneResult:
-    """The fastest candidate for ``problem`` on this GPU, from the tuning cache or by compiling and timing all.
+             device_facts: dict | None = None, retune: bool = False,
+             top_k: int | None = DEFAULT_TOP_K) -> TuneResult:
+    """The fastest candidate for ``problem`` on this GPU, from the tuning cache or by compiling and timing the
+    ``top_k`` best-ranked candidates and those already compiled (``top_k=None``: every candidate).
 
     ``measure(operation, problem) -> seconds | None`` replaces the GPU harness (tests, custom timing).
     """
-    tuner = _Tuner(space_or_operations, db, policy, config, session, jobs, measure, device_facts, facts_first=True)
+    tuner = _Tuner(space_or_operations, db, policy, config, session, jobs, measure, device_facts, top_k,
+                   facts_first=True)
     return tuner.tune(problem, retune=retune)
+
+
+def _check_top_k(top_k):
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+        raise ArgumentError(f"top_k must be a positive integer or None (every candidate), got {top_k!r}")
+    return top_k
 
 
 class _Tuner:
     def __init__(self, space_or_operations, db, policy, config, session, jobs, measure, device_facts,
-                 facts_first=False):
+                 top_k=DEFAULT_TOP_K, facts_first=False):
         bucket_of(_Probe(), policy)  # validates the policy early
+        self.top_k = _check_top_k(top_k)
         self.operations, self.params = candidates(space_or_operations)
         self.by_name = {op.name: op for op in self.operations}
         self.policy = policy
@@ -180,7 +214,8 @@ class _Tuner:
         from .db import operation_class
 
         self.op_class = operation_class(self.operations[0])
-        self._ready = None  # candidates that compiled, found on the first tune
+        self._compiled: dict[str, bool] = {}  # operation name -> compiled (True) or failed (False), as tuned
+        self._cached_names = None  # candidates found in the kernel cache, checked once
 
     def facts(self) -> dict:
         if self.device_facts is None:
@@ -210,7 +245,7 @@ class _Tuner:
             hit = self.cached(key)
             if hit is not None:
                 return TuneResult(hit[0], hit[1]["seconds"], key, True, hit[1]["candidates"], {}, self.op_class)
-        ready = self._compile()
+        ready = self._compile(self.candidates_for(problem))
         measure = self._measure or gpu_measure(self.config, self.session)
         timings = {op.name: measure(op, problem) for op in ready}
         good = {name: t for name, t in timings.items() if t is not None and math.isfinite(t) and t > 0}
@@ -220,17 +255,53 @@ class _Tuner:
         self.db.put_tuning(key, best, self.params.get(best, {}), good[best], policy_name(self.policy), len(ready))
         return TuneResult(self.by_name[best], good[best], key, False, len(ready), timings, self.op_class)
 
-    def _compile(self) -> list:
-        if self._ready is None:
+    def candidates_for(self, problem) -> list:
+        """What tuning ``problem`` compiles and times: the ``top_k`` best-ranked candidates, then those already in
+        the kernel cache (cheap: no compile), in candidate order; every candidate when top_k is None or larger."""
+        if self.top_k is None or len(self.operations) <= self.top_k:
+            return list(self.operations)
+        from .rank import top_k
+
+        device, sm_count = self._rank_device()
+        chosen = {op.name for op in top_k(self.operations, problem, self.top_k, device, history=self.db,
+                                          sm_count=sm_count)}
+        chosen |= self.cached_names() | {name for name, ok in self._compiled.items() if ok}
+        return [op for op in self.operations if op.name in chosen]
+
+    def _rank_device(self):
+        from .rank import device_model
+
+        facts = self.device_facts or {}
+        sm_count = None if self._measure is not None else local_sm_count(self.session.options.get("device") or 0)
+        if facts.get("device"):
+            try:
+                return device_model(facts["device"]), sm_count
+            except ArgumentError:  # a GPU the model does not know: its compute capability's usual one
+                pass
+        cc = facts.get("cc") or self.operations[0].compute_capability
+        return device_model(None, compute_capability=cc), sm_count
+
+    def cached_names(self) -> set[str]:
+        """Candidates whose binary is in this session's kernel cache (memory or disk), by cache key."""
+        if self._cached_names is None:
+            from .sweep import cached_operation_names
+
+            self._cached_names = cached_operation_names(self.operations, self.session)
+        return self._cached_names
+
+    def _compile(self, operations) -> list:
+        todo = [op for op in operations if op.name not in self._compiled]
+        if todo:
             if self._measure is not None:  # a custom measure compiles (or simulates) what it needs
-                self._ready = list(self.operations)
+                self._compiled.update((op.name, True) for op in todo)
             else:
                 from .sweep import Sweep
 
-                sweep = Sweep(self.operations, db=self.db, name="autotune", session=self.session)
+                sweep = Sweep(todo, db=self.db, name="autotune", session=self.session)
                 sweep.compile(jobs=self.jobs)
-                self._ready = sweep.ready_operations()
-        return self._ready
+                ready = {op.name for op in sweep.ready_operations()}
+                self._compiled.update((op.name, op.name in ready) for op in todo)
+        return [op for op in operations if self._compiled.get(op.name)]
 
 
 class _Probe:
@@ -242,13 +313,14 @@ class Tuned:
     """A GEMM callable over a candidate set: ``tuned(A, B, D, C=None, alpha=1, beta=0)``.
 
     Dispatch is one dict lookup by the key policy's bucket (thread-safe without a lock: misses take one). On a
-    miss it tunes (``tune=True``) or uses the nearest known bucket by log-distance of M, N, K (``tune=False``).
+    miss it tunes (``tune=True``: the ``top_k`` best-ranked candidates for the shape, plus those already compiled)
+    or uses the nearest known bucket by log-distance of M, N, K (``tune=False``).
     """
 
     def __init__(self, space_or_operations, *, db: ResultsDB | str, policy="pow2", tune: bool = True, config=None,
                  session: Session | None = None, jobs: int | None = None, measure: Callable | None = None,
-                 device_facts: dict | None = None):
-        self._tuner = _Tuner(space_or_operations, db, policy, config, session, jobs, measure, device_facts)
+                 device_facts: dict | None = None, top_k: int | None = DEFAULT_TOP_K):
+        self._tuner = _Tuner(space_or_operations, db, policy, config, session, jobs, measure, device_facts, top_k)
         self.tune_on_miss = tune
         self._chosen: dict[tuple, object] = {}
         self._lock = threading.Lock()

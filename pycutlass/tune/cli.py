@@ -95,9 +95,12 @@ def _with_harness(function):
               help="Run through Dask: local:N (a local cluster of N workers) or a scheduler address tcp://host:8786.")
 @click.option("--timeout", default=120.0, show_default=True, help="Seconds per measurement before the worker is killed.")
 @click.option("--no-baseline", is_flag=True, help="Skip the torch (cuBLAS) baseline rows.")
+@click.option("--top-k", "top_k", type=click.IntRange(min=1), default=None,
+              help="Keep each problem's K best-ranked configurations (their union) plus those already compiled; "
+                   "default: every configuration.")
 @_with_harness
 def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundle_path, devices, scheduler, timeout,
-          no_baseline, repetitions, cuda_graph, arg_pool, verify, max_seconds):
+          no_baseline, top_k, repetitions, cuda_graph, arg_pool, verify, max_seconds):
     """Compile a search space and benchmark it over problems; results go to --db (resumable)."""
     from .. import Session
     from .db import ResultsDB
@@ -131,7 +134,7 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
                 raise click.UsageError("--problems is required to benchmark (or pass --compile-only)")
             if not scheduler:
                 _require_gpu("sweep")
-        job = Sweep(search_space, problems, db=db_path, name=name, session=session)
+        job = Sweep(search_space, problems, db=db_path, name=name, session=session, top_k=top_k)
         if scheduler:
             from .distributed import DaskExecutor
 
@@ -153,17 +156,31 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
 @click.option("--policy", type=click.Choice(["exact", "pow2"]), default="exact", show_default=True)
 @click.option("--jobs", type=click.IntRange(min=1), default=None)
 @click.option("--retune", is_flag=True, help="Ignore the tuning cache.")
-def tune(space, problem_specs, db_path, policy, jobs, retune):
+@click.option("--top-k", "top_k", default="8", show_default=True,
+              help="Compile and time each problem's K best-ranked configurations plus those already compiled; "
+                   "'all' for every configuration.")
+def tune(space, problem_specs, db_path, policy, jobs, retune, top_k):
     """Find the fastest kernel of a space for each problem (tuning cache in --db)."""
     from .autotune import autotune, candidates
 
+    if top_k == "all":
+        top_k = None
+    else:
+        try:
+            top_k = int(top_k)
+            if top_k < 1:
+                raise ValueError
+        except ValueError:
+            raise click.BadParameter(f"give a positive integer or 'all', got {top_k!r}", param_hint="--top-k") \
+                from None
     with _reported():
         problems = _problems(problem_specs)
         search_space = _space(space)
         candidates(search_space)  # a space the tuner refuses (no candidate, two classes) is named before the GPU
         _require_gpu("tune")
         for problem in problems:
-            result = autotune(search_space, problem, db=str(db_path), policy=policy, jobs=jobs, retune=retune)
+            result = autotune(search_space, problem, db=str(db_path), policy=policy, jobs=jobs, retune=retune,
+                              top_k=top_k)
             source = "cache" if result.from_cache else f"tuned over {result.candidates}"
             click.echo(f"{problem.key}: {result.operation.name} {result.seconds * 1e6:.1f} us ({source})")
 

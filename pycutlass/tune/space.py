@@ -430,8 +430,19 @@ def _no_clusters(params: Mapping):
     return True if params.get("cluster_shape", [1, 1, 1]) == [1, 1, 1] else "cluster larger than 1x1"
 
 
+def _no_register_spills(params: Mapping):
+    """SM90 kernels whose consumer threads cannot hold the tile's accumulators (ping-pong or warp-specialized with
+    a 128x256 float32 tile: 256 registers per thread) spill and run an order of magnitude slower: they cannot win."""
+    if params.get("kind") != "gemm" or params.get("compute_capability") != 90 or params.get("warp_count"):
+        return True
+    from .rank import cannot_win, config_of
+
+    return cannot_win(config_of(params)) or True
+
+
 BUILTIN_FILTERS = MappingProxyType({"warp_m_at_most_64": _warp_m_at_most_64,
-                                    "no_clusters": _no_clusters})
+                                    "no_clusters": _no_clusters,
+                                    "no_register_spills": _no_register_spills})
 
 
 def _filter_name(function) -> str:
@@ -738,11 +749,13 @@ PRESETS = _frozen({
         "kernel_schedule": ["TmaWarpSpecialized", "TmaWarpSpecializedCooperative", "TmaWarpSpecializedPingpong"],
         "epilogue_schedule": ["Auto", "NoSmemWarpSpecialized"],
         "tile_scheduler": ["Default", "StreamK"],
+        "filters": ["no_register_spills"],
     },
     "sm90-f16-small": {
         "name": "sm90-f16-small", "kind": ["gemm"], "compute_capability": [90], "dtypes": ["f16_f32acc"],
         "threadblock_shape": [[128, 128, 64], [128, 256, 64], [64, 128, 64]],
         "warp_count": ["auto"], "stages": [0], "cluster_shape": [[1, 1, 1], [2, 1, 1]],
         "kernel_schedule": ["Auto"],
+        "filters": ["no_register_spills"],
     },
 })

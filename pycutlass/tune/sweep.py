@@ -5,6 +5,8 @@
     sweep.benchmark()           # GPU host: one worker process per GPU, restarted when a kernel faults or hangs
 
 Both stages write to the results DB as they go, so an interrupted sweep resumes where it stopped.
+``Sweep(..., top_k=K)`` keeps only the union over the problems of each one's K best-ranked operations
+(:mod:`pycutlass.tune.rank`) plus those already in the kernel cache; the default (None) keeps every operation.
 """
 from __future__ import annotations
 
@@ -59,12 +61,42 @@ def error_class(error: BaseException) -> str:
     return f"{type(error).__name__}: {detail}"[:200]
 
 
+def cached_operation_names(operations, session: Session, target=None) -> set[str]:
+    """Names of the operations whose binary is already in the session's kernel cache (memory or disk), looked up by
+    cache key: nothing compiles. Empty when keys cannot be computed here (no toolchain)."""
+    from ..cache.current import CacheState
+
+    compiler, found = Compiler.of(session), set()
+    target = None if target is None else parse_target(target)
+    try:
+        cache = CacheState.of(session).cache
+        for op in operations:
+            key, op_target = compiler.key_and_target(op, target)
+            if compiler.lookup(op, op_target) is not None or cache.lookup(key) is not None:
+                found.add(op.name)
+    except Exception as error:  # noqa: BLE001 - no toolchain or unreadable cache: nothing counts as compiled
+        log.info("kernel cache not consulted (%s)", error)
+    return found
+
+
+def ranked_union(operations, problems, top_k: int, *, device=None, history=None, sm_count=None) -> list:
+    """The operations among the ``top_k`` best-ranked for at least one problem, in their original order."""
+    from .rank import top_k as best
+
+    chosen = set()
+    for problem in problems:
+        if getattr(problem, "kind", "gemm") != "gemm" or not hasattr(problem, "m"):
+            return list(operations)  # the ranking models GEMMs only: keep everything for other kinds
+        chosen |= {op.name for op in best(operations, problem, top_k, device, history, sm_count=sm_count)}
+    return [op for op in operations if op.name in chosen]
+
+
 class Sweep:
     """A search space (a ``SearchSpace``, a preset name such as ``"sm80-f16"``, or a list of operations) x a problem
     set, recorded in a results DB (opened, or created, once the space and problems are known to be valid)."""
 
     def __init__(self, space, problems=None, *, db: ResultsDB | str | os.PathLike, name: str | None = None,
-                 session: Session | None = None, target=None):
+                 session: Session | None = None, target=None, top_k: int | None = None, rank_device=None):
         self.session = session or current()
         self.problems = list(problems or [])
         self.target = target
@@ -100,6 +132,8 @@ class Sweep:
             if not all(hasattr(problem, a) for a in ("key", "kind", "flops", "to_dict")):
                 raise ArgumentError(f"problems must be pycutlass.tune.problems objects (GemmProblem, ...), got "
                                     f"{problem!r}")
+        if top_k is not None:
+            self._keep_top_k(top_k, rank_device)
         # Opened (and created) only once the sweep is known to be valid.
         self.db = db if isinstance(db, ResultsDB) else ResultsDB(db)
         self.db.add_sweep(self.name, space_dict, {"problems": [p.to_dict() for p in self.problems]},
@@ -111,6 +145,18 @@ class Sweep:
 
     def params_of(self, operation) -> dict:
         return self._params[operation.name]
+
+    def _keep_top_k(self, top_k, rank_device) -> None:
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+            raise ArgumentError(f"top_k must be a positive integer or None (every operation), got {top_k!r}")
+        if not self.problems:
+            raise ArgumentError("top_k ranks the operations for the sweep's problems: give problems too")
+        kept = ranked_union(self.operations, self.problems, top_k, device=rank_device, history=self.db)
+        names = {op.name for op in kept} | cached_operation_names(self.operations, self.session, self.target)
+        dropped = len(self.operations) - len(names)
+        if dropped:
+            self.pruned[f"ranked below the top {top_k} for every problem"] += dropped
+        self.operations = [op for op in self.operations if op.name in names]
 
     # --- compile ----------------------------------------------------------------------------------------------
     def compile(self, *, jobs: int | None = None, chunk: int | None = None, progress: bool | None = None,

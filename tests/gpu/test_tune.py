@@ -205,3 +205,27 @@ def test_default_harness_times_small_kernels_on_the_gpu_not_the_host():
     assert measured["default"] <= 2.0 * measured["graph"] + 2e-6, measured
     assert measured["default"] <= measured["lead_less"] * 1.05, measured
     print(f"torch {torch_times}, pycutlass {measured}")  # seconds; shown with pytest -s
+
+
+def test_autotune_top_k_compiles_only_the_ranked_few_and_runs_the_winner(tmp_path):
+    from pycutlass.tune.autotune import autotune
+
+    session = cutlass.Session(cache_path=tmp_path / "kernels.db")  # a cold kernel cache
+    space = SearchSpace.preset("sm80-f16")  # 204 configurations
+    problem = GemmProblem(1024, 2048, 512)
+    start = time.perf_counter()
+    result = autotune(space, problem, db=tmp_path / "t.db", session=session, top_k=2)
+    assert result.candidates == 2 and len(result.timings) == 2
+    assert time.perf_counter() - start < 120  # two Sm80 compiles, not 204
+    again = autotune(space, GemmProblem(2048, 1024, 512), db=tmp_path / "t.db", session=session, top_k=2)
+    assert 2 <= again.candidates <= 4  # what the first tune compiled is timed too (it is in the cache)
+    a = torch.randn(1024, 512, device="cuda").half()
+    b = torch.randn(2048, 512, device="cuda").half().t()
+    d = torch.full((1024, 2048), math.nan, device="cuda").half()
+    operation = result.operation
+    arguments = cutlass.GemmArguments(operation, (1024, 2048, 512), a, b, None, d,
+                                      output_op=operation.epilogue_type(1.0, 0.0), session=session)
+    operation.run(arguments)
+    torch.cuda.synchronize()
+    reference = a.double() @ b.double()
+    assert ((d.double() - reference).norm() / reference.norm()).item() < 5e-3
