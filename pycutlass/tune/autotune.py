@@ -282,7 +282,7 @@ class _Tuner:
         return device_model(None, compute_capability=cc), sm_count
 
     def cached_names(self) -> set[str]:
-        """Candidates whose binary is in this session's kernel cache (memory or disk), by cache key."""
+        """Candidates whose binary is in the tuner's Session's kernel cache (memory or disk), by cache key."""
         if self._cached_names is None:
             from .sweep import cached_operation_names
 

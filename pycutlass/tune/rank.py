@@ -24,6 +24,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
 from ..errors import ArgumentError
+from ..kinds.base import Operation
+from .space import ACCUMULATOR_REGISTER_LIMIT
 
 
 # ---- devices ------------------------------------------------------------------------------------------------------
@@ -75,9 +77,6 @@ def device_model(device=None, *, compute_capability: int | None = None, sm_count
 
 # ---- what a point is, for the model ---------------------------------------------------------------------------------
 _PEAK_SCALE = {16: 1.0, 8: 2.0, 32: 0.5, 64: 0.0675}  # tensor peak relative to 16-bit (tf32 half, f64 ~1/15)
-# CUTLASS's setmaxnreg budget for a consumer thread (ping-pong 240, cooperative 232); the mainloop also needs
-# registers for addresses, barriers and the epilogue, so accumulators beyond this many spill to local memory.
-ACCUMULATOR_REGISTER_LIMIT = 208
 
 
 @dataclass(frozen=True)
@@ -343,11 +342,9 @@ def _parse_shape(problem_key: str):
 def _history_rows(history) -> list[tuple[str, str, float]]:
     if history is None:
         return []
-    if isinstance(history, (str, os.PathLike)):
-        from .db import ResultsDB
-
-        with ResultsDB(history, read_only=True) as db:
-            return list(db.results())
+    if isinstance(history, (str, os.PathLike)):  # rank sits below the results DB: the caller opens it
+        raise ArgumentError("rank: history must be an open ResultsDB (ResultsDB(path, read_only=True)) or "
+                            "(kernel, problem key, seconds) rows, not a path")
     if hasattr(history, "results"):
         return list(history.results())
     try:
@@ -355,7 +352,7 @@ def _history_rows(history) -> list[tuple[str, str, float]]:
     except TypeError:
         rows = None
     if rows is None or any(len(row) != 3 for row in rows):
-        raise ArgumentError("rank: history must be a ResultsDB, its path, or (kernel, problem key, seconds) rows")
+        raise ArgumentError("rank: history must be a ResultsDB or (kernel, problem key, seconds) rows")
     return rows
 
 
@@ -401,10 +398,9 @@ def _points(points) -> list:
 
 
 def _name_of(item) -> str | None:
-    if isinstance(item, tuple) and len(item) == 2:
-        return getattr(item[1], "name", None)
-    operation = getattr(item, "operation", item)
-    return getattr(operation, "name", None)
+    """The operation's name, or None for a params dict (nothing built yet)."""
+    operation = item[1] if isinstance(item, tuple) and len(item) == 2 else getattr(item, "operation", item)
+    return operation.name if isinstance(operation, Operation) else None
 
 
 def rank(points, problem, device=None, history=None, *, sm_count: int | None = None,

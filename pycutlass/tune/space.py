@@ -430,14 +430,33 @@ def _no_clusters(params: Mapping):
     return True if params.get("cluster_shape", [1, 1, 1]) == [1, 1, 1] else "cluster larger than 1x1"
 
 
+# CUTLASS's setmaxnreg budget for an SM90 consumer thread (ping-pong 240, cooperative 232); the mainloop also needs
+# registers for addresses, barriers and the epilogue, so accumulators beyond this many spill to local memory.
+ACCUMULATOR_REGISTER_LIMIT = 208
+
+
 def _no_register_spills(params: Mapping):
     """SM90 kernels whose consumer threads cannot hold the tile's accumulators (ping-pong or warp-specialized with
     a 128x256 float32 tile: 256 registers per thread) spill and run an order of magnitude slower: they cannot win."""
     if params.get("kind") != "gemm" or params.get("compute_capability") != 90 or params.get("warp_count"):
         return True
-    from .rank import cannot_win, config_of
-
-    return cannot_win(config_of(params)) or True
+    p = resolve_params({k: v for k, v in params.items() if k != "bias"})
+    tile_m, tile_n = p["threadblock_shape"][:2]
+    name = str(p.get("kernel_schedule", "Auto"))
+    if name in ("Auto", "ScheduleAuto"):  # what the builder picks: cooperative when tile M splits in two
+        schedule = "cooperative" if tile_m % 128 == 0 else "warpspecialized"
+    else:
+        schedule = "cooperative" if "Cooperative" in name else "pingpong" if "Pingpong" in name else "warpspecialized"
+    cooperative = schedule == "cooperative"
+    if cooperative and tile_m % 128 or not cooperative and (tile_m not in (64, 128) or
+                                                             p.get("tile_scheduler") == "StreamK"):
+        return True  # the descriptions reject it, with their own reason
+    threads = 128 * (2 if cooperative else 1)  # cooperative splits the tile over two consumer warpgroups
+    registers = tile_m * tile_n * DataType[str(p["element_accumulator"])].bits // 32 // threads
+    if registers > ACCUMULATOR_REGISTER_LIMIT:
+        return (f"cannot win: accumulators spill registers ({schedule} {tile_m}x{tile_n} tile, {registers} per "
+                f"consumer thread)")
+    return True
 
 
 BUILTIN_FILTERS = MappingProxyType({"warp_m_at_most_64": _warp_m_at_most_64,

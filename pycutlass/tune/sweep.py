@@ -133,9 +133,11 @@ class Sweep:
                 raise ArgumentError(f"problems must be pycutlass.tune.problems objects (GemmProblem, ...), got "
                                     f"{problem!r}")
         if top_k is not None:
-            self._keep_top_k(top_k, rank_device)
-        # Opened (and created) only once the sweep is known to be valid.
+            self._check_top_k(top_k)
+        # Opened (and created) only once the sweep is known to be valid; ranking reads its history.
         self.db = db if isinstance(db, ResultsDB) else ResultsDB(db)
+        if top_k is not None:
+            self._keep_top_k(top_k, rank_device)
         self.db.add_sweep(self.name, space_dict, {"problems": [p.to_dict() for p in self.problems]},
                           getattr(space, "fingerprint", ""))
         for op in self.operations:
@@ -146,11 +148,13 @@ class Sweep:
     def params_of(self, operation) -> dict:
         return self._params[operation.name]
 
-    def _keep_top_k(self, top_k, rank_device) -> None:
+    def _check_top_k(self, top_k) -> None:
         if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
             raise ArgumentError(f"top_k must be a positive integer or None (every operation), got {top_k!r}")
         if not self.problems:
             raise ArgumentError("top_k ranks the operations for the sweep's problems: give problems too")
+
+    def _keep_top_k(self, top_k, rank_device) -> None:
         kept = ranked_union(self.operations, self.problems, top_k, device=rank_device, history=self.db)
         names = {op.name for op in kept} | cached_operation_names(self.operations, self.session, self.target)
         dropped = len(self.operations) - len(names)
