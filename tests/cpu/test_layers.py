@@ -35,7 +35,7 @@ LAYERS = [
               "tune.autotune", "tune.select", "tune.plots", "tune.bundle", "tune.progress", "tune.resources",
               "tune.distributed", "tune.rank"]),
     ("torch", ["torch", "torch.*"]),  # the only part that imports torch (docs/torch.md)
-    ("api", ["", "gemm", "conv", "cli", "__main__", "tune.cli",
+    ("api", ["", "gemm", "conv", "cli", "cli.*", "__main__",
              # PyCUTLASS 2.11's surface (pycutlass.compat) and its old module paths (docs/porting.md)
              "compat", "compat.*", *LEGACY_PATHS]),
 ]

@@ -248,8 +248,8 @@ def _when(timestamp: float | None) -> str:
 
 
 def _add_tuning_commands() -> None:
-    """sweep, tune, select, heatmap, bundle, db (pycutlass.tune.cli)."""
-    from .tune.cli import main as tuning
+    """sweep, tune, select, heatmap, bundle, db (pycutlass.cli.tune)."""
+    from .tune import main as tuning
 
     for name, command in tuning.commands.items():
         main.add_command(command, name)

@@ -11,7 +11,7 @@ import click
 from ..errors import PyCutlassError
 
 # The tuning commands' own group: pycutlass.cli adds each of them to the ``pycutlass`` command (this module does not
-# import pycutlass.cli, so the two do not import each other).
+# import the package's __init__, so the two do not import each other).
 main = click.Group("pycutlass-tune", help="The tuning workflows.")
 
 _db_option = click.option("--db", "db_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
@@ -39,7 +39,7 @@ def _require_gpu(command: str) -> None:
 
 
 def _space(value: str):
-    from .space import SearchSpace
+    from ..tune.space import SearchSpace
 
     path = Path(value)
     return SearchSpace.from_file(path) if path.suffix in (".toml", ".json", ".yaml", ".yml") else \
@@ -47,7 +47,7 @@ def _space(value: str):
 
 
 def _problems(specs: tuple[str, ...]):
-    from .problems import parse_problems
+    from ..tune.problems import parse_problems
 
     found = []
     for spec in specs:
@@ -56,7 +56,7 @@ def _problems(specs: tuple[str, ...]):
 
 
 def _bench_config(repetitions, cuda_graph, arg_pool, verify, max_seconds):
-    from .bench import BenchConfig
+    from ..tune.bench import BenchConfig
 
     return BenchConfig(repetitions=repetitions, cuda_graph=cuda_graph, arg_pool=arg_pool, verify=verify,
                        max_seconds=max_seconds)
@@ -103,8 +103,8 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
           no_baseline, top_k, repetitions, cuda_graph, arg_pool, verify, max_seconds):
     """Compile a search space and benchmark it over problems; results go to --db (resumable)."""
     from .. import Session
-    from .db import ResultsDB
-    from .sweep import Sweep
+    from ..tune.db import ResultsDB
+    from ..tune.sweep import Sweep
 
     with _reported():
         # Everything that can be wrong is checked before the results DB is opened (which creates it).
@@ -114,7 +114,7 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
             raise click.UsageError(f"--gpus takes 'all' or ordinals such as 0,1; got {devices!r}") from None
         config = _bench_config(repetitions, cuda_graph, arg_pool, verify, max_seconds)
         if bundle_path:
-            from .bundle import run_bundle
+            from ..tune.bundle import run_bundle
 
             _require_gpu("sweep")
             summary = run_bundle(bundle_path, ResultsDB(db_path), config=config, devices=ordinals, timeout=timeout,
@@ -124,7 +124,7 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
         if not space:
             raise click.UsageError("--space is required (or --bundle)")
         if scheduler:
-            from .distributed import parse_scheduler
+            from ..tune.distributed import parse_scheduler
 
             parse_scheduler(scheduler)
         session = Session(target=target) if target else Session()
@@ -136,7 +136,7 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
                 _require_gpu("sweep")
         job = Sweep(search_space, problems, db=db_path, name=name, session=session, top_k=top_k)
         if scheduler:
-            from .distributed import DaskExecutor
+            from ..tune.distributed import DaskExecutor
 
             with DaskExecutor(scheduler) as executor:
                 click.echo(f"compile (dask): {executor.compile(job)}")
@@ -161,7 +161,7 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
                    "'all' for every configuration.")
 def tune(space, problem_specs, db_path, policy, jobs, retune, top_k):
     """Find the fastest kernel of a space for each problem (tuning cache in --db)."""
-    from .autotune import autotune, candidates
+    from ..tune.autotune import autotune, candidates
 
     if top_k == "all":
         top_k = None
@@ -188,8 +188,8 @@ def tune(space, problem_specs, db_path, policy, jobs, retune, top_k):
 def _load_results(db_path: Path, sweep_name: str | None, *, with_params: bool = False):
     """(kernel name, problem object, seconds) rows from a results DB, each carrying its operation class
     (``Result.op_class``); with ``with_params`` also ``{kernel name: space parameters}``."""
-    from .db import Result, ResultsDB
-    from .problems import problem_from_dict
+    from ..tune.db import Result, ResultsDB
+    from ..tune.problems import problem_from_dict
 
     with ResultsDB(db_path, read_only=True) as db:
         rows = db.results(sweep=sweep_name)
@@ -204,20 +204,20 @@ def _load_results(db_path: Path, sweep_name: str | None, *, with_params: bool = 
 
 
 def _by_class(results) -> dict:
-    from .select import split_classes
+    from ..tune.select import split_classes
 
     return split_classes(results)
 
 
 def _class_file(path: Path, op_class: str, several: bool) -> Path:
-    from .plots import class_path
+    from ..tune.plots import class_path
 
     return class_path(path, op_class) if several else path
 
 
 def _report_selection(results, min_efficiency: float, indent: str = ""):
     """The exact and greedy selections of one operation class, printed."""
-    from .select import greedy_select, select_kernels
+    from ..tune.select import greedy_select, select_kernels
 
     exact = select_kernels(results, min_efficiency)
     greedy = greedy_select(results, min_efficiency)
@@ -247,7 +247,7 @@ def select(db_path, sweep_name, min_efficiency, pareto_path, pareto_max_size, di
 
     Kernels compete only within their operation class (types, layouts, alignments, epilogue): with several
     classes in the DB, each gets its own section, Pareto plot (PATH-<class>.png) and dispatch table."""
-    from .select import generate_dispatch_python, pareto_curve, write_dispatch_table
+    from ..tune.select import generate_dispatch_python, pareto_curve, write_dispatch_table
 
     with _reported():
         classes = _by_class(_load_results(db_path, sweep_name))
@@ -261,7 +261,7 @@ def select(db_path, sweep_name, min_efficiency, pareto_path, pareto_max_size, di
             exact, greedy = _report_selection(results, min_efficiency, "  " if several else "")
             chosen[op_class] = exact
             if pareto_path:
-                from .plots import pareto_plot
+                from ..tune.plots import pareto_plot
 
                 kernels = len({kernel for kernel, _, _ in results})
                 curve = pareto_curve(results, max_size=max(len(exact.kernels), min(pareto_max_size, kernels)))
@@ -288,7 +288,7 @@ def select(db_path, sweep_name, min_efficiency, pareto_path, pareto_max_size, di
 def heatmap(db_path, out, sweep_name, min_efficiency, max_kernels):
     """Kernels x problems, normalized per problem, as a PNG or SVG: one figure per operation class (OUT when the
     DB holds one class, OUT-<class>.png for each of several)."""
-    from .plots import heatmap as draw
+    from ..tune.plots import heatmap as draw
 
     with _reported():
         results, params = _load_results(db_path, sweep_name, with_params=True)
@@ -296,7 +296,7 @@ def heatmap(db_path, out, sweep_name, min_efficiency, max_kernels):
         for op_class, items in classes.items():
             selected = None
             if min_efficiency is not None:
-                from .select import select_kernels
+                from ..tune.select import select_kernels
 
                 selected = select_kernels(items, min_efficiency)
             target = _class_file(out, op_class, len(classes) > 1)
@@ -320,8 +320,8 @@ def bundle():
 def bundle_export(space, problem_specs, target, jobs, db_path, out):
     """Compile a sweep for --target (no GPU needed) and write it to OUT."""
     from .. import Session
-    from .bundle import export_bundle
-    from .sweep import Sweep
+    from ..tune.bundle import export_bundle
+    from ..tune.sweep import Sweep
 
     with _reported():
         job = Sweep(_space(space), _problems(problem_specs), db=db_path or out.with_suffix(".compile.db"),
@@ -334,7 +334,7 @@ def bundle_export(space, problem_specs, target, jobs, db_path, out):
 @click.argument("path", type=click.Path(exists=True, dir_okay=False))
 def bundle_info(path):
     """Verify a bundle's hashes and describe it."""
-    from .bundle import Bundle
+    from ..tune.bundle import Bundle
 
     with _reported():
         opened = Bundle.open(path)
@@ -353,7 +353,7 @@ def db():
 @click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def db_merge(dest, sources):
     """Copy the rows of SOURCES that DEST lacks (idempotent: merging twice adds nothing)."""
-    from .db import ResultsDB
+    from ..tune.db import ResultsDB
 
     with _reported(), ResultsDB(dest) as target:
         for source in sources:
@@ -367,7 +367,7 @@ def db_merge(dest, sources):
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 def db_export(path, table, out):
     """Write one table as CSV or JSON (by OUT's suffix)."""
-    from .db import ResultsDB
+    from ..tune.db import ResultsDB
 
     with _reported(), ResultsDB(path, read_only=True) as source:
         click.echo(f"wrote {source.export(table, out)}")
@@ -377,7 +377,7 @@ def db_export(path, table, out):
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def db_info(path):
     """Row counts per table, the sweeps recorded and, when there are several, the operation classes."""
-    from .db import BASELINE_KIND, ResultsDB
+    from ..tune.db import BASELINE_KIND, ResultsDB
 
     with _reported(), ResultsDB(path, read_only=True) as source:
         for table, count in source.counts().items():
@@ -400,8 +400,8 @@ def db_info(path):
               help="Also draw registers vs normalized time (.png/.svg).")
 def db_correlate(path, scatter):
     """Which kernel resource predicts time (Spearman, per problem class)."""
-    from .db import ResultsDB
-    from .resources import correlation_report, resource_points
+    from ..tune.db import ResultsDB
+    from ..tune.resources import correlation_report, resource_points
 
     with _reported(), ResultsDB(path, read_only=True) as source:
         points = resource_points(source)
@@ -410,7 +410,7 @@ def db_correlate(path, scatter):
     for row in correlation_report(points):
         click.echo(f"{row['class']:8} {row['resource']:18} rho={row['spearman']:+.3f} (n={row['n']})")
     if scatter:
-        from .plots import resource_scatter
+        from ..tune.plots import resource_scatter
 
         resource_scatter(points, scatter, x="registers", y="ratio")
         click.echo(f"wrote {scatter}")
