@@ -250,18 +250,28 @@ class _CacheThatCannotStore:
         raise OSError(28, "No space left on device")
 
 
-@pytest.mark.slow
-def test_a_compile_leaves_no_folder_whether_it_succeeds_or_raises(tmp_path, monkeypatch):
-    import tempfile
-
+def _require_nvcc() -> None:
     from pycutlass.compiler import toolchain
 
     try:
         toolchain.nvcc_path()
     except cutlass.ToolchainError:
         pytest.skip("nvcc is not installed")
+
+
+def _compile_tmpdir(tmp_path):
+    """An empty folder for the compilers' temporary files (TMPDIR), to check what they leave behind."""
     workdir = tmp_path / "tmp"
     workdir.mkdir()
+    return workdir
+
+
+@pytest.mark.slow
+def test_a_compile_leaves_no_folder_whether_it_succeeds_or_raises(tmp_path, monkeypatch):
+    import tempfile
+
+    _require_nvcc()
+    workdir = _compile_tmpdir(tmp_path)
     monkeypatch.setenv("TMPDIR", str(workdir))
     monkeypatch.setattr(tempfile, "tempdir", str(workdir))
     with cutlass.Session(target=80, cache_path=":memory:", backend="nvcc", progress=False).activate():
@@ -349,15 +359,9 @@ def _interrupt(proc, workdir: Path, signum, writes_files: bool = True) -> float:
                                             ("nvcc", signal.SIGTERM)])
 def test_interrupt_stops_compilers_within_two_seconds_and_leaves_no_files(tmp_path, backend, signum):
     if backend == "nvcc":
-        from pycutlass.compiler import toolchain
-
-        try:
-            toolchain.nvcc_path()
-        except cutlass.ToolchainError:
-            pytest.skip("nvcc is not installed")
+        _require_nvcc()
     db = tmp_path / "cache.db"
-    workdir = tmp_path / "tmp"  # the compilers' temporary files, to find their processes by
-    workdir.mkdir()
+    workdir = _compile_tmpdir(tmp_path)  # also how the test finds the compilers' processes
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TMPDIR": str(workdir)}
     proc = subprocess.Popen([sys.executable, "-c", _COMPILE_SCRIPT, str(db), backend, str(Path(__file__).parent)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
@@ -376,14 +380,8 @@ def test_interrupt_stops_compilers_within_two_seconds_and_leaves_no_files(tmp_pa
 
 @pytest.mark.slow
 def test_an_interrupted_command_line_compile_says_so_in_one_line(tmp_path):
-    from pycutlass.compiler import toolchain
-
-    try:
-        toolchain.nvcc_path()
-    except cutlass.ToolchainError:
-        pytest.skip("nvcc is not installed")
-    workdir = tmp_path / "tmp"
-    workdir.mkdir()
+    _require_nvcc()
+    workdir = _compile_tmpdir(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TMPDIR": str(workdir),
            "PYCUTLASS_CACHE_DIR": str(tmp_path / "cache")}
     proc = subprocess.Popen([sys.executable, "-m", "pycutlass", "sweep", "--space", "sm80-f16-small", "--db",
