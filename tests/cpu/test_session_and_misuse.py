@@ -22,7 +22,7 @@ from pycutlass.compiler.manager import Compiler
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def f16_gemm(stages=3, cc=80):
+def f16_gemm(stages=3, cc=80, **options):
     math = cutlass.MathInstruction([16, 8, 16], cutlass.float16, cutlass.float16, cutlass.float32,
                                    cutlass.OpClass.TensorOp, cutlass.MathOperation.multiply_add)
     tile = cutlass.TileDescription([128, 128, 32], stages, [2, 2, 1], math)
@@ -30,7 +30,7 @@ def f16_gemm(stages=3, cc=80):
     B = cutlass.TensorDescription(cutlass.float16, cutlass.ColumnMajor, 8)
     C = cutlass.TensorDescription(cutlass.float16, cutlass.RowMajor, 8)
     epilogue = cutlass.LinearCombination(cutlass.float16, 8, cutlass.float32, cutlass.float32)
-    return cutlass.GemmOperationUniversal(cc, tile, A, B, C, epilogue)
+    return cutlass.GemmOperationUniversal(cc, tile, A, B, C, epilogue, **options)
 
 
 # --- targets ----------------------------------------------------------------------------------------------------------
@@ -137,17 +137,10 @@ def test_newer_architectures_are_named_unsupported_not_unreadable():
 
 @pytest.mark.parametrize("bias", ["diagonal", "row", True])
 def test_an_sm80_gemm_with_a_bias_epilogue_is_a_description_error(bias):
-    math = cutlass.MathInstruction([16, 8, 16], cutlass.float16, cutlass.float16, cutlass.float32,
-                                   cutlass.OpClass.TensorOp, cutlass.MathOperation.multiply_add)
-    tile = cutlass.TileDescription([128, 128, 32], 3, [2, 2, 1], math)
-    A = cutlass.TensorDescription(cutlass.float16, cutlass.RowMajor, 8)
-    B = cutlass.TensorDescription(cutlass.float16, cutlass.ColumnMajor, 8)
-    C = cutlass.TensorDescription(cutlass.float16, cutlass.RowMajor, 8)
-    epilogue = cutlass.LinearCombination(cutlass.float16, 8, cutlass.float32, cutlass.float32)
     for cc in (80, 90):  # 90 with an Sm80 warp arrangement builds the Sm80 family too
         with pytest.raises(DescriptionError, match=r"Sm80 family builds no bias epilogue; allowed here: bias=None"):
-            cutlass.GemmOperationUniversal(cc, tile, A, B, C, epilogue, bias=bias)
-    assert cutlass.GemmOperationUniversal(80, tile, A, B, C, epilogue, bias=None).name == f16_gemm().name
+            f16_gemm(cc=cc, bias=bias)
+    assert f16_gemm(bias=None).name == f16_gemm().name
 
 
 def test_add_module_returns_its_report_and_last_report_follows_the_session(tmp_path):
