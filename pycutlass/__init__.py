@@ -96,6 +96,12 @@ def __getattr__(name: str):
     if name == "rmm":
         from ._compat import library
         return library("rmm")
+    if name == "load_pack":  # kernel packs (docs/packs.md): imported on first use
+        from .pack import load_pack
+        return load_pack
+    if name == "packs":
+        from .pack import installed_packs
+        return installed_packs
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -248,11 +248,13 @@ def _when(timestamp: float | None) -> str:
 
 
 def _add_tuning_commands() -> None:
-    """sweep, tune, select, heatmap, bundle, db (pycutlass.cli.tune)."""
+    """sweep, tune, select, heatmap, bundle, db (pycutlass.cli.tune) and pack (pycutlass.cli.pack)."""
+    from .pack import main as packs
     from .tune import main as tuning
 
-    for name, command in tuning.commands.items():
-        main.add_command(command, name)
+    for group in (tuning, packs):
+        for name, command in group.commands.items():
+            main.add_command(command, name)
 
 
 _add_tuning_commands()

@@ -23,8 +23,20 @@ def configure(**settings) -> Dispatch:
     return Dispatch.current().configure(**settings)
 
 
+def use_pack(*packs) -> Dispatch:
+    """Serve the torch ops (and models ``optimize`` rewrote) from kernel packs: each a ``.pack`` path, an installed
+    pack's name (``pycutlass.packs()``) or a loaded ``Pack``, searched in order. A call whose class no pack covers
+    runs torch, counted in ``current_dispatch().fallbacks``; nothing is tuned or compiled. ``use_pack()`` with no
+    pack returns to tuning."""
+    from ..pack import load_pack
+
+    dispatch = Dispatch.current()
+    dispatch.use_packs([load_pack(pack, session=dispatch.session) for pack in packs])
+    return dispatch
+
+
 from .graphs import CUDAGraphed, cuda_graphed
 from .model_pass import load, optimize, report, save
 
 __all__ = ["ACTIVATIONS", "CUDAGraphed", "Choice", "Dispatch", "OpCall", "bmm", "configure", "conv2d", "cuda_graphed",
-           "current_dispatch", "gemm", "grouped_gemm", "linear", "optimize", "report", "save", "load"]
+           "current_dispatch", "gemm", "grouped_gemm", "linear", "optimize", "report", "save", "load", "use_pack"]

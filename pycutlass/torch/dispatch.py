@@ -141,6 +141,7 @@ class Dispatch(SessionState):
         self._facts: dict[int, dict] = {}
         self._collector: Collector | None = None
         self.fallbacks: dict[str, int] = {}  # reason -> count: what ran on torch and why
+        self.packs: list = []  # kernel packs (use_packs): when set, kernels come from them only, never compiled
         # operation name -> calls that built full Arguments because the signature could not be bound (Params that
         # cannot be patched): each costs a Params build and a sync, so a model's hot path should show none
         self.unbound_calls: dict[str, int] = {}
@@ -177,6 +178,14 @@ class Dispatch(SessionState):
             self._db = db if isinstance(db, ResultsDB) else ResultsDB(db)
         self._forget_bound()
         return self
+
+    def use_packs(self, packs) -> None:
+        """Take every kernel from ``packs`` (loaded ``pycutlass.pack.Pack`` objects, searched in order): a call whose
+        class no pack covers runs torch (counted in ``fallbacks``); nothing is tuned or compiled. An empty list
+        returns to tuning and the default candidates."""
+        with self._lock:
+            self.packs = list(packs)
+            self._forget_bound()
 
     def register_kernel(self, operation, params: dict | None = None) -> str:
         """Make ``operation`` usable as a per-call override (``kernel=`` takes its name); returns the name."""
@@ -493,6 +502,8 @@ class Dispatch(SessionState):
             return operation
         if cls is None:
             return self._no_kernel(why)
+        if self.packs:
+            return self._from_packs(cls, problem)
         candidates = self.candidates(cls)
         if not candidates:
             return self._no_kernel(f"no CUTLASS configuration builds for {cls}")
@@ -512,6 +523,25 @@ class Dispatch(SessionState):
             params, operation = kernels.default_conv(candidates, gemm_m, gemm_n)
         self._params.setdefault(operation.name, params)
         return self._kernels.setdefault(operation.name, operation)
+
+    def _from_packs(self, cls, problem):
+        """The loaded packs' kernel for a call (its class's exact entry or the nearest), or torch when none covers
+        the class."""
+        if isinstance(cls, GemmClass):
+            from ..pack import CallQuery
+
+            epilogue = "linear_combination" if cls.activation == "identity" else cls.activation
+            query = CallQuery(cls.dtype, cls.dtype, cls.dtype, "row" if cls.a_row else "col",
+                              "row" if cls.b_row else "col", (cls.alignment,) * 3, epilogue,
+                              "column" if cls.bias else None, cls.c)
+            for pack in self.packs:
+                entry, how, _ = pack.choose(query, problem)
+                if entry is not None:
+                    pack.stats[how] += 1
+                    operation = pack.operation(entry.kernel)
+                    self._kernels.setdefault(operation.name, operation)
+                    return operation
+        return self._no_kernel(f"no loaded pack covers {cls}")
 
     def _no_kernel(self, why: str):
         if not self.fallback:

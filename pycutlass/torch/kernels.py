@@ -88,15 +88,7 @@ def _gemm_params(cls: GemmClass, tile, extra: dict) -> dict:
 
 def build(params: dict):
     """The operation for a candidate's params (``bias`` is the SM90 bias mode, beside the space's fields)."""
-    params = dict(params)
-    bias = params.pop("bias", None)
-    operation = build_operation(params)
-    if bias is None:
-        return operation
-    from ..kinds import GemmOperationUniversal
-
-    return GemmOperationUniversal(operation.compute_capability, operation.tile_description, operation.A,
-                                  operation.B, operation.C, operation.epilogue_functor, bias=bias)
+    return build_operation(params)
 
 
 def gemm_candidates(cls: GemmClass) -> list[tuple[dict, object]]:

@@ -61,7 +61,7 @@ def _graph_if_faster(gm: nn.Module, model: nn.Module, example_inputs: tuple, rep
 # --- the public API -------------------------------------------------------------------------------------------------
 def optimize(model: nn.Module, example_inputs, *, tune: bool = True, fold_batchnorm: bool = True,
              prefer_faster: bool = True, jobs: int | None = None, progress: bool = True,
-             dispatch=None, end_to_end: bool = True, cuda_graphs: bool = False) -> nn.Module:
+             dispatch=None, end_to_end: bool = True, cuda_graphs: bool = False, pack=None) -> nn.Module:
     """Traces ``model``, fuses its Linear/Conv2d (+ BatchNorm2d) (+ activation) into pycutlass ops and tunes them.
 
     Returns a ``torch.fx.GraphModule`` computing what ``model`` computes; ``report(result)`` (also
@@ -81,7 +81,12 @@ def optimize(model: nn.Module, example_inputs, *, tune: bool = True, fold_batchn
     copied out) and return that :class:`~pycutlass.torch.CUDAGraphed` where it was 10% faster (a host-bound model:
     small batches, many layers); ``end_to_end["graphs"]`` records both times. The graphs replay only for calls
     without autograd (``torch.no_grad()`` / ``torch.inference_mode()``); other calls run the module directly.
+    ``pack`` (a path; needs ``tune``): also write the GEMM kernels tuning chose into a kernel pack, which a serving
+    process loads with ``pycutlass.torch.use_pack(path)`` to run the same kernels without compiling
+    (docs/packs.md).
     """
+    if pack is not None and not tune:
+        raise ArgumentError("pack= writes the kernels tuning chose: it needs tune=True")
     for name, value in (("end_to_end", end_to_end), ("cuda_graphs", cuda_graphs)):
         if not isinstance(value, bool):
             raise ArgumentError(f"{name} must be True or False, got {value!r}")
@@ -118,6 +123,12 @@ def optimize(model: nn.Module, example_inputs, *, tune: bool = True, fold_batchn
         if not torch.cuda.is_available():
             raise NoGpuError("tuning needs a GPU: the model is on CUDA but torch sees no usable GPU")
         choices, sites = _tune(gm, example_inputs, _dispatch(dispatch), jobs, progress, prefer_faster)
+        if pack is not None:
+            from .packs import write_choices
+
+            written = write_choices(pack, choices, _dispatch(dispatch))
+            report.notes.append(f"pack: wrote the tuned GEMM kernels to {written}" if written else
+                                "pack: not written (no GEMM layer chose a pycutlass kernel)")
         rows = _fill_rows(report, choices)
         if end_to_end and sites:
             traced = _trace(model)

@@ -359,7 +359,12 @@ def _epilogue_functor(name: str, combo: DtypeCombo, alignment: int):
 
 def build_operation(params: Mapping):
     """The operation a point's params describe; raises DescriptionError when the descriptions reject it (and
-    ArgumentError for params that name no valid value). The inverse of ``SpacePoint.params``."""
+    ArgumentError for params that name no valid value). The inverse of ``SpacePoint.params``. A GEMM's params may
+    also carry ``bias`` ("row" or "column": the SM90 bias vector, beside the space's fields)."""
+    bias = None
+    if isinstance(params, Mapping) and params.get("bias") is not None:
+        params = dict(params)
+        bias = params.pop("bias")
     p = resolve_params(params)
     _, combo = _combo_of(p)
     kind, cc = p["kind"], p["compute_capability"]
@@ -384,7 +389,9 @@ def build_operation(params: Mapping):
     swizzle = SWIZZLES[p["swizzle"]]
     from ..kinds import Conv2dOperation, GemmOperationGrouped, GemmOperationUniversal, SchedulerMode
     if kind == "gemm":
-        return GemmOperationUniversal(cc, tile, A, B, C, epilogue, swizzle)
+        return GemmOperationUniversal(cc, tile, A, B, C, epilogue, swizzle, **({"bias": bias} if bias else {}))
+    if bias is not None:
+        raise ArgumentError(f"params: bias={bias!r} is for GEMM operations, not {kind}")
     if kind == "grouped_gemm":
         return GemmOperationGrouped(cc, tile, A, B, C, epilogue, swizzle, SchedulerMode[p["precompute_mode"]])
     from ..kinds.conv2d.problem import IteratorAlgorithm, Operator, StrideSupport
