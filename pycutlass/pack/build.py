@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..errors import ArgumentError
 from . import format as pack_format
-from .classes import CallClass, Entry
+from .classes import TORCH, CallClass, Entry
 
 GEMM_KINDS = ("gemm", "gemm_sm90")  # what Pack.gemm dispatches
 
@@ -29,12 +29,17 @@ def _rounded(value, digits: int = 4):
 
 
 class PackChoice:
-    """One (problem, kernel) decision on its way into a pack."""
+    """One (problem, kernel) decision on its way into a pack; ``operation`` None records that torch's own
+    implementation serves the problem (a model's tuning found it faster)."""
 
-    def __init__(self, problem: tuple, operation, params: dict, knobs: dict | None = None,
+    def __init__(self, problem: tuple, operation, params: dict | None, knobs: dict | None = None,
                  measured: dict | None = None):
         self.problem, self.operation, self.params = problem, operation, params
         self.knobs, self.measured = dict(knobs or {}), dict(measured or {})
+
+    @property
+    def kernel(self) -> str:
+        return TORCH if self.operation is None else self.operation.name
 
 
 def write_pack(out, choices: dict, *, target, source: dict, session=None, jobs: int | None = None,
@@ -49,7 +54,8 @@ def write_pack(out, choices: dict, *, target, source: dict, session=None, jobs: 
     if target is None:
         raise ArgumentError("a pack needs a target GPU architecture (e.g. 90): its binaries are SASS for one GPU")
     session = session if session is not None else current()
-    operations = list({c.operation.name: c.operation for group in choices.values() for c in group}.values())
+    choices = {op_class: group for op_class, group in choices.items() if any(c.operation for c in group)}
+    operations = list({c.kernel: c.operation for group in choices.values() for c in group if c.operation}.values())
     if not operations:
         raise ArgumentError("nothing to pack: no kernel was chosen")
     compiler = Compiler.of(session)
@@ -57,7 +63,7 @@ def write_pack(out, choices: dict, *, target, source: dict, session=None, jobs: 
         compiler.checked_target(operation, target)
     report = compiler.add_module(operations, target=target, jobs=jobs)
     kernels, binaries = {}, {}
-    by_name = {c.operation.name: c for group in choices.values() for c in group}
+    by_name = {c.kernel: c for group in choices.values() for c in group}
     for operation, compiled in zip(dict.fromkeys(operations), report.kernels):
         binaries[compiled.sha256] = compiled.binary
         kernels[operation.name] = {
@@ -68,12 +74,12 @@ def write_pack(out, choices: dict, *, target, source: dict, session=None, jobs: 
     classes = {}
     for op_class, group in choices.items():
         # (a problem met twice, e.g. by two layers of one shape, keeps its first decision)
-        entries = list({c.problem: Entry(c.problem, c.operation.name, c.knobs, c.measured)
+        entries = list({c.problem: Entry(c.problem, c.kernel, c.knobs, c.measured)
                         for c in reversed(group)}.values())
-        first = group[0]
+        first = next(c for c in group if c.operation is not None)
         efficiencies = [e.measured.get("efficiency") for e in entries]
         versus_torch = [e.measured.get("vs_torch") for e in entries]
-        summary = {"kernels": len({e.kernel for e in entries}), "problems": len(entries),
+        summary = {"kernels": len({e.kernel for e in entries if e.kernel != TORCH}), "problems": len(entries),
                    "worst_efficiency": _rounded(min((v for v in efficiencies if v), default=None)),
                    "geomean_efficiency": _rounded(_geomean(efficiencies)),
                    "geomean_vs_torch": _rounded(_geomean(versus_torch))}

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 _NK_WEIGHT = 4.0  # a different layer (N, K) is further than a different batch size (M)
+TORCH = "torch"  # an entry's kernel when tuning found torch's own implementation faster (packs from models)
 
 
 @dataclass(frozen=True)
@@ -103,11 +104,16 @@ class PackClass:
     entries: dict  # (m, n, k, batch) -> Entry
     summary: dict
 
-    def lookup(self, problem: tuple, policy: str) -> tuple[Entry | None, str]:
-        found = self.entries.get(problem)
+    def lookup(self, problem: tuple, policy: str, kernels_only: bool = False) -> tuple[Entry | None, str]:
+        """The entry for ``problem`` and how it was found ("exact", "nearest", "uncovered"). ``kernels_only`` skips
+        entries whose choice is torch (callers that cannot run torch take the nearest kernel instead)."""
+        entries = self.entries
+        if kernels_only:
+            entries = {p: e for p, e in entries.items() if e.kernel != TORCH}
+        found = entries.get(problem)
         if found is not None:
             return found, "exact"
-        if policy == "exact" or not self.entries:
+        if policy == "exact" or not entries:
             return None, "uncovered"
         wanted = [math.log2(max(v, 1)) for v in problem]
 
@@ -115,4 +121,4 @@ class PackClass:
             d = [abs(math.log2(max(v, 1)) - w) for v, w in zip(known, wanted)]
             return (d[0] + _NK_WEIGHT * (d[1] + d[2]) + d[3], known)
 
-        return self.entries[min(self.entries, key=distance)], "nearest"
+        return entries[min(entries, key=distance)], "nearest"

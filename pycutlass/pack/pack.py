@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import ArgumentError
 from ..session import Session, current
-from .classes import CallClass, CallQuery, Entry, PackClass
+from .classes import TORCH, CallClass, CallQuery, Entry, PackClass
 from .format import (PackCoverageError, PackFile, PackSourceError, PackTargetError, emitter_digest, sha256)
 
 POLICIES = ("nearest", "exact")
@@ -63,7 +63,7 @@ class Pack:
         """Classes, kernels, shapes covered and efficiencies, as JSON-able data."""
         classes = {}
         for name, found in self.classes.items():
-            kernels = sorted({e.kernel for e in found.entries.values()})
+            kernels = sorted({e.kernel for e in found.entries.values() if e.kernel != TORCH})
             measured = {key: value for key, value in found.summary.items() if key not in ("kernels", "problems")}
             classes[name] = {**measured, "kernels": kernels, "problems": len(found.entries),
                              "shapes": ["x".join(map(str, e.problem[:3])) + (f"x{e.problem[3]}" if e.problem[3] > 1
@@ -138,18 +138,20 @@ class Pack:
                     best, best_width = found, width
         return best
 
-    def choose(self, query: CallQuery, problem: tuple) -> tuple[Entry | None, str, PackClass | None]:
-        """(entry, "exact" | "nearest" | "uncovered" | "no class", class) for a call of ``problem`` (m, n, k[, batch])."""
+    def choose(self, query: CallQuery, problem: tuple, *, kernels_only: bool = False
+               ) -> tuple[Entry | None, str, PackClass | None]:
+        """(entry, "exact" | "nearest" | "uncovered" | "no class", class) for a call of ``problem`` (m, n, k[, batch]).
+        An entry's ``kernel`` may be ``"torch"`` (tuning kept torch for that shape) unless ``kernels_only``."""
         problem = tuple(int(v) for v in problem) + ((1,) if len(problem) == 3 else ())
         found = self.find_class(query)
         if found is None:
             return None, "no class", None
-        entry, how = found.lookup(problem, self.policy)
+        entry, how = found.lookup(problem, self.policy, kernels_only)
         return entry, how, found
 
     def kernel_for(self, query: CallQuery, problem: tuple):
         """(operation, knobs) serving the call, or raise PackCoverageError saying what the pack holds."""
-        entry, how, found = self.choose(query, problem)
+        entry, how, found = self.choose(query, problem, kernels_only=True)
         if entry is None:
             raise PackCoverageError(self._uncovered(query, problem, how))
         self.stats[how] += 1

@@ -538,6 +538,8 @@ class Dispatch(SessionState):
                 entry, how, _ = pack.choose(query, problem)
                 if entry is not None:
                     pack.stats[how] += 1
+                    if entry.kernel == TORCH:  # tuning kept torch for this shape
+                        return TORCH
                     operation = pack.operation(entry.kernel)
                     self._kernels.setdefault(operation.name, operation)
                     return operation

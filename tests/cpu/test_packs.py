@@ -316,3 +316,33 @@ def test_the_torch_dispatch_takes_kernels_from_a_pack_and_counts_what_it_cannot_
     with pytest.raises(ArgumentError, match="no loaded pack covers"):
         dispatch._choose(GemmClass("bfloat16", True, False, 8, "identity", False, False, 90), (16, 16, 16), "", "")
     assert not dispatch._candidates  # nothing drawn, nothing compiled: _choose never reached the candidates
+
+
+def test_where_tuning_kept_torch_the_pack_says_so(pack_path, tmp_path):
+    pytest.importorskip("torch")
+    from pycutlass.pack import PackChoice, write_pack
+    from pycutlass.torch.dispatch import Dispatch
+    from pycutlass.torch.kernels import GemmClass
+    from pycutlass.tune.db import operation_class
+    from pycutlass.tune.space import build_operation
+
+    name, kernel = sorted(_manifest(pack_path)["kernels"].items())[0]
+    operation = build_operation(kernel["params"])
+    choices = [PackChoice((64, 4096, 4096, 1), operation, kernel["params"], {}, {"us": 20.0, "torch_us": 25.0}),
+               PackChoice((4096, 4096, 4096, 1), None, None, {}, {"us": 410.0, "torch_us": 400.0})]
+    path = write_pack(tmp_path / "model.pack", {operation_class(operation): choices}, target=90,
+                      source={"from": "a test"})
+    manifest = _manifest(path)
+    assert list(manifest["kernels"]) == [name]
+    entries = {(e["m"], e["kernel"]) for e in next(iter(manifest["classes"].values()))["entries"]}
+    assert entries == {(64, name), (4096, "torch")}
+    pack = load_pack(path)
+    query, problem = _call(pack, 4096, 4096, 4096)
+    assert pack.choose(query, problem)[0].kernel == "torch"
+    assert pack.kernel_for(query, problem)[0].name == name  # pack.gemm cannot run torch: the nearest kernel
+    session = pycutlass.Session(target=90)
+    dispatch = Dispatch.of(session)
+    dispatch.use_packs([load_pack(path, session=session)])
+    cls = GemmClass("float16", True, False, 8, "identity", False, False, 90)
+    assert dispatch._choose(cls, (4096, 4096, 4096), "", "") == "torch"
+    assert dispatch._choose(cls, (64, 4096, 4096), "", "").name == name
