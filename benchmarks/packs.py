@@ -93,14 +93,16 @@ def compile_only(args) -> None:
 def llama_pack(args, folder: Path, out: dict) -> Path:
     from pycutlass.pack import build_pack, load_pack
 
-    db = folder / "llama.db"
+    db = Path(args.keep or folder) / "llama.db"
+    if args.db:
+        db.write_bytes(Path(args.db).read_bytes())
     sweep = sweep_of(db)
     start = time.perf_counter()
     print(f"compile: {sweep.compile()}", flush=True)
-    print(f"benchmark: {sweep.benchmark()}", flush=True)
+    print(f"benchmark: {sweep.benchmark()}", flush=True)  # (pairs already in a given --db are skipped)
     swept = time.perf_counter() - start
     start = time.perf_counter()
-    path = build_pack(db, folder / "llama-3-8b.pack", target=90, min_efficiency=THRESHOLD)
+    path = build_pack(db, Path(args.keep or folder) / "llama-3-8b.pack", target=90, min_efficiency=THRESHOLD)
     built = time.perf_counter() - start
     info = load_pack(path).info()
     rows = []
@@ -330,6 +332,8 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma-separated sections to skip (first_call, dispatch, torch, "
                                                    "verify)")
     parser.add_argument("--out", default=str(RESULTS / "packs.json"))
+    parser.add_argument("--keep", default=None, help="a folder to keep the sweep's results DB and the pack in")
+    parser.add_argument("--db", default=None, help="start from this sweep results DB (its measured pairs are kept)")
     args = parser.parse_args()
     if args.compile_only:
         compile_only(args)

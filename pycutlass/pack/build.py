@@ -46,6 +46,7 @@ def write_pack(out, choices: dict, *, target, source: dict, session=None, jobs: 
                progress=None) -> Path:
     """Compile the kernels of ``choices`` (``{op_class: [PackChoice]}``) for ``target`` and write the pack."""
     from ..compiler import toolchain
+    from ..compiler.elf import slim_cubin
     from ..compiler.manager import Compiler, parse_target
     from ..session import current
     from ..tune.db import pycutlass_version
@@ -65,11 +66,13 @@ def write_pack(out, choices: dict, *, target, source: dict, session=None, jobs: 
     kernels, binaries = {}, {}
     by_name = {c.kernel: c for group in choices.values() for c in group}
     for operation, compiled in zip(dict.fromkeys(operations), report.kernels):
-        binaries[compiled.sha256] = compiled.binary
+        binary = slim_cubin(compiled.binary)  # loads in milliseconds (pycutlass.compiler.elf)
+        digest = pack_format.sha256(binary)
+        binaries[digest] = binary
         kernels[operation.name] = {
             "params": by_name[operation.name].params, "target": compiled.target, "backend": compiled.backend,
             "kernel_symbol": compiled.kernel_symbol, "builder_symbol": compiled.builder_symbol,
-            "binary_sha256": compiled.sha256, "binary_bytes": len(compiled.binary),
+            "binary_sha256": digest, "binary_bytes": len(binary), "compiled_sha256": compiled.sha256,
             "source_sha256": pack_format.sha256(operation.emit().encode())}
     classes = {}
     for op_class, group in choices.items():

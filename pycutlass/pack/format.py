@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import zipfile
 from pathlib import Path
 
@@ -51,13 +52,17 @@ def sha256(data: bytes) -> str:
 
 def emitter_digest() -> str:
     """sha256 over the files emission reads (descriptions, emitters, epilogues, kinds and their templates)."""
-    package = Path(__file__).resolve().parent.parent
-    digest = hashlib.sha256()
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    files = []
     for folder in _EMITTER_FOLDERS:
-        for path in sorted((package / folder).rglob("*")):
-            if path.suffix in _EMITTER_SUFFIXES and "__pycache__" not in path.parts:
-                digest.update(path.relative_to(package).as_posix().encode() + b"\0")
-                digest.update(path.read_bytes())
+        for root, folders, names in os.walk(os.path.join(package, folder)):
+            folders[:] = [name for name in folders if name != "__pycache__"]
+            files += [os.path.join(root, name) for name in names if name.endswith(_EMITTER_SUFFIXES)]
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(os.path.relpath(path, package).replace(os.sep, "/").encode() + b"\0")
+        with open(path, "rb") as file:
+            digest.update(file.read())
     return digest.hexdigest()
 
 

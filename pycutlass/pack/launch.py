@@ -16,8 +16,8 @@ def _signature(t):
     if t is None:
         return None
     stride = getattr(t, "stride", None)
-    if callable(stride):  # torch
-        return (t.shape, stride(), t.dtype, t.device)
+    if callable(stride):  # torch (get_device: -1 on the CPU)
+        return (t.shape, stride(), t.dtype, t.get_device())
     device = getattr(t, "device", None)
     return (type(t), t.shape, getattr(t, "strides", None), str(getattr(t, "dtype", None)),
             getattr(device, "id", None))
@@ -113,30 +113,42 @@ def _output(a, b, out):
     return _new_output(a, a_shape[0], b_shape[1], a.dtype)
 
 
-def resolve(pack, a, b, out, c, c_read, bias, activation) -> tuple:
-    """(operation, knobs, vector bytes, problem) for a call: remembered per signature, checked per address."""
+class _Seen:
+    """A call signature's kernel choice, and (device operands) its bound launch once one call has run."""
+
+    __slots__ = ("operation", "knobs", "vector_bytes", "problem", "bound")
+
+    def __init__(self, operation, knobs, vector_bytes, problem):
+        self.operation, self.knobs, self.vector_bytes, self.problem = operation, knobs, vector_bytes, problem
+        self.bound = None
+
+    def aligned(self, operands) -> bool:
+        for t, width in zip(operands, self.vector_bytes):
+            address = None if t is None else _address(t)
+            if address is not None and address % width:
+                return False
+        return True
+
+
+def resolve(pack, a, b, out, c, c_read, bias, activation, key=None) -> _Seen:
+    """The choice for a call: remembered per signature (``key``), checked against each call's addresses."""
     from ..runtime.tensors import describe
 
-    key = (_signature(a), _signature(b), _signature(out), _signature(c) if c_read else None, _signature(bias),
-           activation, c_read)
-    seen = pack._seen.get(key)
-    if seen is not None:
-        vector_bytes = seen[2]
-        for t in (a, b, out, bias, c if c_read else None):
-            if t is not None:
-                address = _address(t)
-                if address is not None and address % vector_bytes:
-                    seen = None  # an unaligned view of a seen signature: choose again for its addresses
-                    break
-    if seen is None:
-        infos = [None if t is None else describe(t, name) for t, name in
-                 ((a, "a"), (b, "b"), (out, "out"), (c if c_read else None, "c"), (bias, "bias"))]
-        query, problem = query_of(*infos, activation, c_read)
-        for device in {i.device_index for i in infos if i is not None and i.device_index is not None}:
-            pack.check_device(device)
-        operation, knobs = pack.kernel_for(query, problem)
-        vector_bytes = min(operation.A.alignment, operation.B.alignment, operation.C.alignment) * infos[0].itemsize
-        seen = (operation, knobs, vector_bytes, problem)
+    operands = (a, b, c if c_read else None, bias, out)
+    seen = pack._seen.get(key) if key is not None else None
+    if seen is not None and seen.aligned(operands):
+        return seen
+    infos = [None if t is None else describe(t, name) for t, name in
+             ((a, "a"), (b, "b"), (out, "out"), (c if c_read else None, "c"), (bias, "bias"))]
+    query, problem = query_of(*infos, activation, c_read)
+    for device in {i.device_index for i in infos if i is not None and i.device_index is not None}:
+        pack.check_device(device)
+    operation, knobs = pack.kernel_for(query, problem)
+    itemsize = infos[0].itemsize
+    vector_bytes = (operation.A.alignment * itemsize, operation.B.alignment * itemsize) + \
+        (operation.C.alignment * infos[2].itemsize,) * 3
+    seen = _Seen(operation, knobs, vector_bytes, problem)
+    if key is not None:
         pack._seen[key] = seen
     return seen
 
@@ -146,13 +158,27 @@ def run_gemm(pack, a, b, out, c, alpha, beta, bias, activation, stream):
 
     out = _output(a, b, out)
     c_read = c is not None and beta != 0
-    operation, knobs, _, problem = resolve(pack, a, b, out, c, c_read, bias, activation)
-    m, n, k, _ = problem
-    arguments = _gemm_arguments(GemmArguments, operation, knobs, (m, n, k), a, b, c if c_read else None, out, bias,
-                                alpha, beta if c_read else 0.0, stream, pack.session)
+    key = (_signature(a), _signature(b), _signature(out), _signature(c) if c_read else None, _signature(bias),
+           activation, alpha, beta if c_read else 0.0, stream)
+    seen = pack._seen.get(key)
+    if seen is not None and seen.bound is not None:  # a seen device call: patch its addresses, launch
+        pointers = (_address(a), _address(b), _address(c) if c_read else 0, 0 if bias is None else _address(bias),
+                    _address(out))
+        if seen.bound.launch_pointers(pointers, stream or 0):
+            return out
+    seen = resolve(pack, a, b, out, c, c_read, bias, activation, key)
+    operation = seen.operation
+    m, n, k, _ = seen.problem
+    arguments = _gemm_arguments(GemmArguments, operation, seen.knobs, (m, n, k), a, b, c if c_read else None, out,
+                                bias, alpha, beta if c_read else 0.0, stream, pack.session)
     operation.run(arguments)
-    if any(_address(t) is None for t in (a, b, out) if t is not None):
+    addresses = [_address(t) for t in (a, b, c if c_read else None, bias, out)]
+    if any(address is None for t, address in zip((a, b, out), addresses[:2] + addresses[4:]) if t is not None):
         arguments.sync()  # host operands: copy the result back
+    elif seen.bound is None and (stream is None or isinstance(stream, int)):
+        from ..runtime.launch import bind_launch
+
+        seen.bound = bind_launch(arguments, [address or 0 for address in addresses], seen.vector_bytes)
     return out
 
 

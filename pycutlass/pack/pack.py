@@ -183,7 +183,7 @@ class Pack:
         """The operation ``gemm`` runs for these arguments (and remembers the choice for the call's signature)."""
         from .launch import _output, resolve
 
-        return resolve(self, a, b, _output(a, b, out), c, c is not None and beta != 0, bias, activation)[0]
+        return resolve(self, a, b, _output(a, b, out), c, c is not None and beta != 0, bias, activation).operation
 
     def verify(self, *, device: int = 0, progress=None) -> list[dict]:
         """Run every kernel once on GPU ``device`` on one of its shapes (capped) against float64; rows of results."""

@@ -384,3 +384,57 @@ class PatchedLauncher:
                 struct.pack_into("<Q", params, offset, (addresses[index] + constant) & _MASK64)
             self.device.make_current()
             self._launch.launch(stream)
+
+
+class BoundLaunch:
+    """A call signature bound to a loaded kernel: each new call's addresses are patched into the cached Params and
+    launched (``PatchedLauncher``), with no Arguments built. ``roles`` says which of the caller's operands each
+    address field of the kind's ABI struct holds (-1: null); ``checks`` the access width each operand must keep."""
+
+    __slots__ = ("launcher", "roles", "checks", "loaded_op")
+
+    def __init__(self, loaded_op, template, roles, vector_bytes, programmatic=False):
+        self.loaded_op = loaded_op
+        self.launcher = PatchedLauncher(loaded_op, template, programmatic=programmatic)
+        self.roles = roles
+        self.checks = tuple(sorted({(role, vector_bytes[role]) for role in roles if role >= 0}))
+
+    def launch(self, tensors, stream: int) -> bool:
+        """``launch_pointers`` with the operands' addresses read from torch tensors (None: absent)."""
+        return self.launch_pointers([0 if t is None else t.data_ptr() for t in tensors], stream)
+
+    def launch_pointers(self, pointers, stream: int) -> bool:
+        """Launch on these operand addresses (in the binding's operand order); False, launching nothing, when one
+        is not aligned to its kernel's accesses (an unaligned view: the caller picks another kernel)."""
+        for role, vector_bytes in self.checks:
+            if pointers[role] % vector_bytes:
+                return False
+        self.launcher.launch([0 if role < 0 else pointers[role] for role in self.roles], stream)
+        return True
+
+
+def bind_launch(arguments, addresses, vector_bytes) -> BoundLaunch | None:
+    """Bind the call ``arguments`` ran (a kind's Arguments) to its operands' ``addresses`` (0: absent; the output
+    last): which operand each address field of the ABI struct came from. None when that is not clear-cut (copies,
+    workspaces, aliasing operands, Params that cannot be patched): such calls build Arguments every time."""
+    loaded_op, abi = getattr(arguments, "_loaded_op", None), getattr(arguments, "_abi_struct", None)
+    if loaded_op is None or abi is None:
+        return None
+    template = loaded_op.cached_template(abi)
+    if template is None:
+        return None
+    roles = []
+    last = len(addresses) - 1
+    for name in type(abi)._pointers_:
+        address = getattr(abi, name)
+        if not address:
+            roles.append(-1)
+            continue
+        owners = {i for i, a in enumerate(addresses) if a and a == address}
+        if len(owners) != 1:
+            if len(owners) > 1 and last in owners and name in ("ptr_C", "ptr_D"):
+                owners = {last}  # C absent reads as D: the output
+            else:
+                return None
+        roles.append(owners.pop())
+    return BoundLaunch(loaded_op, template, tuple(roles), vector_bytes, getattr(arguments, "_pdl", False))

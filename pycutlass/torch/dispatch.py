@@ -37,29 +37,11 @@ _ALIGNMENTS = {torch.float16: (8, 4, 2), torch.bfloat16: (8, 4, 2), torch.float6
 
 
 # --- binding a call signature to a kernel ----------------------------------------------------------------------------
-class _Bound:
-    """A call signature bound to a loaded kernel: new tensors' addresses patched into the cached Params."""
+def _bind(arguments, tensors, vector_bytes):
+    """The call bound to its kernel by the tensors' addresses (``pycutlass.runtime.launch.bind_launch``)."""
+    from ..runtime.launch import bind_launch
 
-    __slots__ = ("launcher", "roles", "checks", "loaded_op")
-
-    def __init__(self, loaded_op, template, roles, vector_bytes, programmatic=False):
-        from ..runtime.launch import PatchedLauncher
-
-        self.loaded_op = loaded_op
-        self.launcher = PatchedLauncher(loaded_op, template, programmatic=programmatic)
-        self.roles = roles  # per ABI address field: which tensor (-1: null)
-        self.checks = tuple(sorted({(role, vector_bytes[role]) for role in roles if role >= 0}))
-
-    def launch(self, tensors, stream: int) -> bool:
-        return self.launch_pointers([0 if t is None else t.data_ptr() for t in tensors], stream)
-
-    def launch_pointers(self, pointers, stream: int) -> bool:
-        """``launch`` for callers that hold the tensors' addresses already (in the same order)."""
-        for role, vector_bytes in self.checks:
-            if pointers[role] % vector_bytes:
-                return False  # an unaligned view: the slow path picks a kernel with narrower accesses
-        self.launcher.launch([0 if role < 0 else pointers[role] for role in self.roles], stream)
-        return True
+    return bind_launch(arguments, [0 if t is None else t.data_ptr() for t in tensors], vector_bytes)
 
 
 def _gemm_signature(a, b, bias, c, alpha, beta, activation, activation_arg, kernel) -> tuple:
@@ -68,31 +50,6 @@ def _gemm_signature(a, b, bias, c, alpha, beta, activation, activation_arg, kern
             None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
             None if c is None else (c.shape, c.stride(), c.dtype, c.device), alpha, beta, activation,
             activation_arg, kernel)
-
-
-def _bind(arguments, tensors, vector_bytes) -> _Bound | None:
-    """Which tensor each address of the kind's ABI struct came from; None when that is not clear-cut (copies,
-    workspaces, aliasing tensors, Params that cannot be patched)."""
-    loaded_op, abi = getattr(arguments, "_loaded_op", None), getattr(arguments, "_abi_struct", None)
-    if loaded_op is None or abi is None:
-        return None
-    template = loaded_op.cached_template(abi)
-    if template is None:
-        return None
-    roles = []
-    for name in type(abi)._pointers_:
-        address = getattr(abi, name)
-        if not address:
-            roles.append(-1)
-            continue
-        owners = {i for i, t in enumerate(tensors) if t is not None and t.data_ptr() == address}
-        if len(owners) != 1:
-            if len(owners) > 1 and len(tensors) - 1 in owners and name in ("ptr_C", "ptr_D"):
-                owners = {len(tensors) - 1}  # C absent reads as D: the output, which is last
-            else:
-                return None
-        roles.append(owners.pop())
-    return _Bound(loaded_op, template, tuple(roles), vector_bytes, getattr(arguments, "_pdl", False))
 
 
 def _stream(device: torch.device) -> int:
@@ -130,9 +87,9 @@ class Dispatch(SessionState):
         self.pdl = False
         self._db = None
         self._lock = threading.RLock()
-        self._bound: dict = {}  # call signature -> _Bound, or TORCH (cleared when a choice changes)
+        self._bound: dict = {}  # call signature -> BoundLaunch, or TORCH (cleared when a choice changes)
         self.generation = 0  # bumped whenever _bound is cleared: launch plans kept elsewhere check it
-        # (operation name, call signature, pdl) -> _Bound (kept: rebinding is free)
+        # (operation name, call signature, pdl) -> BoundLaunch (kept: rebinding is free)
         self._by_operation: dict = {}
         self._choices: dict[str, dict] = {}  # tuning key -> {"kernel", "params", "us", "torch_us"}
         self._kernels: dict[str, object] = {}  # name -> operation (candidates, overrides, imported choices)
@@ -225,7 +182,7 @@ class Dispatch(SessionState):
 
     def bound_gemm(self, a, b, bias, c, alpha, beta, activation, activation_arg, kernel):
         """What this GEMM call's signature is bound to now (valid while ``generation`` stays): a kernel launch
-        (``_Bound``), ``TORCH``, or None when it is not bound (yet)."""
+        (``BoundLaunch``), ``TORCH``, or None when it is not bound (yet)."""
         return self._bound.get(_gemm_signature(a, b, bias, c, alpha, beta, activation, activation_arg, kernel))
 
     def _gemm_class(self, a, b, bias, c, beta, activation) -> tuple[GemmClass | None, str]:

@@ -346,3 +346,35 @@ def test_where_tuning_kept_torch_the_pack_says_so(pack_path, tmp_path):
     cls = GemmClass("float16", True, False, 8, "identity", False, False, 90)
     assert dispatch._choose(cls, (4096, 4096, 4096), "", "") == "torch"
     assert dispatch._choose(cls, (64, 4096, 4096), "", "").name == name
+
+
+def _symbols(binary: bytes) -> list[tuple]:
+    import struct
+
+    offset = struct.unpack_from("<Q", binary, 0x28)[0]
+    size, count = struct.unpack_from("<HH", binary, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", binary, offset + i * size) for i in range(count)]
+    [table] = [s for s in sections if s[1] == 2]
+    return [struct.unpack_from("<IBBHQQ", binary, table[4] + 24 * i) for i in range(table[5] // 24)]
+
+
+def test_pack_binaries_drop_only_unreferenced_local_data_symbols(pack_path, compiler_state):
+    from pycutlass.compiler.elf import slim_cubin
+    from pycutlass.description.target import Target
+    from pycutlass.kinds import GemmOperationUniversal  # noqa: F401  (the kinds register their classes)
+    from pycutlass.tune.space import build_operation
+
+    manifest = _manifest(pack_path)
+    name, kernel = sorted(manifest["kernels"].items())[0]
+    compiled = compiler_state.compiled_for(build_operation(kernel["params"]), Target(90))
+    with zipfile.ZipFile(pack_path) as archive:
+        packed = archive.read(f"binaries/{kernel['binary_sha256']}.cubin")
+    assert kernel["compiled_sha256"] == compiled.sha256 and packed == slim_cubin(compiled.binary)
+    before, after = _symbols(compiled.binary), _symbols(packed)
+    assert len(before) == len(after) and len(packed) == len(compiled.binary)  # indices and layout kept
+    for old, new in zip(before, after):
+        local_object = old[1] >> 4 == 0 and old[1] & 0xF == 1
+        assert new == old or (local_object and new == (0, 0, 0, 0, 0, 0))
+    assert any(s[1] >> 4 == 1 and s[1] & 0xF == 2 for s in after)  # the kernels (global functions) are kept
+    # (NVRTC's SM90 cubins carry thousands of such symbols; this Sm80-family nvcc cubin may carry none)
+    assert slim_cubin(b"not an ELF file") == b"not an ELF file"

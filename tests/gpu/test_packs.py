@@ -69,6 +69,24 @@ def test_pack_gemm_on_torch_tensors(pack_path, no_compiles, m, n, k):
     _check(again, a.double() @ b.double())
 
 
+def test_a_seen_call_launches_bound_on_new_tensors(pack_path, no_compiles):
+    """The second call of a signature patches its tensors' addresses into the bound Params: new data, new results."""
+    pack = load_pack(pack_path)
+    results = []
+    for seed in range(4):
+        a, b = _operands(128, 4096, 4096, seed=10 + seed)
+        c = torch.randn(128, 4096, device="cuda").half()
+        out = torch.full((128, 4096), float("nan"), device="cuda", dtype=torch.float16)
+        pack.gemm(a, b, out, c=c, alpha=2.0, beta=0.5)
+        results.append((out, 2.0 * (a.double() @ b.double()) + 0.5 * c.double()))
+    torch.cuda.synchronize()
+    for out, expected in results:
+        _check(out, expected)
+    [seen] = pack._seen.values()
+    assert seen.bound is not None  # calls 2..4 took the bound launch
+    assert sum(pack.stats.values()) == 1  # chosen once
+
+
 def test_pack_gemm_with_c_alpha_and_beta(pack_path, no_compiles):
     pack = load_pack(pack_path)
     a, b = _operands(128, 4096, 4096, seed=1)

@@ -19,7 +19,8 @@ import pycutlass  # noqa: E402
 import pycutlass.torch as pct  # noqa: E402
 from pycutlass.compiler.manager import Compiler  # noqa: E402
 from pycutlass.torch import kernels, reference  # noqa: E402
-from pycutlass.torch.dispatch import TORCH, _Bound  # noqa: E402
+from pycutlass.runtime.launch import BoundLaunch  # noqa: E402
+from pycutlass.torch.dispatch import TORCH  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 F = torch.nn.functional
@@ -66,7 +67,7 @@ def matrix(rows, cols, row_major: bool, dtype, seed):
 
 
 def used_kernels(dispatch) -> list:
-    return [bound for bound in dispatch._bound.values() if isinstance(bound, _Bound)]
+    return [bound for bound in dispatch._bound.values() if isinstance(bound, BoundLaunch)]
 
 
 # --- GEMM -----------------------------------------------------------------------------------------------------------
