@@ -3,9 +3,9 @@
 NVRTC's ``-default-device`` makes every namespace-scope constant of the CUDA and CUTLASS headers a device variable:
 an SM90 GEMM's cubin carries ~8,600 local data symbols (``numeric_limits<...>::has_quiet_NaN`` and the like) that no
 instruction refers to, and the driver spends ~45 ms of ``cuModuleLoadData`` on them (2 ms without). ``slim_cubin``
-turns each local data symbol that no relocation names into a null symbol. Symbol indices, sections and the
-variables' bytes stay where they are, so relocations and ``.nv.info`` records keep their meaning; what a kernel reads
-through a section symbol is untouched, and exported (global) symbols are kept.
+turns each local data symbol that no relocation names into a null symbol and drops its name from the string table.
+Symbol indices, sections and the variables' bytes stay where they are, so relocations and ``.nv.info`` records keep
+their meaning; what a kernel reads through a section symbol is untouched, and exported (global) symbols are kept.
 """
 from __future__ import annotations
 
@@ -45,4 +45,24 @@ def slim_cubin(binary: bytes) -> bytes:
         info = data[offset + 4]
         if info >> 4 == _STB_LOCAL and info & 0xF == _STT_OBJECT and index not in named:
             data[offset:offset + _SYMBOL.size] = null
+    _compact_names(data, sections[tables[0][6]], table_offset, table_size)
     return bytes(data)
+
+
+def _compact_names(data: bytearray, strings: tuple, table_offset: int, table_size: int) -> None:
+    """Rewrite the symbol names still in use at the start of the string table and zero the rest (same size and
+    place: the file's layout does not move; the zeros compress to nothing)."""
+    offset, size = strings[4], strings[5]
+    old = bytes(data[offset:offset + size])
+    new, where = bytearray(b"\0"), {b"": 0}
+    for index in range(table_size // _SYMBOL.size):
+        entry = table_offset + index * _SYMBOL.size
+        name_at = struct.unpack_from("<I", data, entry)[0]
+        if not name_at:
+            continue
+        name = old[name_at:old.index(b"\0", name_at)]
+        if name not in where:
+            where[name] = len(new)
+            new += name + b"\0"
+        struct.pack_into("<I", data, entry, where[name])
+    data[offset:offset + size] = bytes(new) + bytes(size - len(new))

@@ -349,13 +349,19 @@ def test_where_tuning_kept_torch_the_pack_says_so(pack_path, tmp_path):
 
 
 def _symbols(binary: bytes) -> list[tuple]:
+    """(name, info, other, section, value, size) per symbol."""
     import struct
 
     offset = struct.unpack_from("<Q", binary, 0x28)[0]
     size, count = struct.unpack_from("<HH", binary, 0x3A)
     sections = [struct.unpack_from("<IIQQQQIIQQ", binary, offset + i * size) for i in range(count)]
     [table] = [s for s in sections if s[1] == 2]
-    return [struct.unpack_from("<IBBHQQ", binary, table[4] + 24 * i) for i in range(table[5] // 24)]
+    strings = sections[table[6]][4]
+    found = []
+    for i in range(table[5] // 24):
+        name, *rest = struct.unpack_from("<IBBHQQ", binary, table[4] + 24 * i)
+        found.append((binary[strings + name:binary.index(b"\0", strings + name)].decode(), *rest))
+    return found
 
 
 def test_pack_binaries_drop_only_unreferenced_local_data_symbols(pack_path, compiler_state):
@@ -374,7 +380,7 @@ def test_pack_binaries_drop_only_unreferenced_local_data_symbols(pack_path, comp
     assert len(before) == len(after) and len(packed) == len(compiled.binary)  # indices and layout kept
     for old, new in zip(before, after):
         local_object = old[1] >> 4 == 0 and old[1] & 0xF == 1
-        assert new == old or (local_object and new == (0, 0, 0, 0, 0, 0))
+        assert new == old or (local_object and new == ("", 0, 0, 0, 0, 0))
     assert any(s[1] >> 4 == 1 and s[1] & 0xF == 2 for s in after)  # the kernels (global functions) are kept
     # (NVRTC's SM90 cubins carry thousands of such symbols; this Sm80-family nvcc cubin may carry none)
     assert slim_cubin(b"not an ELF file") == b"not an ELF file"
