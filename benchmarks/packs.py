@@ -93,13 +93,14 @@ def compile_only(args) -> None:
 def llama_pack(args, folder: Path, out: dict) -> Path:
     from pycutlass.pack import build_pack, load_pack
 
-    db = Path(args.keep or folder) / "llama.db"
-    if args.db:
-        db.write_bytes(Path(args.db).read_bytes())
-    sweep = sweep_of(db)
     start = time.perf_counter()
-    print(f"compile: {sweep.compile()}", flush=True)
-    print(f"benchmark: {sweep.benchmark()}", flush=True)  # (pairs already in a given --db are skipped)
+    if args.db:  # a sweep measured before (on this GPU model): select from it
+        db = Path(args.db)
+    else:
+        db = Path(args.keep or folder) / "llama.db"
+        sweep = sweep_of(db)
+        print(f"compile: {sweep.compile()}", flush=True)
+        print(f"benchmark: {sweep.benchmark()}", flush=True)
     swept = time.perf_counter() - start
     start = time.perf_counter()
     path = build_pack(db, Path(args.keep or folder) / "llama-3-8b.pack", target=90, min_efficiency=THRESHOLD)
@@ -339,7 +340,8 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated sections to run (besides building the pack)")
     parser.add_argument("--out", default=str(RESULTS / "packs.json"))
     parser.add_argument("--keep", default=None, help="a folder to keep the sweep's results DB and the pack in")
-    parser.add_argument("--db", default=None, help="start from this sweep results DB (its measured pairs are kept)")
+    parser.add_argument("--db", default=None, help="build the pack from this sweep results DB instead of sweeping")
+    parser.add_argument("--pack", default=None, help="measure this pack (built before) instead of building one")
     args = parser.parse_args()
     if args.compile_only:
         compile_only(args)
@@ -350,7 +352,7 @@ def main() -> None:
     out: dict = {"command": " ".join(sys.argv), "threshold": THRESHOLD, "space": SPACE, "problems": PROBLEMS}
     with tempfile.TemporaryDirectory(prefix="pycutlass-packs-") as folder:
         folder = Path(folder)
-        pack_path = llama_pack(args, folder, out)
+        pack_path = Path(args.pack) if args.pack else llama_pack(args, folder, out)
         sections = {"first_call": lambda: first_call(pack_path, out), "dispatch": lambda: dispatch_cost(pack_path, out),
                     "torch": lambda: torch_serving(folder, out), "verify": lambda: verify(pack_path, out)}
         for name, run in sections.items():
