@@ -11,12 +11,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ArgumentError
-from .build import PackChoice, build_pack, write_pack
+from .classes import CallClass, CallQuery
 from .format import (PackCoverageError, PackDamagedError, PackError, PackSourceError, PackTargetError,
                      emitter_digest)
-from .classes import CallClass, CallQuery
 from .pack import POLICIES, Pack
-from .wheel import ENTRY_POINT_GROUP, build_wheel, installed_packs
+
+# Building and wheels are imported when first asked for: a serving process that loads a pack never needs them.
+_LAZY = {"PackChoice": "build", "build_pack": "build", "write_pack": "build", "ENTRY_POINT_GROUP": "wheel",
+         "build_wheel": "wheel", "installed_packs": "wheel"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load_pack(path_or_name, *, session=None, policy: str = "nearest") -> Pack:
@@ -29,6 +39,8 @@ def load_pack(path_or_name, *, session=None, policy: str = "nearest") -> Pack:
                             f"{type(path_or_name).__name__}")
     path = Path(path_or_name)
     if not path.exists() and isinstance(path_or_name, str) and "/" not in path_or_name:
+        from .wheel import installed_packs
+
         installed = installed_packs()
         if path_or_name in installed:
             path = installed[path_or_name]
