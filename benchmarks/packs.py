@@ -300,8 +300,8 @@ def torch_serving(folder: Path, out: dict) -> None:
         tuned = pct.optimize(model, (x,), pack=path, end_to_end=False, progress=False)
         tuned_s = time.perf_counter() - start
         notes = [n for n in pct.report(tuned).notes if n.startswith("pack:")]
-        done = subprocess.run([sys.executable, "-c", _SERVE, str(path), name, os.path.dirname(os.path.abspath(__file__))],
-                              capture_output=True, text=True, timeout=600,
+        here = os.path.dirname(os.path.abspath(__file__))
+        done = subprocess.run([sys.executable, "-c", _SERVE, str(path), name, here], capture_output=True, text=True, timeout=600,
                               env=dict(os.environ, PYCUTLASS_CACHE_DIR=tempfile.mkdtemp(prefix="pycutlass-empty-")))
         if done.returncode:
             rows.append({"model": name, "error": done.stderr[-2000:]})

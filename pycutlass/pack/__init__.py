@@ -51,5 +51,6 @@ def load_pack(path_or_name, *, session=None, policy: str = "nearest") -> Pack:
 
 
 __all__ = ["ENTRY_POINT_GROUP", "POLICIES", "CallClass", "CallQuery", "Pack", "PackCoverageError",
-           "PackChoice", "PackDamagedError", "PackError", "PackSourceError", "PackTargetError", "build_pack", "build_wheel",
+           "PackChoice", "PackDamagedError", "PackError", "PackSourceError", "PackTargetError", "build_pack",
+           "build_wheel",
            "emitter_digest", "installed_packs", "load_pack", "write_pack"]

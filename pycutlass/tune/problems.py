@@ -1,6 +1,7 @@
 """Problem sets: the shapes a sweep times its kernels on.
 
-A problem is a frozen value with a ``kind`` ("gemm", "conv2d", "grouped_gemm"), a readable unique ``key``, its
+A problem is a frozen value with a ``kind`` ("gemm", "conv2d", "grouped_gemm", "masked_grouped_gemm"), a readable
+unique ``key``, its
 ``flops`` and a JSON form (``to_dict()`` / :func:`problem_from_dict`). A :class:`ProblemSet` is a named, ordered,
 de-duplicated, immutable sequence of them; the generators below build the usual ones:
 
@@ -8,6 +9,8 @@ de-duplicated, immutable sequence of them; the generators below build the usual 
 - :func:`model_problems`: the layer GEMMs of common LLMs (shapes from the models' published configs)
 - :func:`resnet50_conv_problems`: the distinct convolutions of ResNet-50
 - :func:`grouped_problems`: MoE-style groups with random M per expert
+- :func:`moe_problems`, :func:`moe_sets`: the expert GEMMs of Mixtral-8x7B, Qwen3-30B-A3B and DeepSeek-V3 (forward
+  in the contiguous and masked layouts, weight gradients as K-grouped GEMMs) over a seeded, skewed routing draw
 - :func:`parse_problems`: the command line's one-string form of all of the above
 """
 from __future__ import annotations
@@ -224,8 +227,56 @@ class GroupedGemmProblem(_Problem):
         return {"kind": self.kind, "shapes": [list(shape) for shape in self.shapes]}
 
 
-Problem = GemmProblem | Conv2dProblem | GroupedGemmProblem
-PROBLEM_TYPES = MappingProxyType({cls.kind: cls for cls in (GemmProblem, Conv2dProblem, GroupedGemmProblem)})
+@dataclass(frozen=True, eq=True)
+class MaskedGroupedProblem(_Problem):
+    """One launch of a grouped GEMM in the masked layout (MoE decode): ``experts`` groups of a fixed ``capacity``
+    rows each (A is experts x capacity x k, D experts x capacity x n), of which group e computes its first
+    ``counts[e]`` rows; the counts live on the device, so one captured CUDA graph serves every routing."""
+
+    experts: int
+    capacity: int
+    n: int
+    k: int
+    counts: tuple[int, ...]
+    kind: ClassVar[str] = "masked_grouped_gemm"
+
+    def __post_init__(self):
+        for name in ("experts", "capacity", "n", "k"):
+            object.__setattr__(self, name, _positive_int(f"MaskedGroupedProblem.{name}", getattr(self, name)))
+        if isinstance(self.counts, (str, bytes)) or not isinstance(self.counts, Iterable):
+            raise ArgumentError(f"MaskedGroupedProblem.counts must be a sequence of integers, got {self.counts!r}")
+        counts = tuple(self.counts)
+        if len(counts) != self.experts:
+            raise ArgumentError(f"MaskedGroupedProblem: {len(counts)} counts for {self.experts} experts")
+        for e, count in enumerate(counts):
+            if isinstance(count, bool) or not isinstance(count, numbers.Integral) or not 0 <= count <= self.capacity:
+                raise ArgumentError(f"MaskedGroupedProblem.counts[{e}] = {count!r}: a count is an integer from 0 "
+                                    f"to the capacity ({self.capacity})")
+        object.__setattr__(self, "counts", tuple(int(c) for c in counts))
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.counts).encode()).hexdigest()[:10]
+
+    @property
+    def key(self) -> str:
+        return f"masked_grouped_gemm {self.experts}x{self.capacity} n={self.n} k={self.k} {self.digest}"
+
+    @property
+    def flops(self) -> int:
+        return sum(2 * count * self.n * self.k for count in self.counts)
+
+    def _order(self) -> tuple:
+        return (self.experts, self.capacity, self.n, self.k, self.counts)
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "experts": self.experts, "capacity": self.capacity, "n": self.n, "k": self.k,
+                "counts": list(self.counts)}
+
+
+Problem = GemmProblem | Conv2dProblem | GroupedGemmProblem | MaskedGroupedProblem
+PROBLEM_TYPES = MappingProxyType({cls.kind: cls for cls in (GemmProblem, Conv2dProblem, GroupedGemmProblem,
+                                                            MaskedGroupedProblem)})
 
 
 def problem_from_dict(d: Mapping) -> Problem:
@@ -240,7 +291,7 @@ def problem_from_dict(d: Mapping) -> Problem:
         raise ArgumentError(f"{d['kind']} problem: unknown field(s) {unknown}; allowed: {allowed}")
     if cls is GroupedGemmProblem and isinstance(fields.get("shapes"), list):
         fields["shapes"] = tuple(tuple(shape) if isinstance(shape, list) else shape for shape in fields["shapes"])
-    for pair in ("pad", "stride", "dilation"):
+    for pair in ("pad", "stride", "dilation", "counts"):
         if isinstance(fields.get(pair), list):
             fields[pair] = tuple(fields[pair])
     try:
@@ -561,6 +612,108 @@ def grouped_problems(count: int, m_range, n: int, k: int, seed: int = 0, sets: i
     return ProblemSet(f"grouped {count}x m={low}..{high} n={n} k={k} seed={seed}", groups)
 
 
+# ---- MoE expert GEMMs ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MoeModel:
+    """A mixture-of-experts layer: routed ``experts`` (``top_k`` per token), each a gated MLP ``hidden`` ->
+    ``intermediate`` -> ``hidden`` (shapes from the models' published configs)."""
+
+    name: str
+    experts: int
+    top_k: int
+    hidden: int
+    intermediate: int
+    expert_parallel: tuple[int, ...] = (1,)  # the GPU counts its experts are usually spread over
+
+
+MOE_MODELS = MappingProxyType({m.name: m for m in (
+    MoeModel("mixtral-8x7b", 8, 2, 4096, 14336),
+    MoeModel("qwen3-30b-a3b", 128, 8, 2048, 768),
+    MoeModel("deepseek-v3", 256, 8, 7168, 2048, expert_parallel=(8, 32)),
+)})
+MOE_TOKENS = (4096, 16384, 65536)
+MOE_LAYOUTS = ("contiguous", "masked")
+MOE_PASSES = ("forward", "wgrad")
+ROUTING_SKEW = 0.5  # sigma of the log-normal popularity: the busiest expert gets 1.7x (8 experts) to 3x (128) the mean
+
+
+def routed_counts(experts: int, tokens: int, seed: int = 0, skew: float = ROUTING_SKEW) -> tuple[int, ...]:
+    """How many of ``tokens`` routed (token, expert) pairs each of ``experts`` receives: a seeded multinomial draw
+    over log-normal expert popularities (``skew`` = sigma; 0 is uniform). The counts sum to ``tokens``."""
+    import numpy as np
+
+    experts, tokens = _positive_int("experts", experts), _positive_int("tokens", tokens)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ArgumentError(f"seed must be a non-negative integer, got {seed!r}")
+    if not isinstance(skew, numbers.Real) or isinstance(skew, bool) or not 0 <= skew <= 3:
+        raise ArgumentError(f"skew must be a number from 0 to 3 (sigma of the log-normal popularity), got {skew!r}")
+    rng = np.random.default_rng(int(seed))
+    popularity = np.exp(skew * rng.standard_normal(experts))
+    return tuple(int(c) for c in rng.multinomial(tokens, popularity / popularity.sum()))
+
+
+def _moe_model(name: str) -> MoeModel:
+    if name not in MOE_MODELS:
+        raise ArgumentError(f"unknown MoE model {name!r}; known: {sorted(MOE_MODELS)}")
+    return MOE_MODELS[name]
+
+
+def moe_problems(model: str, tokens=MOE_TOKENS, *, layout: str = "contiguous", pass_: str = "forward",
+                 ep: int | None = None, seed: int = 0, skew: float = ROUTING_SKEW) -> ProblemSet:
+    """The expert GEMMs one GPU runs for ``model``'s MoE layer, per routed-token count in ``tokens`` (the (token,
+    expert) pairs landing on this GPU's experts, drawn with ``routed_counts``; the same seed gives the same sets).
+
+    ``ep``: the GPUs the experts are spread over (this GPU holds experts / ep of them; default the model's first
+    ``expert_parallel``). ``pass_="forward"``: the up (gate/up, N = intermediate, K = hidden) and down (N = hidden,
+    K = intermediate) projections, each expert's M its token count; ``layout="contiguous"`` as one grouped GEMM of
+    the experts that received tokens (one packed A, offsets, B per expert), ``"masked"`` as every local expert at a
+    fixed capacity (the largest count rounded up to 128) with its count on the device. ``pass_="wgrad"``: the
+    weight gradients as K-grouped GEMMs, expert e's dW = dY_e^T X_e (M, N the weight's shape, K its token count);
+    experts without tokens have no group (their gradient is zero)."""
+    spec = _moe_model(model)
+    if layout not in MOE_LAYOUTS:
+        raise ArgumentError(f"layout must be one of {list(MOE_LAYOUTS)}, got {layout!r}")
+    if pass_ not in MOE_PASSES:
+        raise ArgumentError(f"pass must be one of {list(MOE_PASSES)}, got {pass_!r}")
+    if pass_ == "wgrad" and layout != "contiguous":
+        raise ArgumentError("the weight-gradient sets are K-grouped GEMMs over each expert's own tokens: layout "
+                            "'contiguous' only")
+    ep = spec.expert_parallel[0] if ep is None else _positive_int("ep", ep)
+    if spec.experts % ep:
+        raise ArgumentError(f"{model}: {spec.experts} experts do not spread evenly over ep={ep} GPUs")
+    local = spec.experts // ep
+    tokens = _int_list("tokens", [tokens] if isinstance(tokens, numbers.Integral) else tokens)
+    hidden, inter = spec.hidden, spec.intermediate
+    found = []
+    for count in tokens:
+        counts = routed_counts(local, count, seed, skew)
+        busy = [c for c in counts if c]
+        if pass_ == "wgrad":
+            found += [GroupedGemmProblem(tuple((inter, hidden, c) for c in busy)),   # up: dW is inter x hidden
+                      GroupedGemmProblem(tuple((hidden, inter, c) for c in busy))]   # down: hidden x inter
+        elif layout == "contiguous":
+            found += [GroupedGemmProblem(tuple((c, inter, hidden) for c in busy)),
+                      GroupedGemmProblem(tuple((c, hidden, inter) for c in busy))]
+        else:
+            capacity = -(-max(counts) // 128) * 128
+            found += [MaskedGroupedProblem(local, capacity, inter, hidden, counts),
+                      MaskedGroupedProblem(local, capacity, hidden, inter, counts)]
+    where = f" ep={ep}" if ep != 1 else ""
+    return ProblemSet(f"moe {model}{where} {pass_} {layout} tokens={','.join(map(str, tokens))} seed={seed}", found)
+
+
+def moe_sets(seed: int = 0) -> dict[str, ProblemSet]:
+    """Every standard MoE set: each model (DeepSeek-V3 at each of its expert-parallel sizes) x forward contiguous,
+    forward masked and weight gradient, at ``MOE_TOKENS`` routed tokens."""
+    sets = {}
+    for model in MOE_MODELS.values():
+        for ep in model.expert_parallel:
+            for pass_, layout in (("forward", "contiguous"), ("forward", "masked"), ("wgrad", "contiguous")):
+                found = moe_problems(model.name, layout=layout, pass_=pass_, ep=ep, seed=seed)
+                sets[found.name] = found
+    return sets
+
+
 # ---- the command line's form --------------------------------------------------------------------------------------
 SPEC_FORMS = (
     "square:START:END:STEP                        e.g. square:128:4096:128 (end included)",
@@ -569,6 +722,7 @@ SPEC_FORMS = (
     "model:NAME[:tp=1,2][:batch=1,16,128]         e.g. model:llama-3-8b:tp=1,2:batch=1,16,128",
     "resnet50[:batch=32]",
     "grouped:count=C:m=LOW..HIGH:n=N:k=K[:seed=S][:sets=T]",
+    "moe:MODEL[:tokens=4096,16384][:layout=contiguous|masked][:pass=forward|wgrad][:ep=E][:seed=S]",
     "file:PATH.json                               a ProblemSet.to_json file",
 )
 
@@ -662,4 +816,17 @@ def parse_problems(spec: str) -> ProblemSet:
             raise _spec_error(spec, f"seed {seed!r} is not a non-negative integer")
         return grouped_problems(_spec_int(spec, options["count"]), m_range, _spec_int(spec, options["n"]),
                                 _spec_int(spec, options["k"]), int(seed), _spec_int(spec, options.get("sets", "1")))
+    if form == "moe":
+        if not parts or not parts[0]:
+            raise _spec_error(spec, f"moe needs a model, one of {sorted(MOE_MODELS)}")
+        options = _spec_options(spec, parts[1:], ("tokens", "layout", "pass", "ep", "seed"))
+        tokens = _spec_values(spec, options.get("tokens", ",".join(map(str, MOE_TOKENS))))
+        if isinstance(tokens, tuple):
+            raise _spec_error(spec, "tokens takes a list, e.g. tokens=4096,16384")
+        seed = options.get("seed", "0")
+        if not seed.isdigit():
+            raise _spec_error(spec, f"seed {seed!r} is not a non-negative integer")
+        return moe_problems(parts[0], tokens, layout=options.get("layout", "contiguous"),
+                            pass_=options.get("pass", "forward"),
+                            ep=_spec_int(spec, options["ep"]) if "ep" in options else None, seed=int(seed))
     raise _spec_error(spec, f"unknown form {form!r}")

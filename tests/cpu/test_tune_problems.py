@@ -214,3 +214,68 @@ def test_parse_problems_errors_list_the_forms(spec, message):
         parse_problems(spec)
     if "does not divide" not in message:
         assert "square:START:END:STEP" in str(info.value) and "file:PATH.json" in str(info.value)
+
+
+# --- MoE expert GEMMs ------------------------------------------------------------------------------------------------
+from pycutlass.tune.problems import (MOE_MODELS, MaskedGroupedProblem, moe_problems, moe_sets,  # noqa: E402
+                                     routed_counts)
+
+
+def test_routing_draws_are_seeded_skewed_and_complete():
+    counts = routed_counts(32, 16384, seed=3)
+    assert sum(counts) == 16384 and len(counts) == 32
+    assert counts == routed_counts(32, 16384, seed=3) and counts != routed_counts(32, 16384, seed=4)
+    assert 1.3 < max(counts) / (16384 / 32) < 5  # skewed, not pathological
+    uniform = routed_counts(32, 16384, seed=3, skew=0)
+    assert max(uniform) / (16384 / 32) < 1.2
+    for bad in (dict(skew=-1), dict(skew=True), dict(seed=-1), dict(seed=1.5)):
+        with pytest.raises(ArgumentError):
+            routed_counts(8, 100, **bad)
+
+
+def test_moe_forward_contiguous_groups_are_each_experts_tokens():
+    found = moe_problems("mixtral-8x7b", (4096, 65536), seed=0)
+    spec = MOE_MODELS["mixtral-8x7b"]
+    assert len(found) == 4
+    for tokens, (up, down) in zip((4096, 65536), (found[0:2], found[2:4])):
+        counts = [c for c in routed_counts(8, tokens, 0) if c]
+        assert up.shapes == tuple((c, spec.intermediate, spec.hidden) for c in counts)
+        assert down.shapes == tuple((c, spec.hidden, spec.intermediate) for c in counts)
+        assert up.flops == 2 * tokens * spec.intermediate * spec.hidden
+
+
+def test_moe_masked_layout_keeps_every_expert_at_a_fixed_capacity():
+    found = moe_problems("deepseek-v3", (4096,), layout="masked", ep=32, seed=1)
+    up = found[0]
+    counts = routed_counts(8, 4096, 1)
+    assert isinstance(up, MaskedGroupedProblem) and up.experts == 8 and up.counts == counts
+    assert up.capacity % 128 == 0 and max(counts) <= up.capacity < max(counts) + 128
+    assert (up.n, up.k) == (2048, 7168) and (found[1].n, found[1].k) == (7168, 2048)
+    assert problem_from_dict(up.to_dict()) == up
+    with pytest.raises(ArgumentError, match="counts\\[0\\]"):
+        MaskedGroupedProblem(2, 128, 64, 64, (129, 0))
+    with pytest.raises(ArgumentError, match="2 counts for 3 experts"):
+        MaskedGroupedProblem(3, 128, 64, 64, (1, 2))
+
+
+def test_moe_weight_gradients_are_k_grouped():
+    [up, down] = moe_problems("qwen3-30b-a3b", 4096, pass_="wgrad", seed=2)
+    counts = [c for c in routed_counts(128, 4096, 2) if c]
+    assert up.shapes == tuple((768, 2048, c) for c in counts)  # groups share M and N, differ in K
+    assert down.shapes == tuple((2048, 768, c) for c in counts)
+    with pytest.raises(ArgumentError, match="layout 'contiguous' only"):
+        moe_problems("qwen3-30b-a3b", 4096, pass_="wgrad", layout="masked")
+
+
+def test_moe_sets_and_spec_form():
+    sets = moe_sets()
+    assert len(sets) == 12  # 3 models (DeepSeek-V3 at ep 8 and 32) x 3 kinds of set
+    assert all(len(found) == 6 for found in sets.values())  # 3 token counts x (up, down)
+    parsed = parse_problems("moe:deepseek-v3:tokens=4096,16384:layout=masked:ep=8:seed=5")
+    assert parsed == moe_problems("deepseek-v3", (4096, 16384), layout="masked", ep=8, seed=5)
+    for spec, why in (("moe", "needs a model"), ("moe:gpt-5", "unknown MoE model"),
+                      ("moe:mixtral-8x7b:ep=3", "do not spread evenly"),
+                      ("moe:mixtral-8x7b:layout=sparse", "layout must be one of"),
+                      ("moe:mixtral-8x7b:tokens=1..4", "tokens takes a list")):
+        with pytest.raises(ArgumentError, match=why):
+            parse_problems(spec)
