@@ -280,7 +280,8 @@ def test_cli_build_info_wheel_and_verify(sweep_db, pack_path, tmp_path):
     assert done.exit_code == 0 and (tmp_path / "cli_pack-0.1.0-py3-none-any.whl").is_file()
     done = runner.invoke(main, ["pack", "build", "--target", "90", str(tmp_path / "y.pack")])
     assert done.exit_code != 0 and "give either --db" in done.output
-    done = runner.invoke(main, ["pack", "build", "--space", "sm90-f16-small", "--target", "90", str(tmp_path / "z.pack")])
+    done = runner.invoke(main, ["pack", "build", "--space", "sm90-f16-small", "--target", "90",
+                                str(tmp_path / "z.pack")])
     assert done.exit_code != 0 and "--space needs --problems" in done.output
     if pycutlass.compiler.target.detected_compute_capability(0) is None:
         done = runner.invoke(main, ["pack", "verify", str(out)])
