@@ -138,8 +138,9 @@ class Dispatch(SessionState):
 
     def use_packs(self, packs) -> None:
         """Take every kernel from ``packs`` (loaded ``pycutlass.pack.Pack`` objects, searched in order): a call whose
-        class no pack covers runs torch (counted in ``fallbacks``); nothing is tuned or compiled. An empty list
-        returns to tuning and the default candidates."""
+        class no pack covers runs torch (counted in ``fallbacks``); nothing is tuned or compiled. With
+        ``prefer_faster`` (the default) a shape whose entry measured torch faster than its kernel runs torch too.
+        An empty list returns to tuning and the default candidates."""
         with self._lock:
             self.packs = list(packs)
             self._forget_bound()
@@ -495,7 +496,9 @@ class Dispatch(SessionState):
                 entry, how, _ = pack.choose(query, problem)
                 if entry is not None:
                     pack.stats[how] += 1
-                    if entry.kernel == TORCH:  # tuning kept torch for this shape
+                    versus_torch = entry.measured.get("vs_torch")
+                    # tuning kept torch for this shape, or the pack's measurements say torch is faster here
+                    if entry.kernel == TORCH or (self.prefer_faster and versus_torch is not None and versus_torch < 1):
                         return TORCH
                     operation = pack.operation(entry.kernel)
                     self._kernels.setdefault(operation.name, operation)

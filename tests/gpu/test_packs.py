@@ -135,6 +135,7 @@ def test_the_torch_dispatch_serves_from_a_pack_and_falls_back_counted(pack_path,
 
     with pycutlass.Session().activate():
         dispatch = pct.use_pack(pack_path)
+        dispatch.configure(prefer_faster=False)  # the pack's Sm80 kernels measured slower than cuBLAS here
         x = torch.randn(64, 4096, device="cuda").half()
         weight = torch.randn(4096, 4096, device="cuda").half() / 64
         bias = torch.randn(4096, device="cuda").half()
