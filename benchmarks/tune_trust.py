@@ -4,6 +4,7 @@
     python benchmarks/tune_trust.py --compile-only --target 90 --jobs 16   # any host: compile the space into the cache
     python benchmarks/tune_trust.py --dry-run                # no GPU, no compiles: synthetic timings through (b)
     python benchmarks/tune_trust.py --replay GEMM_SM90_JSON...   # (b) on grids benchmarks/gemm_sm90.py measured
+    python benchmarks/tune_trust.py --agreement               # GPU host: harness vs graph replay vs ncu (agreement.py)
 
 (a) the exhaustive sweep: every configuration of the space (f16 and bf16, A row-major / B column-major, SM90 tiles
     M 64/128/256 x N 64/128/256 (``--tile-n`` widens it), clusters 1x1/2x1/1x2, the three kernel schedules: 108
@@ -238,7 +239,21 @@ def main() -> None:
     parser.add_argument("--replay", nargs="+", default=None, metavar="JSON",
                         help="(b) only, from grids benchmarks/gemm_sm90.py measured (no GPU, nothing compiles)")
     parser.add_argument("--out", default=str(RESULTS / "tune-trust.json"))
+    parser.add_argument("--agreement", action="store_true",
+                        help="only the agreement table: harness vs CUDA-graph replay vs ncu (benchmarks/agreement.py)")
     args = parser.parse_args()
+    if args.agreement:
+        import agreement
+
+        if args.compile_only:
+            import pycutlass
+            from pycutlass.compiler.manager import Compiler
+
+            session = pycutlass.Session(target=args.target) if args.target else pycutlass.Session()
+            Compiler.of(session).add_module(agreement.operations(), jobs=args.jobs)
+            return
+        agreement.run(str(RESULTS / "agreement.json") if args.out == str(RESULTS / "tune-trust.json") else args.out)
+        return
     space = trust_space(tuple(int(v) for v in args.tile_n.split(",")))
     problems = [GemmProblem(*shape) for shape in SHAPES]
     by_dtype = operations_by_dtype(space)

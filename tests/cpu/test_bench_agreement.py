@@ -1,0 +1,59 @@
+"""benchmarks/agreement.py's parsing of ncu's CSV and its verdicts, on captured-looking text instead of a GPU."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import agreement  # noqa: E402
+
+HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
+          '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"\n')
+
+
+def _row(index: int, kernel: str, value: str, unit: str = "nsecond") -> str:
+    return (f'"{index}","4242","python3","host","{kernel}","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0",'
+            f'"Command line profiler metrics","gpu__time_duration.sum","{unit}","{value}"\n')
+
+
+def test_ncu_csv_gives_microseconds_per_call_per_series():
+    lines = ["==PROF== Connected to process 4242\n", HEADER]
+    index = 0
+    # series 1: a pycutlass kernel, 2 calls of one kernel each (12.5 us, 13.5 us)
+    for kernel, value in (("spin_kernel(long)", "1,000"), ("pycutlass_gemm_sm90_x", "12,500"),
+                          ("pycutlass_gemm_sm90_x", "13,500")):
+        lines.append(_row(index, kernel, value))
+        index += 1
+    # series 2: torch, each call a GEMM kernel and a reduction (usecond units)
+    for kernel, value in (("spin_kernel(long)", "1.0"), ("sm90_xmma_gemm", "20.0"), ("splitKreduce", "2.0"),
+                          ("sm90_xmma_gemm", "22.0"), ("splitKreduce", "2.0")):
+        lines.append(_row(index, kernel, value, "usecond"))
+        index += 1
+    found = agreement.parse_ncu_csv("".join(lines), series=3, calls=2)
+    assert found[0] == pytest.approx(13.0) and found[1] == pytest.approx(23.0)
+    assert found[2] is None  # a series ncu did not report
+    with pytest.raises(ValueError):
+        agreement.parse_ncu_csv("==ERROR== ERR_NVGPUCTRPERM", series=1)
+
+
+def test_agreement_rows_judge_every_pair_against_both_measures():
+    rows = agreement.agreement_rows([
+        {"who": "pycutlass", "harness_us": 100.0, "graph_us": 98.0, "ncu_us": 101.0},   # within 3% of both
+        {"who": "torch", "harness_us": 100.0, "graph_us": 90.0, "ncu_us": 100.0},       # 11% off the graph
+        {"who": "torch", "harness_us": 100.0, "graph_us": 99.0, "ncu_us": None},        # ncu missing: graph decides
+        {"who": "pycutlass", "harness_us": None, "graph_us": 99.0, "ncu_us": 99.0},     # no harness: no verdict
+    ])
+    assert [row["within_3%"] for row in rows] == [True, False, True, False]
+    assert rows[1]["harness/graph"] == pytest.approx(100 / 90, abs=1e-4)
+    assert rows[2]["harness/ncu"] is None
+
+
+def test_each_shape_gets_one_configuration_per_dtype():
+    found = agreement.pairs()
+    assert len(found) == 10
+    assert {tuple(p["shape"]) for p in found} == set(agreement.SHAPES)
+    assert {p["params"]["threadblock_shape"][0] for p in found if p["shape"] == [4096, 4096, 4096]} == {128}
+    assert len(agreement.operations()) == 6  # 3 configurations x 2 dtypes
