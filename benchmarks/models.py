@@ -8,6 +8,7 @@
 - :class:`MLPBlock`: LayerNorm -> Linear(d, 4d) -> GELU -> Linear(4d, d), plus the residual.
 - :class:`GPT2Stack`: GPT-2-sized pre-LayerNorm decoder blocks on hidden states (batch, seq, d): fused qkv Linear,
   ``F.scaled_dot_product_attention(is_causal=True)``, output projection, MLP with ``nn.GELU``; final LayerNorm.
+- :class:`ViT`: ViT-B/16's dimensions, every GEMM a Linear (patch embedding included).
 
 Every model here traces with ``torch.fx.symbolic_trace``: no Python control flow on tensor values, and no reshape
 that needs the traced sizes (heads are split with ``unflatten`` on the last dimension and merged with ``flatten``).
@@ -281,6 +282,64 @@ class GPT2Stack(nn.Module):
         return x
 
 
+class SelfAttention(nn.Module):
+    """Fused qkv projection, (non-causal) SDPA over ``n_heads`` heads, output projection: every projection a Linear."""
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__()
+        self.n_heads, self.head_dim = n_heads, d_model // n_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv(x).unflatten(-1, (3, self.n_heads, self.head_dim)).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
+        return self.proj(y.transpose(1, 2).flatten(2))
+
+
+class ViTBlock(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, d_hidden: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d_model, eps=1e-6)
+        self.attn = SelfAttention(d_model, n_heads)
+        self.ln_2 = nn.LayerNorm(d_model, eps=1e-6)
+        self.mlp = MLP(d_model, d_hidden, "gelu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class ViT(nn.Module):
+    """A ViT-B/16 image classifier with torchvision's dimensions (patch 16, d 768, 12 layers, 12 heads, MLP 3072,
+    class token, learned position embedding, 1000 classes). The patch embedding is the 16x16 stride-16 convolution
+    written as a Linear over each patch's 768 pixels, and attention a fused qkv Linear + SDPA: every GEMM of the
+    model is a Linear the model pass sees (torchvision's nn.MultiheadAttention hides its input projection)."""
+
+    def __init__(self, image_size: int = 224, patch: int = 16, d_model: int = 768, n_layers: int = 12,
+                 n_heads: int = 12, d_hidden: int = 3072, classes: int = 1000):
+        super().__init__()
+        self.patch, self.grid = patch, image_size // patch
+        self.patch_embed = nn.Linear(3 * patch * patch, d_model)
+        self.class_token = nn.Parameter(torch.zeros(1, 1, d_model))
+        self.position = nn.Parameter(torch.randn(1, self.grid * self.grid + 1, d_model) * 0.02)
+        self.blocks = nn.Sequential(*[ViTBlock(d_model, n_heads, d_hidden) for _ in range(n_layers)])
+        self.ln = nn.LayerNorm(d_model, eps=1e-6)
+        self.head = nn.Linear(d_model, classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        g, p = self.grid, self.patch
+        # (b, 3, g*p, g*p) -> (b, g*g, 3*p*p): each patch's pixels, channel-major as the convolution reads them
+        patches = images.unflatten(2, (g, p)).unflatten(4, (g, p)).permute(0, 2, 4, 1, 3, 5).flatten(3).flatten(1, 2)
+        x = self.patch_embed(patches)
+        x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x], dim=1) + self.position
+        x = self.ln(self.blocks(x))
+        return self.head(x[:, 0])
+
+
+VIT_B16_PARAMETERS = 86_567_656  # torchvision.models.vit_b_16: the same count (its conv_proj has this Linear's size)
+
+
 def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -333,6 +392,8 @@ def smoke() -> None:
     _check("GPT2Stack(2, 64, 4)", GPT2Stack(2, 64, 4), torch.randn(2, 16, 64))
     _check("GPT2Stack(2, 64, 4, vocab=100)", GPT2Stack(2, 64, 4, vocab=100), torch.randn(2, 16, 64))
     _check("GPT2Stack() (GPT-2 small, no embeddings)", GPT2Stack(), torch.randn(1, 8, 768), 85_056_000)
+    _check("ViT(image 32, 2 layers)", ViT(image_size=32, n_layers=2), torch.randn(2, 3, 32, 32))
+    _check("ViT() (ViT-B/16)", ViT(), torch.randn(1, 3, 224, 224), VIT_B16_PARAMETERS)
     # attention against a hand-written causal softmax
     attn = CausalSelfAttention(64, 4).eval()
     x = torch.randn(2, 10, 64)

@@ -1,0 +1,150 @@
+"""The model pass on two transformer models: how long ``optimize`` takes, whether every layer it keeps beats torch,
+and the model's speed against eager and ``torch.compile``.
+
+    PYCUTLASS_CACHE_DIR=cache python benchmarks/model_pass.py --compile-only --target 90 --jobs 2   # no GPU
+    PYCUTLASS_CACHE_DIR=cache python benchmarks/model_pass.py [--out benchmarks/results/model_pass-h200.json]
+
+Models (random weights, bf16, eval, inference mode): ViT-B/16 (``models.ViT``, torchvision's dimensions) at batch 32
+(6304 tokens), and a 12-layer GPT-2-small stack (``models.GPT2Stack``) on 8 x 512 hidden states. For each:
+``optimize(model, (x,))`` wall time (tuning draws each layer's candidates from the ranked SM90 space; with
+``--compile-only`` run first, the candidates come from the kernel cache), the report's per-layer kernel and torch
+times (CUDA events, L2 flushed, GPU-side lead), and whole-forward times of eager, ``torch.compile`` (default mode)
+and the result (CUDA events, medians). Goals: optimize <= 60 s on a 16-core host; every layer kept on a kernel
+>= 1.0x torch.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import bench_ms, print_table, write_json  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+VIT_BATCH, GPT2_TOKENS = 32, (8, 512)
+GOAL_OPTIMIZE_S = 60.0
+
+
+def layer_calls() -> list[tuple[str, int, int, int]]:
+    """(activation, M, N, K) of every Linear the two models run (all with a bias)."""
+    vit_tokens, gpt2_tokens = VIT_BATCH * 197, GPT2_TOKENS[0] * GPT2_TOKENS[1]
+    found = [("identity", VIT_BATCH * 196, 768, 768), ("identity", VIT_BATCH, 1000, 768)]  # patch embedding, head
+    for tokens in (vit_tokens, gpt2_tokens):
+        found += [("identity", tokens, 2304, 768), ("identity", tokens, 768, 768), ("gelu", tokens, 3072, 768),
+                  ("identity", tokens, 768, 3072)]
+    return found
+
+
+def candidates() -> list:
+    from pycutlass.torch.kernels import GemmClass, ranked_gemm_candidates
+    from pycutlass.tune.autotune import DEFAULT_TOP_K
+
+    found = {}
+    for activation, m, n, k in layer_calls():
+        cls = GemmClass("bfloat16", True, False, 8, activation, True, False, 90)
+        for _, operation in ranked_gemm_candidates(cls, (m, n, k), DEFAULT_TOP_K):
+            found[operation.name] = operation
+    return list(found.values())
+
+
+def build(name: str):
+    import torch
+
+    from models import GPT2Stack, ViT
+
+    torch.manual_seed(0)
+    if name == "vit-b16":
+        return ViT().eval(), torch.randn(VIT_BATCH, 3, 224, 224)
+    return GPT2Stack(n_layers=12).eval(), torch.randn(*GPT2_TOKENS, 768)
+
+
+def measure(name: str) -> dict:
+    import torch
+
+    import pycutlass
+    import pycutlass.torch as pct
+
+    model32, x32 = build(name)
+    model32, x32 = model32.cuda(), x32.cuda()
+    model = copy.deepcopy(model32).to(torch.bfloat16)
+    x = x32.to(torch.bfloat16)
+    row: dict = {"model": name, "input": "x".join(map(str, x.shape))}
+    with torch.inference_mode():
+        reference = model32(x32).float()
+        row["eager_ms"] = bench_ms(lambda: model(x))
+        start = time.perf_counter()
+        compiled = torch.compile(model)
+        compiled(x)
+        torch.cuda.synchronize()
+        row["compile_s"] = round(time.perf_counter() - start, 1)
+        row["compiled_ms"] = bench_ms(lambda: compiled(x))
+    with pycutlass.Session().activate():
+        start = time.perf_counter()
+        fast = pct.optimize(model, (x,), progress=False)
+        row["optimize_s"] = round(time.perf_counter() - start, 1)
+        report = pct.report(fast)
+        with torch.inference_mode():
+            out = fast(x).float()
+            row["optimized_ms"] = bench_ms(lambda: fast(x))
+    row["rel_error_vs_fp32"] = float(((out - reference).abs().max() / reference.abs().max()).item())
+    with torch.inference_mode():
+        eager_error = float(((model(x).float() - reference).abs().max() / reference.abs().max()).item())
+    row["eager_rel_error_vs_fp32"] = eager_error
+    layers = [r for r in report.rows if r.get("kernel") not in (None, "-")]
+    kept = [r for r in layers if r["kernel"] != "torch" and r.get("speedup")]
+    row["layers_tuned"] = len(layers)
+    row["layers_kept_on_kernels"] = len(kept)
+    row["worst_kept_speedup"] = round(min(r["speedup"] for r in kept), 3) if kept else None
+    row["chosen"] = (report.end_to_end or {}).get("chosen")
+    row["vs_eager"] = round(row["eager_ms"] / row["optimized_ms"], 3)
+    row["vs_compile"] = round(row["compiled_ms"] / row["optimized_ms"], 3)
+    row["goal_optimize"] = row["optimize_s"] <= GOAL_OPTIMIZE_S
+    row["goal_kept_>=1"] = all(r["speedup"] >= 1.0 for r in kept)
+    distinct = {}
+    for r in layers:
+        distinct.setdefault((r["pattern"], r["shape"]), r)
+    row["layer_rows"] = [{"pattern": r["pattern"], "shape": r["shape"], "kernel": str(r["kernel"]).split("_tnt_")[-1],
+                          "cutlass_us": r.get("cutlass_us"), "torch_us": r.get("torch_us"),
+                          "speedup": r.get("speedup")} for r in distinct.values()]
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--target", default=90)
+    parser.add_argument("--jobs", type=int, default=None)
+    parser.add_argument("--models", default="vit-b16,gpt2")
+    parser.add_argument("--out", default=str(RESULTS / "model_pass.json"))
+    args = parser.parse_args()
+    if args.compile_only:
+        from pycutlass.compiler.manager import Compiler
+        from pycutlass.session import current
+
+        operations = candidates()
+        start = time.perf_counter()
+        report = Compiler.of(current()).add_module(operations, jobs=args.jobs, target=args.target, errors="report")
+        print(f"{len(operations)} candidates, {len(report.failures)} failed units, {time.perf_counter() - start:.0f} s")
+        return
+    rows = []
+    for name in args.models.split(","):
+        try:
+            rows.append(measure(name))
+        except Exception as error:  # noqa: BLE001  (one model failing keeps the other's numbers)
+            rows.append({"model": name, "error": f"{type(error).__name__}: {error}"})
+        print(f"{name}: done", flush=True)
+    summary = [{k: v for k, v in row.items() if k != "layer_rows"} for row in rows]
+    print_table("the model pass (bf16, inference): optimize time, kept layers, forward ms", summary)
+    for row in rows:
+        if row.get("layer_rows"):
+            print_table(f"{row['model']}: distinct layers (kernel and torch times from the report)", row["layer_rows"])
+    write_json(args.out, {"command": " ".join(sys.argv), "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
