@@ -4,7 +4,7 @@ and the model's speed against eager and ``torch.compile``.
     PYCUTLASS_CACHE_DIR=cache python benchmarks/model_pass.py --compile-only --target 90 --jobs 2   # no GPU
     PYCUTLASS_CACHE_DIR=cache python benchmarks/model_pass.py [--out benchmarks/results/model_pass-h200.json]
 
-Models (random weights, bf16, eval, inference mode): ViT-B/16 (``models.ViT``, torchvision's dimensions) at batch 32
+Models (random weights, bf16, eval, under torch.no_grad()): ViT-B/16 (``models.ViT``, torchvision's dimensions) at batch 32
 (6304 tokens), and a 12-layer GPT-2-small stack (``models.GPT2Stack``) on 8 x 512 hidden states. For each:
 ``optimize(model, (x,))`` wall time (tuning draws each layer's candidates from the ranked SM90 space; with
 ``--compile-only`` run first, the candidates come from the kernel cache), the report's per-layer kernel and torch
@@ -74,7 +74,7 @@ def measure(name: str) -> dict:
     model = copy.deepcopy(model32).to(torch.bfloat16)
     x = x32.to(torch.bfloat16)
     row: dict = {"model": name, "input": "x".join(map(str, x.shape))}
-    with torch.inference_mode():
+    with torch.no_grad():
         reference = model32(x32).float()
         row["eager_ms"] = bench_ms(lambda: model(x))
         start = time.perf_counter()
@@ -88,11 +88,11 @@ def measure(name: str) -> dict:
         fast = pct.optimize(model, (x,), progress=False)
         row["optimize_s"] = round(time.perf_counter() - start, 1)
         report = pct.report(fast)
-        with torch.inference_mode():
+        with torch.no_grad():
             out = fast(x).float()
             row["optimized_ms"] = bench_ms(lambda: fast(x))
     row["rel_error_vs_fp32"] = float(((out - reference).abs().max() / reference.abs().max()).item())
-    with torch.inference_mode():
+    with torch.no_grad():
         eager_error = float(((model(x).float() - reference).abs().max() / reference.abs().max()).item())
     row["eager_rel_error_vs_fp32"] = eager_error
     layers = [r for r in report.rows if r.get("kernel") not in (None, "-")]
