@@ -154,8 +154,6 @@ def resolve(pack, a, b, out, c, c_read, bias, activation, key=None) -> _Seen:
 
 
 def run_gemm(pack, a, b, out, c, alpha, beta, bias, activation, stream):
-    from ..kinds import GemmArguments
-
     out = _output(a, b, out)
     c_read = c is not None and beta != 0
     key = (_signature(a), _signature(b), _signature(out), _signature(c) if c_read else None, _signature(bias),
@@ -169,7 +167,7 @@ def run_gemm(pack, a, b, out, c, alpha, beta, bias, activation, stream):
     seen = resolve(pack, a, b, out, c, c_read, bias, activation, key)
     operation = seen.operation
     m, n, k, _ = seen.problem
-    arguments = _gemm_arguments(GemmArguments, operation, seen.knobs, (m, n, k), a, b, c if c_read else None, out,
+    arguments = _gemm_arguments(operation, seen.knobs, (m, n, k), a, b, c if c_read else None, out,
                                 bias, alpha, beta if c_read else 0.0, stream, pack.session)
     operation.run(arguments)
     addresses = [_address(t) for t in (a, b, c if c_read else None, bias, out)]
@@ -182,7 +180,10 @@ def run_gemm(pack, a, b, out, c, alpha, beta, bias, activation, stream):
     return out
 
 
-def _gemm_arguments(GemmArguments, operation, knobs, problem, a, b, c, d, bias, alpha, beta, stream, session):
+def _gemm_arguments(operation, knobs, problem, a, b, c, d, bias, alpha, beta, stream, session):
+    """The kernel's GemmArguments for a pack call (a Sm80-family kernel takes the bias as a broadcast C)."""
+    from ..kinds import GemmArguments
+
     if bias is not None and not operation.bias:  # a Sm80-family kernel: the bias is C broadcast over rows
         return GemmArguments(operation, problem, a, b, bias, d, output_op=operation.epilogue_type(alpha, 1.0),
                              stream=stream, session=session, bias=True, **knobs)

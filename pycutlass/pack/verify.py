@@ -30,8 +30,6 @@ def verify_pack(pack, *, device: int = 0, progress=None) -> list[dict]:
     from .launch import _gemm_arguments
 
     pack.check_device(device)
-    from ..kinds import GemmArguments
-
     generator = torch.Generator(device=f"cuda:{device}").manual_seed(0)
     rows = []
     for cls in pack.classes.values():
@@ -56,7 +54,7 @@ def verify_pack(pack, *, device: int = 0, progress=None) -> list[dict]:
             bias = torch.randn((n,), generator=generator, device=cuda).to(dtype) if call.bias == "column" else None
             out = torch.full((m, n), float("nan"), device=cuda, dtype=_torch_dtype(torch, call.d))
             operation = pack.operation(kernel)
-            arguments = _gemm_arguments(GemmArguments, operation, entry.knobs, (m, n, k), a, b, None, out, bias, 1.0,
+            arguments = _gemm_arguments(operation, entry.knobs, (m, n, k), a, b, None, out, bias, 1.0,
                                         0.0, torch.cuda.current_stream(device).cuda_stream, pack.session)
             operation.run(arguments)
             torch.cuda.synchronize(device)
