@@ -104,6 +104,8 @@ def fake_worker_main(conn, ordinal, session_options, config_json, prepare_sessio
             return
         if message[0] == "facts":
             uuid = os.environ.get("FAKE_WORKER_UUID", f"GPU-fake-{ordinal}")
+            if os.environ.get("FAKE_WORKER_UUID_PARENT"):  # tells apart the GPUs of different (Dask) workers
+                uuid = f"{uuid}-{os.getppid()}"
             models = dict(item.split(":") for item in os.environ.get("FAKE_WORKER_MODELS", "").split(",") if item)
             name = f"fake {models[str(ordinal)]}" if str(ordinal) in models else "fake GPU"
             conn.send({"name": name, "uuid": uuid, "compute_capability": 90, "host": "fake",
@@ -128,6 +130,9 @@ def fake_worker_main(conn, ordinal, session_options, config_json, prepare_sessio
             loaded.add(operation.name)
         with clock.phase("timing"):
             time.sleep(float(os.environ.get("FAKE_WORKER_DELAY", "0")))
+        if os.environ.get("FAKE_WORKER_LOG"):  # every measurement, to count repeats
+            with open(os.environ["FAKE_WORKER_LOG"], "a") as log:
+                log.write(f"{operation.name} {problem['m']}x{problem['n']}x{problem['k']}\n")
         seconds = 1e-6 * (problem["m"] * problem["n"] * problem["k"]) ** (1 / 3) / tile[0] * 64
         conn.send({"measurement": {"status": "ok", "seconds": seconds, "seconds_min": seconds * 0.98,
                                    "seconds_iqr": seconds * 0.01, "repetitions": 50, "rel_error": 1e-4},
