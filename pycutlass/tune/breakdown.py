@@ -122,7 +122,8 @@ class Breakdown:
 
     def to_dict(self) -> dict:
         return {"wall_s": round(self.wall, 3), "setup_s": round(self.setup, 3), "write_s": round(self.write, 3),
-                "teardown_s": round(self.teardown, 3), "rows_written": self.rows_written, "commits": self.commits, "workers": self.rows()}
+                "teardown_s": round(self.teardown, 3), "rows_written": self.rows_written, "commits": self.commits,
+                "workers": self.rows()}
 
     def __str__(self) -> str:
         columns = ["worker", "wall_s", "busy_s", "idle_s", "tail_s", "startup_s", "load_s", "inputs_s",

@@ -1,11 +1,11 @@
 """The Dask worker plugin that keeps a worker's GPU slots and kernel binaries between a sweep's tasks
-(:class:`pycutlass.tune.distributed.GpuSlots`). ``DaskExecutor`` registers it on every worker, so the state belongs to
+(:class:`pycutlass.tune.gpu_slots.GpuSlots`). ``DaskExecutor`` registers it on every worker, so the state belongs to
 the worker and ends with it. Imported only where Dask is in use."""
 from __future__ import annotations
 
 from distributed import WorkerPlugin
 
-from .distributed import GPU_RESOURCE, GpuSlots
+from .gpu_slots import GPU_RESOURCE, GpuSlots
 
 PLUGIN_NAME = "pycutlass-gpus"
 
