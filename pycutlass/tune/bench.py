@@ -1,6 +1,8 @@
 """The timing harness: verified once, then timed honestly.
 
 - random-normal inputs (zeros and small integers run faster and lie), outputs poisoned with NaN before the check;
+- inputs drawn on the GPU and float64 references computed there, once per problem, and kept while they fit
+  (``GemmBench(cache_bytes=...)``); ``GemmBench.clock`` sums the seconds of each phase (:mod:`.breakdown`);
 - each kernel verified against a float64 reference once before it is timed; a wrong kernel is never timed;
 - warm-up, then CUDA events around every repetition, L2 flushed before each (or an argument pool larger than L2),
   at least ``repetitions`` samples and at most ``max_seconds``; median, minimum and inter-quartile range;
@@ -149,13 +151,16 @@ class GemmBench:
 
     # --- inputs -----------------------------------------------------------------------------------------------
     def _random(self, shape, label, generator):
+        # Drawn on the GPU: an LLM-sized operand drawn on the host costs a tenth of a second per problem and worker,
+        # and workers on one host would compete for its cores. Philox with the same seed draws the same values on
+        # every GPU, so every GPU of a sweep sees the same operands.
         torch = self.torch
         if label == "int8":
-            return torch.randint(-4, 5, shape, generator=generator, dtype=torch.int8).to(self.device)
-        values = torch.randn(shape, generator=generator, dtype=torch.float32)
+            return torch.randint(-4, 5, shape, generator=generator, dtype=torch.int8, device=self.device)
+        values = torch.randn(shape, generator=generator, dtype=torch.float32, device=self.device)
         if label in _FP8:
             values = values.clamp(-6, 6)
-        return values.to(getattr(torch, _TORCH_DTYPE[label])).to(self.device)
+        return values.to(getattr(torch, _TORCH_DTYPE[label]))
 
     def _matrix(self, rows, cols, row_major: bool, label, generator, batch):
         """A logical (batch,) rows x cols matrix; a column-major one is a transposed view of its storage."""
@@ -178,7 +183,7 @@ class GemmBench:
         found = self._inputs.get(key)
         if found is None:
             with self.clock.phase("inputs"):
-                generator = self.torch.Generator().manual_seed(self.config.seed * 1_000_003 + index)
+                generator = self.torch.Generator(device=self.device).manual_seed(self.config.seed * 1_000_003 + index)
                 a = self._matrix(problem.m, problem.k, a_row, a_label, generator, problem.batch)
                 b = self._matrix(problem.k, problem.n, b_row, b_label, generator, problem.batch)
                 self.torch.cuda.synchronize(self.device)
