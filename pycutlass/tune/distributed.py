@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -29,6 +30,7 @@ log = logging.getLogger("pycutlass.tune")
 
 COMPILE_RESOURCE = "MEMORY_GB"  # declared by workers that accept compiles; an SM90 unit peaks near 3 GB
 COMPILE_MEMORY_GB = 3
+TASKS_PER_GPU = 8  # benchmark tasks per GPU by default: the tail (the last task) is short beside the whole
 
 
 # --- tasks (run on Dask workers) --------------------------------------------------------------------------------
@@ -170,6 +172,7 @@ class DistributedSummary:
     seconds: float = 0.0
     # benchmark placement: tasks that ran where their kernels were held (nothing sent), binaries sent with tasks,
     # and tasks sent again with their binaries because they ran on a worker that did not hold them
+    tasks: int = 0
     placed: int = 0
     binaries_sent: int = 0
     resent: int = 0
@@ -177,8 +180,8 @@ class DistributedSummary:
 
     def __str__(self) -> str:
         statuses = ", ".join(f"{n} {s}" for s, n in sorted(self.statuses.items()))
-        placement = (f"; {self.placed} tasks on the worker holding their kernels, {self.binaries_sent} binaries sent, "
-                     f"{self.resent} tasks sent again" if self.placed or self.binaries_sent else "")
+        placement = (f"; {self.tasks} tasks, {self.placed} on the worker holding their kernels, {self.binaries_sent} "
+                     f"binaries sent, {self.resent} tasks sent again" if self.tasks else "")
         return (f"{self.done}/{self.submitted} done ({statuses or 'none'}), {self.skipped} skipped (already done), "
                 f"{len(self.workers)} workers, {self.seconds:.1f} s"
                 + (f", {self.foreign_toolchain} built by another toolchain" if self.foreign_toolchain else "")
@@ -337,8 +340,9 @@ class DaskExecutor:
         """Time every ready operation on every problem on the cluster's GPU workers (``GPU`` resource).
 
         Work is partitioned into (kernel block x problem block) tasks, ``kernels_per_task`` x ``problems_per_task``
-        (default: one kernel on every problem), so no pair is measured twice, a kernel's module loads on one GPU, and
-        idle GPUs steal the remaining tasks. A task goes to the worker that compiled (or was sent) its kernels, with
+        (default: one kernel on as many problems as leaves at least ``TASKS_PER_GPU`` tasks per GPU), so no pair is
+        measured twice, a kernel's module loads on few GPUs, idle GPUs steal the remaining tasks and the last tasks
+        are short. A task goes to the worker that compiled (or was sent) its kernels, with
         no binary; where no worker holds them it carries them, and a task that ran elsewhere (stolen, or its worker
         was lost) is sent again with them. Rows already in the DB are not submitted again. Pairs are measured once
         per sweep on whichever GPU takes them: give GPUs of different models their own sweeps (or resources) to rank
@@ -377,8 +381,9 @@ class DaskExecutor:
             "select kernel, problem from runs where sweep = ? and harness = ?", [sweep.name, harness])}
         summary = DistributedSummary()
         breakdown = summary.breakdown
-        gpu_workers = {address for address, info in self.client.scheduler_info().get("workers", {}).items()
-                       if GPU_RESOURCE in (info.get("resources") or {})}
+        workers = self.client.scheduler_info().get("workers", {})
+        gpu_workers = {address for address, info in workers.items() if GPU_RESOURCE in (info.get("resources") or {})}
+        gpus = sum(int((info.get("resources") or {}).get(GPU_RESOURCE, 0)) for info in workers.values())
         problems = [p for p in sweep.problems if p.kind == "gemm"]
         by_key = {p.key: p for p in problems}
         futures: dict = {}
@@ -401,7 +406,11 @@ class DaskExecutor:
             futures[future] = (block, part, place, carry)
             return future
 
-        step = problems_per_task or max(1, len(problems))
+        if problems_per_task is None:  # enough tasks that the last ones are short: at least TASKS_PER_GPU per GPU
+            kernel_blocks = max(1, math.ceil(len(kernels) / kernels_per_task))
+            blocks = min(len(problems), max(1, math.ceil(TASKS_PER_GPU * max(1, gpus) / kernel_blocks)))
+            problems_per_task = max(1, math.ceil(len(problems) / max(1, blocks)))
+        step = problems_per_task
         for first in range(0, len(kernels), kernels_per_task):
             block = kernels[first:first + kernels_per_task]
             for begin in range(0, len(problems), step):
@@ -411,6 +420,7 @@ class DaskExecutor:
                 if todo:
                     submit(todo, part, carry=False)
                     summary.submitted += len(todo) * len(part)
+                    summary.tasks += 1
         breakdown.setup = time.perf_counter() - start
         bar = _progress(summary.submitted, "benchmark (dask)", progress)
         devices: dict[str, str] = {}

@@ -165,7 +165,8 @@ def test_benchmark_tasks_run_on_the_worker_that_compiled_their_kernels(tmp_path,
         summary = executor.benchmark(sweep, timeout=20, worker_main=fake_worker_main, progress=False)
         assert summary.done == summary.submitted == len(ops) * len(PROBLEMS), str(summary)
         # every task ran where its kernel was compiled, and no binary travelled
-        assert (summary.placed, summary.binaries_sent, summary.resent) == (len(ops), 0, 0), str(summary)
+        assert summary.tasks >= len(ops)  # one kernel per task, the problems split so each GPU gets several
+        assert (summary.placed, summary.binaries_sent, summary.resent) == (summary.tasks, 0, 0), str(summary)
         where = measured_by(sweep, client)
         assert len(where) == len(ops) * len(PROBLEMS)
         for (kernel, _), address in where.items():
@@ -205,7 +206,8 @@ def test_an_idle_worker_takes_tasks_with_their_binaries(tmp_path, worker_cache, 
         where = measured_by(sweep, client)
         assert len(set(where.values())) == 2, where  # both GPUs measured
         assert summary.resent >= 1 and summary.binaries_sent == summary.resent, str(summary)
-        assert summary.placed + summary.resent == len(ops)
+        # the rest ran where an earlier task had already brought their kernel
+        assert summary.placed + summary.resent <= summary.tasks and summary.placed >= 1
     cluster.close()
 
 
