@@ -122,19 +122,20 @@ def benchmark_task(kernels: list[dict], problems: list[dict], config_json: str, 
     try:
         with slots.gpu() as ordinal:
             runner = slots.runner(ordinal, signature, lambda: Worker(ordinal, options, config, None, worker_main))
-            if runner.facts is None or runner.fresh_process():
+            runner.worker.start()  # a process that died since the last task is replaced now, not mid-request
+            if runner.fresh_process() or runner.facts is None:
                 began = clock.perf_counter()
                 facts = runner.worker.request(("facts",), timeout, stop)
                 times["requests"] += clock.perf_counter() - began
                 add(facts.pop("phases", None))
                 runner.facts = facts
-                runner.fresh_process()
             for kernel in kernels:
                 held = slots.held(kernel["key"])
                 for problem in problems:
                     began = clock.perf_counter()
                     try:
-                        runner.fresh_process()
+                        runner.worker.start()
+                        runner.fresh_process()  # a new process (after a fault) has adopted nothing yet
                         if kernel["name"] not in runner.adopted:
                             reply = runner.worker.request(("adopt", held["operation"], held["target"], held["binary"],
                                                            held["backend"], held["kernel_symbol"],

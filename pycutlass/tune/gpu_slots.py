@@ -19,12 +19,13 @@ class GpuRunner:
     worker: object  # pycutlass.tune.runner.Worker
     facts: dict | None = None
     adopted: set = field(default_factory=set)
-    restarts_seen: int = 0
+    generation: int = 0  # the worker's process the adopted kernels were sent to
 
     def fresh_process(self) -> bool:
-        """Whether the process was replaced (after a fault) since the kernels were adopted: then adopt again."""
-        if self.worker.restarts != self.restarts_seen:
-            self.restarts_seen = self.worker.restarts
+        """Whether a new process was started (after a fault, or one that died) since the kernels were adopted: then
+        adopt again."""
+        if self.worker.generation != self.generation:
+            self.generation = self.worker.generation
             self.adopted.clear()
             return True
         return False

@@ -193,11 +193,13 @@ class Worker:
         self._process = None
         self._conn = None
         self.restarts = 0
+        self.generation = 0  # processes started so far: a new one has been told nothing
 
     def _start(self) -> None:
         # A fresh interpreter (not fork: it would inherit a CUDA context; not multiprocessing's spawn: it re-runs
         # the user's script when that has no __main__ guard, and daemonic Dask workers may not use it), talking
         # over a socket pair. Pinned to its GPU: it sees one device (ordinal 0) and can touch no other.
+        self.generation += 1
         parent, child = socket.socketpair()
         environment = {**os.environ, "CUDA_VISIBLE_DEVICES": physical_gpu(self.ordinal,
                                                                          os.environ.get("CUDA_VISIBLE_DEVICES")),

@@ -134,3 +134,33 @@ def test_workers_start_together_and_finish_together(sweep_of, monkeypatch):
     assert tasks[1] - tasks[0] <= 2, tasks
     for worker in summary.breakdown.workers:
         assert worker.tail <= 0.1 + 0.5, str(summary.breakdown)
+
+
+def test_a_gpu_slot_adopts_kernels_again_in_a_fresh_process(monkeypatch):
+    """A Dask worker's GPU process that faulted is replaced: the kernels it had adopted are sent to the new one."""
+    from pycutlass.tune.distributed import GpuSlots, benchmark_task
+    import pycutlass.tune.distributed as distributed_module
+
+    monkeypatch.setenv("FAKE_WORKER_MARKERS", "fault:64x64")
+    slots = GpuSlots("fake-worker", 1)
+    monkeypatch.setattr(distributed_module, "_worker_slots", lambda: slots)
+    good, faulting = gemm((128, 128, 32)), gemm((64, 64, 32))
+    kernels = [{"name": op.name, "key": f"key-{op.name}", "operation": op, "target": "sm_90", "backend": "nvrtc",
+                "kernel_symbol": "k", "builder_symbol": "b", "binary": b"cubin"} for op in (good, faulting)]
+    problems = [p.to_dict() for p in PROBLEMS[:2]]
+    config = '{"arg_pool": 1, "cuda_graph": 0, "flush_l2": true, "max_seconds": 2.0, "repetitions": 50, ' \
+             '"seed": 0, "verify": true, "warmup": 5}'
+    try:
+        first = benchmark_task(kernels, problems, config, 10, fake_worker_main)
+        statuses = [(r["kernel"], r["measurement"]["status"]) for r in first["rows"]]
+        assert statuses == [(good.name, "ok")] * 2 + [(faulting.name, "failed")] * 2, statuses
+        runner = slots.runner(0, next(iter(slots._runners.values())).signature, None)
+        assert runner.worker.generation == 2  # started, then started again after the first fault
+        # the next task (binaries held from the first, none sent) adopts its kernel in the fresh process again
+        second = benchmark_task([{k: v for k, v in kernels[0].items() if k != "binary"}], problems, config, 10,
+                                fake_worker_main)
+        assert [r["measurement"]["status"] for r in second["rows"]] == ["ok", "ok"]
+        assert runner.adopted == {good.name} and runner.generation == runner.worker.generation == 3
+        assert second["times"]["phases"]["startup"] > 0  # the replacement's start-up shows in the task that met it
+    finally:
+        slots.close()
