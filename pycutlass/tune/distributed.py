@@ -389,15 +389,27 @@ class DaskExecutor:
         by_key = {p.key: p for p in problems}
         futures: dict = {}
 
+        # Kernels no worker holds (compiled before, e.g. by a local sweep) go round robin over the GPUs: the first
+        # task of such a block carries the binaries to the chosen worker; its other tasks are submitted when that one
+        # is done, to the worker that then holds them, without binaries.
+        turns = [address for address in sorted(gpu_workers)
+                 for _ in range(max(1, int(workers[address]["resources"][GPU_RESOURCE])))]
+        turn = iter(range(1 << 62))
+        deferred: dict[tuple, list] = {}  # kernel names of a carried block -> its other problem blocks
+
+        def holder_of(block: list[dict]) -> str | None:
+            holders = {self.holders.get(k["name"]) for k in block}
+            place = holders.pop() if len(holders) == 1 else None
+            return place if place in gpu_workers else None
+
         def submit(block: list[dict], part: list, carry: bool, place: str | None = None):
             """Submit a task for ``block`` x ``part``: on the worker holding the block's kernels, without their
-            binaries, or (``carry``) with them, on ``place`` when given (a worker that has asked for them)."""
+            binaries, or (``carry``) with them, on ``place`` (a worker that has asked for them, else the next turn)."""
             if not carry:
-                holders = {self.holders.get(k["name"]) for k in block}
-                place = holders.pop() if len(holders) == 1 else None
-                if place not in gpu_workers:
-                    place = None
-            carry = carry or place is None
+                place = holder_of(block)
+                carry = place is None
+            if carry and place is None and turns:
+                place = turns[next(turn) % len(turns)]
             if carry:
                 summary.binaries_sent += len(block)
             payload = [_with_binary(k, cache) if carry else k for k in block]
@@ -418,10 +430,17 @@ class DaskExecutor:
                 part = problems[begin:begin + step]
                 todo = [k for k in block if any((k["name"], p.key) not in done for p in part)]
                 summary.skipped += sum((k["name"], p.key) in done for k in block for p in part)
-                if todo:
-                    submit(todo, part, carry=False)
-                    summary.submitted += len(todo) * len(part)
-                    summary.tasks += 1
+                if not todo:
+                    continue
+                summary.submitted += len(todo) * len(part)
+                summary.tasks += 1
+                names = tuple(k["name"] for k in todo)
+                if holder_of(todo) is None and names in deferred:
+                    deferred[names].append((todo, part))  # after the task that brings the binaries
+                    continue
+                if holder_of(todo) is None:
+                    deferred[names] = []
+                submit(todo, part, carry=False)
         breakdown.setup = time.perf_counter() - start
         bar = _progress(summary.submitted, "benchmark (dask)", progress)
         devices: dict[str, str] = {}
@@ -445,6 +464,8 @@ class DaskExecutor:
                     summary.placed += 1
                 for name in result.get("held", ()):
                     self.holders[name] = result["worker"]
+                for later, later_part in deferred.pop(tuple(k["name"] for k in block), ()):
+                    finished.add(submit(later, later_part, carry=False))  # where the binaries now are
                 if "times" in result:
                     label = f"{result['worker']}/gpu{result['gpu']}"
                     line = lines.setdefault(label, WorkerTimes(label))

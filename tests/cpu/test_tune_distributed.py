@@ -188,6 +188,28 @@ def test_benchmark_tasks_run_on_the_worker_that_compiled_their_kernels(tmp_path,
 
 
 @pytest.mark.slow
+def test_kernels_compiled_elsewhere_are_sent_once_each(tmp_path, worker_cache, monkeypatch):
+    """Kernels the client compiled itself: each goes to one worker with its first task, and its other tasks follow
+    it there without a binary."""
+    monkeypatch.setenv("FAKE_WORKER_UUID_PARENT", "1")
+    ops = OPS[:4]
+    sweep = Sweep(ops, PROBLEMS, db=tmp_path / "r.db", name="sent", session=session(worker_cache))
+    sweep.compile(jobs=1, progress=False)  # all from the cache: nothing compiles on the workers
+    cluster = gpu_cluster(2, **{"distributed.scheduler.work-stealing": False})
+    with distributed.Client(cluster) as client, DaskExecutor(client) as executor:
+        summary = executor.benchmark(sweep, timeout=20, problems_per_task=1, worker_main=fake_worker_main,
+                                     progress=False)
+        assert summary.done == len(ops) * len(PROBLEMS) and summary.tasks == len(ops) * len(PROBLEMS)
+        assert (summary.binaries_sent, summary.resent) == (len(ops), 0), str(summary)
+        assert summary.placed == summary.tasks - len(ops)
+        where = measured_by(sweep, client)
+        for op in ops:  # every pair of a kernel on the worker its binary went to
+            assert len({where[(op.name, p.key)] for p in PROBLEMS}) == 1
+        assert len(set(where.values())) == 2  # spread over both workers
+    cluster.close()
+
+
+@pytest.mark.slow
 def test_an_idle_worker_takes_tasks_with_their_binaries(tmp_path, worker_cache, monkeypatch):
     """Every kernel compiled on one worker; a second joins: it steals tasks, which are sent again with their
     binaries (once per task), and every pair is measured once."""
