@@ -158,13 +158,17 @@ class DaskCluster:
                 stderr=open(folder / f"worker{index}.log", "w")))
 
     def close(self) -> None:
-        for process in reversed(self.processes):
-            process.terminate()
-        for process in reversed(self.processes):
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        """The workers first (they say goodbye to the scheduler), then the scheduler."""
+        scheduler, workers = self.processes[0], self.processes[1:]
+        for group in (workers, [scheduler]):
+            for process in group:
+                process.terminate()
+            for process in group:
+                try:
+                    process.wait(20)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
 
 
 def run_dask(args, space, problems, config, db_path: Path, folder: Path, base) -> dict:
