@@ -133,7 +133,8 @@ def breakdown_rows(name: str, breakdown) -> list[dict]:
 
 # --- Dask: a scheduler and workers as subprocesses ------------------------------------------------------------------
 class DaskCluster:
-    """``dask scheduler`` and ``dask worker`` subprocesses; each worker sees only its own GPUs."""
+    """``dask scheduler`` and ``dask worker`` subprocesses (run as modules of this interpreter, so no ``dask``
+    command needs to be on the PATH); each worker sees only its own GPUs."""
 
     def __init__(self, workers: int, gpus_per_worker: int, folder: Path):
         self.processes = []
@@ -141,7 +142,8 @@ class DaskCluster:
         environment = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(HERE.parent), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])}
         self.processes.append(subprocess.Popen(
-            ["dask", "scheduler", "--scheduler-file", str(scheduler_file), "--port", "0", "--no-dashboard"],
+            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--scheduler-file", str(scheduler_file),
+             "--port", "0", "--no-dashboard"],
             env=environment, stdout=subprocess.DEVNULL, stderr=open(folder / "scheduler.log", "w")))
         deadline = time.monotonic() + 60
         while not scheduler_file.exists() and time.monotonic() < deadline:
@@ -151,7 +153,8 @@ class DaskCluster:
         for index in range(workers):
             gpus = ",".join(str(index * gpus_per_worker + g) for g in range(gpus_per_worker))
             self.processes.append(subprocess.Popen(
-                ["dask", "worker", self.address, "--name", f"host{index}", "--nworkers", "1",
+                [sys.executable, "-m", "distributed.cli.dask_worker", self.address, "--name", f"host{index}",
+                 "--nworkers", "1",
                  "--nthreads", str(2 * gpus_per_worker), "--no-dashboard",
                  "--resources", f"GPU={gpus_per_worker},MEMORY_GB={3 * gpus_per_worker}"],
                 env={**environment, "CUDA_VISIBLE_DEVICES": gpus}, stdout=subprocess.DEVNULL,
