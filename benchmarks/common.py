@@ -79,9 +79,16 @@ def host_submit_us(fn, calls: int = 64, batches: int = 40) -> float:
 
 
 def print_table(title: str, rows: list[dict]) -> None:
-    from tabulate import tabulate  # the bench extra; imported here so the helpers above load without it
-
     print(f"\n## {title}")
+    try:
+        from tabulate import tabulate  # the bench extra; imported here so the helpers above load without it
+    except ImportError:  # a GPU host without it: plain columns
+        keys = list(dict.fromkeys(k for row in rows for k in row))
+        cells = [keys] + [[str(row.get(k, "")) for k in keys] for row in rows]
+        widths = [max(len(line[i]) for line in cells) for i in range(len(keys))]
+        for line in cells:
+            print("| " + " | ".join(c.ljust(w) for c, w in zip(line, widths)) + " |")
+        return
     print(tabulate(rows, headers="keys", tablefmt="github", floatfmt=".3g"))
 
 

@@ -87,16 +87,29 @@ def broken_gemm():
 
 
 def fake_worker_main(conn, ordinal, session_options, config_json, prepare_session):
+    """Answers like the real worker, phases included: FAKE_WORKER_STARTUP seconds of start-up, FAKE_WORKER_DELAY
+    seconds of "timing" per pair (plus FAKE_WORKER_LOAD of "load" on a kernel's first pair in this process)."""
+    from pycutlass.tune.breakdown import PhaseClock
+    from pycutlass.tune.runner import spawn_seconds
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    clock = PhaseClock()
+    clock.add("startup", spawn_seconds())
+    with clock.phase("startup"):
+        time.sleep(float(os.environ.get("FAKE_WORKER_STARTUP", "0")))
+    loaded = set()
     while True:
         message = conn.recv()
         if message is None:
             return
         if message[0] == "facts":
             uuid = os.environ.get("FAKE_WORKER_UUID", f"GPU-fake-{ordinal}")
+            if os.environ.get("FAKE_WORKER_UUID_PARENT"):  # tells apart the GPUs of different (Dask) workers
+                uuid = f"{uuid}-{os.getppid()}"
             models = dict(item.split(":") for item in os.environ.get("FAKE_WORKER_MODELS", "").split(",") if item)
             name = f"fake {models[str(ordinal)]}" if str(ordinal) in models else "fake GPU"
-            conn.send({"name": name, "uuid": uuid, "compute_capability": 90, "host": "fake"})
+            conn.send({"name": name, "uuid": uuid, "compute_capability": 90, "host": "fake",
+                       "phases": clock.take()})
             continue
         if message[0] == "adopt":
             conn.send({"adopted": message[1].name})
@@ -111,11 +124,19 @@ def fake_worker_main(conn, ordinal, session_options, config_json, prepare_sessio
             os._exit(3)  # what a CUDA fault looks like from outside: the process is gone
         if f"hang:{tile[0]}x{tile[1]}" in marker:
             time.sleep(3600)
-        time.sleep(float(os.environ.get("FAKE_WORKER_DELAY", "0")))
+        if operation.name not in loaded:
+            with clock.phase("load"):
+                time.sleep(float(os.environ.get("FAKE_WORKER_LOAD", "0")))
+            loaded.add(operation.name)
+        with clock.phase("timing"):
+            time.sleep(float(os.environ.get("FAKE_WORKER_DELAY", "0")))
+        if os.environ.get("FAKE_WORKER_LOG"):  # every measurement, to count repeats
+            with open(os.environ["FAKE_WORKER_LOG"], "a") as log:
+                log.write(f"{operation.name} {problem['m']}x{problem['n']}x{problem['k']}\n")
         seconds = 1e-6 * (problem["m"] * problem["n"] * problem["k"]) ** (1 / 3) / tile[0] * 64
         conn.send({"measurement": {"status": "ok", "seconds": seconds, "seconds_min": seconds * 0.98,
                                    "seconds_iqr": seconds * 0.01, "repetitions": 50, "rel_error": 1e-4},
-                   "resources": {"registers": tile[0], "threads": 128}})
+                   "resources": {"registers": tile[0], "threads": 128}, "phases": clock.take()})
 
 
 def sm90_two_class_results(seed=0):

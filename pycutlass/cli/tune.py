@@ -98,9 +98,12 @@ def _with_harness(function):
 @click.option("--top-k", "top_k", type=click.IntRange(min=1), default=None,
               help="Keep each problem's K best-ranked configurations (their union) plus those already compiled; "
                    "default: every configuration.")
+@click.option("--breakdown", is_flag=True,
+              help="After benchmarking, print where the time went per GPU worker (start-up, inputs, reference, "
+                   "timing, idle, tail, ...).")
 @_with_harness
 def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundle_path, devices, scheduler, timeout,
-          no_baseline, top_k, repetitions, cuda_graph, arg_pool, verify, max_seconds):
+          no_baseline, top_k, breakdown, repetitions, cuda_graph, arg_pool, verify, max_seconds):
     """Compile a search space and benchmark it over problems; results go to --db (resumable)."""
     from .. import Session
     from ..tune.db import ResultsDB
@@ -120,6 +123,7 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
             summary = run_bundle(bundle_path, ResultsDB(db_path), config=config, devices=ordinals, timeout=timeout,
                                  baseline=not no_baseline)
             click.echo(f"benchmark: {summary}")
+            _echo_breakdown(summary, breakdown)
             return
         if not space:
             raise click.UsageError("--space is required (or --bundle)")
@@ -141,12 +145,22 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
             with DaskExecutor(scheduler) as executor:
                 click.echo(f"compile (dask): {executor.compile(job)}")
                 if not compile_only:
-                    click.echo(f"benchmark (dask): {executor.benchmark(job, config=config, timeout=timeout)}")
+                    summary = executor.benchmark(job, config=config, timeout=timeout)
+                    click.echo(f"benchmark (dask): {summary}")
+                    _echo_breakdown(summary, breakdown)
             return
         click.echo(f"compile: {job.compile(jobs=jobs)}")
         if compile_only:
             return
-        click.echo(f"benchmark: {job.benchmark(config=config, devices=ordinals, timeout=timeout, baseline=not no_baseline)}")
+        summary = job.benchmark(config=config, devices=ordinals, timeout=timeout, baseline=not no_baseline)
+        click.echo(f"benchmark: {summary}")
+        _echo_breakdown(summary, breakdown)
+
+
+def _echo_breakdown(summary, wanted: bool) -> None:
+    breakdown = getattr(summary, "breakdown", None)
+    if wanted and breakdown is not None:
+        click.echo(f"time per GPU worker (seconds):\n{breakdown}")
 
 
 @main.command()

@@ -1,6 +1,8 @@
 """The timing harness: verified once, then timed honestly.
 
 - random-normal inputs (zeros and small integers run faster and lie), outputs poisoned with NaN before the check;
+- inputs drawn on the GPU and float64 references computed there, once per problem, and kept while they fit
+  (``GemmBench(cache_bytes=...)``); ``GemmBench.clock`` sums the seconds of each phase (:mod:`.breakdown`);
 - each kernel verified against a float64 reference once before it is timed; a wrong kernel is never timed;
 - warm-up, then CUDA events around every repetition, L2 flushed before each (or an argument pool larger than L2),
   at least ``repetitions`` samples and at most ``max_seconds``; median, minimum and inter-quartile range;
@@ -18,7 +20,10 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 
+from collections import OrderedDict
+
 from ..errors import ArgumentError
+from .breakdown import PhaseClock
 from .db import canonical_json
 
 # Relative (Frobenius) error allowed against float64, by output type; fp8 operands add their input rounding.
@@ -36,6 +41,20 @@ _FP8 = ("float8_e4m3", "float8_e5m2")
 # its host path is about 24 us there; pycutlass's run() with prepared arguments is shorter. 50 us is twice the
 # longest, for slower hosts, and costs 50 us of GPU idle per sample (2.5 ms per pair at 50 repetitions).
 DEFAULT_LEAD_US = 50.0
+
+# Operands and float64 references a GemmBench keeps (half each): in a user's process (autotune, torch tuning) a little;
+# a sweep's benchmark worker, alone on its GPU, a share of the GPU's memory (its kernels need their output and
+# workspace beside it; an H200's share, 28 GB, holds the inputs of hundreds of LLM-sized problems).
+DEFAULT_CACHE_BYTES = 2 * 2**30
+WORKER_CACHE_FRACTION = 0.2
+
+
+def worker_cache_bytes(device: int = 0) -> int:
+    """The cache budget of a sweep's benchmark worker on ``device``."""
+    import torch
+
+    total = getattr(torch.cuda.get_device_properties(device), "total_memory", 0)
+    return max(DEFAULT_CACHE_BYTES, int(total * WORKER_CACHE_FRACTION))
 
 
 @dataclass(frozen=True)
@@ -110,29 +129,38 @@ def element_label(element) -> str:
 class GemmBench:
     """Inputs, references and timing for GEMM problems on one GPU (the current torch device)."""
 
-    def __init__(self, config: BenchConfig, device: int | None = None):
+    def __init__(self, config: BenchConfig, device: int | None = None, *, clock: PhaseClock | None = None,
+                 cache_bytes: int | None = None):
         import torch
 
         self.torch = torch
         self.config = config
         self.device = torch.device("cuda", torch.cuda.current_device() if device is None else device)
+        self.clock = clock or PhaseClock()  # seconds per phase (inputs, reference, verify, timing, ...)
         props = torch.cuda.get_device_properties(self.device)
         l2 = getattr(props, "L2_cache_size", 0) or 50 * 2**20
         self.l2_bytes = l2
         self._flush = torch.empty(2 * l2 // 4, dtype=torch.int32, device=self.device) if config.flush_l2 else None
-        self._inputs: dict = {}
-        self._references: dict = {}
+        # Operands and float64 references stay on the GPU while they fit (least recently used go first): a sweep's
+        # worker measures whole kernels across the problems, so each problem comes back once per kernel, and passes
+        # a share of the GPU (worker_cache_bytes); in a user's process the default stays small.
+        self.cache_bytes = DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes
+        self._inputs = ByteBoundedCache(self.cache_bytes // 2)
+        self._references = ByteBoundedCache(self.cache_bytes // 2)
         self._sleep_cycles_per_us: float | None = None
 
     # --- inputs -----------------------------------------------------------------------------------------------
     def _random(self, shape, label, generator):
+        # Drawn on the GPU: an LLM-sized operand drawn on the host costs a tenth of a second per problem and worker,
+        # and workers on one host would compete for its cores. Philox with the same seed draws the same values on
+        # every GPU, so every GPU of a sweep sees the same operands.
         torch = self.torch
         if label == "int8":
-            return torch.randint(-4, 5, shape, generator=generator, dtype=torch.int8).to(self.device)
-        values = torch.randn(shape, generator=generator, dtype=torch.float32)
+            return torch.randint(-4, 5, shape, generator=generator, dtype=torch.int8, device=self.device)
+        values = torch.randn(shape, generator=generator, dtype=torch.float32, device=self.device)
         if label in _FP8:
             values = values.clamp(-6, 6)
-        return values.to(getattr(torch, _TORCH_DTYPE[label])).to(self.device)
+        return values.to(getattr(torch, _TORCH_DTYPE[label]))
 
     def _matrix(self, rows, cols, row_major: bool, label, generator, batch):
         """A logical (batch,) rows x cols matrix; a column-major one is a transposed view of its storage."""
@@ -154,23 +182,35 @@ class GemmBench:
         key = (problem.key, a_label, b_label, a_row, b_row, index)
         found = self._inputs.get(key)
         if found is None:
-            if len(self._inputs) > 4 * max(1, self.config.arg_pool):  # keep memory bounded: problems come in order
-                self._inputs.clear()
-            generator = self.torch.Generator().manual_seed(self.config.seed * 1_000_003 + index)
-            a = self._matrix(problem.m, problem.k, a_row, a_label, generator, problem.batch)
-            b = self._matrix(problem.k, problem.n, b_row, b_label, generator, problem.batch)
-            found = self._inputs[key] = (a, b)
+            with self.clock.phase("inputs"):
+                generator = self.torch.Generator(device=self.device).manual_seed(self.config.seed * 1_000_003 + index)
+                a = self._matrix(problem.m, problem.k, a_row, a_label, generator, problem.batch)
+                b = self._matrix(problem.k, problem.n, b_row, b_label, generator, problem.batch)
+                self.torch.cuda.synchronize(self.device)
+            found = (a, b)
+            self._inputs.put(key, found, _nbytes(a) + _nbytes(b))
         return found
 
-    def reference(self, problem, a, b):
-        """A @ B in float64 for the problem's first argument set (kernels of a sweep share it)."""
-        key = (problem.key, a.data_ptr(), b.data_ptr())
+    def reference(self, problem, a, b, activation=None):
+        """A @ B in float64 for the problem's first argument set (kernels of a sweep share it), with ``activation``
+        (an epilogue's) applied when given. Held with its operands, so their memory is never reused under the key."""
+        key = (problem.key, a.data_ptr(), b.data_ptr(), tuple(a.stride()), tuple(b.stride()), str(a.dtype),
+               str(b.dtype), getattr(activation, "name", None))
         found = self._references.get(key)
         if found is None:
-            if len(self._references) > 2:  # float64 references are large: keep the current problem's
-                self._references.clear()
-            found = self._references[key] = self.torch.matmul(a.double(), b.double())
-        return found
+            with self.clock.phase("reference"):
+                if activation is None:
+                    product = self.torch.matmul(a.double(), b.double())
+                else:
+                    from ..epilogue.activations import reference as activation_reference
+
+                    plain = self.reference(problem, a, b)
+                    product = self.torch.from_numpy(activation_reference(activation.name, plain.cpu().numpy())).to(
+                        self.device)
+                self.torch.cuda.synchronize(self.device)
+            self._references.put(key, (product, a, b), _nbytes(product))
+            return product
+        return found[0]
 
     # --- timing -----------------------------------------------------------------------------------------------
     def _cycles_per_us(self) -> float:
@@ -201,6 +241,10 @@ class GemmBench:
     def time(self, launch, *, pool: int = 1, capture=None) -> tuple[list[float], str]:
         """Seconds per launch, one sample per repetition. ``launch(i)`` runs with argument set ``i % pool``;
         ``capture`` (a stream) is needed for CUDA graphs. Returns the samples and a note."""
+        with self.clock.phase("timing"):
+            return self._time(launch, pool, capture)
+
+    def _time(self, launch, pool: int, capture) -> tuple[list[float], str]:
         torch, config = self.torch, self.config
         for i in range(config.warmup):
             launch(i)
@@ -249,6 +293,39 @@ class GemmBench:
         return max(1, min(self.config.arg_pool, math.ceil(2 * self.l2_bytes / max(1, bytes_per_set)) or 1))
 
 
+class ByteBoundedCache:
+    """Least recently used entries, at most ``budget`` bytes (an entry larger than the budget is not kept)."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.bytes = 0
+        self._entries: OrderedDict = OrderedDict()
+
+    def get(self, key):
+        found = self._entries.get(key)
+        if found is None:
+            return None
+        self._entries.move_to_end(key)
+        return found[0]
+
+    def put(self, key, value, nbytes: int) -> None:
+        if key in self._entries:
+            self.bytes -= self._entries.pop(key)[1]
+        if nbytes > self.budget:
+            return
+        while self._entries and self.bytes + nbytes > self.budget:
+            self.bytes -= self._entries.popitem(last=False)[1][1]
+        self._entries[key] = (value, nbytes)
+        self.bytes += nbytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _nbytes(tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
 def relative_error(got, reference) -> float:
     """Frobenius-norm relative error in float64; NaN anywhere gives inf."""
     got = got.double()
@@ -285,25 +362,23 @@ def measure_gemm(bench: GemmBench, operation, problem, session=None) -> tuple[Me
                              stream=stream, session=session)
         return args, a, b, d
 
-    args, a, b, d = arguments(0)
-    resources = kernel_resources(args)
+    clock = bench.clock
+    with clock.phase("load"):  # the first pair of a kernel loads its module here
+        args, a, b, d = arguments(0)
+        resources = kernel_resources(args)
     rel_error = None
     if config.verify:
-        operation.run(args)
-        args.sync()
-        reference = bench.reference(problem, a, b)
-        if activation is not None:
-            from ..epilogue.activations import reference as activation_reference
-
-            reference = torch.from_numpy(activation_reference(activation.name, reference.cpu().numpy())).to(
-                bench.device)
-        if c_label in _INTEGER:
-            expected = reference.round()
-            if c_label == "int8":
-                expected = expected.clamp(-128, 127)
-            rel_error = float((d.double() - expected).abs().max().item())
-        else:
-            rel_error = relative_error(d, reference)
+        with clock.phase("verify"):
+            operation.run(args)
+            args.sync()
+            reference = bench.reference(problem, a, b, activation)
+            if c_label in _INTEGER:
+                expected = reference.round()
+                if c_label == "int8":
+                    expected = expected.clamp(-128, 127)
+                rel_error = float((d.double() - expected).abs().max().item())
+            else:
+                rel_error = relative_error(d, reference)
         tolerance = max(TOLERANCE.get(c_label, 5e-3), TOLERANCE.get(a_label, 0.0) if a_label in _FP8 else 0.0)
         if element_label(math_inst.element_accumulator) == "float16":
             tolerance = max(tolerance, 1e-2)
@@ -313,10 +388,11 @@ def measure_gemm(bench: GemmBench, operation, problem, session=None) -> tuple[Me
     capture = torch.cuda.Stream(bench.device) if config.cuda_graph else None
     set_bytes = (a.numel() * a.element_size() + b.numel() * b.element_size() + d.numel() * d.element_size())
     pool_size = bench.l2_pool_size(set_bytes) if config.arg_pool > 1 else 1
-    if capture is not None:  # captured launches must be issued on the capture stream
-        pool = [arguments(i, capture)[0] for i in range(pool_size)]
-    else:
-        pool = [args] + [arguments(i)[0] for i in range(1, pool_size)]
+    with clock.phase("load"):
+        if capture is not None:  # captured launches must be issued on the capture stream
+            pool = [arguments(i, capture)[0] for i in range(pool_size)]
+        else:
+            pool = [args] + [arguments(i)[0] for i in range(1, pool_size)]
     samples, note = bench.time(lambda i: operation.run(pool[i % len(pool)]), pool=len(pool), capture=capture)
     median, minimum, iqr = summarize(samples)
     return Measurement("ok", median, minimum, iqr, len(samples), rel_error, note), resources

@@ -16,17 +16,21 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
 from ..errors import ArgumentError
+from .breakdown import Breakdown, WorkerTimes
+from .gpu_slots import GPU_RESOURCE, GpuSlots
 
 log = logging.getLogger("pycutlass.tune")
 
 COMPILE_RESOURCE = "MEMORY_GB"  # declared by workers that accept compiles; an SM90 unit peaks near 3 GB
 COMPILE_MEMORY_GB = 3
-GPU_RESOURCE = "GPU"
+TASKS_PER_GPU = 8  # benchmark tasks per GPU by default: the tail (the last task) is short beside the whole
 
 
 # --- tasks (run on Dask workers) --------------------------------------------------------------------------------
@@ -43,6 +47,7 @@ def compile_task(operations: list, target: str, backend: str, cache_path: str | 
         worker = get_worker().address
     except Exception:  # run outside a worker (tests, a thread pool)
         worker = "local"
+    slots = _worker_slots()
     options = {"target": target, "backend": backend}
     if cache_path is not None:
         options["cache_path"] = cache_path
@@ -64,45 +69,96 @@ def compile_task(operations: list, target: str, backend: str, cache_path: str | 
             compiled = compiler.compiled_for(op, resolved)
             row.update(status="ok", binary=compiled.binary, sha256=compiled.sha256,
                        kernel_symbol=compiled.kernel_symbol, builder_symbol=compiled.builder_symbol)
+            if slots is not None:  # this worker's benchmark tasks use it without a transfer
+                slots.hold(key, {"name": op.name, "operation": op, "target": resolved.name, "binary": compiled.binary,
+                                  "backend": row["backend"], "kernel_symbol": compiled.kernel_symbol,
+                                  "builder_symbol": compiled.builder_symbol})
         results.append(row)
     return results
 
 
+def _worker_slots() -> GpuSlots | None:
+    try:
+        from .dask_gpus import worker_slots
+    except ImportError:  # no Dask here
+        return None
+    return worker_slots()
+
+
 def benchmark_task(kernels: list[dict], problems: list[dict], config_json: str, timeout: float,
-                   worker_main=None) -> list[dict]:
-    """Time kernels on problems on this Dask worker's GPU, in a pinned subprocess that a faulting kernel cannot
-    take down. ``kernels``: dicts with the operation and its binary (adopted, so nothing compiles here)."""
-    import threading
+                   worker_main=None, session_options: dict | None = None) -> dict:
+    """Time kernels on problems on one of this Dask worker's GPUs, in that GPU's benchmark process (kept between
+    tasks: a faulting kernel takes down only it, and it is restarted). ``kernels``: dicts with the operation, its cache
+    key and, where the client sent it, its binary; the others must be held here (compiled or received before).
+
+    Returns ``{"missing": [names]}`` when some binary is neither sent nor held (the client sends the task again with
+    them), else ``{"rows", "worker", "gpu", "times", "held"}``: one row per pair, kernel by kernel."""
+    import time as clock
 
     from .bench import BenchConfig
     from .runner import Worker, WorkerLost
 
+    slots = _worker_slots()
+    standalone = slots is None
+    if standalone:  # outside a Dask worker with the slots: a process of our own on the first visible GPU
+        slots = GpuSlots("local", 1)
+    for kernel in kernels:
+        if kernel.get("binary") is not None:
+            slots.hold(kernel["key"], kernel)
+    missing = [k["name"] for k in kernels if slots.held(k["key"]) is None]
+    if missing:
+        return {"missing": missing, "worker": slots.address}
     config = BenchConfig.from_json(config_json)
-    worker = Worker(0, {}, config, None, worker_main)
+    options = dict(session_options or {})
+    signature = (config_json, worker_main, tuple(sorted(options.items())))
     stop = threading.Event()
     rows = []
+    times = {"requests": 0.0, "phases": {}, "tasks": 0, "kernels": len(kernels)}
+
+    def add(phases: dict | None) -> None:
+        for name, seconds in (phases or {}).items():
+            times["phases"][name] = times["phases"].get(name, 0.0) + seconds
+
     try:
-        facts = worker.request(("facts",), timeout, stop)
-        adopted = set()
-        for problem in problems:
+        with slots.gpu() as ordinal:
+            runner = slots.runner(ordinal, signature, lambda: Worker(ordinal, options, config, None, worker_main))
+            runner.worker.start()  # a process that died since the last task is replaced now, not mid-request
+            if runner.fresh_process() or runner.facts is None:
+                began = clock.perf_counter()
+                facts = runner.worker.request(("facts",), timeout, stop)
+                times["requests"] += clock.perf_counter() - began
+                add(facts.pop("phases", None))
+                runner.facts = facts
             for kernel in kernels:
-                try:
-                    if kernel["name"] not in adopted and kernel.get("binary") is not None:
-                        worker.request(("adopt", kernel["operation"], kernel["target"], kernel["binary"],
-                                        kernel["backend"], kernel["kernel_symbol"], kernel["builder_symbol"]),
-                                       timeout, stop)
-                        adopted.add(kernel["name"])
-                    reply = worker.request(("kernel", kernel["operation"], problem), timeout, stop)
-                except WorkerLost as lost:
-                    adopted.clear()  # a fresh process has adopted nothing
-                    status = "timeout" if "timed out" in str(lost) else "failed"
-                    reply = {"measurement": {"status": status, "message": str(lost)}}
-                if "error" in reply:
-                    reply = {"measurement": {"status": "failed", "message": reply["error"]}}
-                rows.append({"kernel": kernel["name"], "problem": problem, "facts": facts, **reply})
+                held = slots.held(kernel["key"])
+                for problem in problems:
+                    began = clock.perf_counter()
+                    try:
+                        runner.worker.start()
+                        runner.fresh_process()  # a new process (after a fault) has adopted nothing yet
+                        if kernel["name"] not in runner.adopted:
+                            reply = runner.worker.request(("adopt", held["operation"], held["target"], held["binary"],
+                                                           held["backend"], held["kernel_symbol"],
+                                                           held["builder_symbol"]), timeout, stop)
+                            add(reply.get("phases"))
+                            runner.adopted.add(kernel["name"])
+                        reply = runner.worker.request(("kernel", held["operation"], problem), timeout, stop)
+                        add(reply.get("phases"))
+                    except WorkerLost as lost:
+                        add({"lost": clock.perf_counter() - began})
+                        status = "timeout" if "timed out" in str(lost) else "failed"
+                        reply = {"measurement": {"status": status, "message": str(lost)}}
+                    times["requests"] += clock.perf_counter() - began
+                    times["tasks"] += 1
+                    if "error" in reply:
+                        reply = {"measurement": {"status": "failed", "message": reply["error"]}}
+                    rows.append({"kernel": kernel["name"], "problem": problem, "facts": runner.facts,
+                                 "measurement": reply["measurement"], "resources": reply.get("resources")})
     finally:
-        worker.stop()
-    return rows
+        if standalone:
+            slots.close()
+    return {"rows": rows, "worker": slots.address, "gpu": ordinal, "times": times,
+            "held": [k["name"] for k in kernels]}
 
 
 # --- the client -------------------------------------------------------------------------------------------------
@@ -115,12 +171,22 @@ class DistributedSummary:
     workers: Counter = field(default_factory=Counter)  # worker address -> tasks finished
     foreign_toolchain: int = 0
     seconds: float = 0.0
+    # benchmark placement: tasks that ran where their kernels were held (nothing sent), binaries sent with tasks,
+    # and tasks sent again with their binaries because they ran on a worker that did not hold them
+    tasks: int = 0
+    placed: int = 0
+    binaries_sent: int = 0
+    resent: int = 0
+    breakdown: Breakdown = field(default_factory=Breakdown)  # per (worker, GPU) and phase (benchmark only)
 
     def __str__(self) -> str:
         statuses = ", ".join(f"{n} {s}" for s, n in sorted(self.statuses.items()))
+        placement = (f"; {self.tasks} tasks, {self.placed} on the worker holding their kernels, {self.binaries_sent} "
+                     f"binaries sent, {self.resent} tasks sent again" if self.tasks else "")
         return (f"{self.done}/{self.submitted} done ({statuses or 'none'}), {self.skipped} skipped (already done), "
                 f"{len(self.workers)} workers, {self.seconds:.1f} s"
-                + (f", {self.foreign_toolchain} built by another toolchain" if self.foreign_toolchain else ""))
+                + (f", {self.foreign_toolchain} built by another toolchain" if self.foreign_toolchain else "")
+                + placement)
 
 
 _SCHEDULER_PROTOCOLS = ("tcp", "tls", "ucx", "ws", "wss", "inproc")
@@ -176,9 +242,14 @@ class DaskExecutor:
     """Runs a sweep's compile and benchmark tasks on a Dask cluster; the client writes every result."""
 
     def __init__(self, scheduler="local:2", *, worker_cache_path: str | None = None, retries: int = 2):
+        from .dask_gpus import GpuWorkers
+
         self.client, self._cluster = _client_for(scheduler)
         self.worker_cache_path = worker_cache_path
         self.retries = retries
+        self.holders: dict[str, str] = {}  # kernel name -> the worker that compiled or received its binary
+        # every worker (and any that joins later) keeps its GPU processes and the binaries it holds between tasks
+        self.client.register_plugin(GpuWorkers())
 
     def close(self) -> None:
         if self._cluster is not None:  # a cluster we started; a user's client stays open
@@ -260,26 +331,34 @@ class DaskExecutor:
         summary.done += 1
         summary.statuses[row["status"]] += 1
         summary.workers[row["worker"]] += 1
+        if row["status"] == "ok":
+            self.holders[row["name"]] = row["worker"]
 
     # --- benchmark ----------------------------------------------------------------------------------------------
-    def benchmark(self, sweep, *, config=None, timeout: float = 120.0, problems_per_task: int = 1,
-                  kernels_per_task: int | None = None, baseline: bool = False, worker_main=None,
+    def benchmark(self, sweep, *, config=None, timeout: float = 120.0, problems_per_task: int | None = None,
+                  kernels_per_task: int = 1, baseline: bool = False, worker_main=None,
                   progress: bool | None = None) -> DistributedSummary:
         """Time every ready operation on every problem on the cluster's GPU workers (``GPU`` resource).
 
-        Work is partitioned into (problem block x kernel block) tasks, ``problems_per_task`` x ``kernels_per_task``
-        (default: all kernels), so no pair is measured twice and idle GPUs steal the remaining tasks; kernel blocks
-        bound the binaries each task carries (docs/distributed.md). Rows already in the DB are not submitted again.
-        Pairs are measured once per sweep on whichever GPU takes them: give GPUs of different models their own
-        sweeps (or resources) to rank them separately."""
+        Work is partitioned into (kernel block x problem block) tasks, ``kernels_per_task`` x ``problems_per_task``
+        (default: one kernel on as many problems as leaves at least ``TASKS_PER_GPU`` tasks per GPU), so no pair is
+        measured twice, a kernel's module loads on few GPUs, idle GPUs steal the remaining tasks and the last tasks
+        are short. A task goes to the worker that compiled (or was sent) its kernels, with
+        no binary; where no worker holds them it carries them, and a task that ran elsewhere (stolen, or its worker
+        was lost) is sent again with them. Rows already in the DB are not submitted again. Pairs are measured once
+        per sweep on whichever GPU takes them: give GPUs of different models their own sweeps (or resources) to rank
+        them separately. ``DistributedSummary.breakdown`` says where the time went per (worker, GPU)."""
         from ..cache.current import CacheState
         from ..compiler.manager import Compiler
         from .bench import BenchConfig
-        from .runner import _times_as_gemm
         from .progress import progress_bar as _progress
+        from .runner import _times_as_gemm
 
         if baseline:
             raise ArgumentError("distributed sweeps record no torch baseline yet; run one with Sweep.benchmark")
+        for name, value in (("kernels_per_task", kernels_per_task), ("problems_per_task", problems_per_task)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ArgumentError(f"{name} must be a positive integer, got {value!r}")
         config = config or BenchConfig()
         resources = self._resources(GPU_RESOURCE, 1)
         if resources is None:
@@ -293,38 +372,110 @@ class DaskExecutor:
             if not _times_as_gemm(op):
                 continue
             key, resolved = compiler.key_and_target(op, sweep._target())
-            artifact = cache.lookup(key)
-            if artifact is None:
+            if cache.lookup(key) is None:
                 continue
-            kernels.append({"name": op.name, "operation": op, "target": resolved.name, "binary": artifact.binary,
+            kernels.append({"name": op.name, "key": key, "operation": op, "target": resolved.name,
                             "backend": compiler.backend_for(op).name, "kernel_symbol": op.kernel_symbol,
                             "builder_symbol": op.builder_symbol})
         harness = config.fingerprint
         done = {(r["kernel"], r["problem"]) for r in sweep.db.query(
             "select kernel, problem from runs where sweep = ? and harness = ?", [sweep.name, harness])}
         summary = DistributedSummary()
-        futures = {}
+        breakdown = summary.breakdown
+        workers = self.client.scheduler_info().get("workers", {})
+        gpu_workers = {address for address, info in workers.items() if GPU_RESOURCE in (info.get("resources") or {})}
+        gpus = sum(int((info.get("resources") or {}).get(GPU_RESOURCE, 0)) for info in workers.values())
         problems = [p for p in sweep.problems if p.kind == "gemm"]
         by_key = {p.key: p for p in problems}
-        block = kernels_per_task or max(1, len(kernels))
-        for begin in range(0, len(problems), problems_per_task):
-            part = problems[begin:begin + problems_per_task]
-            for first in range(0, len(kernels), block):
-                chunk = kernels[first:first + block]
-                todo = [k for k in chunk if any((k["name"], p.key) not in done for p in part)]
-                summary.skipped += sum((k["name"], p.key) in done for k in chunk for p in part)
+        futures: dict = {}
+
+        # Kernels no worker holds (compiled before, e.g. by a local sweep) go round robin over the GPUs: the first
+        # task of such a block carries the binaries to the chosen worker; its other tasks are submitted when that one
+        # is done, to the worker that then holds them, without binaries.
+        turns = [address for address in sorted(gpu_workers)
+                 for _ in range(max(1, int(workers[address]["resources"][GPU_RESOURCE])))]
+        turn = iter(range(1 << 62))
+        deferred: dict[tuple, list] = {}  # kernel names of a carried block -> its other problem blocks
+
+        def holder_of(block: list[dict]) -> str | None:
+            holders = {self.holders.get(k["name"]) for k in block}
+            place = holders.pop() if len(holders) == 1 else None
+            return place if place in gpu_workers else None
+
+        def submit(block: list[dict], part: list, carry: bool, place: str | None = None):
+            """Submit a task for ``block`` x ``part``: on the worker holding the block's kernels, without their
+            binaries, or (``carry``) with them, on ``place`` (a worker that has asked for them, else the next turn)."""
+            if not carry:
+                place = holder_of(block)
+                carry = place is None
+            if carry and place is None and turns:
+                place = turns[next(turn) % len(turns)]
+            if carry:
+                summary.binaries_sent += len(block)
+            payload = [_with_binary(k, cache) if carry else k for k in block]
+            future = self.client.submit(benchmark_task, payload, [p.to_dict() for p in part], harness, timeout,
+                                        worker_main, resources=resources, retries=self.retries, pure=False,
+                                        workers=[place] if place else None, allow_other_workers=place is not None)
+            futures[future] = (block, part, place, carry)
+            return future
+
+        if problems_per_task is None:  # enough tasks that the last ones are short: at least TASKS_PER_GPU per GPU
+            kernel_blocks = max(1, math.ceil(len(kernels) / kernels_per_task))
+            blocks = min(len(problems), max(1, math.ceil(TASKS_PER_GPU * max(1, gpus) / kernel_blocks)))
+            problems_per_task = max(1, math.ceil(len(problems) / max(1, blocks)))
+        step = problems_per_task
+        for first in range(0, len(kernels), kernels_per_task):
+            block = kernels[first:first + kernels_per_task]
+            for begin in range(0, len(problems), step):
+                part = problems[begin:begin + step]
+                todo = [k for k in block if any((k["name"], p.key) not in done for p in part)]
+                summary.skipped += sum((k["name"], p.key) in done for k in block for p in part)
                 if not todo:
                     continue
-                future = self.client.submit(benchmark_task, todo, [p.to_dict() for p in part], harness, timeout,
-                                            worker_main, resources=resources, retries=self.retries, pure=False)
-                futures[future] = part
                 summary.submitted += len(todo) * len(part)
+                summary.tasks += 1
+                names = tuple(k["name"] for k in todo)
+                if holder_of(todo) is None and names in deferred:
+                    deferred[names].append((todo, part))  # after the task that brings the binaries
+                    continue
+                if holder_of(todo) is None:
+                    deferred[names] = []
+                submit(todo, part, carry=False)
+        breakdown.setup = time.perf_counter() - start
         bar = _progress(summary.submitted, "benchmark (dask)", progress)
         devices: dict[str, str] = {}
+        lines: dict[str, WorkerTimes] = {}
+        last_seen: dict[str, float] = {}
         with _collecting(self.client, futures, bar, summary, start) as finished:
             for future in finished:
+                block, part, place, carried = futures.pop(future)
+                try:
+                    result = future.result()
+                except Exception as exc:  # e.g. KilledWorker: the task took down workers repeatedly
+                    result = {"worker": "?", "rows": [
+                        {"kernel": k["name"], "problem": p.to_dict(), "facts": {"host": "?", "uuid": ""},
+                         "measurement": {"status": "failed", "message": f"{type(exc).__name__}: {exc}"}}
+                        for k in block for p in part]}
+                if "missing" in result:  # it ran where the binaries are not (stolen, or its worker was lost):
+                    summary.resent += 1  # send it again with them, to the worker that asked
+                    finished.add(submit(block, part, carry=True, place=result["worker"]))
+                    continue
+                if result["worker"] == place and not carried:
+                    summary.placed += 1
+                for name in result.get("held", ()):
+                    self.holders[name] = result["worker"]
+                for later, later_part in deferred.pop(tuple(k["name"] for k in block), ()):
+                    finished.add(submit(later, later_part, carry=False))  # where the binaries now are
+                if "times" in result:
+                    label = f"{result['worker']}/gpu{result['gpu']}"
+                    line = lines.setdefault(label, WorkerTimes(label))
+                    line.requests += result["times"]["requests"]
+                    line.tasks += result["times"]["tasks"]
+                    line.kernels += result["times"]["kernels"]
+                    line.add_phases(result["times"]["phases"])
+                    last_seen[label] = time.perf_counter()
                 runs = []
-                for row in future.result():
+                for row in result["rows"]:
                     problem = by_key[_problem_key(row["problem"])]
                     if (row["kernel"], problem.key) in done:
                         continue  # a retried task re-measured a pair: the first row stays
@@ -344,10 +495,26 @@ class DaskExecutor:
                     done.add((row["kernel"], problem.key))
                     summary.statuses[m["status"]] += 1
                     summary.workers[uuid] += 1
+                began = time.perf_counter()
                 sweep.db.record_runs(runs)  # one commit per task: the single writer keeps up at scale
+                breakdown.write += time.perf_counter() - began
+                breakdown.rows_written += len(runs)
+                breakdown.commits += 1
                 summary.done += len(runs)
                 bar.update(len(runs))
+        end = time.perf_counter()
+        breakdown.wall = end - start
+        for label, line in sorted(lines.items()):  # the client's view: a GPU not running a task of ours waited
+            line.wall = breakdown.wall
+            line.idle = max(0.0, line.wall - line.requests)
+            line.tail = end - last_seen[label]
+            breakdown.workers.append(line)
         return summary
+
+
+def _with_binary(kernel: dict, cache) -> dict:
+    """The kernel with its binary from the client's artifact cache (sent where no worker holds it)."""
+    return {**kernel, "binary": cache.lookup(kernel["key"]).binary}
 
 
 @contextlib.contextmanager

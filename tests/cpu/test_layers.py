@@ -33,7 +33,8 @@ LAYERS = [
     ("registration", ["kinds", "kinds.*"]),
     ("tune", ["tune", "tune.space", "tune.problems", "tune.db", "tune.sweep", "tune.bench", "tune.runner",
               "tune.autotune", "tune.select", "tune.plots", "tune.bundle", "tune.progress", "tune.resources",
-              "tune.distributed", "tune.rank", "pack", "pack.*"]),
+              "tune.distributed", "tune.rank", "tune.breakdown", "tune.dask_gpus", "tune.gpu_slots",
+              "pack", "pack.*"]),
     ("torch", ["torch", "torch.*"]),  # the only part that imports torch (docs/torch.md)
     ("api", ["", "gemm", "conv", "cli", "cli.*", "__main__",
              # PyCUTLASS 2.11's surface (pycutlass.compat) and its old module paths (docs/porting.md)

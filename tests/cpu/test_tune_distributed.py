@@ -118,3 +118,157 @@ def test_executor_rejects_bad_schedulers_and_gpu_less_clusters(tmp_path):
         with pytest.raises(cutlass.ArgumentError, match="GPU resource"):
             DaskExecutor(client).benchmark(sweep)
     cluster.close()
+
+
+# --- placement, stealing and lost workers in the benchmark phase (stand-in GPU workers) --------------------------
+PROBLEMS = [GemmProblem(256, 512, 128), GemmProblem(1024, 1024, 1024), GemmProblem(16, 4096, 4096)]
+
+
+@pytest.fixture(scope="module")
+def worker_cache(tmp_path_factory):
+    """A worker-side artifact cache holding OPS[:4]: compile tasks through Dask then cost a cache read each, and
+    the kernels still come from (and stay on) the worker that ran the task."""
+    folder = tmp_path_factory.mktemp("workers")
+    Sweep(OPS[:4], db=folder / "r.db", name="warm", session=session(folder / "cache.db")).compile(jobs=2,
+                                                                                                  progress=False)
+    return str(folder / "cache.db")
+
+
+def gpu_cluster(workers: int, **config):
+    import dask
+
+    with dask.config.set(config):  # the scheduler reads its settings when it starts
+        return distributed.LocalCluster(n_workers=workers, threads_per_worker=2, processes=True,
+                                        dashboard_address=None, resources={"GPU": 1, "MEMORY_GB": 3})
+
+
+def measured_by(sweep, client):
+    """(kernel, problem) -> the Dask worker address whose GPU process measured it (its parent pid in the uuid)."""
+    address_of = {pid: address for address, pid in client.run(os.getpid).items()}
+    rows = sweep.db.query("select r.kernel, r.problem, r.status, d.uuid from runs r join devices d on d.id = r.device")
+    assert all(r["status"] == "ok" for r in rows), rows
+    return {(r["kernel"], r["problem"]): address_of.get(int(r["uuid"].rsplit("-", 1)[1])) for r in rows}
+
+
+@pytest.mark.slow
+def test_benchmark_tasks_run_on_the_worker_that_compiled_their_kernels(tmp_path, worker_cache, monkeypatch):
+    monkeypatch.setenv("FAKE_WORKER_UUID_PARENT", "1")
+    monkeypatch.setenv("FAKE_WORKER_DELAY", "0.05")
+    ops = OPS[:4]
+    sweep = Sweep(ops, PROBLEMS, db=tmp_path / "r.db", name="placed", session=session(tmp_path / "client.db"))
+    cluster = gpu_cluster(2, **{"distributed.scheduler.work-stealing": False})
+    with distributed.Client(cluster) as client, DaskExecutor(client, worker_cache_path=worker_cache) as executor:
+        compiled = executor.compile(sweep, progress=False)
+        assert compiled.statuses == {"ok": 4}, str(compiled)
+        compiled_on = dict(executor.holders)
+        assert sorted(compiled_on) == sorted(op.name for op in ops)
+        summary = executor.benchmark(sweep, timeout=20, worker_main=fake_worker_main, progress=False)
+        assert summary.done == summary.submitted == len(ops) * len(PROBLEMS), str(summary)
+        # every task ran where its kernel was compiled, and no binary travelled
+        assert summary.tasks >= len(ops)  # one kernel per task, the problems split so each GPU gets several
+        assert (summary.placed, summary.binaries_sent, summary.resent) == (summary.tasks, 0, 0), str(summary)
+        where = measured_by(sweep, client)
+        assert len(where) == len(ops) * len(PROBLEMS)
+        for (kernel, _), address in where.items():
+            assert address == compiled_on[kernel], (kernel, address, compiled_on)
+        # the breakdown names each (worker, GPU) and adds up from the client's side
+        labels = {w.label.rsplit("/", 1)[0] for w in summary.breakdown.workers}
+        assert labels == set(compiled_on.values())
+        for line in summary.breakdown.workers:
+            assert line.requests + line.idle == pytest.approx(line.wall, abs=1e-6)
+            assert line.phases["timing"] >= 0.05 * line.tasks and line.startup > 0
+        assert sum(w.tasks for w in summary.breakdown.workers) == summary.done
+        # a second run in the same cluster reuses each GPU's process: no start-up at all
+        again = executor.benchmark(Sweep(ops, PROBLEMS, db=tmp_path / "r.db", name="placed again",
+                                         session=session(tmp_path / "client.db")),
+                                   timeout=20, worker_main=fake_worker_main, progress=False)
+        assert again.done == len(ops) * len(PROBLEMS) and again.binaries_sent == 0
+        assert all(w.startup == 0 for w in again.breakdown.workers), str(again.breakdown)
+    cluster.close()
+
+
+@pytest.mark.slow
+def test_kernels_compiled_elsewhere_are_sent_once_each(tmp_path, worker_cache, monkeypatch):
+    """Kernels the client compiled itself: each goes to one worker with its first task, and its other tasks follow
+    it there without a binary."""
+    monkeypatch.setenv("FAKE_WORKER_UUID_PARENT", "1")
+    ops = OPS[:4]
+    sweep = Sweep(ops, PROBLEMS, db=tmp_path / "r.db", name="sent", session=session(worker_cache))
+    sweep.compile(jobs=1, progress=False)  # all from the cache: nothing compiles on the workers
+    cluster = gpu_cluster(2, **{"distributed.scheduler.work-stealing": False})
+    with distributed.Client(cluster) as client, DaskExecutor(client) as executor:
+        summary = executor.benchmark(sweep, timeout=20, problems_per_task=1, worker_main=fake_worker_main,
+                                     progress=False)
+        assert summary.done == len(ops) * len(PROBLEMS) and summary.tasks == len(ops) * len(PROBLEMS)
+        assert (summary.binaries_sent, summary.resent) == (len(ops), 0), str(summary)
+        assert summary.placed == summary.tasks - len(ops)
+        where = measured_by(sweep, client)
+        for op in ops:  # every pair of a kernel on the worker its binary went to
+            assert len({where[(op.name, p.key)] for p in PROBLEMS}) == 1
+        assert len(set(where.values())) == 2  # spread over both workers
+    cluster.close()
+
+
+@pytest.mark.slow
+def test_an_idle_worker_takes_tasks_with_their_binaries(tmp_path, worker_cache, monkeypatch):
+    """Every kernel compiled on one worker; a second joins: it steals tasks, which are sent again with their
+    binaries (once per task), and every pair is measured once."""
+    monkeypatch.setenv("FAKE_WORKER_UUID_PARENT", "1")
+    monkeypatch.setenv("FAKE_WORKER_DELAY", "0.3")
+    ops = OPS[:4]
+    sweep = Sweep(ops, PROBLEMS, db=tmp_path / "r.db", name="stolen", session=session(tmp_path / "client.db"))
+    cluster = gpu_cluster(1)
+    with distributed.Client(cluster) as client, DaskExecutor(client, worker_cache_path=worker_cache) as executor:
+        executor.compile(sweep, progress=False)
+        assert len(set(executor.holders.values())) == 1
+        cluster.scale(2)
+        client.wait_for_workers(2)
+        summary = executor.benchmark(sweep, timeout=20, worker_main=fake_worker_main, progress=False)
+        assert summary.done == summary.submitted == len(ops) * len(PROBLEMS), str(summary)
+        where = measured_by(sweep, client)
+        assert len(set(where.values())) == 2, where  # both GPUs measured
+        assert summary.resent >= 1 and summary.binaries_sent == summary.resent, str(summary)
+        # the rest ran where an earlier task had already brought their kernel
+        assert summary.placed + summary.resent <= summary.tasks and summary.placed >= 1
+    cluster.close()
+
+
+@pytest.mark.slow
+def test_a_killed_gpu_worker_loses_no_pair_and_repeats_only_its_running_task(tmp_path, worker_cache, monkeypatch):
+    log = tmp_path / "measured.log"
+    monkeypatch.setenv("FAKE_WORKER_LOG", str(log))
+    monkeypatch.setenv("FAKE_WORKER_DELAY", "0.3")
+    ops = OPS[:4]
+    sweep = Sweep(ops, PROBLEMS, db=tmp_path / "r.db", name="killed", session=session(tmp_path / "client.db"))
+    cluster = gpu_cluster(2)
+    with distributed.Client(cluster) as client, DaskExecutor(client, worker_cache_path=worker_cache) as executor:
+        executor.compile(sweep, progress=False)
+        pids = client.run(os.getpid)
+        killed = []
+
+        def kill_one_when_busy():
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not killed:
+                busy = [a for a, tasks in client.processing().items()
+                        if any("benchmark_task" in str(t) for t in tasks)]
+                if busy and log.exists():
+                    time.sleep(0.4)  # into its task
+                    os.kill(pids[busy[0]], signal.SIGKILL)
+                    killed.append(busy[0])
+                time.sleep(0.05)
+
+        killer = threading.Thread(target=kill_one_when_busy, daemon=True)
+        killer.start()
+        summary = executor.benchmark(sweep, timeout=20, worker_main=fake_worker_main, progress=False)
+        killer.join()
+    cluster.close()
+    assert killed, "the test must have killed a worker"
+    pairs = len(ops) * len(PROBLEMS)
+    rows = sweep.db.query("select kernel, problem, status from runs")
+    assert len(rows) == len({(r["kernel"], r["problem"]) for r in rows}) == pairs == summary.done
+    assert all(r["status"] == "ok" for r in rows)
+    measured = log.read_text().splitlines()
+    repeats = len(measured) - len(set(measured))
+    # only the killed worker's running task (one kernel on every problem) is measured again, once
+    assert len(set(measured)) == pairs and repeats <= len(PROBLEMS), measured
+    assert summary.resent >= 1, str(summary)  # its other kernels went elsewhere, with their binaries

@@ -229,3 +229,46 @@ def test_autotune_top_k_compiles_only_the_ranked_few_and_runs_the_winner(tmp_pat
     torch.cuda.synchronize()
     reference = a.double() @ b.double()
     assert ((d.double() - reference).norm() / reference.norm()).item() < 5e-3
+
+
+def test_breakdown_accounts_for_a_real_sweep(tmp_path):
+    """Where a real worker's time goes: every phase shows, and the parts add up to the whole."""
+    ops = [gemm((128, 128, 32)), gemm((64, 64, 32))]
+    sweep = Sweep(ops, PROBLEMS, db=tmp_path / "r.db", name="timed")
+    sweep.compile()
+    summary = sweep.benchmark(config=QUICK, devices=[0], baseline=False)
+    (worker,) = summary.breakdown.workers
+    assert worker.tasks == len(ops) * len(PROBLEMS) and worker.kernels == len(ops)
+    for phase in ("startup", "load", "inputs", "reference", "verify", "timing"):
+        assert worker.phases.get(phase, 0) > 0, (phase, str(summary.breakdown))
+    assert worker.requests + worker.parent + worker.idle == pytest.approx(worker.wall, abs=1e-6)
+    assert worker.transport >= 0 and worker.startup > 0.1
+    assert summary.breakdown.rows_written == summary.done
+
+
+def test_each_problems_inputs_and_reference_are_made_once_per_worker():
+    from pycutlass.tune.bench import GemmBench, measure_gemm
+
+    bench = GemmBench(QUICK)
+    problem = GemmProblem(512, 1024, 256)
+    first, second = gemm((128, 128, 32)), gemm((64, 64, 32))
+    assert measure_gemm(bench, first, problem)[0].status == "ok"
+    made = bench.clock.take()
+    assert made["inputs"] > 0 and made["reference"] > 0
+    assert measure_gemm(bench, second, problem)[0].status == "ok"
+    again = bench.clock.take()
+    assert "inputs" not in again and "reference" not in again, again  # the second kernel reuses both
+    assert again["timing"] > 0 and again["verify"] > 0
+
+
+@pytest.mark.multigpu
+@pytest.mark.skipif(_gpu_count() < 2, reason="needs two GPUs")
+def test_every_gpu_draws_the_same_operands():
+    from pycutlass.tune.bench import GemmBench
+
+    problem = GemmProblem(256, 384, 128)
+    a0, b0 = GemmBench(QUICK, 0).operands(problem, "float16", "float16", True, False)
+    a1, b1 = GemmBench(QUICK, 1).operands(problem, "float16", "float16", True, False)
+    assert a0.device.index == 0 and a1.device.index == 1
+    assert torch.equal(a0.cpu(), a1.cpu()) and torch.equal(b0.cpu(), b1.cpu())
+    assert a0.float().std().item() == pytest.approx(1.0, rel=0.1)  # random-normal
