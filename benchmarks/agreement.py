@@ -8,7 +8,8 @@ For pairs (kernel, problem) over 16x4096x4096, 64x14336x4096, 1024^3, 1000x3000x
 pycutlass SM90 kernel and the torch baseline (cuBLAS) are each timed three ways:
 
 - harness: ``measure_gemm`` / ``measure_torch`` with the default ``BenchConfig`` (what ``pycutlass sweep`` records:
-  L2 flushed, a GPU-side lead, CUDA events, median);
+  L2 flushed by a read, a GPU-side lead, the kernel timer (CUPTI timestamps), median); the same with
+  ``timer="events"`` (CUDA events around the call) is reported beside it ("events");
 - graph: a CUDA graph of 20 x (L2 flush, launch) replayed, minus a graph of the 20 flushes alone, over 20: launches
   back to back with no host in between, L2 as cold as the harness's (a graph without the flushes is reported too:
   "warm", the inputs left in L2 by the previous launch);
@@ -106,13 +107,16 @@ def harness_us(pair: dict) -> dict:
     from pycutlass.tune.problems import GemmProblem
     from pycutlass.tune.space import build_operation
 
-    bench = GemmBench(BenchConfig())
     problem = GemmProblem(*pair["shape"])
     label = DTYPES[pair["dtype"]]
-    kernel, _ = measure_gemm(bench, build_operation(pair["params"]), problem)
-    baseline = measure_torch(bench, problem, label, c_label=label)
-    return {"pycutlass": kernel.seconds * 1e6 if kernel.status == "ok" else None,
-            "torch": baseline.seconds * 1e6 if baseline.status == "ok" else None}
+    found = {}
+    for timer, suffix in (("kernel", ""), ("events", "_events")):
+        bench = GemmBench(BenchConfig(timer=timer))
+        kernel, _ = measure_gemm(bench, build_operation(pair["params"]), problem)
+        baseline = measure_torch(bench, problem, label, c_label=label)
+        found["pycutlass" + suffix] = kernel.seconds * 1e6 if kernel.status == "ok" else None
+        found["torch" + suffix] = baseline.seconds * 1e6 if baseline.status == "ok" else None
+    return found
 
 
 # --- (b) CUDA-graph replay --------------------------------------------------------------------------------------------
@@ -123,7 +127,7 @@ def graph_us(pair: dict, who: str) -> tuple[float, float]:
     stream = torch.cuda.Stream()
     launch, _ = _series(pair, who, stream=stream.cuda_stream if who == "pycutlass" else None)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    flush = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
+    flush = torch.ones(2 * l2 // 4, dtype=torch.int32, device="cuda")  # read to evict, as the harness does
 
     def capture(with_flush: bool, with_launch: bool):
         graph = torch.cuda.CUDAGraph()
@@ -136,7 +140,7 @@ def graph_us(pair: dict, who: str) -> tuple[float, float]:
             with torch.cuda.graph(graph, stream=stream):
                 for _ in range(GRAPH_LAUNCHES):
                     if with_flush:
-                        flush.zero_()
+                        flush.sum(dtype=torch.int64)
                     if with_launch:
                         launch()
         return graph
@@ -252,7 +256,7 @@ def agreement_rows(measured: list[dict]) -> list[dict]:
             if ratio is not None:
                 verdicts.append(abs(ratio - 1) <= AGREE)
         row["within_3%"] = bool(verdicts) and all(verdicts)
-        for name in ("harness_us", "graph_us", "graph_warm_us", "ncu_us"):
+        for name in ("harness_us", "events_us", "graph_us", "graph_warm_us", "ncu_us"):
             if isinstance(row.get(name), float):
                 row[name] = round(row[name], 2)
         rows.append(row)
@@ -269,7 +273,8 @@ def run(out_path: str | None = None) -> dict:
             cold, warm = graph_us(pair, who)
             kernel = operation_name(pair) if who == "pycutlass" else "torch.matmul"
             measured.append({"who": who, "dtype": pair["dtype"], "shape": "x".join(map(str, pair["shape"])),
-                             "kernel": kernel.split("_tnt_")[-1], "harness_us": harness[who], "graph_us": cold,
+                             "kernel": kernel.split("_tnt_")[-1], "harness_us": harness[who],
+                             "events_us": harness[who + "_events"], "graph_us": cold,
                              "graph_warm_us": warm})
             ncu_entries.append({"pair": pair, "who": who})
         print(f"  {measured[-2]['shape']} {pair['dtype']}: harness {harness}", flush=True)

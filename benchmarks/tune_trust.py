@@ -45,6 +45,16 @@ GOAL_HITS, GOAL_REGRET = 16, 0.01
 NEW_SHAPE = (3072, 5120, 2048)  # time-to-kernel: a shape no sweep above measured
 
 
+def local_gpu_name() -> str | None:
+    """The GPU this host times on, so the ranking models the GPU it is checked against."""
+    try:
+        import torch
+
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    except ImportError:
+        return None
+
+
 def trust_space(tile_n=(64, 128, 256)) -> SearchSpace:
     """The exhaustive space, without the cannot-win filter (the sweep checks the rule's verdicts too)."""
     return SearchSpace(name="sm90-trust", kind="gemm", compute_capability=90, dtypes=list(DTYPES), layouts="rcr",
@@ -231,7 +241,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=os.cpu_count())
     parser.add_argument("--repetitions", type=int, default=50)
     parser.add_argument("--tile-n", default="64,128,256", help="tile N values (the SM90 kind takes 32..256)")
-    parser.add_argument("--device", default="H100", help="the GPU model the ranking assumes (H100, H200)")
+    parser.add_argument("--device", default=None,
+                        help="the GPU model the ranking assumes (H100, H200; default: this host's GPU, else H100)")
     parser.add_argument("--model", default="all", choices=["all", "analytic", "nvmmh"],
                         help="ranking model(s) to evaluate (all: the analytic one and nvMatmulHeuristics if installed)")
     parser.add_argument("--db", default=str(RESULTS / "tune-trust.db"))
@@ -257,7 +268,7 @@ def main() -> None:
     space = trust_space(tuple(int(v) for v in args.tile_n.split(",")))
     problems = [GemmProblem(*shape) for shape in SHAPES]
     by_dtype = operations_by_dtype(space)
-    device = device_model(args.device)
+    device = device_model(args.device or local_gpu_name())
     if args.compile_only:
         import pycutlass
         from pycutlass.tune.sweep import Sweep

@@ -222,6 +222,13 @@ def _cuda_sync(example_inputs: tuple, gm: nn.Module) -> Callable[[], None]:
     return sync
 
 
+def _serving_grad_mode():
+    """The autograd mode end-to-end choices are timed in: the caller's own when it optimizes under
+    ``torch.inference_mode()`` (calls there dispatch differently and can rank placements differently), else
+    ``torch.no_grad()``."""
+    return torch.inference_mode() if torch.is_inference_mode_enabled() else torch.no_grad()
+
+
 def _choose_end_to_end(gm: fx.GraphModule, model: nn.Module, example_inputs: tuple, sites: list[_Site], *,
                        traced: fx.GraphModule | None = None, timer: Callable | None = None) -> tuple[dict, frozenset]:
     """Times ``model`` (eager), ``traced`` (the untouched trace, if given) and ``gm`` under each candidate placement
@@ -239,7 +246,7 @@ def _choose_end_to_end(gm: fx.GraphModule, model: nn.Module, example_inputs: tup
     entries[_E2E_CONTROL] = entries[_E2E_EAGER]
     chosen, spread, margin = _E2E_TUNED, {}, _E2E_MARGIN
     try:
-        with _Evaluating(model), _Evaluating(gm), torch.no_grad(), \
+        with _Evaluating(model), _Evaluating(gm), _serving_grad_mode(), \
                 (_Evaluating(traced) if traced is not None else contextlib.nullcontext()):
             sync = _cuda_sync(example_inputs, gm)
             medians = timer(entries, sync) if timer else _time_interleaved(entries, sync, spread=spread)
@@ -271,7 +278,7 @@ def _choose_graphs(chosen: nn.Module, example_inputs: tuple, *, timer: Callable 
     entries = {"plain": (lambda: None, lambda: chosen(*example_inputs)),
                "graphed": (lambda: None, lambda: graphed(*example_inputs))}
     try:
-        with _Evaluating(chosen), torch.no_grad():
+        with _Evaluating(chosen), _serving_grad_mode():
             medians = (timer or _time_interleaved)(entries, _cuda_sync(example_inputs, chosen))
     except Exception as exc:  # not capturable (a host sync, a CPU tensor made inside, ...): keep it unreplayed
         return chosen, {"kept": False, "why": f"capture failed ({type(exc).__name__}: {str(exc)[:200]})"}

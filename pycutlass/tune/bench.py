@@ -4,8 +4,10 @@
 - inputs drawn on the GPU and float64 references computed there, once per problem, and kept while they fit
   (``GemmBench(cache_bytes=...)``); ``GemmBench.clock`` sums the seconds of each phase (:mod:`.breakdown`);
 - each kernel verified against a float64 reference once before it is timed; a wrong kernel is never timed;
-- warm-up, then CUDA events around every repetition, L2 flushed before each (or an argument pool larger than L2),
-  at least ``repetitions`` samples and at most ``max_seconds``; median, minimum and inter-quartile range;
+- warm-up, then every repetition timed by the GPU's own kernel timestamps (CUPTI, ``timer="kernel"``, the default:
+  what Nsight Compute reports, see :mod:`.kernel_timer`) or by CUDA events around the call (``timer="events"``: adds
+  the GPU front end's 2-4 us per launch), L2 flushed (by a read) before each (or an argument pool larger than L2), at least
+  ``repetitions`` samples and at most ``max_seconds``; median, minimum and inter-quartile range;
 - a GPU-side lead before each timed launch (``lead_us``, on by default): the GPU sleeps while the host enqueues the
   launch, so the time is the kernel's on the GPU, not the host's launch path, at every problem size;
 - optional CUDA-graph replay (``cuda_graph`` launches per graph) to take the host's launch cost out as well;
@@ -21,9 +23,11 @@ import statistics
 from dataclasses import asdict, dataclass
 
 from collections import OrderedDict
+from contextlib import nullcontext
 
 from ..errors import ArgumentError
 from .breakdown import PhaseClock
+from .kernel_timer import KernelTimer
 from .db import canonical_json
 
 # Relative (Frobenius) error allowed against float64, by output type; fp8 operands add their input rounding.
@@ -41,6 +45,7 @@ _FP8 = ("float8_e4m3", "float8_e5m2")
 # its host path is about 24 us there; pycutlass's run() with prepared arguments is shorter. 50 us is twice the
 # longest, for slower hosts, and costs 50 us of GPU idle per sample (2.5 ms per pair at 50 repetitions).
 DEFAULT_LEAD_US = 50.0
+TIMERS = ("kernel", "events")
 
 # Operands and float64 references a GemmBench keeps (half each): in a user's process (autotune, torch tuning) a little;
 # a sweep's benchmark worker, alone on its GPU, a share of the GPU's memory (its kernels need their output and
@@ -73,6 +78,8 @@ class BenchConfig:
     # GPU still sleeps, so a small kernel's time is its own, not its launch's host latency. 0 = no lead (then the
     # samples of kernels shorter than their host launch path time the host). DEFAULT_LEAD_US says why 50.
     lead_us: float = DEFAULT_LEAD_US
+    # "kernel": the span of the call's GPU activity from CUPTI's timestamps; "events": CUDA events around the call
+    timer: str = "kernel"
 
     def __post_init__(self):
         for name in ("warmup", "repetitions", "cuda_graph", "arg_pool", "seed"):
@@ -86,6 +93,8 @@ class BenchConfig:
         if isinstance(self.lead_us, bool) or not isinstance(self.lead_us, (int, float)) or not \
                 0 <= self.lead_us <= 100_000:
             raise ArgumentError(f"BenchConfig.lead_us must be between 0 and 100000 microseconds, got {self.lead_us!r}")
+        if self.timer not in TIMERS:
+            raise ArgumentError(f"BenchConfig.timer must be one of {TIMERS}, got {self.timer!r}")
 
     @property
     def fingerprint(self) -> str:
@@ -94,11 +103,17 @@ class BenchConfig:
             # lead_us=0 times what harnesses without the field timed, so it keeps their fingerprint (and rows); the
             # default lead is in every other fingerprint, so its rows never mix with lead-less ones
             del fields["lead_us"]
+        if fields["timer"] == "events":
+            del fields["timer"]  # what harnesses before the field timed: their rows stay comparable
         return canonical_json(fields)
 
     @classmethod
     def from_json(cls, text: str) -> BenchConfig:
-        return cls(**json.loads(text))
+        fields = json.loads(text)
+        # a fingerprint leaves out the fields at their old values (see fingerprint)
+        fields.setdefault("lead_us", 0.0)
+        fields.setdefault("timer", "events")
+        return cls(**fields)
 
 
 @dataclass
@@ -140,7 +155,7 @@ class GemmBench:
         props = torch.cuda.get_device_properties(self.device)
         l2 = getattr(props, "L2_cache_size", 0) or 50 * 2**20
         self.l2_bytes = l2
-        self._flush = torch.empty(2 * l2 // 4, dtype=torch.int32, device=self.device) if config.flush_l2 else None
+        self._flush = torch.ones(2 * l2 // 4, dtype=torch.int32, device=self.device) if config.flush_l2 else None
         # Operands and float64 references stay on the GPU while they fit (least recently used go first): a sweep's
         # worker measures whole kernels across the problems, so each problem comes back once per kernel, and passes
         # a share of the GPU (worker_cache_bytes); in a user's process the default stays small.
@@ -264,19 +279,40 @@ class GemmBench:
         flush = self._flush is not None and pool <= 1
         # graph replays get the lead too: the replay's own host call would otherwise be timed once per sample
         lead = int(config.lead_us * self._cycles_per_us()) if config.lead_us else 0
+        with (self.open_kernel_timer() if config.timer == "kernel" else nullcontext()) as timer:
+            events = self._timed_loop(launch, graph, flush, lead, timer)
+            torch.cuda.synchronize(self.device)
+            if timer is None:
+                return [s.elapsed_time(e) / 1e3 / per_sample for s, e in events], note
+            spans = timer.spans(len(events))
+        return [spans[i] / per_sample for i in range(len(events))], note
+
+    def flush_l2(self) -> None:
+        """Evict L2 before a timed call by reading twice its size. Reading leaves clean lines behind; a write
+        (``zero_``) would leave L2 full of dirty ones, whose write-back then competes with the kernel's own loads
+        (about 10 us on an H200 for a memory-bound kernel that reads 100 MB), as no profiler's flush does."""
+        self._flush.sum(dtype=self.torch.int64)
+
+    def open_kernel_timer(self):
+        return KernelTimer.open()
+
+    def _timed_loop(self, launch, graph, flush: bool, lead: int, timer) -> list:
+        """Issue the timed calls; events bracket each (they also give the early estimate for slow kernels)."""
+        torch, config = self.torch, self.config
         events = []
-        elapsed_estimate, i = 0.0, 0
+        i = 0
         while len(events) < config.repetitions:
             if flush:
-                self._flush.zero_()
+                self.flush_l2()
             if lead:
                 torch.cuda._sleep(lead)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            if graph is not None:
-                graph.replay()
-            else:
-                launch(i)
+            with (timer.sample(len(events)) if timer is not None else nullcontext()):
+                if graph is not None:
+                    graph.replay()
+                else:
+                    launch(i)
             end.record()
             events.append((start, end))
             i += 1
@@ -285,8 +321,7 @@ class GemmBench:
                 elapsed_estimate = sum(s.elapsed_time(e) for s, e in events) / 1e3
                 if elapsed_estimate * config.repetitions / 10 > config.max_seconds:
                     break
-        torch.cuda.synchronize(self.device)
-        return [s.elapsed_time(e) / 1e3 / per_sample for s, e in events], note
+        return events
 
     def l2_pool_size(self, bytes_per_set: int) -> int:
         """Argument sets needed for the pool to exceed L2 twice (each launch then reads from memory)."""

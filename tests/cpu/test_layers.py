@@ -33,7 +33,7 @@ LAYERS = [
     ("registration", ["kinds", "kinds.*"]),
     ("tune", ["tune", "tune.space", "tune.problems", "tune.db", "tune.sweep", "tune.bench", "tune.runner",
               "tune.autotune", "tune.select", "tune.plots", "tune.bundle", "tune.progress", "tune.resources",
-              "tune.distributed", "tune.rank", "tune.breakdown", "tune.dask_gpus", "tune.gpu_slots",
+              "tune.distributed", "tune.rank", "tune.breakdown", "tune.dask_gpus", "tune.gpu_slots", "tune.kernel_timer",
               "pack", "pack.*"]),
     ("torch", ["torch", "torch.*"]),  # the only part that imports torch (docs/torch.md)
     ("api", ["", "gemm", "conv", "cli", "cli.*", "__main__",

@@ -2,6 +2,7 @@
 run torch's math here), BatchNorm folding, save/load, and the tuning plumbing against a fake dispatch."""
 from __future__ import annotations
 
+import contextlib
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -814,3 +815,20 @@ def test_functional_tanh_gelu_fuses_as_gelu_taylor():
     optimized = optimize(model, (x,), tune=False)
     assert fused(optimized) == {"fc1": "linear+gelu_taylor", "fc2": "linear+gelu"}
     assert_close(optimized(x), model(x))
+
+
+@pytest.mark.parametrize("inference", [False, True])
+def test_end_to_end_is_timed_in_the_callers_grad_mode(monkeypatch, inference):
+    """Optimized under torch.inference_mode(), placements are timed there too (calls dispatch differently in it);
+    otherwise under no_grad."""
+    module = _model_pass()
+    modes = []
+
+    def timer(entries, sync):
+        modes.append((torch.is_inference_mode_enabled(), torch.is_grad_enabled()))
+        return {name: 1.0 for name in entries}
+
+    sites = []
+    with (torch.inference_mode() if inference else contextlib.nullcontext()):
+        module._choose_end_to_end(nn.Identity(), nn.Identity(), (torch.randn(2, 8),), sites, timer=timer)
+    assert modes == [(inference, False)]

@@ -369,6 +369,8 @@ def test_bench_config_and_statistics():
     led = BenchConfig(lead_us=200)
     assert BenchConfig.from_json(led.fingerprint) == led and led.fingerprint != BenchConfig().fingerprint
     assert "lead_us" not in BenchConfig(lead_us=0).fingerprint
+    with pytest.raises(ArgumentError, match="timer"):
+        BenchConfig(timer="wallclock")
 
 
 def test_default_harness_leads_every_launch_and_never_shares_rows_with_lead_less_ones():
@@ -380,7 +382,8 @@ def test_default_harness_leads_every_launch_and_never_shares_rows_with_lead_less
     assert BenchConfig().lead_us == DEFAULT_LEAD_US and 30 <= DEFAULT_LEAD_US <= 100
     lead_less = ('{"arg_pool":1,"cuda_graph":0,"flush_l2":true,"max_seconds":2.0,"repetitions":50,"seed":0,'
                  '"verify":true,"warmup":5}')  # what every default-harness row before the lead was keyed by
-    assert BenchConfig(lead_us=0).fingerprint == lead_less
+    assert BenchConfig(lead_us=0, timer="events").fingerprint == lead_less
+    assert BenchConfig.from_json(lead_less) == BenchConfig(lead_us=0, timer="events")
     assert BenchConfig().fingerprint != lead_less and json.loads(BenchConfig().fingerprint)["lead_us"] == 50
     assert run_id("s", "d", "k", "p", BenchConfig().fingerprint) != run_id("s", "d", "k", "p", lead_less)
     assert BenchConfig.from_json(BenchConfig().fingerprint) == BenchConfig()
@@ -437,8 +440,12 @@ def _timed_stream(config, cycles_per_us=1500.0):
     fake = _FakeTorch()
     bench = object.__new__(GemmBench)
     bench.torch, bench.config, bench.device = fake, config, None
-    bench._flush = type("Flush", (), {"zero_": lambda self: fake.log.append("flush")})()
+    bench._flush = object()
+    bench.flush_l2 = lambda: fake.log.append("flush")
     bench._sleep_cycles_per_us = cycles_per_us  # as measured on the device
+    from pycutlass.tune.breakdown import PhaseClock
+
+    bench.clock = PhaseClock()
     samples, _ = bench.time(lambda i: fake.log.append("launch"))
     assert len(samples) == 3
     return fake.log[fake.log.index("flush"):]  # each timed sample starts with the L2 flush
@@ -448,10 +455,12 @@ def test_every_timed_launch_waits_behind_a_gpu_side_lead_by_default():
     from pycutlass.tune.bench import BenchConfig
 
     lead = ("sleep", int(50 * 1500.0))  # 50 us at the device's sleep rate
-    assert _timed_stream(BenchConfig(repetitions=3, warmup=2)) == ["flush", lead, "event", "launch", "event"] * 3
+    events = {"timer": "events"}
+    assert _timed_stream(BenchConfig(repetitions=3, warmup=2, **events)) == ["flush", lead, "event", "launch",
+                                                                             "event"] * 3
     # graph replays get it too (their replay call would otherwise be timed)
-    graph = _timed_stream(BenchConfig(repetitions=3, warmup=2, cuda_graph=4))
+    graph = _timed_stream(BenchConfig(repetitions=3, warmup=2, cuda_graph=4, **events))
     assert graph == ["flush", lead, "event", "replay", "event"] * 3, graph
     # lead_us=0: the launch directly after the flush, as harnesses timed before the lead
-    assert _timed_stream(BenchConfig(repetitions=3, warmup=2, lead_us=0)) == ["flush", "event", "launch",
-                                                                              "event"] * 3
+    assert _timed_stream(BenchConfig(repetitions=3, warmup=2, lead_us=0, **events)) == ["flush", "event", "launch",
+                                                                                        "event"] * 3

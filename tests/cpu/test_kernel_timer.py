@@ -1,0 +1,149 @@
+"""The harness's kernel timer: CUPTI activity records grouped into one span per timed call (a stand-in CUPTI)."""
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+
+from pycutlass.errors import ArgumentError
+from pycutlass.tune.bench import BenchConfig, GemmBench
+from pycutlass.tune.kernel_timer import Activity, KernelTimer, KernelTimerError, group_spans
+
+
+class FakeCupti:
+    """CUPTI's activity API as the timer uses it: the GPU work a test 'launches' becomes kernel records with the
+    correlation id of their API call, and an external-correlation record when a sample id is pushed."""
+
+    class ActivityKind:
+        CONCURRENT_KERNEL, KERNEL, MEMSET, MEMCPY, DRIVER, RUNTIME, EXTERNAL_CORRELATION = range(7)
+
+    class ExternalCorrelationKind:
+        CUSTOM0 = 5
+
+    def __init__(self, refuse: bool = False):
+        self.refuse = refuse
+        self.enabled: set = set()
+        self.stack: list[int] = []
+        self.pending: list = []
+        self.clock = 1_000_000
+        self.correlation = 0
+        self.callbacks = None
+
+    # the API the timer calls
+    def activity_register_callbacks(self, requested, completed):
+        self.callbacks = (requested, completed)
+
+    def activity_enable(self, kind):
+        if self.refuse:
+            raise RuntimeError("CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED")
+        self.enabled.add(kind)
+
+    def activity_disable(self, kind):
+        self.enabled.discard(kind)
+
+    def activity_push_external_correlation_id(self, kind, value):
+        assert kind == self.ExternalCorrelationKind.CUSTOM0
+        self.stack.append(value)
+
+    def activity_pop_external_correlation_id(self, kind):
+        return self.stack.pop()
+
+    def activity_flush_all(self, flag):
+        records, self.pending = self.pending, []
+        if records:
+            self.callbacks[1](records)
+
+    # the 'GPU': one API call running kernels of the given durations (ns) back to back, gap ns apart
+    def launch(self, name: str, *durations: int, gap: int = 0):
+        if not self.enabled:
+            return
+        self.correlation += 1
+        if self.stack:
+            self.pending.append(types.SimpleNamespace(kind=self.ActivityKind.EXTERNAL_CORRELATION,
+                                                      correlation_id=self.correlation, external_id=self.stack[-1]))
+        for duration in durations:
+            self.pending.append(types.SimpleNamespace(kind=self.ActivityKind.CONCURRENT_KERNEL, name=name,
+                                                      correlation_id=self.correlation, start=self.clock,
+                                                      end=self.clock + duration))
+            self.clock += duration + gap
+        self.clock += 5_000  # the front end's gap before the next call: never part of a sample
+
+
+def test_spans_group_each_calls_activity_first_start_to_last_end():
+    activities = [Activity(1, 100, 300), Activity(1, 350, 400), Activity(2, 1000, 1900), Activity(3, 5, 9)]
+    assert group_spans(activities, {1: 0, 2: 1}, expected=2) == pytest.approx({0: 300e-9, 1: 900e-9})
+    with pytest.raises(KernelTimerError, match="1 of 3"):
+        group_spans(activities, {1: 0, 2: 1}, expected=3)
+
+
+class _Torch:
+    """Just enough torch for GemmBench.time: events, sleep, synchronize (the harness's own GPU work is logged)."""
+
+    def __init__(self, cupti):
+        class Event:
+            def __init__(self, enable_timing=False):
+                pass
+
+            def record(self):
+                pass
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, other):
+                return 0.123  # ms: what events would say; the kernel timer must not use it
+
+        cuda = types.SimpleNamespace(Event=Event, synchronize=lambda device=None: None,
+                                     _sleep=lambda cycles: cupti.launch("spin_kernel", 50_000))
+        self.cuda = cuda
+
+
+def _bench(config: BenchConfig, cupti: FakeCupti) -> GemmBench:
+    bench = object.__new__(GemmBench)
+    bench.torch, bench.config, bench.device = _Torch(cupti), config, None
+    bench._flush = object()
+    bench.flush_l2 = lambda: cupti.launch("reduce_kernel", 80_000)
+    bench._sleep_cycles_per_us = 1500.0
+    bench.open_kernel_timer = lambda: KernelTimer.open(cupti)
+    from pycutlass.tune.breakdown import PhaseClock
+
+    bench.clock = PhaseClock()
+    return bench
+
+
+def test_harness_samples_are_the_calls_gpu_spans_not_events_nor_the_flush_or_lead():
+    cupti = FakeCupti()
+    bench = _bench(BenchConfig(repetitions=4, warmup=2), cupti)
+    samples, _ = bench.time(lambda i: cupti.launch("gemm", 10_000 + 1_000 * i))
+    # the warm-up runs before recording starts; the timed calls count from 0 again
+    assert samples == pytest.approx([10e-6, 11e-6, 12e-6, 13e-6])
+    assert not cupti.enabled and not cupti.stack  # recording stops with the timing; every push popped
+    # an operation of two kernels (torch's matmul then a cast) is timed from the first's start to the last's end
+    samples, _ = bench.time(lambda i: cupti.launch("two", 7_000, 2_000, gap=500))
+    assert samples == pytest.approx([9.5e-6] * 4)
+
+
+def test_events_timer_keeps_the_event_times():
+    cupti = FakeCupti()
+    samples, _ = _bench(BenchConfig(repetitions=3, warmup=1, timer="events"), cupti).time(
+        lambda i: cupti.launch("gemm", 10_000))
+    assert samples == pytest.approx([0.123e-3] * 3)
+    assert cupti.callbacks is None  # CUPTI never touched
+
+
+def test_kernel_timer_refuses_with_the_way_out_when_cupti_is_taken_or_launches_nothing():
+    with pytest.raises(KernelTimerError, match="timer='events'") as caught:
+        _bench(BenchConfig(repetitions=3, warmup=1), FakeCupti(refuse=True)).time(lambda i: None)
+    assert isinstance(caught.value, ArgumentError)
+    cupti = FakeCupti()
+    with pytest.raises(KernelTimerError, match="no GPU activity"):
+        _bench(BenchConfig(repetitions=3, warmup=1), cupti).time(lambda i: None)
+    assert not cupti.enabled and not cupti.stack
+
+
+def test_timer_is_part_of_the_fingerprint():
+    kernel, events = BenchConfig(), BenchConfig(timer="events")
+    assert json.loads(kernel.fingerprint)["timer"] == "kernel" and "timer" not in events.fingerprint
+    assert BenchConfig.from_json(kernel.fingerprint) == kernel
+    assert BenchConfig.from_json(events.fingerprint) == events

@@ -1,0 +1,70 @@
+"""The harness's kernel timer on a GPU: CUPTI spans of real kernels against their known length and CUDA events."""
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from pycutlass.tune.bench import BenchConfig, GemmBench, measure_gemm, measure_torch
+from pycutlass.tune.kernel_timer import KernelTimer
+from pycutlass.tune.problems import GemmProblem
+from tests.tune_helpers import f16_gemm
+
+try:
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch is None, reason="needs torch")]
+
+
+def test_a_sleep_kernel_is_timed_at_its_length_and_events_add_the_launch_gap():
+    bench = GemmBench(BenchConfig(repetitions=20, warmup=3))
+    cycles = int(100 * bench._cycles_per_us())  # a kernel of about 100 us at the measured clock
+    kernel, _ = bench.time(lambda i: torch.cuda._sleep(cycles))
+    events, _ = GemmBench(BenchConfig(repetitions=20, warmup=3, timer="events")).time(
+        lambda i: torch.cuda._sleep(cycles))
+    kernel_us, events_us = statistics.median(kernel) * 1e6, statistics.median(events) * 1e6
+    assert 80 < kernel_us < 130, kernel_us
+    assert 0 < events_us - kernel_us < 10, (events_us, kernel_us)  # events also time the front end's gap
+
+
+def test_samples_span_every_kernel_of_a_call():
+    """Two kernels in one timed call: the sample spans both (each about 50 us)."""
+    bench = GemmBench(BenchConfig(repetitions=10, warmup=2))
+    cycles = int(50 * bench._cycles_per_us())
+
+    def twice(i):
+        torch.cuda._sleep(cycles)
+        torch.cuda._sleep(cycles)
+
+    once, _ = bench.time(lambda i: torch.cuda._sleep(cycles))
+    both, _ = bench.time(twice)
+    assert 1.9 < statistics.median(both) / statistics.median(once) < 2.3
+
+
+def test_gemm_and_torch_baseline_are_timed_by_kernel_below_their_event_times():
+    import pycutlass as cutlass
+
+    problem = GemmProblem(1024, 1024, 1024)
+    by_kernel_bench = GemmBench(BenchConfig(repetitions=30))
+    by_events_bench = GemmBench(BenchConfig(repetitions=30, timer="events"))
+    operation = f16_gemm()
+    cutlass.compiler.add_module([operation])
+    by_kernel, _ = measure_gemm(by_kernel_bench, operation, problem)
+    by_events, _ = measure_gemm(by_events_bench, operation, problem)
+    assert by_kernel.status == by_events.status == "ok", (by_kernel.message, by_events.message)
+    assert by_kernel.seconds < by_events.seconds
+    torch_kernel = measure_torch(by_kernel_bench, problem, "float16", c_label="float16")
+    torch_events = measure_torch(by_events_bench, problem, "float16", c_label="float16")
+    assert torch_kernel.status == torch_events.status == "ok"
+    assert torch_kernel.seconds < torch_events.seconds
+
+
+def test_timer_records_nothing_outside_its_samples():
+    with KernelTimer.open() as timer:
+        torch.cuda._sleep(1000)  # not in a sample: not counted
+        with timer.sample(0):
+            torch.cuda._sleep(200_000)
+        torch.cuda.synchronize()
+        spans = timer.spans(1)
+    assert set(spans) == {0} and spans[0] > 0
