@@ -12,11 +12,13 @@ gaps included.
                 launch()
     spans = timer.spans()                   # {i: seconds}, after the stream synchronized
 
-CUPTI's activity API is one per process: a second timer replaces the first's callbacks, so timers do not nest and
-are not shared between threads (each sweep worker times its own GPU in its own process).
+CUPTI's activity API is one per process: its buffer callbacks are registered once (``_channel``) and hand records
+to the timer that is open, so timers do not nest and are not shared between threads (each sweep worker times its own
+GPU in its own process).
 """
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -57,18 +59,41 @@ def group_spans(activities, external: dict[int, int], expected: int) -> dict[int
     return spans
 
 
+class _Channel:
+    """The process's one registration of CUPTI activity buffer callbacks; records go to the open timer."""
+
+    def __init__(self, cupti):
+        self.cupti = cupti
+        self.timer: KernelTimer | None = None
+        cupti.activity_register_callbacks(self._requested, self._completed)
+
+    def _requested(self):
+        return KernelTimer.BUFFER_BYTES, 0
+
+    def _completed(self, activities) -> None:
+        if self.timer is not None:
+            self.timer._take(activities)
+
+
+@functools.cache
+def _channel(cupti) -> _Channel:
+    # cached per bindings module: CUPTI holds one set of buffer callbacks per process, so this mirrors CUPTI's own
+    # process-wide state rather than adding any
+    return _Channel(cupti)
+
+
 class KernelTimer:
     """Records GPU activity of the calls made inside ``sample(i)`` while open."""
 
     _KINDS = ("CONCURRENT_KERNEL", "MEMSET", "MEMCPY", "DRIVER", "RUNTIME", "EXTERNAL_CORRELATION")
-    _BUFFER_BYTES = 8 * 2**20
+    BUFFER_BYTES = 8 * 2**20
 
     def __init__(self, cupti):
         self._cupti = cupti
         self._activities: list[Activity] = []
         self._external: dict[int, int] = {}
         self._enabled: list = []
-        self._dropped = 0
+        self._channel: _Channel | None = None
 
     @classmethod
     @contextmanager
@@ -91,13 +116,16 @@ class KernelTimer:
     def _start(self) -> None:
         cupti = self._cupti
         try:
-            cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+            self._channel = _channel(cupti)
+            self._channel.timer = self
             for name in self._KINDS:
                 kind = getattr(cupti.ActivityKind, name)
                 cupti.activity_enable(kind)
                 self._enabled.append(kind)
         except Exception as error:  # noqa: BLE001 - cuptiError: another profiler holds CUPTI, or the driver is older
             self._disable()
+            if self._channel is not None:
+                self._channel.timer = None
             raise KernelTimerError(f"CUPTI could not record kernel activity ({type(error).__name__}: {error}); a "
                                    f"profiler such as ncu or nsys may hold it; BenchConfig(timer='events') times with "
                                    f"CUDA events instead") from None
@@ -115,11 +143,10 @@ class KernelTimer:
             self._cupti.activity_flush_all(1)  # forced: hand over the buffers still being filled
         finally:
             self._disable()
+            if self._channel is not None and self._channel.timer is self:
+                self._channel.timer = None
 
-    def _buffer_requested(self):
-        return self._BUFFER_BYTES, 0
-
-    def _buffer_completed(self, activities) -> None:
+    def _take(self, activities) -> None:
         kinds = self._cupti.ActivityKind
         timed = (kinds.CONCURRENT_KERNEL, kinds.KERNEL, kinds.MEMSET, kinds.MEMCPY)
         for activity in activities:
