@@ -5,6 +5,8 @@
     python benchmarks/tune_trust.py --dry-run                # no GPU, no compiles: synthetic timings through (b)
     python benchmarks/tune_trust.py --replay GEMM_SM90_JSON...   # (b) on grids benchmarks/gemm_sm90.py measured
     python benchmarks/tune_trust.py --agreement               # GPU host: harness vs graph replay vs ncu (agreement.py)
+    python benchmarks/tune_trust.py --from-db trust.db        # (b) again on a sweep already measured (no GPU)
+    python benchmarks/tune_trust.py --shapes 8x4096x4096,...  # other shapes (e.g. to check the ranking on new ones)
 
 (a) the exhaustive sweep: every configuration of the space (f16 and bf16, A row-major / B column-major, SM90 tiles
     M 64/128/256 x N 64/128/256 (``--tile-n`` widens it), clusters 1x1/2x1/1x2, the three kernel schedules: 108
@@ -250,6 +252,9 @@ def main() -> None:
     parser.add_argument("--replay", nargs="+", default=None, metavar="JSON",
                         help="(b) only, from grids benchmarks/gemm_sm90.py measured (no GPU, nothing compiles)")
     parser.add_argument("--out", default=str(RESULTS / "tune-trust.json"))
+    parser.add_argument("--shapes", default=None, help="MxNxK,... instead of the nine standard shapes")
+    parser.add_argument("--from-db", default=None, metavar="DB",
+                        help="(b) only, ranking the sweep this results DB holds (measured before; no GPU)")
     parser.add_argument("--agreement", action="store_true",
                         help="only the agreement table: harness vs CUDA-graph replay vs ncu (benchmarks/agreement.py)")
     args = parser.parse_args()
@@ -266,7 +271,8 @@ def main() -> None:
         agreement.run(str(RESULTS / "agreement.json") if args.out == str(RESULTS / "tune-trust.json") else args.out)
         return
     space = trust_space(tuple(int(v) for v in args.tile_n.split(",")))
-    problems = [GemmProblem(*shape) for shape in SHAPES]
+    shapes = [tuple(int(v) for v in item.split("x")) for item in args.shapes.split(",")] if args.shapes else SHAPES
+    problems = [GemmProblem(*shape) for shape in shapes]
     by_dtype = operations_by_dtype(space)
     device = device_model(args.device or local_gpu_name())
     if args.compile_only:
@@ -283,6 +289,12 @@ def main() -> None:
         by_dtype, timings, problems = replay_timings(args.replay)
         payload.update(timings=f"measured by benchmarks/gemm_sm90.py ({len(args.replay)} result files)", space=None,
                        configurations=sum(map(len, by_dtype.values())))
+    elif args.from_db:
+        from pycutlass.tune.db import ResultsDB
+
+        timings = {(kernel, problem): seconds for kernel, problem, seconds in
+                   ResultsDB(args.from_db).results(sweep="tune-trust")}
+        payload["timings"] = f"measured before, read from {Path(args.from_db).name}"
     elif args.dry_run:
         timings = synthetic_timings(by_dtype, problems, device)
         payload["timings"] = "synthetic (analytic model x deterministic +-8% noise)"
@@ -296,7 +308,7 @@ def main() -> None:
         payload["ranking"][model] = table
     if table["pruned_cannot_win"]:
         print_table("configurations pruned as unable to win: their best ratio to the best", table["pruned_cannot_win"])
-    if not (args.dry_run or args.replay):
+    if not (args.dry_run or args.replay or args.from_db):
         payload["time_to_kernel"] = time_to_kernel(args)
     write_json(args.out, payload)
 

@@ -464,8 +464,9 @@ def top_k(points, problem, k: int | None, device=None, history=None, *, per_tile
           **options) -> list:
     """The ``k`` best items of ``points`` for ``problem``, best first (all of them, ranked, when k is None).
 
-    At most ``per_tile`` items share a tile shape while other tiles remain (None: no limit): variants of one tile
-    (clusters, schedules) score alike, and spreading the picks over tiles hedges against the model's errors."""
+    At most ``per_tile`` items share a tile shape while other tiles remain (None: no limit), and a tile's picks
+    differ in cluster shape while it has others: variants of one tile score alike, and spreading the picks over
+    tiles and clusters hedges against the model's errors."""
     if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
         raise ArgumentError(f"top_k must be a positive integer or None (every candidate), got {k!r}")
     ranked = rank(points, problem, device, history, **options)
@@ -473,11 +474,15 @@ def top_k(points, problem, k: int | None, device=None, history=None, *, per_tile
         return [r.point for r in ranked]
     if per_tile is None:
         return [r.point for r in ranked[:k]]
-    chosen, deferred, per = [], [], {}
+    # Per tile, the best variant first, then the best variants with a cluster shape not yet picked for that tile
+    # (the model scores clusters alike where memory bounds a problem, and measured they differ most there), then
+    # the rest in rank order.
+    chosen, deferred, picked = [], [], {}
     for index, entry in enumerate(ranked):
-        tile = config_of(entry.point).tile[:2]
-        if per.get(tile, 0) < per_tile:
-            per[tile] = per.get(tile, 0) + 1
+        config = config_of(entry.point)
+        clusters = picked.setdefault(config.tile[:2], set())
+        if len(clusters) < per_tile and (not clusters or config.cluster not in clusters):
+            clusters.add(config.cluster)
             chosen.append(index)
             if len(chosen) == k:
                 break

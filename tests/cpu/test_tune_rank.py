@@ -110,6 +110,26 @@ def test_top_k_spreads_picks_over_tiles(sm90):
         top_k(sm90.operations, problem, 0)
 
 
+def test_top_k_second_pick_of_a_tile_is_another_cluster_shape():
+    """A memory-bound decode GEMM: the model scores a tile's cluster shapes alike (DRAM bounds them all), and
+    measured they differed by up to 17% on an H200; so a tile's second pick is a cluster shape not yet picked."""
+    space = SearchSpace(name="decode", kind="gemm", compute_capability=90, dtypes="f16_f32acc", layouts="rcr",
+                        threadblock_shape=[[64, 64, 64], [64, 128, 64]], warp_count="auto", stages=0,
+                        cluster_shape=[[1, 1, 1], [1, 2, 1], [2, 1, 1]],
+                        kernel_schedule=["TmaWarpSpecialized", "TmaWarpSpecializedPingpong"]).build()
+    problem = GemmProblem(16, 4096, 4096)
+    ranked = rank(space.operations, problem, "H200", model="analytic")
+    best_tile = _tile(ranked[0].point)
+    picked = [op for op in top_k(space.operations, problem, 4, "H200", model="analytic") if _tile(op) == best_tile]
+    clusters = [tuple(op.tile_description.cluster_shape[:2]) for op in picked]
+    assert len(picked) == 2 and len(set(clusters)) == 2, clusters
+    # with one cluster shape in the space, every candidate still comes, in rank order once each tile had its best
+    single = [op for op in space.operations if tuple(op.tile_description.cluster_shape[:2]) == (1, 1)]
+    assert len(single) == 4
+    again = top_k(single, problem, 4, "H200", model="analytic")
+    assert sorted(op.name for op in again) == sorted(op.name for op in single)
+
+
 def test_rank_takes_params_and_space_points():
     space = SearchSpace.preset("sm90-f16-small")
     points = [p for p in space.points() if p.valid]
