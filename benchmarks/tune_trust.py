@@ -252,6 +252,7 @@ def main() -> None:
     parser.add_argument("--replay", nargs="+", default=None, metavar="JSON",
                         help="(b) only, from grids benchmarks/gemm_sm90.py measured (no GPU, nothing compiles)")
     parser.add_argument("--out", default=str(RESULTS / "tune-trust.json"))
+    parser.add_argument("--no-time-to-kernel", action="store_true", help="skip (c)")
     parser.add_argument("--shapes", default=None, help="MxNxK,... instead of the nine standard shapes")
     parser.add_argument("--from-db", default=None, metavar="DB",
                         help="(b) only, ranking the sweep this results DB holds (measured before; no GPU)")
@@ -308,7 +309,7 @@ def main() -> None:
         payload["ranking"][model] = table
     if table["pruned_cannot_win"]:
         print_table("configurations pruned as unable to win: their best ratio to the best", table["pruned_cannot_win"])
-    if not (args.dry_run or args.replay or args.from_db):
+    if not (args.dry_run or args.replay or args.from_db or args.no_time_to_kernel):
         payload["time_to_kernel"] = time_to_kernel(args)
     write_json(args.out, payload)
 
