@@ -55,11 +55,11 @@ def _problems(specs: tuple[str, ...]):
     return list(dict.fromkeys(found))
 
 
-def _bench_config(repetitions, cuda_graph, arg_pool, verify, max_seconds):
+def _bench_config(repetitions, cuda_graph, arg_pool, verify, max_seconds, timer="kernel"):
     from ..tune.bench import BenchConfig
 
     return BenchConfig(repetitions=repetitions, cuda_graph=cuda_graph, arg_pool=arg_pool, verify=verify,
-                       max_seconds=max_seconds)
+                       max_seconds=max_seconds, timer=timer)
 
 
 _harness_options = [
@@ -68,6 +68,8 @@ _harness_options = [
     click.option("--arg-pool", default=1, show_default=True, help="Argument sets cycled (> 1: pool beyond L2)."),
     click.option("--verify/--no-verify", default=True, show_default=True, help="Check each kernel once first."),
     click.option("--max-seconds", default=2.0, show_default=True, help="Time budget per (kernel, problem)."),
+    click.option("--timer", type=click.Choice(["kernel", "events"]), default="kernel", show_default=True,
+                 help="kernel: GPU timestamps from CUPTI; events: CUDA events around each call (under ncu/nsys)."),
 ]
 
 
@@ -103,7 +105,7 @@ def _with_harness(function):
                    "timing, idle, tail, ...).")
 @_with_harness
 def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundle_path, devices, scheduler, timeout,
-          no_baseline, top_k, breakdown, repetitions, cuda_graph, arg_pool, verify, max_seconds):
+          no_baseline, top_k, breakdown, repetitions, cuda_graph, arg_pool, verify, max_seconds, timer):
     """Compile a search space and benchmark it over problems; results go to --db (resumable)."""
     from .. import Session
     from ..tune.db import ResultsDB
@@ -115,7 +117,7 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
             ordinals = None if devices in (None, "all") else [int(d) for d in devices.split(",") if d.strip()]
         except ValueError:
             raise click.UsageError(f"--gpus takes 'all' or ordinals such as 0,1; got {devices!r}") from None
-        config = _bench_config(repetitions, cuda_graph, arg_pool, verify, max_seconds)
+        config = _bench_config(repetitions, cuda_graph, arg_pool, verify, max_seconds, timer)
         if bundle_path:
             from ..tune.bundle import run_bundle
 

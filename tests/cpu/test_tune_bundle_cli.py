@@ -219,6 +219,8 @@ def test_cli_checks_everything_before_creating_the_db(tmp_path, monkeypatch):
             "sweep", "--space", "sm80-f16-small", "--db", "r.db", "--compile-only", "--scheduler", "bogus"],
         "empty.toml is empty": ["sweep", "--space", "empty.toml", "--db", "r.db", "--compile-only"],
         "--problems is required to benchmark": ["sweep", "--space", "sm80-f16-small", "--db", "r.db"],
+        "'bogus' is not one of 'kernel', 'events'": ["sweep", "--space", "sm80-f16-small", "--db", "r.db", "--timer",
+                                                     "bogus"],
     }
     if detected_compute_capability() is None:
         mistakes["sweep` times kernels on a GPU"] = ["sweep", "--space", "sm80-f16-small", "--db", "r.db", "--problems",
@@ -230,6 +232,13 @@ def test_cli_checks_everything_before_creating_the_db(tmp_path, monkeypatch):
         assert out.exit_code != 0 and message in out.output, (command, out.output)
         assert "Traceback" not in out.output and isinstance(out.exception, SystemExit), (command, out.exception)
         assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.toml"], command
+
+
+def test_cli_timer_option_reaches_the_harness():
+    from pycutlass.cli.tune import _bench_config
+
+    assert _bench_config(50, 0, 1, True, 2.0).timer == "kernel"
+    assert _bench_config(50, 0, 1, True, 2.0, "events").timer == "events"
 
 
 def test_resource_correlation_ranks_a_planted_predictor(tmp_path):
