@@ -13,7 +13,8 @@
 - optional CUDA-graph replay (``cuda_graph`` launches per graph) to take the host's launch cost out as well;
 - the torch baseline (cuBLAS) is timed by the same code in the same process, with the same lead.
 
-Needs torch and a GPU. GEMM problems (``GemmProblem``) on GEMM operations (Sm80 and SM90 families).
+Needs torch and a GPU. GEMM problems (``GemmProblem``) on GEMM operations (Sm80 and SM90 families), and grouped
+problems (``GroupedGemmProblem``) on grouped operations (``measure_grouped``, baseline ``measure_torch_grouped``).
 """
 from __future__ import annotations
 
@@ -467,6 +468,138 @@ def measure_torch(bench: GemmBench, problem, a_label: str, a_row: bool = True, b
         torch.backends.cuda.matmul.allow_tf32 = False
     median, minimum, iqr = summarize(samples)
     return Measurement("ok", median, minimum, iqr, len(samples), None, note)
+
+
+# --- grouped GEMMs -----------------------------------------------------------------------------------------------
+GROUPED_SAMPLED_ROWS = 64  # rows of every group checked against float64 (the whole product can take minutes)
+
+
+def _grouped_operands(bench: GemmBench, problem, a_label, b_label, a_row: bool, b_row: bool):
+    """One A (M x K) and B (K x N) per group, drawn on the GPU with the harness's seed; cached like GEMM inputs."""
+    key = ("grouped", problem.key, a_label, b_label, a_row, b_row)
+    found = bench._inputs.get(key)
+    if found is None:
+        with bench.clock.phase("inputs"):
+            generator = bench.torch.Generator(device=bench.device).manual_seed(bench.config.seed * 1_000_003)
+            As = [bench._matrix(m, k, a_row, a_label, generator, 1) for m, _, k in problem.shapes]
+            Bs = [bench._matrix(k, n, b_row, b_label, generator, 1) for _, n, k in problem.shapes]
+            bench.torch.cuda.synchronize(bench.device)
+        found = (As, Bs)
+        bench._inputs.put(key, found, sum(map(_nbytes, As)) + sum(map(_nbytes, Bs)))
+    return found
+
+
+def _grouped_error(bench: GemmBench, As, Bs, Ds, activation=None) -> float:
+    """Relative Frobenius error of ``Ds`` against float64 on up to GROUPED_SAMPLED_ROWS rows of every group."""
+    torch = bench.torch
+    generator = torch.Generator(device=bench.device).manual_seed(7)
+    got, expected = [], []
+    for a, b, d in zip(As, Bs, Ds):
+        if a.shape[0] == 0 or b.shape[1] == 0:
+            continue
+        rows = torch.randperm(a.shape[0], generator=generator, device=bench.device)[:GROUPED_SAMPLED_ROWS]
+        product = a[rows].double() @ b.double()
+        if activation is not None:
+            from ..epilogue.activations import reference as activation_reference
+
+            product = torch.from_numpy(activation_reference(activation.name, product.cpu().numpy())).to(bench.device)
+        expected.append(product.flatten())
+        got.append(d[rows].double().flatten())
+    if not got:
+        return 0.0
+    got, expected = torch.cat(got), torch.cat(expected)
+    if not torch.isfinite(got).all():
+        return math.inf
+    scale = expected.norm().item()
+    return (got - expected).norm().item() / scale if scale else (got - expected).norm().item()
+
+
+def measure_grouped(bench: GemmBench, operation, problem, session=None) -> tuple[Measurement, dict | None]:
+    """Verify a grouped operation (Sm80 family or SM90) on a GroupedGemmProblem once (float64 on sampled rows of every
+    group, outputs poisoned with NaN first), then time one launch over all groups (host sizes)."""
+    from ..description.types import LayoutType
+    from ..kinds import GemmGroupedArguments
+    from ..kinds.gemm.modes import GemmCoord
+
+    math_inst = operation.tile_description.math_instruction
+    a_label, b_label = element_label(math_inst.element_a), element_label(math_inst.element_b)
+    c_label = element_label(operation.C.element)
+    a_row = operation.A.layout is LayoutType.RowMajor
+    b_row = operation.B.layout is LayoutType.RowMajor
+    c_row = operation.C.layout is LayoutType.RowMajor
+    if getattr(operation, "bias", None):
+        return Measurement("failed", message="sweeps time grouped operations without a bias vector"), None
+    As, Bs = _grouped_operands(bench, problem, a_label, b_label, a_row, b_row)
+    Ds = [bench.poisoned(m, n, c_row, c_label, 1) for m, n, _ in problem.shapes]
+    with bench.clock.phase("load"):
+        args = GemmGroupedArguments(operation, [GemmCoord(m, n, k) for m, n, k in problem.shapes], As, Bs, None, Ds,
+                                    output_op=operation.epilogue_type(1.0, 0.0), session=session)
+    rel_error = None
+    if bench.config.verify:
+        with bench.clock.phase("verify"):
+            operation.run(args)
+            args.sync()
+            rel_error = _grouped_error(bench, As, Bs, Ds, getattr(operation.epilogue_functor, "activation", None))
+        tolerance = max(TOLERANCE.get(c_label, 5e-3), TOLERANCE.get(a_label, 0.0) if a_label in _FP8 else 0.0)
+        if not rel_error <= tolerance:
+            return Measurement("wrong", rel_error=rel_error,
+                               message=f"relative error {rel_error:.3g} > tolerance {tolerance:g} (sampled rows)"), None
+    samples, note = bench.time(lambda i: operation.run(args))
+    median, minimum, iqr = summarize(samples)
+    return Measurement("ok", median, minimum, iqr, len(samples), rel_error, note), None
+
+
+def measure_torch_grouped(bench: GemmBench, problem, a_label: str, c_label: str | None = None) -> Measurement:
+    """The grouped baseline, timed by the same harness: ``torch._grouped_mm`` (one packed A, a (groups, K, N) B,
+    offsets) where it serves the problem (16-bit types, every group of one N and K), else a loop of torch.matmul
+    over the groups replayed from a CUDA graph (its kernels back to back, without the host's gaps)."""
+    torch = bench.torch
+    if a_label not in ("float16", "bfloat16", "float32", "tfloat32"):
+        return Measurement("failed", message=f"no torch grouped baseline for {a_label}")
+    c_label = c_label or a_label
+    As, Bs = _grouped_operands(bench, problem, a_label, a_label, True, False)
+    shapes = problem.shapes
+    same_nk = len({(n, k) for _, n, k in shapes}) == 1
+    grouped_mm = getattr(torch, "_grouped_mm", None)
+    torch.backends.cuda.matmul.allow_tf32 = a_label == "tfloat32"
+    try:
+        if grouped_mm is not None and same_nk and a_label in ("float16", "bfloat16") and c_label == a_label:
+            A = torch.cat(As)
+            B3 = torch.stack([b.t() for b in Bs]).transpose(1, 2)  # (groups, K, N), each column-major
+            offsets = torch.tensor([sum(m for m, _, _ in shapes[:g + 1]) for g in range(len(shapes))],
+                                   dtype=torch.int32, device=bench.device)
+            try:
+                grouped_mm(A, B3, offs=offsets)
+                samples, note = bench.time(lambda i: grouped_mm(A, B3, offs=offsets))
+                median, minimum, iqr = summarize(samples)
+                return Measurement("ok", median, minimum, iqr, len(samples), None, "torch._grouped_mm")
+            except Exception:  # noqa: BLE001 - a GPU or torch without this form: the loop below
+                pass
+        outs = [torch.empty(m, n, dtype=getattr(torch, _TORCH_DTYPE[c_label]), device=bench.device)
+                for m, n, _ in shapes]
+        stream = torch.cuda.Stream(bench.device)
+        stream.wait_stream(torch.cuda.current_stream(bench.device))
+
+        def loop():
+            for a, b, out in zip(As, Bs, outs):
+                if out.dtype == a.dtype:
+                    torch.matmul(a, b, out=out)
+                else:
+                    out.copy_(torch.matmul(a, b))
+
+        with torch.cuda.stream(stream):
+            loop()  # warm-up outside the capture (cuBLAS picks its kernels and workspace here)
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            loop()
+        samples, note = bench.time(lambda i: graph.replay())
+    except Exception as exc:  # the row says why
+        return Measurement("failed", message=f"{type(exc).__name__}: {exc}")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = False
+    median, minimum, iqr = summarize(samples)
+    return Measurement("ok", median, minimum, iqr, len(samples), None, "loop of torch.matmul (CUDA graph)")
 
 
 def kernel_resources(args) -> dict | None:

@@ -132,10 +132,22 @@ def _serve_one(message, session, bench, torch, measure_gemm, measure_torch, prob
             return {"adopted": operation.name}
         if message[0] == "kernel":
             _, operation, problem = message
-            measurement, resources = measure_gemm(bench, operation, problem_from_dict(problem), session)
+            problem = problem_from_dict(problem)
+            if problem.kind == "grouped_gemm":
+                from .bench import measure_grouped
+
+                measurement, resources = measure_grouped(bench, operation, problem, session)
+            else:
+                measurement, resources = measure_gemm(bench, operation, problem, session)
             return {"measurement": measurement.__dict__, "resources": resources}
         _, problem, a_label, c_label = message
-        measurement = measure_torch(bench, problem_from_dict(problem), a_label, c_label=c_label)
+        problem = problem_from_dict(problem)
+        if problem.kind == "grouped_gemm":
+            from .bench import measure_torch_grouped
+
+            measurement = measure_torch_grouped(bench, problem, a_label, c_label=c_label)
+        else:
+            measurement = measure_torch(bench, problem, a_label, c_label=c_label)
         return {"measurement": measurement.__dict__}
     except Exception as exc:  # the row says what failed
         reply = {"error": f"{type(exc).__name__}: {exc}"}
@@ -297,6 +309,10 @@ def visible_gpus() -> list[int]:
 
 def baseline_name(a_label: str, c_label: str) -> str:
     return f"torch.matmul[{a_label}->{c_label}]"
+
+
+def grouped_baseline_name(a_label: str, c_label: str) -> str:
+    return f"torch.grouped[{a_label}->{c_label}]"
 
 
 class PairPlan:
@@ -577,24 +593,36 @@ def _times_as_gemm(operation) -> bool:
     return isinstance(operation, GemmOperationUniversal)
 
 
+def _times_as_grouped(operation) -> bool:
+    from ..kinds import GemmOperationGrouped
+
+    return isinstance(operation, GemmOperationGrouped)
+
+
 def _tasks(sweep, operations, baseline: bool) -> list:
-    """Problem-major order (inputs are reused across kernels), each problem's baseline first."""
+    """Problem-major order (inputs are reused across kernels), each problem's baseline first. GEMM problems pair with
+    GEMM operations and grouped problems with grouped operations; other kinds are recorded by their own benchmarks."""
     tasks = []
-    operations = [op for op in operations if _times_as_gemm(op)]
+    by_kind = {"gemm": [op for op in operations if _times_as_gemm(op)],
+               "grouped_gemm": [op for op in operations if _times_as_grouped(op)]}
     for problem in sweep.problems:
-        if problem.kind != "gemm":
-            continue  # the harness times GEMM problems; other kinds are recorded by their own benchmarks
+        kind_operations = by_kind.get(problem.kind, [])
         labels = []
-        for op in operations:
+        for op in kind_operations:
             math_inst = op.tile_description.math_instruction
             pair = (element_label(math_inst.element_a), element_label(op.C.element))
             if pair not in labels:
                 labels.append(pair)
         if baseline:
             for a_label, c_label in labels:
-                name = sweep.db.add_baseline(baseline_name(a_label, c_label),
-                                             f"torch (cuBLAS) {a_label} -> {c_label}, A row-major, B column-major")
+                if problem.kind == "grouped_gemm":
+                    name = sweep.db.add_baseline(grouped_baseline_name(a_label, c_label),
+                                                 f"torch grouped {a_label} -> {c_label}: torch._grouped_mm where it "
+                                                 f"serves the problem, else a CUDA graph of torch.matmul per group")
+                else:
+                    name = sweep.db.add_baseline(baseline_name(a_label, c_label),
+                                                 f"torch (cuBLAS) {a_label} -> {c_label}, A row-major, B column-major")
                 tasks.append((name, problem, ("baseline", problem.to_dict(), a_label, c_label)))
-        for op in operations:
+        for op in kind_operations:
             tasks.append((op.name, problem, ("kernel", op, problem.to_dict())))
     return tasks

@@ -464,3 +464,47 @@ def test_every_timed_launch_waits_behind_a_gpu_side_lead_by_default():
     # lead_us=0: the launch directly after the flush, as harnesses timed before the lead
     assert _timed_stream(BenchConfig(repetitions=3, warmup=2, lead_us=0, **events)) == ["flush", "event", "launch",
                                                                                         "event"] * 3
+
+
+def test_grouped_problems_pair_with_grouped_operations_and_their_own_baseline():
+    """A sweep's benchmark tasks: GEMM problems go to GEMM operations with the torch.matmul baseline, grouped problems
+    to grouped operations with the grouped baseline; nothing crosses kinds."""
+    import types
+
+    from pycutlass.tune.problems import GroupedGemmProblem
+    from pycutlass.tune.runner import _tasks, baseline_name, grouped_baseline_name
+
+    plain = gemm()
+    tile = plain.tile_description
+    grouped = cutlass.GemmOperationGrouped(80, tile, plain.A, plain.B, plain.C, plain.epilogue_functor,
+                                           cutlass.IdentitySwizzle1)
+    problems = [GemmProblem(64, 128, 256), GroupedGemmProblem(((64, 128, 256), (32, 128, 256)))]
+    added = []
+    sweep = types.SimpleNamespace(problems=problems, db=types.SimpleNamespace(
+        add_baseline=lambda name, description: added.append(name) or name))
+    tasks = _tasks(sweep, [plain, grouped], baseline=True)
+    by_problem = {}
+    for name, problem, message in tasks:
+        by_problem.setdefault(problem.kind, []).append((name, message[0]))
+    assert by_problem["gemm"] == [(baseline_name("float16", "float16"), "baseline"), (plain.name, "kernel")]
+    assert by_problem["grouped_gemm"] == [(grouped_baseline_name("float16", "float16"), "baseline"),
+                                          (grouped.name, "kernel")]
+    assert baseline_name("float16", "float16") != grouped_baseline_name("float16", "float16")
+
+
+def test_grouped_check_samples_rows_of_every_group_against_float64():
+    torch = pytest.importorskip("torch")
+    import types
+
+    from pycutlass.tune.bench import _grouped_error
+
+    bench = types.SimpleNamespace(torch=torch, device=torch.device("cpu"))
+    generator = torch.Generator().manual_seed(0)
+    As = [torch.randn(m, 32, generator=generator).half() for m in (100, 7, 0)]
+    Bs = [torch.randn(32, 16, generator=generator).half() for _ in As]
+    exact = [(a.double() @ b.double()).half() for a, b in zip(As, Bs)]
+    assert _grouped_error(bench, As, Bs, exact) < 1e-3  # only fp16 rounding of the output
+    wrong = [d.clone() for d in exact]
+    wrong[1][3] += 1.0  # one row of the small group (all of its 7 rows are sampled)
+    assert _grouped_error(bench, As, Bs, wrong) > 1e-2
+    assert _grouped_error(bench, As, Bs, [torch.full_like(d, float("nan")) for d in exact]) == math.inf

@@ -59,6 +59,36 @@ def test_small_real_sweep_records_verified_timings_baselines_and_resources(tmp_p
     assert again.done == 0 and again.skipped == summary.done
 
 
+def test_sweep_times_grouped_problems_against_the_torch_grouped_baseline(tmp_path):
+    """Grouped problems are verified (float64 on sampled rows of every group) and timed like GEMMs, each beside the
+    torch grouped baseline; a GEMM problem in the same sweep keeps its own kernels and baseline."""
+    from pycutlass.tune.problems import grouped_problems
+    from pycutlass.tune.runner import baseline_name, grouped_baseline_name
+
+    plain = gemm((128, 128, 32))
+    tile = plain.tile_description
+    grouped = [cutlass.GemmOperationGrouped(80, tile, plain.A, plain.B, plain.C, plain.epilogue_functor,
+                                            cutlass.IdentitySwizzle1, mode)
+               for mode in (cutlass.SchedulerMode.Host, cutlass.SchedulerMode.Device)]
+    problems = list(grouped_problems(6, (16, 300), 256, 128, seed=3, sets=2)) + [PROBLEMS[0]]
+    sweep = Sweep([plain, *grouped], problems, db=tmp_path / "r.db", name="grouped")
+    compiled = sweep.compile()
+    assert not compiled.failed, str(compiled)
+    summary = sweep.benchmark(config=QUICK, timeout=120)
+    # 2 grouped problems x (2 kernels + baseline) + 1 GEMM problem x (1 kernel + baseline)
+    assert summary.statuses == {"ok": 2 * 3 + 2}, str(summary)
+    rows = sweep.db.query("select r.kernel, r.problem, r.seconds, r.rel_error from runs r")
+    grouped_rows = [r for r in rows if r["problem"].startswith("grouped_gemm")]
+    assert {r["kernel"] for r in grouped_rows} == {op.name for op in grouped} | {grouped_baseline_name("float16",
+                                                                                                     "float16")}
+    assert {r["kernel"] for r in rows if not r["problem"].startswith("grouped_gemm")} == {
+        plain.name, baseline_name("float16", "float16")}
+    for row in grouped_rows:
+        assert row["seconds"] > 0
+        if not row["kernel"].startswith("torch"):
+            assert row["rel_error"] is not None and row["rel_error"] < 5e-3, row
+
+
 def test_faulting_and_hanging_kernels_are_recorded_and_the_sweep_goes_on(tmp_path):
     good = [gemm((128, 128, 32)), gemm((64, 64, 32))]
     faulting, hanging = gemm((128, 64, 32), cls=FaultingGemm), gemm((64, 128, 32), cls=HangingGemm)
