@@ -527,7 +527,7 @@ def measure_grouped(bench: GemmBench, operation, problem, session=None) -> tuple
     a_row = operation.A.layout is LayoutType.RowMajor
     b_row = operation.B.layout is LayoutType.RowMajor
     c_row = operation.C.layout is LayoutType.RowMajor
-    if getattr(operation, "bias", None):
+    if operation.bias:
         return Measurement("failed", message="sweeps time grouped operations without a bias vector"), None
     As, Bs = _grouped_operands(bench, problem, a_label, b_label, a_row, b_row)
     Ds = [bench.poisoned(m, n, c_row, c_label, 1) for m, n, _ in problem.shapes]
@@ -561,6 +561,7 @@ def measure_torch_grouped(bench: GemmBench, problem, a_label: str, c_label: str 
     shapes = problem.shapes
     same_nk = len({(n, k) for _, n, k in shapes}) == 1
     grouped_mm = getattr(torch, "_grouped_mm", None)
+    allowed = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = a_label == "tfloat32"
     try:
         if grouped_mm is not None and same_nk and a_label in ("float16", "bfloat16") and c_label == a_label:
@@ -597,9 +598,116 @@ def measure_torch_grouped(bench: GemmBench, problem, a_label: str, c_label: str 
     except Exception as exc:  # the row says why
         return Measurement("failed", message=f"{type(exc).__name__}: {exc}")
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = allowed
     median, minimum, iqr = summarize(samples)
     return Measurement("ok", median, minimum, iqr, len(samples), None, "loop of torch.matmul (CUDA graph)")
+
+
+# --- convolutions ---------------------------------------------------------------------------------------------------
+def _conv_operands(bench: GemmBench, problem, conv_kind: str, a_label: str, b_label: str):
+    """A and B of ``conv_kind`` on ``problem`` as NHWC / KRSC tensors (fprop x, w; dgrad dy, w; wgrad dy, x)."""
+    key = ("conv2d", problem.key, conv_kind, a_label, b_label)
+    found = bench._inputs.get(key)
+    if found is None:
+        from ..kinds.families.conv import Operator
+
+        kind = Operator[conv_kind]
+        size = problem.to_problem_size()
+        with bench.clock.phase("inputs"):
+            generator = bench.torch.Generator(device=bench.device).manual_seed(bench.config.seed * 1_000_003)
+            a = bench._random(tuple(size.tensor_a_extent(kind)), a_label, generator)
+            b = bench._random(tuple(size.tensor_b_extent(kind)), b_label, generator)
+            bench.torch.cuda.synchronize(bench.device)
+        found = (a, b)
+        bench._inputs.put(key, found, _nbytes(a) + _nbytes(b))
+    return found
+
+
+def _conv_call(torch, problem, conv_kind: str, a, b, dtype=None):
+    """torch's own convolution for ``conv_kind`` on NHWC/KRSC ``a`` and ``b`` (viewed channels-last, no copies), in
+    ``dtype`` (the operands' when None); returns the result as NHWC / KRSC."""
+    import torch.nn.functional as F
+
+    def nchw(t):
+        return t.permute(0, 3, 1, 2) if dtype is None else t.permute(0, 3, 1, 2).to(dtype)
+
+    options = {"stride": problem.stride, "padding": problem.pad, "dilation": problem.dilation}
+    if conv_kind == "fprop":
+        out = F.conv2d(nchw(a), nchw(b), **options)
+    elif conv_kind == "dgrad":
+        out = torch.nn.grad.conv2d_input((problem.n, problem.c, problem.h, problem.w), nchw(b), nchw(a), **options)
+    else:
+        out = torch.nn.grad.conv2d_weight(nchw(b), (problem.k, problem.c, problem.r, problem.s), nchw(a), **options)
+    return out.permute(0, 2, 3, 1)
+
+
+def measure_conv(bench: GemmBench, operation, problem, session=None) -> tuple[Measurement, dict | None]:
+    """Verify a Conv2d operation (Sm80 family or SM90; its own fprop, dgrad or wgrad) on a Conv2dProblem once
+    against torch's convolution in float64 (outputs poisoned with NaN first), then time it (serial, no split-K)."""
+    from ..kinds import Conv2dArguments
+
+    conv_kind = operation.conv_kind.name
+    math_inst = operation.tile_description.math_instruction
+    a_label, b_label = element_label(math_inst.element_a), element_label(math_inst.element_b)
+    c_label = element_label(operation.C.element)
+    if a_label not in ("float16", "bfloat16", "float32", "tfloat32", "float64"):
+        return Measurement("failed", message=f"sweeps time {a_label} convolutions with benchmarks/conv2d.py"), None
+    if operation.bias:
+        return Measurement("failed", message="sweeps time convolutions without a bias vector"), None
+    a, b = _conv_operands(bench, problem, conv_kind, a_label, b_label)
+    size = problem.to_problem_size()
+    from ..kinds.families.conv import Operator
+
+    d = bench.torch.full(tuple(size.tensor_c_extent(Operator[conv_kind])), float("nan"),
+                         dtype=getattr(bench.torch, _TORCH_DTYPE[c_label]), device=bench.device)
+    with bench.clock.phase("load"):
+        args = Conv2dArguments(operation, size, a, b, None, d, operation.epilogue_type(1.0, 0.0), session=session)
+    rel_error = None
+    if bench.config.verify:
+        with bench.clock.phase("verify"):
+            operation.run(args)
+            args.sync()
+            key = ("conv2d", problem.key, conv_kind, a.data_ptr(), b.data_ptr())
+            reference = bench._references.get(key)
+            if reference is None:
+                with bench.clock.phase("reference"):
+                    reference = _conv_call(bench.torch, problem, conv_kind, a, b, bench.torch.float64).contiguous()
+                bench._references.put(key, reference, _nbytes(reference))
+            activation = getattr(operation.epilogue_functor, "activation", None)
+            if activation is not None:
+                from ..epilogue.activations import reference as activation_reference
+
+                reference = bench.torch.from_numpy(activation_reference(activation.name,
+                                                                        reference.cpu().numpy())).to(bench.device)
+            rel_error = relative_error(d, reference)
+        tolerance = TOLERANCE.get(c_label, 5e-3)
+        if not rel_error <= tolerance:
+            return Measurement("wrong", rel_error=rel_error,
+                               message=f"relative error {rel_error:.3g} > tolerance {tolerance:g}"), None
+    samples, note = bench.time(lambda i: operation.run(args))
+    median, minimum, iqr = summarize(samples)
+    return Measurement("ok", median, minimum, iqr, len(samples), rel_error, note), kernel_resources(args)
+
+
+def measure_torch_conv(bench: GemmBench, problem, conv_kind: str, a_label: str) -> Measurement:
+    """The convolution baseline: torch's conv2d / its input and weight gradients (cuDNN) on the same NHWC operands,
+    channels-last, in the operands' type, timed by the same harness."""
+    if conv_kind not in ("fprop", "dgrad", "wgrad"):
+        return Measurement("failed", message=f"unknown convolution kind {conv_kind!r}")
+    if a_label not in ("float16", "bfloat16", "float32", "tfloat32"):
+        return Measurement("failed", message=f"no torch convolution baseline for {a_label}")
+    torch = bench.torch
+    a, b = _conv_operands(bench, problem, conv_kind, a_label, a_label)
+    allowed = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = a_label == "tfloat32"
+    try:
+        samples, note = bench.time(lambda i: _conv_call(torch, problem, conv_kind, a, b))
+    except Exception as exc:  # the row says why
+        return Measurement("failed", message=f"{type(exc).__name__}: {exc}")
+    finally:
+        torch.backends.cudnn.allow_tf32 = allowed
+    median, minimum, iqr = summarize(samples)
+    return Measurement("ok", median, minimum, iqr, len(samples), None, note)
 
 
 def kernel_resources(args) -> dict | None:

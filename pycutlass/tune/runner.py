@@ -137,12 +137,20 @@ def _serve_one(message, session, bench, torch, measure_gemm, measure_torch, prob
                 from .bench import measure_grouped
 
                 measurement, resources = measure_grouped(bench, operation, problem, session)
+            elif problem.kind == "conv2d":
+                from .bench import measure_conv
+
+                measurement, resources = measure_conv(bench, operation, problem, session)
             else:
                 measurement, resources = measure_gemm(bench, operation, problem, session)
             return {"measurement": measurement.__dict__, "resources": resources}
-        _, problem, a_label, c_label = message
+        _, problem, a_label, c_label, *conv_kind = message
         problem = problem_from_dict(problem)
-        if problem.kind == "grouped_gemm":
+        if problem.kind == "conv2d":
+            from .bench import measure_torch_conv
+
+            measurement = measure_torch_conv(bench, problem, conv_kind[0], a_label)
+        elif problem.kind == "grouped_gemm":
             from .bench import measure_torch_grouped
 
             measurement = measure_torch_grouped(bench, problem, a_label, c_label=c_label)
@@ -313,6 +321,10 @@ def baseline_name(a_label: str, c_label: str) -> str:
 
 def grouped_baseline_name(a_label: str, c_label: str) -> str:
     return f"torch.grouped[{a_label}->{c_label}]"
+
+
+def conv_baseline_name(conv_kind: str, a_label: str, c_label: str) -> str:
+    return f"torch.conv2d.{conv_kind}[{a_label}->{c_label}]"
 
 
 class PairPlan:
@@ -593,6 +605,12 @@ def _times_as_gemm(operation) -> bool:
     return isinstance(operation, GemmOperationUniversal)
 
 
+def _times_as_conv(operation) -> bool:
+    from ..kinds import Conv2dOperation
+
+    return isinstance(operation, Conv2dOperation)
+
+
 def _times_as_grouped(operation) -> bool:
     from ..kinds import GemmOperationGrouped
 
@@ -601,20 +619,29 @@ def _times_as_grouped(operation) -> bool:
 
 def _tasks(sweep, operations, baseline: bool) -> list:
     """Problem-major order (inputs are reused across kernels), each problem's baseline first. GEMM problems pair with
-    GEMM operations and grouped problems with grouped operations; other kinds are recorded by their own benchmarks."""
+    GEMM operations, grouped problems with grouped operations and Conv2d problems with Conv2d operations (each kind
+    of convolution beside torch's own)."""
     tasks = []
     by_kind = {"gemm": [op for op in operations if _times_as_gemm(op)],
-               "grouped_gemm": [op for op in operations if _times_as_grouped(op)]}
+               "grouped_gemm": [op for op in operations if _times_as_grouped(op)],
+               "conv2d": [op for op in operations if _times_as_conv(op)]}
     for problem in sweep.problems:
         kind_operations = by_kind.get(problem.kind, [])
         labels = []
         for op in kind_operations:
             math_inst = op.tile_description.math_instruction
             pair = (element_label(math_inst.element_a), element_label(op.C.element))
+            if problem.kind == "conv2d":
+                pair = (*pair, op.conv_kind.name)
             if pair not in labels:
                 labels.append(pair)
         if baseline:
-            for a_label, c_label in labels:
+            for a_label, c_label, *conv_kind in labels:
+                if conv_kind:
+                    name = sweep.db.add_baseline(conv_baseline_name(conv_kind[0], a_label, c_label),
+                                                 f"torch (cuDNN) {conv_kind[0]} {a_label} -> {c_label}, channels-last")
+                    tasks.append((name, problem, ("baseline", problem.to_dict(), a_label, c_label, conv_kind[0])))
+                    continue
                 if problem.kind == "grouped_gemm":
                     name = sweep.db.add_baseline(grouped_baseline_name(a_label, c_label),
                                                  f"torch grouped {a_label} -> {c_label}: torch._grouped_mm where it "

@@ -508,3 +508,55 @@ def test_grouped_check_samples_rows_of_every_group_against_float64():
     wrong[1][3] += 1.0  # one row of the small group (all of its 7 rows are sampled)
     assert _grouped_error(bench, As, Bs, wrong) > 1e-2
     assert _grouped_error(bench, As, Bs, [torch.full_like(d, float("nan")) for d in exact]) == math.inf
+
+
+def test_conv_problems_pair_with_conv_operations_and_torch_per_kind():
+    import types
+
+    from pycutlass.conv import IteratorAlgorithm, Operator, StrideSupport
+    from pycutlass.tune.problems import Conv2dProblem
+    from pycutlass.tune.runner import _tasks, conv_baseline_name
+
+    def conv(kind):
+        f16 = cutlass.float16
+        math = cutlass.MathInstruction([16, 8, 16], f16, f16, cutlass.float32, cutlass.OpClass.TensorOp,
+                                       cutlass.MathOperation.multiply_add)
+        tile = cutlass.TileDescription([128, 128, 32], 3, [2, 2, 1], math)
+        nhwc = cutlass.TensorDescription(f16, cutlass.LayoutType.TensorNHWC, 8)
+        return cutlass.Conv2dOperation(kind, IteratorAlgorithm.analytic, 80, tile, nhwc, nhwc, nhwc,
+                                       StrideSupport.Strided, cutlass.LinearCombination(f16, 8, cutlass.float32),
+                                       cutlass.IdentitySwizzle1)
+
+    fprop, wgrad, plain = conv(Operator.fprop), conv(Operator.wgrad), gemm()
+    problems = [Conv2dProblem(2, 8, 8, 64, 64, 3, 3, pad=(1, 1)), GemmProblem(64, 64, 64)]
+    sweep = types.SimpleNamespace(problems=problems, db=types.SimpleNamespace(add_baseline=lambda n, d: n))
+    tasks = _tasks(sweep, [fprop, wgrad, plain], baseline=True)
+    conv_tasks = [(name, message) for name, problem, message in tasks if problem.kind == "conv2d"]
+    assert [name for name, _ in conv_tasks] == [conv_baseline_name("fprop", "float16", "float16"),
+                                                conv_baseline_name("wgrad", "float16", "float16"),
+                                                fprop.name, wgrad.name]
+    assert conv_tasks[0][1][-1] == "fprop" and conv_tasks[1][1][-1] == "wgrad"
+    assert plain.name in [name for name, problem, _ in tasks if problem.kind == "gemm"]
+
+
+@pytest.mark.parametrize("pad,stride,dilation", [((1, 1), (1, 1), (1, 1)), ((0, 1), (2, 1), (1, 2))])
+def test_conv_reference_calls_are_adjoint(pad, stride, dilation):
+    """The harness's torch calls for the three kinds, on NHWC / KRSC operands: <fprop(x, w), dy> = <x, dgrad(dy, w)>
+    = <w, wgrad(dy, x)> in float64, and each result has the implicit GEMM's output extent."""
+    torch = pytest.importorskip("torch")
+    from pycutlass.tune.bench import _conv_call
+    from pycutlass.tune.problems import Conv2dProblem
+
+    problem = Conv2dProblem(2, 9, 7, 3, 4, 3, 2, pad=pad, stride=stride, dilation=dilation)
+    p, q = problem.output_size
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 9, 7, 3, generator=g, dtype=torch.float64)
+    w = torch.randn(4, 3, 2, 3, generator=g, dtype=torch.float64)
+    dy = torch.randn(2, p, q, 4, generator=g, dtype=torch.float64)
+    y = _conv_call(torch, problem, "fprop", x, w)
+    dx = _conv_call(torch, problem, "dgrad", dy, w)
+    dw = _conv_call(torch, problem, "wgrad", dy, x)
+    assert y.shape == (2, p, q, 4) and dx.shape == x.shape and dw.shape == w.shape
+    inner = (y * dy).sum().item()
+    assert inner == pytest.approx((x * dx).sum().item(), rel=1e-10)
+    assert inner == pytest.approx((w * dw).sum().item(), rel=1e-10)

@@ -59,17 +59,25 @@ def test_small_real_sweep_records_verified_timings_baselines_and_resources(tmp_p
     assert again.done == 0 and again.skipped == summary.done
 
 
+def _grouped_ops():
+    """A GEMM and the grouped operations of its tile (both scheduler modes)."""
+    plain = gemm((128, 128, 32))
+    tile = plain.tile_description
+    return [plain] + [cutlass.GemmOperationGrouped(80, tile, plain.A, plain.B, plain.C, plain.epilogue_functor,
+                                                   cutlass.IdentitySwizzle1, mode)
+                      for mode in (cutlass.SchedulerMode.Host, cutlass.SchedulerMode.Device)]
+
+
+GROUPED_OPS = _grouped_ops()
+
+
 def test_sweep_times_grouped_problems_against_the_torch_grouped_baseline(tmp_path):
     """Grouped problems are verified (float64 on sampled rows of every group) and timed like GEMMs, each beside the
     torch grouped baseline; a GEMM problem in the same sweep keeps its own kernels and baseline."""
     from pycutlass.tune.problems import grouped_problems
     from pycutlass.tune.runner import baseline_name, grouped_baseline_name
 
-    plain = gemm((128, 128, 32))
-    tile = plain.tile_description
-    grouped = [cutlass.GemmOperationGrouped(80, tile, plain.A, plain.B, plain.C, plain.epilogue_functor,
-                                            cutlass.IdentitySwizzle1, mode)
-               for mode in (cutlass.SchedulerMode.Host, cutlass.SchedulerMode.Device)]
+    plain, grouped = GROUPED_OPS[0], GROUPED_OPS[1:]
     problems = list(grouped_problems(6, (16, 300), 256, 128, seed=3, sets=2)) + [PROBLEMS[0]]
     sweep = Sweep([plain, *grouped], problems, db=tmp_path / "r.db", name="grouped")
     compiled = sweep.compile()
@@ -84,6 +92,40 @@ def test_sweep_times_grouped_problems_against_the_torch_grouped_baseline(tmp_pat
     assert {r["kernel"] for r in rows if not r["problem"].startswith("grouped_gemm")} == {
         plain.name, baseline_name("float16", "float16")}
     for row in grouped_rows:
+        assert row["seconds"] > 0
+        if not row["kernel"].startswith("torch"):
+            assert row["rel_error"] is not None and row["rel_error"] < 5e-3, row
+
+
+def _conv_ops():
+    from pycutlass.conv import IteratorAlgorithm, Operator, StrideSupport
+
+    f16 = cutlass.float16
+    math = cutlass.MathInstruction([16, 8, 16], f16, f16, cutlass.float32, cutlass.OpClass.TensorOp,
+                                   cutlass.MathOperation.multiply_add)
+    tile = cutlass.TileDescription([128, 128, 32], 3, [2, 2, 1], math)
+    nhwc = cutlass.TensorDescription(f16, cutlass.LayoutType.TensorNHWC, 8)
+    return [cutlass.Conv2dOperation(kind, IteratorAlgorithm.optimized, 80, tile, nhwc, nhwc, nhwc,
+                                    StrideSupport.Strided, cutlass.LinearCombination(f16, 8, cutlass.float32),
+                                    cutlass.IdentitySwizzle1)
+            for kind in (Operator.fprop, Operator.wgrad)]
+
+
+CONV_OPS = _conv_ops()
+
+
+def test_sweep_times_conv_problems_against_torch_per_kind(tmp_path):
+    """Conv2d problems are verified against torch's float64 convolution and timed beside cuDNN for each kind."""
+    from pycutlass.tune.problems import Conv2dProblem
+
+    problems = [Conv2dProblem(4, 16, 16, 64, 128, 3, 3, pad=(1, 1)), Conv2dProblem(4, 15, 15, 64, 64, 1, 1,
+                                                                                    stride=(2, 2))]
+    sweep = Sweep(CONV_OPS, problems, db=tmp_path / "r.db", name="conv")
+    compiled = sweep.compile()
+    assert not compiled.failed, str(compiled)
+    summary = sweep.benchmark(config=QUICK, timeout=120)
+    assert summary.statuses == {"ok": 2 * (2 + 2)}, str(summary)  # per problem: 2 kernels + 2 baselines
+    for row in sweep.db.query("select kernel, seconds, rel_error from runs"):
         assert row["seconds"] > 0
         if not row["kernel"].startswith("torch"):
             assert row["rel_error"] is not None and row["rel_error"] < 5e-3, row
