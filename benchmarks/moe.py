@@ -136,7 +136,6 @@ def run_problem(name: str, problem, ops, bench) -> dict:
             continue
         samples, _ = bench.time(lambda i: op.run(arguments))
         per_tile[tile] = {"rel_err": error, "us": summarize(samples)[0] * 1e6}
-        del arguments
     timed = {tile: v["us"] for tile, v in per_tile.items() if v["us"]}
     if timed:
         best = min(timed, key=timed.get)
@@ -147,8 +146,6 @@ def run_problem(name: str, problem, ops, bench) -> dict:
     row["wrong tiles"] = sorted(tile for tile, v in per_tile.items() if v["us"] is None)
     row["_tiles"] = {tile: v["us"] for tile, v in per_tile.items()}
     row["_torch_us"] = torch_s * 1e6
-    del A, B3, out, device_counts
-    torch.cuda.empty_cache()
     return row
 
 
@@ -201,7 +198,6 @@ def run_wgrad(name: str, problem, ops, bench) -> dict:
         row["_grouped_mm rel_err"] = error_of(out)
         grouped_s = summarize(bench.time(lambda i: torch._grouped_mm(a_all, X, offs=offs))[0])[0]
         row["_grouped_mm us"] = round(grouped_s * 1e6, 1)
-        del out
     except Exception as error:  # noqa: BLE001 - a torch without the form: say so
         row["_grouped_mm us"] = f"n/a ({type(error).__name__}: {str(error).splitlines()[0][:80]})"
     problems = [GemmCoord(m, n, k) for k in counts]
@@ -214,7 +210,6 @@ def run_wgrad(name: str, problem, ops, bench) -> dict:
         error = error_of(dW)
         if error <= TOLERANCE:
             timed[tile_name(op)] = summarize(bench.time(lambda i: op.run(arguments))[0])[0]
-        del arguments
     if timed:
         best = min(timed, key=timed.get)
         row.update({"best tile": best, "best us": round(timed[best] * 1e6, 1),
@@ -222,8 +217,6 @@ def run_wgrad(name: str, problem, ops, bench) -> dict:
                     "best vs loop": round(loop_s / timed[best], 3)})
         if grouped_s:
             row["best vs _grouped_mm"] = round(grouped_s / timed[best], 3)
-    del dY, X, dW, expected
-    torch.cuda.empty_cache()
     return row
 
 
@@ -274,6 +267,7 @@ def main() -> None:
             for index, problem in enumerate(problems):
                 label = f"{name} {'up' if index % 2 == 0 else 'down'} {tokens[index // 2]}"
                 wgrad.append(run_wgrad(label, problem, wgrad_operations(), bench))
+                torch.cuda.empty_cache()
                 print(wgrad[-1], flush=True)
         loops = [row.get("best vs loop") for row in wgrad]
         grouped = [row.get("best vs _grouped_mm") for row in wgrad]
@@ -295,6 +289,7 @@ def main() -> None:
         for index, problem in enumerate(problems):
             label = f"{name} {'up' if index % 2 == 0 else 'down'} {tokens[index // 2]}"
             rows.append(run_problem(label, problem, ops, bench))
+            torch.cuda.empty_cache()  # the problem's tensors went with its frame
             print({k: v for k, v in rows[-1].items() if not k.startswith("_")}, flush=True)
     tiles = sorted({tile for row in rows for tile in row["_tiles"]})
     fixed = {tile: geomean(row["_torch_us"] / row["_tiles"][tile] if row["_tiles"].get(tile) else None

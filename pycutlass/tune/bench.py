@@ -372,19 +372,24 @@ def relative_error(got, reference) -> float:
     return diff / scale if scale else diff
 
 
+def operand_labels(operation) -> tuple[str, str, str, bool, bool, bool]:
+    """A, B and C element labels of a GEMM-like operation, and whether A, B and C are row-major."""
+    from ..description.types import LayoutType
+
+    math_inst = operation.tile_description.math_instruction
+    return (element_label(math_inst.element_a), element_label(math_inst.element_b), element_label(operation.C.element),
+            operation.A.layout is LayoutType.RowMajor, operation.B.layout is LayoutType.RowMajor,
+            operation.C.layout is LayoutType.RowMajor)
+
+
 def measure_gemm(bench: GemmBench, operation, problem, session=None) -> tuple[Measurement, dict | None]:
     """Verify ``operation`` on ``problem`` once, then time it. Returns the measurement and kernel resources."""
-    from ..description.types import LayoutType
     from ..kinds import GemmArguments
     from ..kinds.gemm.modes import GemmCoord, Mode
 
     torch, config = bench.torch, bench.config
     math_inst = operation.tile_description.math_instruction
-    a_label, b_label = element_label(math_inst.element_a), element_label(math_inst.element_b)
-    c_label = element_label(operation.C.element)
-    a_row = operation.A.layout is LayoutType.RowMajor
-    b_row = operation.B.layout is LayoutType.RowMajor
-    c_row = operation.C.layout is LayoutType.RowMajor
+    a_label, b_label, c_label, a_row, b_row, c_row = operand_labels(operation)
     mode = Mode.Batched if problem.batch > 1 else Mode.Gemm
     activation = getattr(operation.epilogue_functor, "activation", None)
     if operation.bias:
@@ -517,16 +522,10 @@ def _grouped_error(bench: GemmBench, As, Bs, Ds, activation=None) -> float:
 def measure_grouped(bench: GemmBench, operation, problem, session=None) -> tuple[Measurement, dict | None]:
     """Verify a grouped operation (Sm80 family or SM90) on a GroupedGemmProblem once (float64 on sampled rows of every
     group, outputs poisoned with NaN first), then time one launch over all groups (host sizes)."""
-    from ..description.types import LayoutType
     from ..kinds import GemmGroupedArguments
     from ..kinds.gemm.modes import GemmCoord
 
-    math_inst = operation.tile_description.math_instruction
-    a_label, b_label = element_label(math_inst.element_a), element_label(math_inst.element_b)
-    c_label = element_label(operation.C.element)
-    a_row = operation.A.layout is LayoutType.RowMajor
-    b_row = operation.B.layout is LayoutType.RowMajor
-    c_row = operation.C.layout is LayoutType.RowMajor
+    a_label, b_label, c_label, a_row, b_row, c_row = operand_labels(operation)
     if operation.bias:
         return Measurement("failed", message="sweeps time grouped operations without a bias vector"), None
     As, Bs = _grouped_operands(bench, problem, a_label, b_label, a_row, b_row)

@@ -533,18 +533,9 @@ def run_sweep(sweep, *, config: BenchConfig | None = None, devices=None, timeout
                 bar.update(1)
                 line.mark("parent")
 
-        threads = [threading.Thread(target=serve, args=(w,), daemon=True) for w in workers]
-        for thread in threads:
-            thread.start()
         try:
-            for thread in threads:
-                while thread.is_alive():
-                    thread.join(_POLL_SECONDS)
-        except KeyboardInterrupt:
-            stop.set()
-            for thread in threads:
-                thread.join(5.0)
-            raise
+            _run_threads([threading.Thread(target=serve, args=(w,), daemon=True) for w in workers], stop,
+                         settle=5.0)
         finally:
             bar.close()
     finally:
@@ -583,16 +574,7 @@ def _gather_facts(workers, lines, timeout: float, stop: threading.Event) -> dict
         except BaseException as exc:  # noqa: BLE001 - raised in the calling thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=ask, args=(w,), daemon=True) for w in workers]
-    for thread in threads:
-        thread.start()
-    try:
-        for thread in threads:
-            while thread.is_alive():
-                thread.join(_POLL_SECONDS)
-    except KeyboardInterrupt:
-        stop.set()
-        raise
+    _run_threads([threading.Thread(target=ask, args=(w,), daemon=True) for w in workers], stop)
     if errors:
         raise errors[0]
     return facts
@@ -615,6 +597,23 @@ def _times_as_grouped(operation) -> bool:
     from ..kinds import GemmOperationGrouped
 
     return isinstance(operation, GemmOperationGrouped)
+
+
+def _run_threads(threads, stop, settle: float = 0.0) -> None:
+    """Start ``threads`` and wait for them in short joins, so Ctrl-C reaches this thread at once; on Ctrl-C set
+    ``stop``, give each thread ``settle`` seconds to finish what it holds, and re-raise."""
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(_POLL_SECONDS)
+    except KeyboardInterrupt:
+        stop.set()
+        for thread in threads:
+            if settle:
+                thread.join(settle)
+        raise
 
 
 def _tasks(sweep, operations, baseline: bool) -> list:
