@@ -291,7 +291,7 @@ class GemmBench:
     def flush_l2(self) -> None:
         """Evict L2 before a timed call by reading twice its size. Reading leaves clean lines behind; a write
         (``zero_``) would leave L2 full of dirty ones, whose write-back then competes with the kernel's own loads
-        (about 10 us on an H200 for a memory-bound kernel that reads 100 MB), as no profiler's flush does."""
+        (7.4 us on an H200 for torch on 64x14336x4096, which streams 117 MB), as no profiler's flush does."""
         self._flush.sum(dtype=self.torch.int64)
 
     def open_kernel_timer(self):
