@@ -10,8 +10,8 @@ down projection, in the contiguous layout: one packed bf16 A (tokens sorted by e
 (experts, K, N) tensor of column-major matrices), the counts on the device (``GemmGroupedArguments(op, counts, A,
 B, None, D)``), exactly what ``torch._grouped_mm(A, B, offs=cumsum(counts))`` takes.
 
-For each problem every tile is checked once against a float64 reference (on sampled rows of every expert: the whole
-product in float64 would take minutes) with the output poisoned with NaN first, then timed by the tuning harness
+For each problem every tile is checked once against a float64 reference (on 64 sampled rows of every expert, the
+harness's ``sampled_grouped_error``: the whole product in float64 would take minutes) with the output poisoned with NaN first, then timed by the tuning harness
 (``GemmBench``: L2 flushed, kernel time from CUPTI timestamps, median) and so is ``torch._grouped_mm`` (its result
 checked the same way). "best" is the fastest tile per problem (what tuning picks); "fixed" the one tile with the best
 geomean over all problems. Goals: geomean best / _grouped_mm >= 1.10x, no set below 1.0x.
@@ -32,8 +32,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GOAL_GEOMEAN, GOAL_FLOOR = 1.10, 1.0
-SAMPLED_ROWS = 32  # per expert, for the float64 check
 TOLERANCE = 3e-2  # bf16 output
+
+
+from grouped_gemm import _tile_name as tile_name  # noqa: E402
 
 
 def operations() -> list:
@@ -77,31 +79,12 @@ def problem_sets(tokens, pass_: str = "forward") -> dict:
     return sets
 
 
-def _check(out, A, B3, counts, rows_per_group: int, generator) -> float:
-    """Relative Frobenius error of ``out`` against float64 on up to ``rows_per_group`` random rows of each group."""
-    import torch
-
-    got, expected = [], []
-    start = 0
-    for e, count in enumerate(counts):
-        if count:
-            rows = torch.randint(0, count, (min(count, rows_per_group),), device=A.device, generator=generator)
-            rows = rows + start
-            expected.append(A[rows].double() @ B3[e].double())
-            got.append(out[rows].double())
-        start += count
-    got, expected = torch.cat(got), torch.cat(expected)
-    if not torch.isfinite(got).all():
-        return math.inf
-    return ((got - expected).norm() / expected.norm()).item()
-
-
 def run_problem(name: str, problem, ops, bench) -> dict:
     import numpy as np
     import torch
 
     from pycutlass import GemmGroupedArguments
-    from pycutlass.tune.bench import summarize
+    from pycutlass.tune.bench import sampled_grouped_error, summarize
 
     shapes = problem.shapes
     counts = [m for m, _, _ in shapes]
@@ -115,9 +98,14 @@ def run_problem(name: str, problem, ops, bench) -> dict:
     flops = problem.flops
     row = {"set": name, "experts": len(counts), "tokens": total, "N": n, "K": k, "GFLOP": round(flops / 1e9, 1)}
 
+    As, Bs = list(A.split(counts)), list(B3.unbind(0))
+
+    def error_of(result) -> float:
+        return sampled_grouped_error(bench, As, Bs, list(result.split(counts)))
+
     offs = torch.tensor(np.cumsum(counts), dtype=torch.int32, device="cuda")
     reference_out = torch._grouped_mm(A, B3, offs=offs)
-    row["torch rel_err"] = _check(reference_out, A, B3, counts, SAMPLED_ROWS, generator)
+    row["torch rel_err"] = error_of(reference_out)
     samples, _ = bench.time(lambda i: torch._grouped_mm(A, B3, offs=offs))
     torch_s = summarize(samples)[0]
     row["_grouped_mm us"] = round(torch_s * 1e6, 1)
@@ -130,7 +118,7 @@ def run_problem(name: str, problem, ops, bench) -> dict:
         arguments = GemmGroupedArguments(op, device_counts, A, B3, None, out)
         op.run(arguments)
         torch.cuda.synchronize()
-        error = _check(out, A, B3, counts, SAMPLED_ROWS, generator)
+        error = error_of(out)
         if not error <= TOLERANCE:
             per_tile[tile] = {"rel_err": error, "us": None}
             continue
@@ -155,7 +143,7 @@ def run_wgrad(name: str, problem, ops, bench) -> dict:
     import torch
 
     from pycutlass import GemmCoord, GemmGroupedArguments
-    from pycutlass.tune.bench import BenchConfig, GemmBench, summarize
+    from pycutlass.tune.bench import BenchConfig, GemmBench, sampled_grouped_error, summarize
 
     shapes = problem.shapes
     m, n = shapes[0][0], shapes[0][1]
@@ -170,14 +158,9 @@ def run_wgrad(name: str, problem, ops, bench) -> dict:
     Ds = list(dW.unbind(0))
     flops = problem.flops
     row = {"set": name, "experts": len(counts), "tokens": total, "M": m, "N": n, "GFLOP": round(flops / 1e9, 1)}
-    sampled = torch.randint(0, m, (min(m, 64),), device="cuda", generator=generator)
-    expected = torch.stack([a[sampled].double() @ b.double() for a, b in zip(As, Bs)])
 
-    def error_of(out) -> float:
-        got = out[:, sampled].double()
-        if not torch.isfinite(got).all():
-            return math.inf
-        return ((got - expected).norm() / expected.norm()).item()
+    def error_of(out) -> float:  # out: (experts, M, N)
+        return sampled_grouped_error(bench, As, Bs, list(out.unbind(0)))
 
     def loop():
         for a, b, d in zip(As, Bs, Ds):
@@ -218,12 +201,6 @@ def run_wgrad(name: str, problem, ops, bench) -> dict:
         if grouped_s:
             row["best vs _grouped_mm"] = round(grouped_s / timed[best], 3)
     return row
-
-
-def tile_name(op) -> str:
-    tile = op.tile_description
-    schedule = "coop" if op.kernel_schedule.name.endswith("Cooperative") else "pp"
-    return f"{'x'.join(map(str, tile.threadblock_shape))}_c{tile.cluster_shape[0]}x{tile.cluster_shape[1]}_{schedule}"
 
 
 def geomean(values) -> float | None:

@@ -4,20 +4,22 @@
 - inputs drawn on the GPU and float64 references computed there, once per problem, and kept while they fit
   (``GemmBench(cache_bytes=...)``); ``GemmBench.clock`` sums the seconds of each phase (:mod:`.breakdown`);
 - each kernel verified against a float64 reference once before it is timed; a wrong kernel is never timed;
-- warm-up, then every repetition timed by the GPU's own kernel timestamps (CUPTI, ``timer="kernel"``, the default:
-  what Nsight Compute reports, see :mod:`.kernel_timer`) or by CUDA events around the call (``timer="events"``: adds
-  the GPU front end's 2-4 us per launch), L2 flushed (by a read) before each (or an argument pool larger than L2), at least
+- warm-up, then every repetition timed by the GPU's own timestamps of the call's kernels (CUPTI, ``timer="kernel"``,
+  the default; :mod:`.kernel_timer`) or by CUDA events around the call (``timer="events"``, which adds the GPU front
+  end's 2-4 us per launch); L2 evicted by a read before each (or an argument pool larger than L2); at least
   ``repetitions`` samples and at most ``max_seconds``; median, minimum and inter-quartile range;
 - a GPU-side lead before each timed launch (``lead_us``, on by default): the GPU sleeps while the host enqueues the
   launch, so the time is the kernel's on the GPU, not the host's launch path, at every problem size;
 - optional CUDA-graph replay (``cuda_graph`` launches per graph) to take the host's launch cost out as well;
 - the torch baseline (cuBLAS) is timed by the same code in the same process, with the same lead.
 
-Needs torch and a GPU. GEMM problems (``GemmProblem``) on GEMM operations (Sm80 and SM90 families), and grouped
-problems (``GroupedGemmProblem``) on grouped operations (``measure_grouped``, baseline ``measure_torch_grouped``).
+Needs torch and a GPU. GEMM problems (``GemmProblem``) on GEMM operations (Sm80 and SM90 families), grouped
+problems (``GroupedGemmProblem``) on grouped operations (``measure_grouped``, baseline ``measure_torch_grouped``) and
+Conv2d problems on Conv2d operations (``measure_conv``, baseline ``measure_torch_conv``).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -218,11 +220,7 @@ class GemmBench:
                 if activation is None:
                     product = self.torch.matmul(a.double(), b.double())
                 else:
-                    from ..epilogue.activations import reference as activation_reference
-
-                    plain = self.reference(problem, a, b)
-                    product = self.torch.from_numpy(activation_reference(activation.name, plain.cpu().numpy())).to(
-                        self.device)
+                    product = activated(self.torch, self.reference(problem, a, b), activation)
                 self.torch.cuda.synchronize(self.device)
             self._references.put(key, (product, a, b), _nbytes(product))
             return product
@@ -362,6 +360,15 @@ def _nbytes(tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
+def activated(torch, reference, activation):
+    """``activation`` (an epilogue's) applied to a float64 reference by its float64 definition, on its device."""
+    if activation is None:
+        return reference
+    from ..epilogue.activations import reference as activation_reference
+
+    return torch.from_numpy(activation_reference(activation.name, reference.cpu().numpy())).to(reference.device)
+
+
 def relative_error(got, reference) -> float:
     """Frobenius-norm relative error in float64; NaN anywhere gives inf."""
     got = got.double()
@@ -427,7 +434,7 @@ def measure_gemm(bench: GemmBench, operation, problem, session=None) -> tuple[Me
             return Measurement("wrong", rel_error=rel_error,
                                message=f"relative error {rel_error:.3g} > tolerance {tolerance:g}"), resources
     capture = torch.cuda.Stream(bench.device) if config.cuda_graph else None
-    set_bytes = (a.numel() * a.element_size() + b.numel() * b.element_size() + d.numel() * d.element_size())
+    set_bytes = _nbytes(a) + _nbytes(b) + _nbytes(d)
     pool_size = bench.l2_pool_size(set_bytes) if config.arg_pool > 1 else 1
     with clock.phase("load"):
         if capture is not None:  # captured launches must be issued on the capture stream
@@ -494,7 +501,7 @@ def _grouped_operands(bench: GemmBench, problem, a_label, b_label, a_row: bool, 
     return found
 
 
-def _grouped_error(bench: GemmBench, As, Bs, Ds, activation=None) -> float:
+def sampled_grouped_error(bench: GemmBench, As, Bs, Ds, activation=None) -> float:
     """Relative Frobenius error of ``Ds`` against float64 on up to GROUPED_SAMPLED_ROWS rows of every group."""
     torch = bench.torch
     generator = torch.Generator(device=bench.device).manual_seed(7)
@@ -503,12 +510,7 @@ def _grouped_error(bench: GemmBench, As, Bs, Ds, activation=None) -> float:
         if a.shape[0] == 0 or b.shape[1] == 0:
             continue
         rows = torch.randperm(a.shape[0], generator=generator, device=bench.device)[:GROUPED_SAMPLED_ROWS]
-        product = a[rows].double() @ b.double()
-        if activation is not None:
-            from ..epilogue.activations import reference as activation_reference
-
-            product = torch.from_numpy(activation_reference(activation.name, product.cpu().numpy())).to(bench.device)
-        expected.append(product.flatten())
+        expected.append(activated(torch, a[rows].double() @ b.double(), activation).flatten())
         got.append(d[rows].double().flatten())
     if not got:
         return 0.0
@@ -538,7 +540,8 @@ def measure_grouped(bench: GemmBench, operation, problem, session=None) -> tuple
         with bench.clock.phase("verify"):
             operation.run(args)
             args.sync()
-            rel_error = _grouped_error(bench, As, Bs, Ds, getattr(operation.epilogue_functor, "activation", None))
+            activation = getattr(operation.epilogue_functor, "activation", None)
+            rel_error = sampled_grouped_error(bench, As, Bs, Ds, activation)
         tolerance = max(TOLERANCE.get(c_label, 5e-3), TOLERANCE.get(a_label, 0.0) if a_label in _FP8 else 0.0)
         if not rel_error <= tolerance:
             return Measurement("wrong", rel_error=rel_error,
@@ -566,8 +569,8 @@ def measure_torch_grouped(bench: GemmBench, problem, a_label: str, c_label: str 
         if grouped_mm is not None and same_nk and a_label in ("float16", "bfloat16") and c_label == a_label:
             A = torch.cat(As)
             B3 = torch.stack([b.t() for b in Bs]).transpose(1, 2)  # (groups, K, N), each column-major
-            offsets = torch.tensor([sum(m for m, _, _ in shapes[:g + 1]) for g in range(len(shapes))],
-                                   dtype=torch.int32, device=bench.device)
+            offsets = torch.tensor(list(itertools.accumulate(m for m, _, _ in shapes)), dtype=torch.int32,
+                                   device=bench.device)
             try:
                 grouped_mm(A, B3, offs=offsets)
                 samples, note = bench.time(lambda i: grouped_mm(A, B3, offs=offsets))
@@ -646,18 +649,14 @@ def measure_conv(bench: GemmBench, operation, problem, session=None) -> tuple[Me
     from ..kinds import Conv2dArguments
 
     conv_kind = operation.conv_kind.name
-    math_inst = operation.tile_description.math_instruction
-    a_label, b_label = element_label(math_inst.element_a), element_label(math_inst.element_b)
-    c_label = element_label(operation.C.element)
+    a_label, b_label, c_label, *_ = operand_labels(operation)
     if a_label not in ("float16", "bfloat16", "float32", "tfloat32", "float64"):
         return Measurement("failed", message=f"sweeps time {a_label} convolutions with benchmarks/conv2d.py"), None
     if operation.bias:
         return Measurement("failed", message="sweeps time convolutions without a bias vector"), None
     a, b = _conv_operands(bench, problem, conv_kind, a_label, b_label)
     size = problem.to_problem_size()
-    from ..kinds.families.conv import Operator
-
-    d = bench.torch.full(tuple(size.tensor_c_extent(Operator[conv_kind])), float("nan"),
+    d = bench.torch.full(tuple(size.tensor_c_extent(operation.conv_kind)), float("nan"),
                          dtype=getattr(bench.torch, _TORCH_DTYPE[c_label]), device=bench.device)
     with bench.clock.phase("load"):
         args = Conv2dArguments(operation, size, a, b, None, d, operation.epilogue_type(1.0, 0.0), session=session)
@@ -666,18 +665,16 @@ def measure_conv(bench: GemmBench, operation, problem, session=None) -> tuple[Me
         with bench.clock.phase("verify"):
             operation.run(args)
             args.sync()
+            # held with its operands (as GemmBench.reference does), so their memory is never reused under the key
             key = ("conv2d", problem.key, conv_kind, a.data_ptr(), b.data_ptr())
-            reference = bench._references.get(key)
-            if reference is None:
+            found = bench._references.get(key)
+            if found is None:
                 with bench.clock.phase("reference"):
                     reference = _conv_call(bench.torch, problem, conv_kind, a, b, bench.torch.float64).contiguous()
-                bench._references.put(key, reference, _nbytes(reference))
-            activation = getattr(operation.epilogue_functor, "activation", None)
-            if activation is not None:
-                from ..epilogue.activations import reference as activation_reference
-
-                reference = bench.torch.from_numpy(activation_reference(activation.name,
-                                                                        reference.cpu().numpy())).to(bench.device)
+                bench._references.put(key, (reference, a, b), _nbytes(reference))
+            else:
+                reference = found[0]
+            reference = activated(bench.torch, reference, getattr(operation.epilogue_functor, "activation", None))
             rel_error = relative_error(d, reference)
         tolerance = TOLERANCE.get(c_label, 5e-3)
         if not rel_error <= tolerance:
@@ -707,6 +704,23 @@ def measure_torch_conv(bench: GemmBench, problem, conv_kind: str, a_label: str) 
         torch.backends.cudnn.allow_tf32 = allowed
     median, minimum, iqr = summarize(samples)
     return Measurement("ok", median, minimum, iqr, len(samples), None, note)
+
+
+def measure_kernel(bench: GemmBench, operation, problem, session=None) -> tuple[Measurement, dict | None]:
+    """``measure_gemm``, ``measure_grouped`` or ``measure_conv``, by the problem's kind."""
+    measure = {"grouped_gemm": measure_grouped, "conv2d": measure_conv}.get(problem.kind, measure_gemm)
+    return measure(bench, operation, problem, session)
+
+
+def measure_baseline(bench: GemmBench, problem, a_label: str, c_label: str, conv_kind: str | None = None
+                     ) -> Measurement:
+    """torch's own computation of the problem (``measure_torch``, ``measure_torch_grouped`` or
+    ``measure_torch_conv``, by its kind), timed by the same harness."""
+    if problem.kind == "conv2d":
+        return measure_torch_conv(bench, problem, conv_kind, a_label)
+    if problem.kind == "grouped_gemm":
+        return measure_torch_grouped(bench, problem, a_label, c_label=c_label)
+    return measure_torch(bench, problem, a_label, c_label=c_label)
 
 
 def kernel_resources(args) -> dict | None:

@@ -1,4 +1,4 @@
-"""Kernel time from the GPU's own timestamps (CUPTI activity records), the quantity Nsight Compute reports.
+"""Kernel time from the GPU's own timestamps (CUPTI activity records, what Nsight Systems shows).
 
 CUDA events around a launch also time what the GPU's front end does between the start event and the kernel (2-4 us
 on an H200), which is most of a 10 us kernel. CUPTI records each kernel's start and end on the GPU. The harness tags
@@ -10,7 +10,8 @@ gaps included.
         for i in range(n):
             with timer.sample(i):
                 launch()
-    spans = timer.spans()                   # {i: seconds}, after the stream synchronized
+        torch.cuda.synchronize()
+        spans = timer.spans(n)              # {i: seconds}
 
 CUPTI's activity API is one per process: its buffer callbacks are registered once (``_channel``) and hand records
 to the timer that is open, so timers do not nest and are not shared between threads (each sweep worker times its own
@@ -36,7 +37,6 @@ class Activity:
     correlation: int
     start: int  # ns
     end: int
-    name: str = ""
 
 
 def group_spans(activities, external: dict[int, int], expected: int) -> dict[int, float]:
@@ -155,7 +155,7 @@ class KernelTimer:
                 self._external[int(activity.correlation_id)] = int(activity.external_id)
             elif kind in timed:
                 self._activities.append(Activity(int(activity.correlation_id), int(activity.start),
-                                                 int(activity.end), getattr(activity, "name", "") or ""))
+                                                 int(activity.end)))
 
     # --- what the harness calls ------------------------------------------------------------------------------------
     @contextmanager

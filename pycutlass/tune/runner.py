@@ -98,8 +98,7 @@ def _worker_main(conn, ordinal: int, session_options: dict, config_json: str, pr
         import torch
 
         from ..session import Session
-        from .bench import GemmBench, measure_gemm, measure_torch, worker_cache_bytes
-        from .problems import problem_from_dict
+        from .bench import GemmBench, worker_cache_bytes
 
         # The parent pinned this process to its GPU with CUDA_VISIBLE_DEVICES: it is device 0 here.
         torch.cuda.set_device(0)
@@ -112,7 +111,7 @@ def _worker_main(conn, ordinal: int, session_options: dict, config_json: str, pr
         if message is None:
             return
         with clock.phase("other"):
-            reply = _serve_one(message, session, bench, torch, measure_gemm, measure_torch, problem_from_dict)
+            reply = _serve_one(message, session, bench, torch)
         reply["phases"] = clock.take()
         if reply.get("fatal"):
             conn.send(reply)
@@ -120,7 +119,10 @@ def _worker_main(conn, ordinal: int, session_options: dict, config_json: str, pr
         conn.send(reply)
 
 
-def _serve_one(message, session, bench, torch, measure_gemm, measure_torch, problem_from_dict) -> dict:
+def _serve_one(message, session, bench, torch) -> dict:
+    from .bench import measure_baseline, measure_kernel
+    from .problems import problem_from_dict
+
     try:
         if message[0] == "facts":
             return _device_facts(0)
@@ -132,30 +134,10 @@ def _serve_one(message, session, bench, torch, measure_gemm, measure_torch, prob
             return {"adopted": operation.name}
         if message[0] == "kernel":
             _, operation, problem = message
-            problem = problem_from_dict(problem)
-            if problem.kind == "grouped_gemm":
-                from .bench import measure_grouped
-
-                measurement, resources = measure_grouped(bench, operation, problem, session)
-            elif problem.kind == "conv2d":
-                from .bench import measure_conv
-
-                measurement, resources = measure_conv(bench, operation, problem, session)
-            else:
-                measurement, resources = measure_gemm(bench, operation, problem, session)
+            measurement, resources = measure_kernel(bench, operation, problem_from_dict(problem), session)
             return {"measurement": measurement.__dict__, "resources": resources}
         _, problem, a_label, c_label, *conv_kind = message
-        problem = problem_from_dict(problem)
-        if problem.kind == "conv2d":
-            from .bench import measure_torch_conv
-
-            measurement = measure_torch_conv(bench, problem, conv_kind[0], a_label)
-        elif problem.kind == "grouped_gemm":
-            from .bench import measure_torch_grouped
-
-            measurement = measure_torch_grouped(bench, problem, a_label, c_label=c_label)
-        else:
-            measurement = measure_torch(bench, problem, a_label, c_label=c_label)
+        measurement = measure_baseline(bench, problem_from_dict(problem), a_label, c_label, *conv_kind)
         return {"measurement": measurement.__dict__}
     except Exception as exc:  # the row says what failed
         reply = {"error": f"{type(exc).__name__}: {exc}"}
@@ -616,6 +598,18 @@ def _run_threads(threads, stop, settle: float = 0.0) -> None:
         raise
 
 
+def _baseline_row(kind: str, a_label: str, c_label: str, conv_kind: str | None) -> tuple[str, str]:
+    """The baseline kernel's name and description for a problem kind."""
+    if kind == "conv2d":
+        return (conv_baseline_name(conv_kind, a_label, c_label),
+                f"torch (cuDNN) {conv_kind} {a_label} -> {c_label}, channels-last")
+    if kind == "grouped_gemm":
+        return (grouped_baseline_name(a_label, c_label),
+                f"torch grouped {a_label} -> {c_label}: torch._grouped_mm where it serves the problem, else a CUDA "
+                f"graph of torch.matmul per group")
+    return baseline_name(a_label, c_label), f"torch (cuBLAS) {a_label} -> {c_label}, A row-major, B column-major"
+
+
 def _tasks(sweep, operations, baseline: bool) -> list:
     """Problem-major order (inputs are reused across kernels), each problem's baseline first. GEMM problems pair with
     GEMM operations, grouped problems with grouped operations and Conv2d problems with Conv2d operations (each kind
@@ -626,29 +620,18 @@ def _tasks(sweep, operations, baseline: bool) -> list:
                "conv2d": [op for op in operations if _times_as_conv(op)]}
     for problem in sweep.problems:
         kind_operations = by_kind.get(problem.kind, [])
-        labels = []
+        labels = []  # (A type, C type, convolution kind or None): one baseline each
         for op in kind_operations:
             math_inst = op.tile_description.math_instruction
-            pair = (element_label(math_inst.element_a), element_label(op.C.element))
-            if problem.kind == "conv2d":
-                pair = (*pair, op.conv_kind.name)
-            if pair not in labels:
-                labels.append(pair)
+            label = (element_label(math_inst.element_a), element_label(op.C.element),
+                     op.conv_kind.name if problem.kind == "conv2d" else None)
+            if label not in labels:
+                labels.append(label)
         if baseline:
-            for a_label, c_label, *conv_kind in labels:
-                if conv_kind:
-                    name = sweep.db.add_baseline(conv_baseline_name(conv_kind[0], a_label, c_label),
-                                                 f"torch (cuDNN) {conv_kind[0]} {a_label} -> {c_label}, channels-last")
-                    tasks.append((name, problem, ("baseline", problem.to_dict(), a_label, c_label, conv_kind[0])))
-                    continue
-                if problem.kind == "grouped_gemm":
-                    name = sweep.db.add_baseline(grouped_baseline_name(a_label, c_label),
-                                                 f"torch grouped {a_label} -> {c_label}: torch._grouped_mm where it "
-                                                 f"serves the problem, else a CUDA graph of torch.matmul per group")
-                else:
-                    name = sweep.db.add_baseline(baseline_name(a_label, c_label),
-                                                 f"torch (cuBLAS) {a_label} -> {c_label}, A row-major, B column-major")
-                tasks.append((name, problem, ("baseline", problem.to_dict(), a_label, c_label)))
+            for a_label, c_label, conv_kind in labels:
+                name = sweep.db.add_baseline(*_baseline_row(problem.kind, a_label, c_label, conv_kind))
+                extra = (conv_kind,) if conv_kind else ()
+                tasks.append((name, problem, ("baseline", problem.to_dict(), a_label, c_label, *extra)))
         for op in kind_operations:
             tasks.append((op.name, problem, ("kernel", op, problem.to_dict())))
     return tasks

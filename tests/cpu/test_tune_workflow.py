@@ -496,18 +496,18 @@ def test_grouped_check_samples_rows_of_every_group_against_float64():
     torch = pytest.importorskip("torch")
     import types
 
-    from pycutlass.tune.bench import _grouped_error
+    from pycutlass.tune.bench import sampled_grouped_error
 
     bench = types.SimpleNamespace(torch=torch, device=torch.device("cpu"))
     generator = torch.Generator().manual_seed(0)
     As = [torch.randn(m, 32, generator=generator).half() for m in (100, 7, 0)]
     Bs = [torch.randn(32, 16, generator=generator).half() for _ in As]
     exact = [(a.double() @ b.double()).half() for a, b in zip(As, Bs)]
-    assert _grouped_error(bench, As, Bs, exact) < 1e-3  # only fp16 rounding of the output
+    assert sampled_grouped_error(bench, As, Bs, exact) < 1e-3  # only fp16 rounding of the output
     wrong = [d.clone() for d in exact]
     wrong[1][3] += 1.0  # one row of the small group (all of its 7 rows are sampled)
-    assert _grouped_error(bench, As, Bs, wrong) > 1e-2
-    assert _grouped_error(bench, As, Bs, [torch.full_like(d, float("nan")) for d in exact]) == math.inf
+    assert sampled_grouped_error(bench, As, Bs, wrong) > 1e-2
+    assert sampled_grouped_error(bench, As, Bs, [torch.full_like(d, float("nan")) for d in exact]) == math.inf
 
 
 def test_conv_problems_pair_with_conv_operations_and_torch_per_kind():
