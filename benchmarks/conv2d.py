@@ -8,8 +8,10 @@ wgrad, i.e. ``aten.convolution_backward``), channels_last float16 tensors, ``tor
 pycutlass: for each layer, the best of a small grid of tiles (optimized iterators; dgrad with stride 1 runs the
 Unity kernels, with stride 2 the strided-dgrad kernels), each also with serial split-K when its tiles alone do not
 fill the GPU (not for strided dgrad at stride > 1, as in the recorded results). Each candidate's output (NaN-poisoned
-first) is checked once against torch's result before it is timed; times are medians (``bench_ms``) of
-``op.run(arguments)`` with the arguments built once. TFLOP/s = 2 * N*P*Q * K * R*S*C / time for every kind.
+first) is checked once against torch's result before it is timed; times are the tuning harness's (``GemmBench``:
+kernel time from CUPTI timestamps spanning every kernel of a call, L2 evicted before each sample, median; docs/tuning.md)
+for ``op.run(arguments)`` with the arguments built once, and for torch's call the same way; ``--timer events`` times
+both with CUDA events instead. TFLOP/s = 2 * N*P*Q * K * R*S*C / time for every kind.
 
 SM90 column: CUTLASS 3.x implicit-GEMM kernels (``Conv2dOperation(..., 90, <SM90 tile>)``: TMA im2col, wgmma) from a
 small candidate set per kind (``SM90_TILES``), checked and timed the same way. CUTLASS 4.2's SM90 conv has no
@@ -30,7 +32,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pycutlass as cutlass  # noqa: E402
-from common import bench_ms, device_name, print_table, write_json  # noqa: E402
+from common import device_name, print_table, write_json  # noqa: E402
 from pycutlass.conv import Conv2dProblemSize, IteratorAlgorithm, Mode, Operator, SplitKMode, StrideSupport  # noqa: E402
 from pycutlass.kinds.conv2d.operation import Conv2dOperation  # noqa: E402
 
@@ -332,7 +334,7 @@ def run_layer(kind: str, layer: str, batch: int, ops_by_stride: dict, args, sm_c
     reference = torch_fn()
     torch.cuda.synchronize()
     assert tuple(reference.shape) == out_shape, (reference.shape, out_shape)
-    torch_ms = bench_ms(torch_fn, args.warmup_ms, args.rep_ms)
+    torch_ms = timed_ms(args.bench, torch_fn)
 
     out = torch.empty(out_shape, device="cuda", dtype=torch.float16).contiguous(memory_format=cl)
     rows, best, best90 = [], None, None
@@ -382,7 +384,7 @@ def run_layer(kind: str, layer: str, batch: int, ops_by_stride: dict, args, sm_c
             torch.cuda.synchronize()
             error = _relative_error(out, reference)
             ok = error < TOLERANCE
-            ms = bench_ms(launch, args.warmup_ms, args.rep_ms) if ok else float("nan")
+            ms = timed_ms(args.bench, launch) if ok else float("nan")
             row = {"kind": kind, "layer": layer, "batch": batch, "config": label, "ms": ms,
                    "TFLOP/s": flops / ms / 1e9 if ok else 0.0, "rel_err": error, "correct": ok}
             rows.append(row)
@@ -413,6 +415,13 @@ def run_layer(kind: str, layer: str, batch: int, ops_by_stride: dict, args, sm_c
     return summary, rows
 
 
+def timed_ms(bench, fn) -> float:
+    """Median milliseconds of ``fn`` by the tuning harness (the same rules as a sweep's rows)."""
+    from pycutlass.tune.bench import summarize
+
+    return summarize(bench.time(lambda i: fn())[0])[0] * 1e3
+
+
 def geomean(values) -> float:
     values = [v for v in values if v > 0]
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 0.0
@@ -424,8 +433,8 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="*", default=list(KINDS), choices=KINDS)
     parser.add_argument("--batches", nargs="*", type=int, default=None, help=f"default {list(BATCHES)}")
     parser.add_argument("--jobs", type=int, default=min(6, os.cpu_count() or 1))
-    parser.add_argument("--warmup-ms", type=float, default=25)
-    parser.add_argument("--rep-ms", type=float, default=150)
+    parser.add_argument("--timer", choices=("kernel", "events"), default="kernel",
+                        help="the harness's timer: CUPTI kernel time (default) or CUDA events")
     parser.add_argument("--out", help="JSON output (default: benchmarks/results/conv2d.json, from any directory)",
                         default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "conv2d.json"))
     parser.add_argument("--verbose", action="store_true")
@@ -437,7 +446,10 @@ def main() -> None:
         return
     import torch
 
+    from pycutlass.tune.bench import BenchConfig, GemmBench
+
     torch.backends.cudnn.benchmark = True
+    args.bench = GemmBench(BenchConfig(timer=args.timer))
     cutlass.get_memory_pool(2**30, 2**36)
     by_key = grid(args.kinds)
     if "wgrad" in args.kinds:
@@ -510,7 +522,7 @@ def main() -> None:
     for target in targets:
         print(f"target: {target['kind']} geomean >= {target['geomean_vs_cudnn']}x cuDNN: measured "
               f"{target['measured']:.2f}x -> {'met' if target['met'] else 'NOT met'}")
-    write_json(args.out, {"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+    write_json(args.out, {"device": device_name(), "torch": torch.__version__, "timer": args.timer, "cudnn": torch.backends.cudnn.version(),
                           "layers": {name: dict(zip(("C", "K", "H", "W", "R", "S", "stride"), LAYERS[name]))
                                      for name in layers},
                           "batches": batches, "tiles": [f"{s} s{st} {w}" for s, st, w in TILES],

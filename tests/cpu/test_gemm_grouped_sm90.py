@@ -411,6 +411,56 @@ def test_device_sizes_rules(monkeypatch):
         cutlass.GemmGroupedArguments(biased, sizes, A, B, None, D_, bias=_FakeDeviceTensor((3, n - 8)))
 
 
+def test_masked_layout_lays_out_one_slab_per_group(monkeypatch):
+    """A 3-D A, C and D (groups, capacity, columns): each group's rows start its slab (byte strides per operand,
+    padded slabs included) and the capacity bounds every count; packed operands keep group_rows 0."""
+    _fake_device(monkeypatch)
+    op = grouped90(D.float16, (R, CM, R))
+    groups, capacity, n, k = 4, 256, 64, 128
+    counts = _FakeDeviceTensor((groups,), "<i4")
+    A = _FakeDeviceTensor((groups, capacity, k))
+    D_ = _FakeDeviceTensor((groups, capacity, n), strides=((capacity + 8) * n, n, 1))  # padded slabs
+    C = _FakeDeviceTensor((groups, capacity, n))
+    B = _FakeDeviceTensor((groups, k, n), strides=(n * k, 1, k))
+    args = cutlass.GemmGroupedArguments(op, counts, A, B, C, D_, op.epilogue_type(1.0, 0.5))
+    s = args._sizes_struct
+    assert args.masked and args.device_sizes and args.group_count == groups
+    assert (s.group_rows, s.rows_cap, s.n_cap, s.k_cap, s.columns) == (capacity, capacity, n, k, 1)
+    assert (s.a_group_bytes, s.c_group_bytes, s.d_group_bytes) == (2 * capacity * k, 2 * capacity * n,
+                                                                   2 * (capacity + 8) * n)
+    assert (s.a_base, s.c_base, s.d_base) == (A.address, C.address, D_.address)
+    assert (s.a_row_bytes, s.d_row_bytes, s.lda_value) == (2 * k, 2 * n, k)
+    packed = cutlass.GemmGroupedArguments(op, counts, _FakeDeviceTensor((300, k)), B, None,
+                                          _FakeDeviceTensor((300, n)), op.epilogue_type(1.0, 0.0))
+    assert not packed.masked and packed._sizes_struct.group_rows == 0 and packed._sizes_struct.d_group_bytes == 0
+
+
+def test_masked_layout_rules(monkeypatch):
+    _fake_device(monkeypatch)
+    op = grouped90(D.float16, (R, CM, R))
+    groups, capacity, n, k = 3, 128, 64, 64
+    counts = _FakeDeviceTensor((groups,), "<i4")
+    A, D_ = _FakeDeviceTensor((groups, capacity, k)), _FakeDeviceTensor((groups, capacity, n))
+    B = _FakeDeviceTensor((groups, k, n), strides=(n * k, 1, k))
+
+    def build(**changes):
+        kwargs = {"As": A, "Ds": D_, "Cs": None, **changes}
+        return cutlass.GemmGroupedArguments(op, counts, kwargs["As"], B, kwargs["Cs"], kwargs["Ds"],
+                                            op.epilogue_type(1.0, 0.0))
+
+    assert build().masked
+    for changes, message in (({"Ds": _FakeDeviceTensor((groups * capacity, n))}, "\\(groups, capacity, columns\\)"),
+                             ({"Ds": _FakeDeviceTensor((groups, capacity - 8, n))}, "= \\(3, 128, columns\\)"),
+                             ({"As": _FakeDeviceTensor((groups + 1, capacity, k))}, "\\(3, capacity, columns\\)"),
+                             ({"Cs": _FakeDeviceTensor((groups, capacity, n + 8))}, "\\(3, 128, 64\\)"),
+                             ({"Ds": _FakeDeviceTensor((groups, capacity, n), strides=(n * 64, n, 1))}, "overlap"),
+                             ({"Ds": _FakeDeviceTensor((groups, capacity, n), strides=(capacity * n + 4, n, 1))},
+                              "16-byte aligned"),
+                             ({"As": _FakeDeviceTensor((groups, capacity, k), "<f4")}, "expects float16")):
+        with pytest.raises(cutlass.ArgumentError, match=message):
+            build(**changes)
+
+
 def test_host_sizes_take_a_bias_per_group(monkeypatch):
     import numpy as np
 

@@ -526,3 +526,97 @@ def test_out_of_bounds_sizes_are_clamped_and_flagged():
             assert args.size_flags() == 0  # check_sizes resets
     # 120 is a multiple of 8 (allowed); 100 is not: that group is skipped and flagged.
     assert flags & 16
+
+
+# --- masked layout ---------------------------------------------------------------------------------------------
+class Masked:
+    """The decode layout: A (groups, capacity, K), B (groups, K, N), C and D (groups, capacity, N); group g computes
+    its first counts[g] rows. D sits inside a NaN guard band (a padded slab per group) to catch stray writes."""
+
+    def __init__(self, op, groups, capacity, n, k, seed=0, bias=False):
+        import torch
+
+        from .gemm_cases import random_values, to_tensor
+
+        rng = np.random.default_rng(seed)
+        out = op.C.element
+        self.op, self.groups, self.capacity, self.n, self.k = op, groups, capacity, n, k
+        self.a = random_values(rng, (groups, capacity, k), op.A.element)
+        self.b = random_values(rng, (groups, k, n), op.B.element)
+        self.c = random_values(rng, (groups, capacity, n), out)
+        self.bias = random_values(rng, (groups, n), out) if bias else None
+        self.A = to_tensor(self.a, op.A.element, R, "torch")
+        self.B = to_tensor(self.b, op.B.element, op.B.layout, "torch")
+        self.C = to_tensor(self.c, out, R, "torch")
+        self.Bias = to_tensor(self.bias, out, R, "torch") if bias else None
+        dtype = {D.float16: torch.float16, D.bfloat16: torch.bfloat16, D.float32: torch.float32}[out]
+        # Each group's slab is followed by 8 guard rows; D is the (groups, capacity, N) view of it.
+        self.guarded = torch.full((groups, capacity + 8, n), float("nan"), dtype=dtype, device="cuda")
+        self.D = self.guarded[:, :capacity]
+
+    def arguments(self, counts, alpha=1.25, beta=-0.5, **kwargs):
+        op = self.op
+        self.alpha, self.beta = alpha, beta
+        return GemmGroupedArguments(op, counts, self.A, self.B, self.C, self.D,
+                                    op.epilogue_type(alpha, beta, *_activation_args(op)), bias=self.Bias, **kwargs)
+
+    def check(self, counts, tol):
+        """Every group's first min(count, capacity) rows against float64; every other element of D still NaN."""
+        from .gemm_cases import epilogue_reference
+
+        got = self.guarded.double().cpu().numpy()
+        written = np.zeros(got.shape, dtype=bool)
+        failures = []
+        for g, count in enumerate(np.asarray(counts).reshape(-1)):
+            m = min(max(int(count), 0), self.capacity)
+            if m == 0:
+                continue
+            written[g, :m] = True
+            accumulator = self.alpha * (self.a[g, :m] @ self.b[g]) + \
+                (self.bias[g][None, :] if self.bias is not None else 0.0)
+            reference = epilogue_reference(self.op, accumulator, self.c[g, :m], 1.0, self.beta,
+                                           _activation_args(self.op))
+            error = relative_error(got[g, :m], reference)
+            if not error < tol:
+                failures.append(f"group {g} ({m} rows): relative error {error:.3e}")
+        assert np.isnan(got[~written]).all(), "the kernel wrote past a group's count or outside its slab"
+        assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.parametrize("key", ["f16_tnt_coop", "bf16_tnt_pp_64x256_c2x1_silu", "bf16_tnt_pp_c2x1_gelu_bias"])
+def test_masked_layout_in_a_cuda_graph_replays_new_counts(key):
+    """Capture one masked run, then write new counts into the tensor and replay: skewed counts with empty experts,
+    all empty, every expert full, odd counts; a count over the capacity is clamped to it and flagged."""
+    import torch
+
+    op = {**OPS, **BIAS_OPS}[key]
+    rng = np.random.default_rng(60)
+    groups, capacity, n, k = 16, 384, 256, 192
+    masked = Masked(op, groups, capacity, n, k, seed=61, bias=op.bias is not None)
+    counts = _device_sizes(np.minimum(_counts(rng, groups, groups * capacity // 3), capacity))
+    stream = torch.cuda.Stream()
+    args = masked.arguments(counts, stream=stream)
+    assert args.masked and args.device_sizes
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        op.run(args)
+    schedules = [np.minimum(_counts(rng, groups, groups * capacity // 2, empty=4), capacity),
+                 np.zeros(groups, np.int32), np.full(groups, capacity, np.int32),
+                 rng.integers(0, capacity, groups).astype(np.int32) | 1]
+    for values in schedules:
+        counts.copy_(torch.from_numpy(values).to(counts.device))
+        masked.guarded.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        masked.check(values, _tol(op))
+    assert args.size_flags() == 0
+    over = np.r_[[capacity + 100], np.full(groups - 1, 7)].astype(np.int32)
+    counts.copy_(torch.from_numpy(over).to(counts.device))
+    masked.guarded.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    masked.check(over, _tol(op))  # the first expert computed its full capacity, nothing past it
+    with pytest.raises(cutlass.ArgumentError, match="capacity 384 per group"):
+        args.check_sizes()
+    del graph

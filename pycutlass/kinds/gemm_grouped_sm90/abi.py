@@ -23,7 +23,12 @@ class Sm90GroupedSizesArgs(AbiStruct):
                 ("k_cap", ctypes.c_int32), ("k_stand_in", ctypes.c_int32),
                 ("contiguous", ctypes.c_int32),  # bit 0: N must be a multiple of align_n, bit 1: K of align_k
                 ("align_n", ctypes.c_int32), ("align_k", ctypes.c_int32),
-                ("rows_cap", ctypes.c_int64), ("sizes", ctypes.c_uint64),
+                ("rows_cap", ctypes.c_int64),
+                # Masked layout: every group owns group_rows rows starting *_group_bytes after the previous group's
+                # (0: the packed layout, groups one after the other).
+                ("group_rows", ctypes.c_int64), ("a_group_bytes", ctypes.c_int64), ("c_group_bytes", ctypes.c_int64),
+                ("d_group_bytes", ctypes.c_int64),
+                ("sizes", ctypes.c_uint64),
                 ("a_base", ctypes.c_uint64), ("c_base", ctypes.c_uint64), ("d_base", ctypes.c_uint64),
                 ("a_row_bytes", ctypes.c_int64), ("c_row_bytes", ctypes.c_int64), ("d_row_bytes", ctypes.c_int64),
                 ("b_pointers", ctypes.c_uint64), ("lda_value", ctypes.c_int64), ("ldb_value", ctypes.c_int64),
@@ -36,7 +41,8 @@ class Sm90GroupedSizesArgs(AbiStruct):
 # What the device-sizes kernel reports in ``flags`` (sticky: ORed by every run until reset). Every case is clamped
 # on the device so that nothing is read or written out of bounds; the affected groups' results are wrong or missing.
 SIZE_FLAGS = {
-    1: "the sum of M over the groups exceeds the rows of the packed A/C/D (the excess rows were dropped)",
+    1: "the sum of M over the groups exceeds the rows of the packed A/C/D, or (masked layout) a count exceeds the "
+       "capacity (the excess rows were dropped)",
     2: "a group's N exceeds the N of B/D (clamped)",
     4: "a group's K exceeds the K of A/B (clamped)",
     8: "a negative size (taken as 0)",

@@ -16,10 +16,13 @@ of groups matrices. The host knows only the group count and the bounds (rows, N,
 (``<name>_sizes``) runs before every launch and turns the sizes into the per-group arrays (each group's first row is
 the sum of the M before it), clamping every size to the bounds, so the grouped kernel never leaves the caller's
 tensors whatever the sizes. Violations are reported in a sticky device flag (``size_flags()``, ``check_sizes()``).
+The masked layout (decode under CUDA graphs) passes A, C and D as (groups, capacity, columns) instead: group g's
+rows start its own slab and its M (at most the capacity) is read from the sizes; rows past it are not written.
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import numpy as np
 
@@ -98,6 +101,7 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         self._alpha = alpha
         self._alpha_info = self._alpha_host = None
         self._sizes_launch = None
+        self.masked = False
         self.device_sizes = is_device_sizes(problem_sizes)
         if self.device_sizes:
             self._validate_device_sizes(operation, problem_sizes, As, Bs, Cs, Ds, output_op, stream, device, session)
@@ -250,13 +254,17 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
                 value = value[0]
             return value
 
-        a_info = self._device_matrix("As", one("As", As), op.A, None, None)
-        rows, k_cap = a_info.shape
-        d_info = self._device_matrix("Ds", one("Ds", Ds), op.C, rows, None)
-        n_cap = d_info.shape[1]
+        a_tensor = one("As", As)
+        # A 3-D A (groups, capacity, K) is the masked layout: group g's rows start its own slab.
+        self.masked = a_tensor is not None and len(describe(a_tensor, "As").shape) == 3
+        matrix = functools.partial(self._device_slabs, groups=count) if self.masked else self._device_matrix
+        a_info = matrix("As", a_tensor, op.A, None, None)
+        rows, k_cap = a_info.shape[-2:]
+        d_info = matrix("Ds", one("Ds", Ds), op.C, rows, None)
+        n_cap = d_info.shape[-1]
         packed = {"A": a_info, "D": d_info}
         if Cs is not None and one("Cs", Cs) is not None:
-            packed["C"] = self._device_matrix("Cs", one("Cs", Cs), op.C, rows, n_cap)
+            packed["C"] = matrix("Cs", one("Cs", Cs), op.C, rows, n_cap)
         elif self.output_op.beta != 0:
             raise ArgumentError(f"Cs is None but beta is {self.output_op.beta}; pass C or set beta to 0")
         self._packed = packed
@@ -291,6 +299,37 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
                 raise ArgumentError(f"{name}: columns {info.shape[1]} and leading dimension {geometry.ld} must be "
                                     f"multiples of the operation's alignment {desc.alignment} (each group's rows "
                                     f"must start 16-byte aligned)")
+            if info.device_address % _TMA_BYTES:
+                raise ArgumentError(f"{name}: address {info.device_address:#x} is not 16-byte aligned (TMA)")
+        return info
+
+    def _device_slabs(self, name, tensor, desc, rows, cols, *, groups):
+        """A masked-layout operand: (groups, capacity, cols), each group's slab RowMajor, aligned for TMA."""
+        if tensor is None:
+            raise ArgumentError(f"{name}: a tensor is required, got None")
+        info = describe(tensor, name)
+        if info.kind != "device":
+            raise ArgumentError(f"{name}: with device-side sizes every tensor must be device memory (the launch is "
+                                f"meant to be captured in a CUDA graph); got a host tensor")
+        if info.element is not storage_type(desc.element):
+            raise ArgumentError(f"{name}: the operation expects {storage_type(desc.element).label} elements, got "
+                                f"{info.element.label}")
+        if len(info.shape) != 3 or info.shape[0] != groups or (rows is not None and info.shape[1] != rows) or \
+                (cols is not None and info.shape[2] != cols):
+            raise ArgumentError(f"{name}: the masked layout (a 3-D A) takes every operand as (groups, capacity, "
+                                f"columns) = ({groups}, {rows if rows is not None else 'capacity'}, "
+                                f"{cols if cols is not None else 'columns'}), got shape {info.shape}")
+        capacity, columns = info.shape[1:]
+        geometry = matrix_geometry(info, LayoutType.RowMajor, capacity, columns, groups)
+        info.ld, info.group_bytes = geometry.ld, geometry.batch_stride * info.itemsize
+        if info.numel:
+            if geometry.broadcast or (groups > 1 and geometry.batch_stride < capacity * geometry.ld):
+                raise ArgumentError(f"{name}: the groups' slabs overlap (stride between groups "
+                                    f"{geometry.batch_stride} elements for {capacity} rows of {geometry.ld})")
+            if columns % desc.alignment or geometry.ld % desc.alignment or info.group_bytes % _TMA_BYTES:
+                raise ArgumentError(f"{name}: columns {columns}, leading dimension {geometry.ld} and the stride "
+                                    f"between groups ({geometry.batch_stride} elements) must keep every row "
+                                    f"16-byte aligned (multiples of the operation's alignment {desc.alignment})")
             if info.device_address % _TMA_BYTES:
                 raise ArgumentError(f"{name}: address {info.device_address:#x} is not 16-byte aligned (TMA)")
         return info
@@ -389,6 +428,10 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
                                                     LayoutType.RowMajor else 1), \
             max(op.A.alignment, op.B.alignment if op.B.layout is LayoutType.ColumnMajor else 1)
         s.rows_cap, s.sizes = rows, self._sizes_info.device_address
+        if self.masked:
+            s.group_rows = rows  # the capacity; 0 keeps the packed layout
+            s.a_group_bytes, s.d_group_bytes = a_info.group_bytes, d_info.group_bytes
+            s.c_group_bytes = c_info.group_bytes if c_info is not None else 0
         s.a_base, s.c_base, s.d_base = address["A"], address.get("C", 0), address["D"]
         item_a, item_c = a_info.itemsize, d_info.itemsize
         s.a_row_bytes, s.c_row_bytes, s.d_row_bytes = a_info.ld * item_a, ld_c * item_c, ld_d * item_c
@@ -418,7 +461,8 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         flags = self.size_flags(reset)
         if flags:
             found = "; ".join(text for bit, text in SIZE_FLAGS.items() if flags & bit)
-            raise ArgumentError(f"{self.operation.name}: device-side sizes out of bounds (rows {self._caps[0]}, "
+            rows = f"capacity {self._caps[0]} per group" if self.masked else f"rows {self._caps[0]}"
+            raise ArgumentError(f"{self.operation.name}: device-side sizes out of bounds ({rows}, "
                                 f"N {self._caps[1]}, K {self._caps[2]}): {found}")
 
     def before_launch(self) -> None:
