@@ -23,6 +23,7 @@ RULES = MappingProxyType({
     "target.family": "target cannot run the template family",
     "swizzle.unsupported": "swizzling functor not built for the kind",
     "bias.unsupported": "bias mode not built for the kind",
+    "scales.unsupported": "row-wise scale mode not built for the kind or not with that epilogue",
     "direct_store.unsupported": "direct-store epilogue does not fit the operation",
     # ---- descriptions -------------------------------------------------------------------------------------------
     "description.field_type": "a field of the wrong type or value",

@@ -62,6 +62,7 @@ class Operation:
     pdl_refusal: str | None = "only SM90 GEMM kernels wait on the previous grid (griddepcontrol.wait)"
     """Why arguments may not launch this kernel with programmatic dependent launch (None: they may)."""
     bias = None
+    scales = None  # row-wise scale mode (SM90 grouped operations)
     """The fused bias vector the kernel adds (SM90 kinds: "row"/"column" for GEMM, True for conv); None: none."""
     conv_kind = None
     """A convolution's operator (fprop, dgrad, wgrad); None for the other kinds."""

@@ -528,8 +528,9 @@ def measure_grouped(bench: GemmBench, operation, problem, session=None) -> tuple
     from ..kinds.gemm.modes import GemmCoord
 
     a_label, b_label, c_label, a_row, b_row, c_row = operand_labels(operation)
-    if operation.bias:
-        return Measurement("failed", message="sweeps time grouped operations without a bias vector"), None
+    if operation.bias or operation.scales:
+        return Measurement("failed", message="sweeps time grouped operations without a bias vector or row-wise "
+                                             "scales"), None
     As, Bs = _grouped_operands(bench, problem, a_label, b_label, a_row, b_row)
     Ds = [bench.poisoned(m, n, c_row, c_label, 1) for m, n, _ in problem.shapes]
     with bench.clock.phase("load"):

@@ -639,3 +639,110 @@ def test_nvrtc_compiles_an_fp8_grouped_operation_with_a_bias(tmp_path):
     """A real compile of CUTLASS's fp8 pointer-array main loop (with promotion) under the per-group bias tree."""
     _compile_with_a_bias(tmp_path, grouped90(D.float8_e4m3, out=D.bfloat16, tile=(128, 128, 128),
                                              kernel=KS.TmaWarpSpecializedCooperative, activation="silu"))
+
+
+# --- row-wise scales ------------------------------------------------------------------------------------------------
+def _rowwise(element=D.float8_e4m3, out=D.bfloat16, tile=(128, 128, 128), functor=None, **kwargs):
+    op = grouped90(element, out=out, tile=tile, functor=functor)
+    return cutlass.GemmOperationGrouped(90, op.tile_description, op.A, op.B, op.C, op.epilogue_functor,
+                                        scales="rowwise", **kwargs)
+
+
+def test_rowwise_scales_rules_names_and_emission():
+    op = _rowwise()
+    plain = grouped90(D.float8_e4m3, out=D.bfloat16, tile=(128, 128, 128))
+    assert op.scales == "rowwise" and plain.scales is None and op.name != plain.name and "_rowscale" in op.name
+    source = op.emit()
+    assert "Sm90ColBroadcast<0, TileShape, float *" in source and "Sm90RowBroadcast<0, TileShape, float *" in source
+    assert "ptr_scale_a" in source and "Sm90ColBroadcast" not in plain.emit()
+    assert _rowwise(D.bfloat16, tile=(128, 128, 64)).scales == "rowwise"  # any operand type
+    gelu = cutlass.LinearCombinationGeneric(cutlass.gelu(D.float32), D.bfloat16, 8, D.float32, D.float32)
+    assert "GELU" in _rowwise(functor=gelu).emit()
+    for kwargs, message in ((dict(bias="column"), "with a bias is not built"),):
+        with pytest.raises(cutlass.DescriptionError, match=message):
+            _rowwise(**kwargs)
+    clamp = cutlass.LinearCombinationClamp(D.bfloat16, 8, D.float32, D.float32)
+    with pytest.raises(cutlass.DescriptionError, match="LinearCombinationClamp with scales"):
+        _rowwise(functor=clamp)
+    with pytest.raises(cutlass.DescriptionError, match="scales must be None or 'rowwise'"):
+        cutlass.GemmOperationGrouped(90, op.tile_description, op.A, op.B, op.C, op.epilogue_functor, scales="row")
+    sm80 = cutlass.TileDescription([128, 128, 32], 3, [2, 2, 1], cutlass.MathInstruction(
+        [16, 8, 16], D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp))
+    with pytest.raises(cutlass.DescriptionError, match="scales= is built for the SM90 grouped kernel"):
+        cutlass.GemmOperationGrouped(80, sm80, *(cutlass.TensorDescription(D.float16, layout, 8) for layout in
+                                                 (R, CM, R)), cutlass.LinearCombination(D.float16, 8, D.float32,
+                                                                                        D.float32), scales="rowwise")
+
+
+def test_rowwise_scales_arguments_point_every_group_at_its_scales(monkeypatch):
+    """Host sizes: packed scale_a (offsets = the rows before each group) and a (groups, N) scale_b; device sizes:
+    the sizes kernel gets scale_a's base (and the masked layout its stride between groups)."""
+    import numpy as np
+
+    _fake_device(monkeypatch)
+    op = _rowwise(D.float16, out=D.float16, tile=(128, 128, 64))
+    from pycutlass.gemm import GemmCoord
+
+    shapes = [(40, 64, 32), (0, 64, 32), (24, 64, 32)]
+    problems = [GemmCoord(*shape) for shape in shapes]
+    As = [_FakeDeviceTensor((m, k)) for m, n, k in shapes]
+    Bs = [_FakeDeviceTensor((k, n), strides=(1, k)) for m, n, k in shapes]
+    Ds = [_FakeDeviceTensor((m, n)) for m, n, k in shapes]
+    scale_a, scale_b = _FakeDeviceTensor((64,), "<f4"), _FakeDeviceTensor((3, 64), "<f4")
+    args = cutlass.GemmGroupedArguments(op, problems, As, Bs, None, Ds, op.epilogue_type(1.0, 0.0),
+                                        scale_a=scale_a, scale_b=scale_b)
+    blob = args.tensors.uploads[args.device_arrays["problem_sizes"]]
+    base = args.device_arrays["problem_sizes"]
+
+    def array(field):
+        return np.frombuffer(blob, np.uint64, 3, args.device_arrays[field] - base)
+
+    np.testing.assert_array_equal(array("ptr_scale_a"), scale_a.address + np.array([0, 40, 40]) * 4)
+    np.testing.assert_array_equal(array("ptr_scale_b"), scale_b.address + np.arange(3) * 64 * 4)
+    abi = args.bind()
+    assert abi.ptr_scale_a == args.device_arrays["ptr_scale_a"] and abi.ptr_scale_b == args.device_arrays["ptr_scale_b"]
+    # one vector per group works too; a short one is refused
+    args = cutlass.GemmGroupedArguments(op, problems, As, Bs, None, Ds, op.epilogue_type(1.0, 0.0),
+                                        scale_a=[_FakeDeviceTensor((m,), "<f4") for m, _, _ in shapes],
+                                        scale_b=[_FakeDeviceTensor((64,), "<f4")] * 3)
+    for kwargs, message in ((dict(scale_a=_FakeDeviceTensor((63,), "<f4")), "at least 64 values"),
+                            (dict(scale_a=_FakeDeviceTensor((64,), "<f2")), "is float32"),
+                            (dict(scale_b=_FakeDeviceTensor((3, 56), "<f4")), "N >= 64"),
+                            (dict(scale_b=None), "pass both scale_a= .* and scale_b=")):
+        given = {"scale_a": scale_a, "scale_b": scale_b, **kwargs}
+        with pytest.raises(cutlass.ArgumentError, match=message):
+            cutlass.GemmGroupedArguments(op, problems, As, Bs, None, Ds, op.epilogue_type(1.0, 0.0), **given)
+    with pytest.raises(cutlass.ArgumentError, match="built without row-wise scales"):
+        plain = grouped90()
+        cutlass.GemmGroupedArguments(plain, problems, As, Bs, None, Ds, scale_a=scale_a, scale_b=scale_b)
+
+    groups, rows, capacity, n, k = 3, 96, 64, 64, 32
+    counts = _FakeDeviceTensor((groups,), "<i4")
+    B3 = _FakeDeviceTensor((groups, k, n), strides=(n * k, 1, k))
+    packed = cutlass.GemmGroupedArguments(op, counts, _FakeDeviceTensor((rows, k)), B3, None,
+                                          _FakeDeviceTensor((rows, n)), op.epilogue_type(1.0, 0.0),
+                                          scale_a=_FakeDeviceTensor((rows,), "<f4"), scale_b=scale_b)
+    s = packed._sizes_struct
+    assert s.ptr_scale_a == packed.device_arrays["ptr_scale_a"] and s.scale_a_group_bytes == 0 and s.scale_a_base
+    masked_scale_a = _FakeDeviceTensor((groups, capacity), "<f4", strides=(capacity + 4, 1))
+    masked = cutlass.GemmGroupedArguments(op, counts, _FakeDeviceTensor((groups, capacity, k)), B3, None,
+                                          _FakeDeviceTensor((groups, capacity, n)), op.epilogue_type(1.0, 0.0),
+                                          scale_a=masked_scale_a, scale_b=scale_b)
+    s = masked._sizes_struct
+    assert (s.scale_a_base, s.scale_a_group_bytes) == (masked_scale_a.address, (capacity + 4) * 4)
+    with pytest.raises(cutlass.ArgumentError, match="\\(3, 64\\): a row of capacity scales per group"):
+        cutlass.GemmGroupedArguments(op, counts, _FakeDeviceTensor((groups, capacity, k)), B3, None,
+                                     _FakeDeviceTensor((groups, capacity, n)), op.epilogue_type(1.0, 0.0),
+                                     scale_a=_FakeDeviceTensor((groups * capacity,), "<f4"), scale_b=scale_b)
+
+
+@pytest.mark.slow
+def test_nvrtc_compiles_an_fp8_rowwise_scaled_grouped_operation(tmp_path):
+    """A real compile of the row-wise scale tree (fp8 e4m3, bf16 output, with its device-sizes kernel)."""
+    session = cutlass.Session(backend="nvrtc", target=90, cache_path=tmp_path / "c.db", progress=False)
+    compiler = cutlass.compiler.manager.Compiler.of(session)
+    op = _rowwise()
+    kernel = compiler.add_module([op])[0]
+    for symbol in (op.kernel_symbol, op.builder_symbol, op.sizes_symbol):
+        assert symbol.encode() in kernel.binary, symbol
+    assert len(kernel.binary) > 100_000

@@ -378,3 +378,107 @@ def test_parallel_split_k_rules():
         relu = cutlass.LinearCombinationGeneric(cutlass.relu(D.float32), D.float32, 4, D.float32, D.float32)
         cutlass.GemmArguments(sm90(out=D.float32, functor=relu), GemmCoord(64, 64, 520), A, B, C, C,
                               split_k_slices=5, **parallel)
+
+
+# --- fp8 with block-wise scales ---------------------------------------------------------------------------------------
+def _blockwise(tile=(128, 128, 128), kernel=KS.Auto, out=D.bfloat16, functor=None, bias=None, **kwargs):
+    op = sm90(D.float8_e4m3, out=out, tile=tile, kernel=kernel, functor=functor, **kwargs)
+    return cutlass.GemmOperationUniversal(90, op.tile_description, op.A, op.B, op.C, op.epilogue_functor, bias=bias,
+                                          scales="blockwise")
+
+
+def test_blockwise_scales_rules_names_and_emission():
+    op = _blockwise()
+    plain = sm90(D.float8_e4m3, out=D.bfloat16, tile=(128, 128, 128))
+    assert op.kernel_schedule is KS.TmaWarpSpecializedCooperative and plain.kernel_schedule.is_fp8_fast_accum
+    assert op.name != plain.name and "_bw_" in op.name and op.abi_struct_type.__name__ == "Sm90BlockwiseGemmArgs"
+    assert plain.abi_struct_type.__name__ == "Sm90GemmArgs"
+    source = op.emit()
+    assert "KernelTmaWarpSpecializedCooperativeFP8Blockwise" in source and "tile_atom_to_shape_SFA" in source
+    assert "Sm90BlockwiseScaleConfig<1, 128, 128" in source and "Sm90BlockwiseScaleConfig" not in plain.emit()
+    assert _blockwise(tile=(64, 128, 128)).kernel_schedule is KS.TmaWarpSpecializedPingpong  # Auto on 64 rows
+    assert _blockwise(kernel=KS.TmaWarpSpecializedPingpong, tile=(128, 256, 128)).kernel_schedule is \
+        KS.TmaWarpSpecializedPingpong
+    for kwargs, message in ((dict(kernel=KS.TmaWarpSpecializedCooperativeFP8FastAccum), "without promotion"),
+                            (dict(kernel=KS.TmaWarpSpecialized, tile=(64, 128, 128)), "cooperative or ping-pong"),
+                            (dict(scheduler=TS.StreamK), "default tile scheduler"),
+                            (dict(out=D.float8_e4m3), "C of float8_e4m3|fp8 outputs"),
+                            (dict(bias="row"), "not built with bias=")):
+        with pytest.raises(DescriptionError, match=message):
+            _blockwise(**kwargs)
+    with pytest.raises(DescriptionError, match="tile N must be a multiple of 128"):
+        _blockwise(tile=(128, 64, 128))
+    with pytest.raises(DescriptionError, match="built for fp8 operands"):
+        f16 = sm90()
+        cutlass.GemmOperationUniversal(90, f16.tile_description, f16.A, f16.B, f16.C, f16.epilogue_functor,
+                                       scales="blockwise")
+    with pytest.raises(DescriptionError, match="scales must be None or 'blockwise'"):
+        cutlass.GemmOperationUniversal(90, op.tile_description, op.A, op.B, op.C, op.epilogue_functor, scales="row")
+    sm80 = cutlass.TileDescription([128, 128, 32], 3, [2, 2, 1], cutlass.MathInstruction(
+        [16, 8, 16], D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp))
+    with pytest.raises(DescriptionError, match="SM90 family"):
+        cutlass.GemmOperationUniversal(80, sm80, *(cutlass.TensorDescription(D.float16, layout, 8) for layout in
+                                                   (R, CM, R)), cutlass.LinearCombination(D.float16, 8, D.float32,
+                                                                                          D.float32),
+                                       scales="blockwise")
+
+
+def test_blockwise_scales_arguments(monkeypatch):
+    """scale_a (M, ceil(K/128)) M-contiguous and scale_b (ceil(N/128), ceil(K/128)) row-major, float32; both reach
+    the builder's struct; every other form is refused before anything launches."""
+    torch = pytest.importorskip("torch")
+    from pycutlass.gemm import GemmCoord, Mode
+    from pycutlass.kinds.gemm_sm90.arguments import GemmArgumentsSm90
+
+    device = _FakeDevice()
+
+    def materialize(self):
+        self._tensor_infos()
+        self.tensors = device
+        self._allocate()
+
+    monkeypatch.setattr(GemmArgumentsSm90, "_materialize", materialize)
+    op = _blockwise()
+    m, n, k = 96, 200, 304  # 3 K blocks, 2 N blocks
+    A = torch.zeros(m, k, dtype=torch.float8_e4m3fn)
+    B = torch.zeros(n, k, dtype=torch.float8_e4m3fn).t()
+    C = torch.zeros(m, n, dtype=torch.bfloat16)
+    sa, sb = torch.ones(3, m).t(), torch.ones(2, 3)
+
+    def build(scale_a=sa, scale_b=sb, **kwargs):
+        return cutlass.GemmArguments(op, GemmCoord(m, n, k), A, B, C, C.clone(), scale_a=scale_a, scale_b=scale_b,
+                                     sm_count=132, **kwargs)
+
+    bound = build().bind()
+    assert type(bound).__name__ == "Sm90BlockwiseGemmArgs" and bound.ptr_scale_a == bound.ptr_scale_b == 0x100000
+    for kwargs, message in ((dict(scale_a=torch.ones(m, 3)), "M contiguous"),
+                            (dict(scale_a=torch.ones(3, m + 4).t()[:m]), "M contiguous|must be dense"),
+                            (dict(scale_a=torch.ones(3, m, dtype=torch.float16).t()), "are float32"),
+                            (dict(scale_b=torch.ones(2, 2)), "shape \\(2, 3\\)"),
+                            (dict(scale_b=torch.ones(3, 2).t()), "row-major"),
+                            (dict(scale_b=None), "pass scale_a= .* and scale_b=")):
+        with pytest.raises(cutlass.ArgumentError, match=message):
+            build(**kwargs)
+    with pytest.raises(cutlass.ArgumentError, match="M must be a multiple of 4"):
+        cutlass.GemmArguments(op, GemmCoord(m - 2, n, k), A[:m - 2], B, C[:m - 2], C[:m - 2].clone(),
+                              scale_a=torch.ones(3, m - 2).t(), scale_b=sb, sm_count=132)
+    with pytest.raises(cutlass.ArgumentError, match="Mode.Gemm with one batch"):
+        cutlass.GemmArguments(op, GemmCoord(m, n, k), torch.zeros(2, m, k, dtype=torch.float8_e4m3fn),
+                              torch.zeros(2, n, k, dtype=torch.float8_e4m3fn).transpose(1, 2),
+                              torch.zeros(2, m, n, dtype=torch.bfloat16), torch.zeros(2, m, n, dtype=torch.bfloat16),
+                              gemm_mode=Mode.Batched, batch=2,
+                              scale_a=sa, scale_b=sb, sm_count=132)
+    with pytest.raises(cutlass.ArgumentError, match="built without block-wise scales"):
+        cutlass.GemmArguments(sm90(D.float8_e4m3, out=D.bfloat16, tile=(128, 128, 128)), GemmCoord(m, n, k), A, B,
+                              C, C.clone(), scale_a=sa, scale_b=sb)
+
+
+@pytest.mark.slow
+def test_nvrtc_compiles_a_blockwise_scaled_fp8_operation(tmp_path):
+    """A real compile of CUTLASS's blockwise main loop with the builder (which computes the scale layouts)."""
+    session = cutlass.Session(backend="nvrtc", target=90, cache_path=tmp_path / "c.db", progress=False)
+    compiler = cutlass.compiler.manager.Compiler.of(session)
+    op = _blockwise()
+    kernel = compiler.add_module([op])[0]
+    assert op.kernel_symbol.encode() in kernel.binary and op.builder_symbol.encode() in kernel.binary
+    assert len(kernel.binary) > 100_000

@@ -21,9 +21,9 @@ pytestmark = pytest.mark.gpu
 
 
 def fp8_grouped(a=D.float8_e4m3, b=None, layouts=(R, CM, R), tile=(128, 128, 128), cluster=(1, 1, 1),
-                kernel=KS.Auto, out=D.bfloat16, activation=None, bias=None):
+                kernel=KS.Auto, out=D.bfloat16, activation=None, bias=None, scales=None):
     b = b or a
-    math = cutlass.MathInstruction([64, tile[1], 32], a, b, D.float32, cutlass.OpClass.TensorOp)
+    math = cutlass.MathInstruction([64, tile[1], 256 // a.bits], a, b, D.float32, cutlass.OpClass.TensorOp)
     description = cutlass.TileDescription(list(tile), 0, None, math, cluster_shape=list(cluster),
                                           kernel_schedule=kernel)
     C = cutlass.TensorDescription(out, layouts[2], 128 // out.bits)
@@ -32,8 +32,9 @@ def fp8_grouped(a=D.float8_e4m3, b=None, layouts=(R, CM, R), tile=(128, 128, 128
     else:
         functor = cutlass.LinearCombinationGeneric(getattr(cutlass, activation)(D.float32), out, C.alignment,
                                                    D.float32, D.float32)
-    return cutlass.GemmOperationGrouped(90, description, cutlass.TensorDescription(a, layouts[0], 16),
-                                        cutlass.TensorDescription(b, layouts[1], 16), C, functor, bias=bias)
+    return cutlass.GemmOperationGrouped(90, description, cutlass.TensorDescription(a, layouts[0], 16 * 8 // a.bits),
+                                        cutlass.TensorDescription(b, layouts[1], 16 * 8 // b.bits), C, functor,
+                                        bias=bias, scales=scales)
 
 
 OPS = {
@@ -47,13 +48,23 @@ OPS = {
                                           kernel=KS.TmaWarpSpecializedPingpong, activation="gelu"),
     "e4m3_coopfa_256x128_bf16_silu_bias": fp8_grouped(tile=(256, 128, 128), activation="silu", bias="column"),
 }
+# Row-wise scales (scales="rowwise"): one float32 per row of A and per column of B in every group.
+ROWWISE_OPS = {
+    "e4m3_coopfa_bf16_rowwise": fp8_grouped(scales="rowwise"),
+    "e4m3_pp_c2x1_f32_rowwise": fp8_grouped(tile=(64, 128, 128), cluster=(2, 1, 1),
+                                            kernel=KS.TmaWarpSpecializedPingpong, out=D.float32, scales="rowwise"),
+    "e4m3e5m2_coop_128x256_f16cm_silu_rowwise": fp8_grouped(b=D.float8_e5m2, layouts=(R, CM, CM),
+                                                            tile=(128, 256, 128), kernel=KS.TmaWarpSpecializedCooperative,
+                                                            out=D.float16, activation="silu", scales="rowwise"),
+    "bf16_tnt_coop_gelu_rowwise": fp8_grouped(D.bfloat16, tile=(128, 128, 64), activation="gelu", scales="rowwise"),
+}
 # Output rounding dominates for 16-bit outputs; for f32 the fp8 products' accumulation does.
 TOLERANCES = {D.bfloat16: 2e-2, D.float16: 5e-3, D.float32: 1e-3}
 
 
 @pytest.fixture(scope="module", autouse=True)
 def compiled(memory_pool):
-    precompile_module((), [*OPS.values(), F16_OPS["f16_tnt_coop"]])
+    precompile_module((), [*OPS.values(), *ROWWISE_OPS.values(), F16_OPS["f16_tnt_coop"]])
     yield
 
 
@@ -217,3 +228,119 @@ def test_bad_alphas_are_rejected_before_launch():
 
 def test_cubins_hold_real_kernels_and_no_traps():
     scan_cubins(list(OPS.values()))
+
+
+# --- row-wise scales --------------------------------------------------------------------------------------------
+def _scales(rng, count):
+    """Quantization-like scales: positive, spread over two decades."""
+    return (2.0 ** rng.uniform(-4, 3, count)).astype(np.float32)
+
+
+@pytest.mark.parametrize("key", list(ROWWISE_OPS))
+@pytest.mark.parametrize("form", ["packed", "lists"])
+def test_rowwise_scales_against_float64(key, form):
+    """Host sizes with M, N or K = 0 groups: D_g = act(alpha_g * scale_a_g[m] * scale_b_g[n] * A_g @ B_g + beta * C_g);
+    scale_a packed (the groups' rows one after the other) or as one vector per group, scale_b a (groups, N) tensor or
+    vectors."""
+    import torch
+
+    from .conftest import relative_error
+    from .gemm_cases import epilogue_reference, to_float64
+    from .test_gemm_grouped import Group
+
+    op = ROWWISE_OPS[key]
+    problems = mixed_problems(12)
+    if op.C.layout is CM:
+        problems = [(-(-m // 8) * 8, n, k) for m, n, k in problems]
+    rng = np.random.default_rng(20)
+    group = Group(op, problems, seed=21)
+    sa = [_scales(rng, m) for m, _, _ in problems]
+    width = max(n for _, n, _ in problems)
+    sb = [_scales(rng, width) for _ in problems]
+    if form == "packed":
+        scale_a = torch.from_numpy(np.concatenate(sa + [np.ones(3, np.float32)])).cuda()  # longer than needed
+        scale_b = torch.from_numpy(np.stack(sb)).cuda()
+    else:
+        scale_a = [torch.from_numpy(v).cuda() for v in sa]
+        scale_b = [torch.from_numpy(v).cuda() for v in sb]
+    alphas = _alphas(rng, len(problems))
+    args = group.arguments(alpha=1.0, beta=-0.75, group_alpha=alphas, scale_a=scale_a, scale_b=scale_b)
+    op.run(args)
+    args.sync()
+    failures = []
+    for g, ((m, n, k), a, b, c, Dt) in enumerate(zip(group.problems, group.a, group.b, group.c, group.Ds)):
+        if m == 0 or n == 0:
+            continue
+        accumulator = alphas[g] * sa[g].astype(np.float64)[:, None] * (a @ b) * sb[g][:n].astype(np.float64)[None, :]
+        reference = epilogue_reference(op, accumulator, c, 1.0, -0.75, _activation_args(op))
+        error = relative_error(to_float64(Dt), reference)
+        if not error < _tol(op):
+            failures.append(f"group {g} {(m, n, k)}: {error:.3e}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("key", ["e4m3_coopfa_bf16_rowwise", "bf16_tnt_coop_gelu_rowwise"])
+@pytest.mark.parametrize("layout", ["packed", "masked"])
+def test_rowwise_scales_with_device_counts_under_a_cuda_graph(key, layout):
+    """An fp8 MoE step: counts and both scale vectors on the device, one capture, replays with new counts and new
+    scales written in place; packed tokens (scale_a per packed row) or the masked layout (scale_a per slab row)."""
+    import torch
+
+    from .conftest import relative_error
+    from .gemm_cases import epilogue_reference, random_values, to_tensor
+
+    op = ROWWISE_OPS[key]
+    rng = np.random.default_rng(30)
+    groups, capacity, n, k = 12, 256, 192, 256
+    rows = groups * capacity if layout == "masked" else 1536
+    a = random_values(rng, (rows, k), op.A.element)
+    b = random_values(rng, (groups, k, n), op.B.element)
+    c = random_values(rng, (rows, n), op.C.element)
+    A = to_tensor(a, op.A.element, R, "torch")
+    B = to_tensor(b, op.B.element, op.B.layout, "torch")
+    C = to_tensor(c, op.C.element, R, "torch")
+    D_ = torch.full((rows, n), float("nan"), dtype=C.dtype, device="cuda")
+    scale_a = torch.from_numpy(_scales(rng, rows)).cuda()
+    scale_b = torch.from_numpy(np.stack([_scales(rng, n) for _ in range(groups)])).cuda()
+    counts = _device_sizes(np.zeros(groups, np.int32))
+    view = (lambda t: t.view(groups, capacity, *t.shape[1:])) if layout == "masked" else (lambda t: t)
+    stream = torch.cuda.Stream()
+    args = cutlass.GemmGroupedArguments(op, counts, view(A), B, view(C), view(D_),
+                                        op.epilogue_type(1.5, 0.5, *_activation_args(op)), stream=stream,
+                                        scale_a=view(scale_a), scale_b=scale_b)
+    assert args.masked is (layout == "masked")
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        op.run(args)
+    for step in range(3):
+        values = np.minimum(_counts(rng, groups, rows if layout == "packed" else groups * capacity // 2,
+                                    empty=1 + step), capacity if layout == "masked" else rows)
+        counts.copy_(torch.from_numpy(values.astype(np.int32)).to(counts.device))
+        scale_a.copy_(torch.from_numpy(_scales(rng, rows)))
+        scale_b.mul_(0.5)
+        D_.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        got = D_.double().cpu().numpy()
+        sa, sb = scale_a.double().cpu().numpy(), scale_b.double().cpu().numpy()
+        written = np.zeros(got.shape, dtype=bool)
+        row = 0
+        for g, m in enumerate(values):
+            first = g * capacity if layout == "masked" else row
+            row += m
+            if m == 0:
+                continue
+            rows_g = slice(first, first + m)
+            written[rows_g] = True
+            accumulator = 1.5 * sa[rows_g, None] * (a[rows_g] @ b[g]) * sb[g][None, :]
+            reference = epilogue_reference(op, accumulator, c[rows_g], 1.0, 0.5, _activation_args(op))
+            error = relative_error(got[rows_g], reference)
+            assert error < _tol(op), f"step {step} group {g} ({m} rows): {error:.3e}"
+        assert np.isnan(got[~written]).all()
+    assert args.size_flags() == 0
+    del graph
+
+
+def test_rowwise_scale_cubins_hold_real_kernels_and_no_traps():
+    scan_cubins(list(ROWWISE_OPS.values()))

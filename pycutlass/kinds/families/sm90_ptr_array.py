@@ -87,11 +87,13 @@ def ptr_array_readable_name(op, kind: str) -> str:
             f"{m}x{n}x{k}_c{cm}x{cn}_s{tile.stages}_{schedule}{epilogue_suffix(op.epilogue_functor)}")
 
 
-def render_ptr_array_kernel(op, template: Path, bias: str | None = None, sizes_kernel: bool = False) -> str:
+def render_ptr_array_kernel(op, template: Path, bias: str | None = None, sizes_kernel: bool = False,
+                            scales: str | None = None) -> str:
     """The pointer-array kernel and its builder (sm90_ptr_array.cu.j2) for ``op``: a grouped operation, or an
     SM90 GEMM built for Mode.Array (kinds/gemm_array_sm90), which runs it with one size per batch entry.
 
-    ``bias``: None or "column" (the per-group bias tree; grouped operations only). ``sizes_kernel``: also emit
+    ``bias``: None or "column" (the per-group bias tree; grouped operations only). ``scales``: None or "rowwise"
+    (the row-wise scales tree; grouped operations only, not with a bias). ``sizes_kernel``: also emit
     ``<name>_sizes``, the device-sizes kernel of grouped operations, whose ABI struct (Sm90GroupedSizesArgs) only
     their units define; the Array kind has no device-side sizes and leaves it out. ``template``: the kind's own
     template (each includes sm90_ptr_array.cu.j2)."""
@@ -104,6 +106,9 @@ def render_ptr_array_kernel(op, template: Path, bias: str | None = None, sizes_k
     if bias is not None and clamp:  # the operation rejects it; the bias tree sets no clamp bounds
         raise DescriptionError(f"{op.name}: the clamp is not built with the per-group bias tree",
                                rule="bias.unsupported")
+    if scales not in (None, "rowwise") or (scales and (bias or clamp)):  # the operation rejects these
+        raise DescriptionError(f"{op.name}: the pointer-array template builds scales None or 'rowwise' (without a "
+                               f"bias or the clamp), got {scales!r}", rule="scales.unsupported")
     return render(
         template, name=op.name, summary=op.describe(),
         element_a=names.ELEMENT[op.A.element], layout_a=names.LAYOUT[op.A.layout], alignment_a=op.A.alignment,
@@ -115,6 +120,7 @@ def render_ptr_array_kernel(op, template: Path, bias: str | None = None, sizes_k
         kernel_schedule=_KERNEL_SCHEDULES[op.kernel_schedule],
         epilogue_schedule=_EPILOGUE_SCHEDULES[op.kernel_schedule.base],
         activation=activation, activation_args=activation_args, clamp=clamp, bias=bias, sizes_kernel=sizes_kernel,
+        scales=scales,
         epilogue_warp_groups=EPILOGUE_WARP_GROUPS, tma_descriptor_bytes=TMA_DESCRIPTOR_BYTES,
         thread_count=op.thread_count)
 
@@ -186,10 +192,11 @@ class Sm90GroupedGemmArgs(AbiStruct):
     ``raster_order``: 0 heuristic, 1 along M, 2 along N; ``sm_count``: SMs the persistent grid (and the per-SM
     tensormap slots of the workspace) are sized for. ``ptr_bias``: the per-group bias pointers (operations built
     with ``bias="column"``; null otherwise). ``alpha_ptr``: per-group alphas (float32, one per group; null: the scalar
-    ``alpha`` for every group)."""
+    ``alpha`` for every group). ``ptr_scale_a`` / ``ptr_scale_b``: per-group pointers to the row-wise scales
+    (operations built with ``scales="rowwise"``: M float32 values of group g's rows, N of its columns)."""
 
     _pointers_ = ("problem_sizes", "ptr_A", "ptr_B", "ptr_C", "ptr_D", "lda", "ldb", "ldc", "ldd", "workspace",
-                  "ptr_bias", "alpha_ptr")
+                  "ptr_bias", "alpha_ptr", "ptr_scale_a", "ptr_scale_b")
     _fields_ = [("problem_count", ctypes.c_int32), ("sm_count", ctypes.c_int32), ("raster_order", ctypes.c_int32),
                 ("swizzle", ctypes.c_int32), ("max_active_clusters", ctypes.c_int32), ("reserved", ctypes.c_int32),
                 ("problem_sizes", ctypes.c_uint64),  # device array of Shape<int, int, int> (3 x int32)
@@ -200,4 +207,6 @@ class Sm90GroupedGemmArgs(AbiStruct):
                 ("workspace", ctypes.c_uint64),  # per-SM tensormap slots
                 ("workspace_bytes", ctypes.c_int64),
                 ("ptr_bias", ctypes.c_uint64),  # device array of per-group bias pointers
-                ("alpha_ptr", ctypes.c_uint64)] + EPILOGUE_FIELDS  # device array of per-group alphas (float32)
+                ("alpha_ptr", ctypes.c_uint64),  # device array of per-group alphas (float32)
+                ("ptr_scale_a", ctypes.c_uint64),  # device arrays of per-group row-wise scale pointers (float32)
+                ("ptr_scale_b", ctypes.c_uint64)] + EPILOGUE_FIELDS

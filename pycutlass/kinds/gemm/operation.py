@@ -43,8 +43,11 @@ class GemmOperationUniversal(TiledOperation):
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueFunctor,
                  swizzling_functor: SwizzlingFunctor = IdentitySwizzle1, visitor: bool = False, *,
-                 array: bool = False, direct_store: bool = False, bias=None):
+                 array: bool = False, direct_store: bool = False, bias=None, scales=None):
         self.compute_capability = check_compute_capability(arch)
+        if scales is not None:
+            raise DescriptionError(f"scales={scales!r}: block-wise scales are built for the SM90 family (compute "
+                                   f"capability 90 with an SM90 tile) only", rule="scales.unsupported")
         if bias is not None:  # the SM90 family's epilogue bias; a CUTLASS 2.x kernel adds a bias as a broadcast C
             raise DescriptionError(f"bias={bias!r}: the Sm80 family builds no bias epilogue; allowed here: bias=None "
                                    f"(add a bias vector as a broadcast C: the arguments' bias=True). bias='row' or "

@@ -46,7 +46,10 @@ class GemmOperationArraySm90(GemmOperationSm90):
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueFunctor,
                  swizzling_functor: SwizzlingFunctor = IdentitySwizzle1, visitor: bool = False, bias=None,
-                 array: bool = True):
+                 array: bool = True, scales=None):
+        if scales is not None:
+            raise DescriptionError(f"{_WHAT}: scales={scales!r} is not built for the pointer-array kernel",
+                                   rule="scales.unsupported")
         if arch != 90 or isinstance(arch, bool):
             raise DescriptionError(f"GemmOperationArraySm90 is compute capability 90, got {arch!r}",
                                    rule="target.compute_capability")

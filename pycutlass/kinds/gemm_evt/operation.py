@@ -147,8 +147,11 @@ class GemmOperationEvt(TiledOperation):
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueVisitTree,
                  swizzling_functor: SwizzlingFunctor = IdentitySwizzle1, visitor: bool = True, *,
-                 direct_store: bool = False):
+                 direct_store: bool = False, scales=None):
         what = "GemmOperationUniversal(visitor=True)"
+        if scales is not None:
+            raise DescriptionError(f"{what}: scales={scales!r} is not built with an epilogue visitor tree",
+                                   rule="scales.unsupported")
         if direct_store is not False:
             raise DescriptionError(f"{what}: direct_store=True replaces the epilogue, which the visitor tree is",
                                    rule="direct_store.unsupported")

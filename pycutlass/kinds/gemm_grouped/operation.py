@@ -84,11 +84,14 @@ class GemmOperationGrouped(TiledOperation):
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueFunctor,
                  swizzling_functor: SwizzlingFunctor = IdentitySwizzle1,
-                 precompute_mode: SchedulerMode = SchedulerMode.Device, bias=None):
+                 precompute_mode: SchedulerMode = SchedulerMode.Device, bias=None, scales=None):
         if bias is not None:
             raise DescriptionError(f"{_WHAT}: bias= is built for the SM90 grouped kernel (an SM90 tile at compute "
                                    f"capability 90); the CUTLASS 2.x kernel adds a bias as a broadcast C (one "
                                    f"vector per problem in Cs)", rule="bias.unsupported")
+        if scales is not None:
+            raise DescriptionError(f"{_WHAT}: scales= is built for the SM90 grouped kernel (an SM90 tile at compute "
+                                   f"capability 90) only", rule="scales.unsupported")
         self.compute_capability = check_compute_capability(arch)
         check_operand_types(tile_description, A, B, C, epilogue_functor, _WHAT, wide_c=True)
         if not isinstance(precompute_mode, SchedulerMode):

@@ -18,7 +18,7 @@ class Sm90GroupedSizesArgs(AbiStruct):
     the grouped kernel reads, and ``flags`` (an int32 the kernel ORs its findings into: see SIZE_FLAGS)."""
 
     _pointers_ = ("sizes", "a_base", "c_base", "d_base", "b_pointers", "stand_in", "problem_sizes", "ptr_A", "ptr_B",
-                  "ptr_C", "ptr_D", "lda", "ldb", "flags")
+                  "ptr_C", "ptr_D", "lda", "ldb", "flags", "scale_a_base", "ptr_scale_a")
     _fields_ = [("group_count", ctypes.c_int32), ("columns", ctypes.c_int32), ("n_cap", ctypes.c_int32),
                 ("k_cap", ctypes.c_int32), ("k_stand_in", ctypes.c_int32),
                 ("contiguous", ctypes.c_int32),  # bit 0: N must be a multiple of align_n, bit 1: K of align_k
@@ -35,7 +35,11 @@ class Sm90GroupedSizesArgs(AbiStruct):
                 ("stand_in", ctypes.c_uint64), ("stand_in_lda", ctypes.c_int64), ("stand_in_ldb", ctypes.c_int64),
                 ("problem_sizes", ctypes.c_uint64), ("ptr_A", ctypes.c_uint64), ("ptr_B", ctypes.c_uint64),
                 ("ptr_C", ctypes.c_uint64), ("ptr_D", ctypes.c_uint64), ("lda", ctypes.c_uint64),
-                ("ldb", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
+                ("ldb", ctypes.c_uint64), ("flags", ctypes.c_uint64),
+                # Row-wise scales: the (rows,) or (groups, capacity) float32 scale_a; out: its per-group pointers
+                # (ptr_scale_a null when the operation has no scales).
+                ("scale_a_base", ctypes.c_uint64), ("scale_a_group_bytes", ctypes.c_int64),
+                ("ptr_scale_a", ctypes.c_uint64)]
 
 
 # What the device-sizes kernel reports in ``flags`` (sticky: ORed by every run until reset). Every case is clamped

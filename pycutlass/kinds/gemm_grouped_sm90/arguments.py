@@ -84,7 +84,7 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
 
     def __init__(self, operation, problem_sizes, As=None, Bs=None, Cs=None, Ds=None, output_op=None, stream=None,
                  device=None, session=None, *, A=None, B=None, C=None, D=None, raster_order=None, swizzle=None,
-                 sm_count=None, bias=None, alpha=None):
+                 sm_count=None, bias=None, alpha=None, scale_a=None, scale_b=None):
         if A is not None or B is not None or C is not None or D is not None:
             As, Bs, Cs, Ds = (plural_alias(plural, plural_value, single, single_value)
                               for plural, plural_value, single, single_value in
@@ -97,7 +97,16 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
             raise ArgumentError(f"{operation.name} was built without a bias; build it with bias='column' to pass bias=")
         if bias is None and operation.bias is not None:
             raise ArgumentError(f"{operation.name} adds a bias vector per group (N values); pass them as bias=")
+        given = (scale_a is not None, scale_b is not None)
+        if any(given) and not operation.scales:
+            raise ArgumentError(f"{operation.name} was built without row-wise scales; build it with "
+                                f"scales='rowwise' to pass scale_a= and scale_b=")
+        if operation.scales and not all(given):
+            raise ArgumentError(f"{operation.name} scales every row of A and column of B (scales='rowwise'); pass "
+                                f"both scale_a= (M float32 values per group) and scale_b= (N per group)")
         self._bias = bias
+        self._scale_a, self._scale_b = scale_a, scale_b
+        self._scale_a_parts, self._scale_b_parts, self._scale_a_info = [], [], None
         self._alpha = alpha
         self._alpha_info = self._alpha_host = None
         self._sizes_launch = None
@@ -123,41 +132,57 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
     def _describe_bias(self, widths: list[int], device_only: bool) -> None:
         """``bias=``: a list of one vector per group (group g's at least ``widths[g]`` values), or one 2-D tensor
         (groups, X) with unit column stride and X >= every width. Keeps, per group, (TensorInfo, byte offset)."""
-        op, bias, count = self.operation, self._bias, len(widths)
-        element = storage_type(op.C.element)
-        self._bias_parts = []
-        if bias is None:
+        element = storage_type(self.operation.C.element)
+        self._bias_parts = [] if self._bias is None else \
+            _vector_parts("bias", self._bias, widths, element, device_only, "N", "is added in C's element type")
+
+    # --- row-wise scales (operations built with scales="rowwise") -------------------------------------------------
+    def _describe_scales(self, rows: list[int], widths: list[int], device_only: bool) -> None:
+        """Host sizes: ``scale_b=`` as a bias (a list of vectors or a (groups, N) tensor); ``scale_a=`` the same form
+        with M values per group, or one 1-D tensor of sum(M) values (the groups' rows one after the other)."""
+        if not self.operation.scales:
             return
-        if isinstance(bias, (list, tuple)):
-            if len(bias) != count:
-                raise ArgumentError(f"bias has {len(bias)} vector(s) but there are {count} group(s)")
-            infos = [describe(vector, f"bias[{g}]") for g, vector in enumerate(bias)]
-            for g, info in enumerate(infos):
-                if len(info.shape) != 1 or (info.shape[0] > 1 and info.strides[0] != 1):
-                    raise ArgumentError(f"bias[{g}]: expected a contiguous 1-D vector of {widths[g]} values (N of "
-                                        f"group {g}), got shape {info.shape}, strides {info.strides}")
-                if info.shape[0] < widths[g]:
-                    raise ArgumentError(f"bias[{g}]: group {g} has N = {widths[g]} but its bias has "
-                                        f"{info.shape[0]} values")
-            parts = [(info, 0) for info in infos]
-        else:
-            info = describe(bias, "bias")
-            width = max(widths, default=0)
-            if len(info.shape) != 2 or info.shape[0] != count or info.shape[1] < width or \
-                    (info.shape[1] > 1 and info.strides[1] != 1):
-                raise ArgumentError(f"bias: expected a list of {count} vectors or a ({count}, N) tensor with "
-                                    f"contiguous rows and N >= {width}, got shape {info.shape}, strides "
-                                    f"{info.strides}")
-            infos = [info]
-            parts = [(info, g * info.strides[0] * info.itemsize) for g in range(count)]
-        for info in infos:
-            if info.element is not element:
-                raise ArgumentError(f"{info.name}: the bias is added in C's element type, {element.label}; got "
-                                    f"{info.element.label}")
-            if device_only and info.kind != "device":
-                raise ArgumentError(f"{info.name}: with device-side sizes every tensor must be device memory (the "
-                                    f"launch is meant to be captured in a CUDA graph); got a host tensor")
-        self._bias_parts = parts
+        f32 = DataType.float32
+        self._scale_b_parts = _vector_parts("scale_b", self._scale_b, widths, f32, device_only, "N", "is float32")
+        value = self._scale_a
+        if not isinstance(value, (list, tuple)):
+            info = describe(value, "scale_a")
+            if len(info.shape) == 1:  # packed: group g's scales start after the rows before it
+                total = sum(rows)
+                if info.shape[0] < total or (info.shape[0] > 1 and info.strides[0] != 1):
+                    raise ArgumentError(f"scale_a: a 1-D scale_a holds every group's rows one after the other: "
+                                        f"expected a contiguous vector of at least {total} values, got shape "
+                                        f"{info.shape}, strides {info.strides}")
+                _check_vector_kind(info, f32, device_only, "is float32")
+                offsets = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64) * info.itemsize
+                self._scale_a_parts = [(info, int(offset)) for offset in offsets]
+                return
+        self._scale_a_parts = _vector_parts("scale_a", value, rows, f32, device_only, "M", "is float32")
+
+    def _describe_device_scales(self, count: int, rows: int, n_cap: int) -> None:
+        """Device sizes: ``scale_b=`` as for host sizes; ``scale_a=`` a (rows,) float32 device vector beside the
+        packed A, or (groups, capacity) in the masked layout; the sizes kernel points each group at its rows."""
+        if not self.operation.scales:
+            return
+        f32 = DataType.float32
+        self._scale_b_parts = _vector_parts("scale_b", self._scale_b, [n_cap] * count, f32, True, "N", "is float32")
+        info = describe(self._scale_a, "scale_a")
+        _check_vector_kind(info, f32, True, "is float32")
+        expected = (count, rows) if self.masked else (rows,)
+        if info.shape != expected or (rows > 1 and info.strides[-1] != 1):
+            form = f"({count}, {rows}): a row of capacity scales per group (the masked layout)" if self.masked else \
+                f"({rows},): one per row of the packed A"
+            raise ArgumentError(f"scale_a: expected a float32 tensor of shape {form}, with unit stride along the "
+                                f"rows; got shape {info.shape}, strides {info.strides}")
+        self._scale_a_info = info
+        self._scale_a_group_bytes = info.strides[0] * info.itemsize if self.masked and count > 1 else 0
+
+    def _scale_pointers(self) -> list:
+        """The per-group scale pointer arrays to upload with the per-group arrays (host sizes: both)."""
+        if not self.operation.scales:
+            return []
+        return [("ptr_scale_a", _part_pointers(self._scale_a_parts, self.tensors.address)),
+                ("ptr_scale_b", _part_pointers(self._scale_b_parts, self.tensors.address))]
 
     # --- per-group alphas -----------------------------------------------------------------------------------
     def _describe_alpha(self, count: int) -> None:
@@ -207,11 +232,16 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
     def _materialize(self) -> None:
         if not self.device_sizes:
             self._describe_bias([n for _, n, _ in self.problem_sizes], device_only=False)
+            self._describe_scales([m for m, _, _ in self.problem_sizes], [n for _, n, _ in self.problem_sizes],
+                                  device_only=False)
             self._describe_alpha(len(self.problem_sizes))
         super()._materialize()
 
     def _tensor_infos(self) -> list:
-        extra = list({id(info): info for info, _ in getattr(self, "_bias_parts", [])}.values())  # bias vectors
+        vectors = [*getattr(self, "_bias_parts", []), *self._scale_a_parts, *self._scale_b_parts]
+        if self._scale_a_info is not None:
+            vectors.append((self._scale_a_info, 0))
+        extra = list({id(info): info for info, _ in vectors}.values())  # bias and scale vectors
         if self._alpha_info is not None:
             extra.append(self._alpha_info)
         if self.device_sizes:
@@ -271,6 +301,7 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         self._b_infos, self._b_parts, self._ldb = self._device_b(op, Bs, count, k_cap, n_cap)
         self._caps = (rows, n_cap, k_cap)
         self._describe_bias([n_cap] * count, device_only=True)
+        self._describe_device_scales(count, rows, n_cap)
         self._describe_alpha(count)
         self._materialize()
 
@@ -404,6 +435,9 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
              ("b_pointers", b_pointers)]
         if op.bias:
             arrays.append(("ptr_bias", self._bias_pointers()))
+        if op.scales:  # the sizes kernel writes ptr_scale_a; scale_b's pointers are known here
+            arrays += [("ptr_scale_a", np.zeros(count, dtype=np.uint64)),
+                       ("ptr_scale_b", _part_pointers(self._scale_b_parts, self.tensors.address))]
         arrays += self._alpha_array()
         blob, offsets = pack_arrays(arrays)
         base = self.tensors.upload(blob)
@@ -440,6 +474,9 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         s.problem_sizes = self.device_arrays["problem_sizes"]
         s.ptr_A, s.ptr_B, s.ptr_C, s.ptr_D = (self.device_arrays[f"ptr_{x}"] for x in "ABCD")
         s.lda, s.ldb, s.flags = self.device_arrays["lda"], self.device_arrays["ldb"], self._flags
+        if op.scales:
+            s.scale_a_base = self.tensors.address(self._scale_a_info)
+            s.scale_a_group_bytes, s.ptr_scale_a = self._scale_a_group_bytes, self.device_arrays["ptr_scale_a"]
         self._sizes_struct = s
 
     def size_flags(self, reset: bool = False) -> int:
@@ -493,7 +530,7 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
                                               op.empty_k_stand_in)
         blob, offsets = pack_problem_arrays(sizes, pointers, lds,
                                             ([("ptr_bias", self._bias_pointers())] if op.bias else []) +
-                                            self._alpha_array())
+                                            self._scale_pointers() + self._alpha_array())
         base = self.tensors.upload(blob)
         self.device_arrays = {field: base + offset for field, offset in offsets.items()}
         # The per-SM tensormap slots; the kernel writes them before reading, so they need no clearing.
@@ -521,6 +558,8 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         a.max_active_clusters = 0
         fill_group_arrays(a, self)
         a.ptr_bias = self.device_arrays.get("ptr_bias", 0)
+        a.ptr_scale_a = self.device_arrays.get("ptr_scale_a", 0)
+        a.ptr_scale_b = self.device_arrays.get("ptr_scale_b", 0)
         a.alpha_ptr = self._alpha_pointer()
         fill_epilogue(a, self.output_op)
         return a
@@ -530,6 +569,46 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         if self.device_sizes:
             function = loaded_op.function(self.operation.sizes_symbol)
             self._sizes_launch = (function, driver.pointer_array(ctypes.addressof(self._sizes_struct)))
+
+
+def _check_vector_kind(info, element, device_only: bool, what: str) -> None:
+    if info.element is not element:
+        raise ArgumentError(f"{info.name}: the vector {what}, {element.label}; got {info.element.label}")
+    if device_only and info.kind != "device":
+        raise ArgumentError(f"{info.name}: with device-side sizes every tensor must be device memory (the launch is "
+                            f"meant to be captured in a CUDA graph); got a host tensor")
+
+
+def _vector_parts(name: str, value, widths: list[int], element, device_only: bool, extent: str, what: str) -> list:
+    """Per-group vectors (a bias, row-wise scales): a list of one contiguous vector per group (group g's at least
+    ``widths[g]`` values), or one 2-D tensor (groups, X) with unit column stride and X >= every width. Returns, per
+    group, (TensorInfo, byte offset)."""
+    count = len(widths)
+    if isinstance(value, (list, tuple)):
+        if len(value) != count:
+            raise ArgumentError(f"{name} has {len(value)} vector(s) but there are {count} group(s)")
+        infos = [describe(vector, f"{name}[{g}]") for g, vector in enumerate(value)]
+        for g, info in enumerate(infos):
+            if len(info.shape) != 1 or (info.shape[0] > 1 and info.strides[0] != 1):
+                raise ArgumentError(f"{name}[{g}]: expected a contiguous 1-D vector of {widths[g]} values "
+                                    f"({extent} of group {g}), got shape {info.shape}, strides {info.strides}")
+            if info.shape[0] < widths[g]:
+                raise ArgumentError(f"{name}[{g}]: group {g} has {extent} = {widths[g]} but its {name} has "
+                                    f"{info.shape[0]} values")
+        parts = [(info, 0) for info in infos]
+    else:
+        info = describe(value, name)
+        width = max(widths, default=0)
+        if len(info.shape) != 2 or info.shape[0] != count or info.shape[1] < width or \
+                (info.shape[1] > 1 and info.strides[1] != 1):
+            raise ArgumentError(f"{name}: expected a list of {count} vectors or a ({count}, {extent}) tensor with "
+                                f"contiguous rows and {extent} >= {width}, got shape {info.shape}, strides "
+                                f"{info.strides}")
+        infos = [info]
+        parts = [(info, g * info.strides[0] * info.itemsize) for g in range(count)]
+    for info in infos:
+        _check_vector_kind(info, element, device_only, what)
+    return parts
 
 
 def _stand_in_ld(op, label: str, m: int, n: int) -> int:

@@ -50,7 +50,10 @@ class GemmOperationGroupedSm90(Sm90Operation, GemmOperationGrouped):
 
     Per-group scales: the arguments take ``alpha=`` as G float32 values (one per group, e.g. an fp8 MoE's
     scale_a[g] * scale_b[g]) instead of the epilogue's scalar alpha; the kernel reads them on the device per tile.
-    Beta stays one scalar.
+    Beta stays one scalar. ``scales="rowwise"``: D_g = act(alpha * scale_a_g[m] * scale_b_g[n] * (A_g @ B_g) + beta *
+    C_g), one float32 scale per row of A_g and per column of B_g (fp8 quantization per token and per channel, as
+    ``torch._scaled_grouped_mm``'s row-wise form); the arguments take them as ``scale_a=`` and ``scale_b=``. Not
+    built with a bias or the clamp (rejected).
     """
 
     kind = "gemm_grouped_sm90"
@@ -62,7 +65,7 @@ class GemmOperationGroupedSm90(Sm90Operation, GemmOperationGrouped):
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueFunctor,
                  swizzling_functor: SwizzlingFunctor = IdentitySwizzle1,
-                 precompute_mode: SchedulerMode = SchedulerMode.Device, bias=None):
+                 precompute_mode: SchedulerMode = SchedulerMode.Device, bias=None, scales=None):
         if arch != 90 or isinstance(arch, bool):
             raise DescriptionError(f"GemmOperationGroupedSm90 is compute capability 90, got {arch!r}",
                                    rule="target.compute_capability")
@@ -79,6 +82,7 @@ class GemmOperationGroupedSm90(Sm90Operation, GemmOperationGrouped):
         self.kernel_schedule = check_ptr_array(tile_description, A, B, C, epilogue_functor,
                                       epilogue_hint=_GROUPED_EPILOGUE_HINT, fp8=True)
         self.bias = _check_bias(bias, epilogue_functor)
+        self.scales = _check_scales(scales, self.bias, epilogue_functor)
 
     # --- identity -------------------------------------------------------------------------------------------
     def abi_structs(self) -> tuple:
@@ -87,10 +91,12 @@ class GemmOperationGroupedSm90(Sm90Operation, GemmOperationGrouped):
     def _signature(self) -> tuple:
         tile = self.tile_description
         return ("gemm_grouped_sm90", tile.threadblock_shape, tile.stages, tile.math_instruction, tile.cluster_shape,
-                self.kernel_schedule, self.A, self.B, self.C, self.epilogue_functor, self.bias)
+                self.kernel_schedule, self.A, self.B, self.C, self.epilogue_functor, self.bias) + \
+            ((self.scales,) if self.scales else ())  # (operations without scales keep their names)
 
     def _readable_name(self) -> str:
-        return ptr_array_readable_name(self, "gemm_grouped_sm90") + ("_biasc" if self.bias else "")
+        return ptr_array_readable_name(self, "gemm_grouped_sm90") + ("_biasc" if self.bias else "") + \
+            ("_rowscale" if self.scales else "")
 
     @property
     def transposed(self) -> bool:
@@ -148,10 +154,28 @@ class GemmOperationGroupedSm90(Sm90Operation, GemmOperationGrouped):
 
     def emit_body(self) -> str:
         return render_ptr_array_kernel(self, Path(__file__).parent / "gemm_grouped_sm90.cu.j2", bias=self.bias,
-                                       sizes_kernel=True)
+                                       sizes_kernel=True, scales=self.scales)
 
     def describe(self) -> str:
-        return ptr_array_description(self, "grouped") + (f" bias={self.bias}" if self.bias else "")
+        return ptr_array_description(self, "grouped") + (f" bias={self.bias}" if self.bias else "") + \
+            (f" scales={self.scales}" if self.scales else "")
+
+
+def _check_scales(scales, bias, functor: EpilogueFunctor) -> str | None:
+    if scales is None:
+        return None
+    if scales != "rowwise":
+        raise DescriptionError(f"{_WHAT}: scales must be None or 'rowwise' (one float32 scale per row of A and per "
+                               f"column of B in every group), got {scales!r}", rule="scales.unsupported")
+    if bias is not None:
+        raise DescriptionError(f"{_WHAT}: scales='rowwise' with a bias is not built (one epilogue tree each); fold "
+                               f"the bias into C with beta=1, or build the operation without one",
+                               rule="scales.unsupported")
+    if functor.kind in CLAMP_KINDS:
+        raise DescriptionError(f"{_WHAT}: {functor.kind} with scales='rowwise' is not built (the row-wise tree "
+                               f"sets no clamp bounds); use LinearCombination or LinearCombinationGeneric",
+                               rule="scales.unsupported")
+    return scales
 
 
 def _check_bias(bias, functor: EpilogueFunctor | None = None) -> str | None:

@@ -22,3 +22,12 @@ class Sm90GemmArgs(AbiStruct):
                 ("batch_stride_A", ctypes.c_int64), ("batch_stride_B", ctypes.c_int64),
                 ("batch_stride_C", ctypes.c_int64), ("batch_stride_D", ctypes.c_int64),
                 ("batch_stride_bias", ctypes.c_int64)] + EPILOGUE_FIELDS
+
+
+class Sm90BlockwiseGemmArgs(AbiStruct):
+    """Sm90GemmArgs for operations built with ``scales="blockwise"`` (fp8 with block-wise scales): the same fields,
+    then the two scale tensors (float32; their CuTe layouts are computed by the builder from the problem shape).
+    A struct of its own, so that the units of every other SM90 GEMM stay as they are."""
+
+    _pointers_ = Sm90GemmArgs._pointers_ + ("ptr_scale_a", "ptr_scale_b")
+    _fields_ = Sm90GemmArgs._fields_ + [("ptr_scale_a", ctypes.c_uint64), ("ptr_scale_b", ctypes.c_uint64)]

@@ -12,8 +12,9 @@ from ..gemm.arguments import GemmArguments
 from ..families.arguments import UNSET
 from ..families.modes import Mode
 from ..families.sm90_arguments import check_sm_count, persistent_sm_count  # noqa: F401
+from ...description.types import DataType
 from .abi import Sm90GemmArgs
-from .operation import GemmOperationSm90
+from .operation import BLOCK_SCALE, GemmOperationSm90
 
 RASTER_ORDERS = {None: 0, "heuristic": 0, "along_m": 1, "along_n": 2}
 DECOMPOSITIONS = {None: 0, "heuristic": 0, "data_parallel": 1, "split_k": 2, "stream_k": 3}
@@ -43,13 +44,25 @@ class GemmArgumentsSm90(GemmArguments):
     - Mode.GemmSplitKParallel (PyCUTLASS's parallel split-K, then a ReductionOperation over ``ptr_D``): runs the L
       mode over ``split_k_slices`` equal K slices (K must divide evenly, each slice 16-byte aligned), one partial
       product per slice into a workspace of C's element; on an operation with the Default tile scheduler.
+    - ``scale_a``, ``scale_b``: the float32 scales of an operation built with ``scales="blockwise"`` (Mode.Gemm):
+      scale_a of shape (M, ceil(K / 128)) with M contiguous (strides (1, M), e.g. ``s.t().contiguous().t()`` of a
+      row-major one), one per row and K block of A; M must be a multiple of 4 (TMA loads its rows); scale_b of
+      shape (ceil(N / 128), ceil(K / 128)), row-major, one per 128 x 128 block of B.
     """
 
     _runs_before_launch = False  # stream-K Arguments turn it on once their workspace exists
 
     def __init__(self, operation, problem_size, A, B, C, D, *positional, bias=None, raster_order=None, swizzle=None,
-                 decomposition=None, sm_count=None, pdl=False, **keywords):
+                 decomposition=None, sm_count=None, pdl=False, scale_a=None, scale_b=None, **keywords):
         self._knobs = _check_knobs(operation, raster_order, swizzle, decomposition, sm_count)
+        given = (scale_a is not None, scale_b is not None)
+        if any(given) and not operation.scales:  # (_check_knobs refused anything but an SM90 operation)
+            raise ArgumentError(f"{operation.name} was built without block-wise scales; build it with "
+                                f"scales='blockwise' (fp8) to pass scale_a= and scale_b=")
+        if operation.scales and not all(given):
+            raise ArgumentError(f"{operation.name} scales A and B block-wise; pass scale_a= (M x ceil(K/128) float32) "
+                                f"and scale_b= (ceil(N/128) x ceil(K/128) float32)")
+        self._scale_tensors = (scale_a, scale_b) if all(given) else None
         self._pdl = _check_pdl(operation, pdl)
         self._stream_k = operation.tile_scheduler.name == "StreamK"
         self._bias_vector = None
@@ -70,7 +83,7 @@ class GemmArgumentsSm90(GemmArguments):
 
     # The fast path for seen problems: not with a bias vector or stream-K (its workspace belongs to one Arguments).
     def _from_memo(self, memo_key, session, addresses, keep_alive) -> bool:
-        if self._bias_vector is not None or self._stream_k:
+        if self._bias_vector is not None or self._stream_k or self._scale_tensors is not None:
             return False
         found = super()._from_memo((memo_key, self._knobs), session, addresses, keep_alive)
         if found and self._pdl:
@@ -78,7 +91,7 @@ class GemmArgumentsSm90(GemmArguments):
         return found
 
     def _remember(self, memo_key, vector_bytes, attribute_names, extra=None) -> None:
-        if self._bias_vector is not None or self._stream_k:
+        if self._bias_vector is not None or self._stream_k or self._scale_tensors is not None:
             return
         super()._remember((memo_key, self._knobs), vector_bytes, (*attribute_names, "_knobs", "_bias_vector",
                                                                   "workspace", "workspace_bytes"), extra)
@@ -160,7 +173,37 @@ class GemmArgumentsSm90(GemmArguments):
         if self._bias_vector is not None:
             self._bias_info = self._check_bias(describe(self._bias_vector, "bias"))
             infos.append(self._bias_info)
+        if self._scale_tensors is not None:
+            self._scale_infos = self._check_scales(*self._scale_tensors)
+            infos += list(self._scale_infos)
         return infos
+
+    def _check_scales(self, scale_a, scale_b) -> tuple:
+        """Block-wise scales: shapes, element type and strides exactly as the builder's CuTe layouts address them."""
+        m, n, k = self.problem_size
+        if self.gemm_mode is not Mode.Gemm or self.batch != 1:
+            raise ArgumentError(f"{self.operation.name}: block-wise scales are built for Mode.Gemm with one batch, got "
+                                f"{self.gemm_mode.name} with batch {self.batch}")
+        _, block_n, block_k = BLOCK_SCALE
+        k_blocks = -(-k // block_k)
+        found = []
+        for label, value, shape, strides in (("scale_a", scale_a, (m, k_blocks), (1, m)),
+                                             ("scale_b", scale_b, (-(-n // block_n), k_blocks), (k_blocks, 1))):
+            info = describe(value, label)
+            if info.element is not DataType.float32:
+                raise ArgumentError(f"{label}: block-wise scales are float32, got {info.element.label}")
+            laid_out = len(info.shape) == 2 and all(extent == 1 or stride == want for extent, stride, want in
+                                                    zip(info.shape, info.strides, strides))
+            if tuple(info.shape) != shape or not laid_out:
+                order = "M contiguous (strides (1, M))" if label == "scale_a" else "row-major"
+                raise ArgumentError(f"{label}: expected a float32 tensor of shape {shape}, {order}; got shape "
+                                    f"{info.shape}, strides {info.strides}")
+            found.append(info)
+        if m % 4:
+            raise ArgumentError(f"{self.operation.name}: with block-wise scales M must be a multiple of 4 (TMA loads "
+                                f"scale_a's columns of M float32 values in 16-byte units), got M = {m}; pad A, D and "
+                                f"scale_a")
+        return tuple(found)
 
     def _check_bias(self, info):
         op = self.operation
@@ -182,10 +225,15 @@ class GemmArgumentsSm90(GemmArguments):
         if self._bias_vector is not None:
             self.ptr_bias = self.tensors.address(self._bias_info)
             self._check_address(self._bias_info, self.ptr_bias, 128 // self.operation.C.element.bits)
+        self.ptr_scales = (0, 0)
+        if self._scale_tensors is not None:
+            self.ptr_scales = tuple(self.tensors.address(info) for info in self._scale_infos)
+            self._check_address(self._scale_infos[0], self.ptr_scales[0], 4)  # TMA: 16 bytes
+            self._check_address(self._scale_infos[1], self.ptr_scales[1], 1)
 
     def bind(self, loaded_op=None) -> Sm90GemmArgs:
         m, n, k = self.problem_size
-        a = Sm90GemmArgs()
+        a = self.operation.abi_struct_type()
         a.m, a.n, a.k = m, n, k
         a.l = self.batch if self.gemm_mode is Mode.Batched else 1
         a.mode = int(self.gemm_mode)
@@ -201,6 +249,8 @@ class GemmArgumentsSm90(GemmArguments):
         a.lda, a.ldb, a.ldc, a.ldd = (self.lds[x] for x in "ABCD")
         a.batch_stride_A, a.batch_stride_B, a.batch_stride_C, a.batch_stride_D = (self.batch_strides[x] for x in "ABCD")
         a.batch_stride_bias = getattr(self, "_bias_batch_stride", 0)
+        if self._scale_tensors is not None:
+            a.ptr_scale_a, a.ptr_scale_b = self.ptr_scales
         if self.gemm_mode is Mode.GemmSplitKParallel:  # the L mode over K slices, into the workspace's slices
             chunk = k // self.split_k_slices
             a.k, a.l, a.splits = chunk, self.split_k_slices, 1

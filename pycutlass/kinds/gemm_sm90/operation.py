@@ -32,7 +32,7 @@ from ..families.sm90 import (check_cluster_shape, check_derived_warp_count, chec
                              check_tensor_op, check_tile_k, check_tile_n)
 from ..base import check_description_types
 from ..gemm.operation import GemmOperationUniversal
-from .abi import Sm90GemmArgs
+from .abi import Sm90BlockwiseGemmArgs, Sm90GemmArgs
 
 _KS, _ES, _TS = KernelScheduleType, EpilogueScheduleType, TileSchedulerType
 _F16, _BF16, _F32, _TF32 = DataType.float16, DataType.bfloat16, DataType.float32, DataType.tfloat32
@@ -69,6 +69,14 @@ GDC_MACRO = "CUTLASS_ENABLE_GDC_FOR_SM90"
 
 BIAS_MODES = ("row", "column")  # one value per row of D (M values) or per column (N values)
 
+# scales="blockwise": fp8 with float32 scales per 1 x 128 block of A (each row, every 128 of K) and per 128 x 128
+# block of B (the DeepSeek-V3 recipe); CUTLASS's blockwise main loops, which promote into float32 every 128 of K.
+BLOCK_SCALE = (1, 128, 128)  # granularity along M, N, K
+_BLOCKWISE_SCHEDULES = {
+    _KS.TmaWarpSpecializedCooperative: "cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise",
+    _KS.TmaWarpSpecializedPingpong: "cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8Blockwise",
+}
+
 
 def _array_requested(args: tuple, kwargs: dict) -> bool:
     """Whether ``GemmOperationUniversal(90, tile, A, B, C, epilogue, swizzle, visitor, bias, array)`` says array=True."""
@@ -80,12 +88,18 @@ class GemmOperationSm90(Sm90Operation, GemmOperationUniversal):
 
     ``bias``: None, ``"row"`` (a vector of M values added to every column: CUTLASS's per-row bias) or ``"column"``
     (N values added to every row); D = activation(alpha * A @ B + beta * C + bias). The vector comes with the
-    arguments (``GemmArguments(..., bias=vector)``). The 2.x ``swizzling_functor`` is accepted for PyCUTLASS code:
+    arguments (``GemmArguments(..., bias=vector)``).
+
+    ``scales="blockwise"`` (fp8 operands): D = activation(alpha * sum_kb scale_a[m, kb] * scale_b[n / 128, kb] *
+    (A @ B over K block kb) + beta * C), float32 scales per 1 x 128 block of A and per 128 x 128 block of B (the
+    DeepSeek-V3 recipe), accumulated in float32 every 128 of K (CUTLASS's blockwise main loops; cooperative or
+    ping-pong, tile K 128, tile N 128 or 256, the default tile scheduler). The scales come with the arguments
+    (``scale_a=``, ``scale_b=``). The 2.x ``swizzling_functor`` is accepted for PyCUTLASS code:
     an ``IdentitySwizzleN`` sets the default swizzle size N of the tile scheduler (a runtime argument here).
     """
 
     kind = "gemm_sm90"
-    abi_struct_type = Sm90GemmArgs
+    scales = None  # "blockwise": fp8 with block-wise scales (BLOCK_SCALE)
     array = False  # built for Mode.Array's lists of matrices (the pointer-array kernel, kinds/gemm_array_sm90)
     # FastLinearCombinationClamp is the clamp of LinearCombinationClamp here (exact int32 -> float conversion), so
     # CUTLASS 2.x's K <= 256 limit of its fast converters does not apply.
@@ -104,7 +118,7 @@ class GemmOperationSm90(Sm90Operation, GemmOperationUniversal):
     def __init__(self, arch: int, tile_description: TileDescription, A: TensorDescription, B: TensorDescription,
                  C: TensorDescription, epilogue_functor: EpilogueFunctor,
                  swizzling_functor: SwizzlingFunctor = IdentitySwizzle1, visitor: bool = False, bias=None,
-                 array: bool = False, direct_store: bool = False):
+                 array: bool = False, direct_store: bool = False, scales=None):
         if arch != 90:
             raise DescriptionError(f"GemmOperationSm90 is compute capability 90, got {arch!r}",
                                    rule="target.compute_capability")
@@ -127,17 +141,28 @@ class GemmOperationSm90(Sm90Operation, GemmOperationUniversal):
         if swizzling_functor not in GEMM_SWIZZLES:
             raise DescriptionError(f"swizzling_functor must be one of {[s.name for s in GEMM_SWIZZLES]}, got "
                                    f"{swizzling_functor!r}", rule="swizzle.unsupported")
+        if scales not in (None, "blockwise"):
+            raise DescriptionError(f"scales must be None or 'blockwise' (fp8 with float32 scales per 1x128 block of A "
+                                   f"and 128x128 block of B), got {scales!r}", rule="scales.unsupported")
         self.bias = bias
+        self.scales = scales
         self._describe(90, tile_description, A, B, C, epilogue_functor, swizzling_functor)
         self.kernel_schedule, self.epilogue_schedule = _check(tile_description, A, B, C, epilogue_functor, bias)
         self.tile_scheduler = tile_description.tile_scheduler
+        if scales:
+            self.kernel_schedule = _check_blockwise(tile_description, self.kernel_schedule, C, epilogue_functor, bias)
+
+    @property
+    def abi_struct_type(self):
+        """The builder's argument struct: block-scaled operations carry the two scale pointers."""
+        return Sm90BlockwiseGemmArgs if self.scales else Sm90GemmArgs
 
     # --- identity -------------------------------------------------------------------------------------------
     def _signature(self) -> tuple:
         tile = self.tile_description
         return ("gemm_sm90", tile.threadblock_shape, tile.stages, tile.math_instruction, tile.cluster_shape,
                 self.kernel_schedule, self.epilogue_schedule, self.tile_scheduler, self.A, self.B, self.C,
-                self.epilogue_functor, self.bias)
+                self.epilogue_functor, self.bias) + ((self.scales,) if self.scales else ())
 
     def _readable_name(self) -> str:
         tile = self.tile_description
@@ -150,6 +175,8 @@ class GemmOperationSm90(Sm90Operation, GemmOperationUniversal):
                     "TmaWarpSpecializedPingpong": "pp"}[self.kernel_schedule.base.value]
         if self.kernel_schedule.is_fp8_fast_accum:
             schedule += "fa"
+        if self.scales:
+            schedule += "_bw"
         extra = ("_sk" if self.tile_scheduler is _TS.StreamK else "") + \
             ("_nosmem" if self.epilogue_schedule is _ES.NoSmemWarpSpecialized else "") + \
             (f"_bias{self.bias[0]}" if self.bias else "") + epilogue_suffix(self.epilogue_functor)
@@ -193,7 +220,8 @@ class GemmOperationSm90(Sm90Operation, GemmOperationUniversal):
     def headers(self) -> list[str]:
         return ["cute/tensor.hpp", "cutlass/gemm/collective/collective_builder.hpp",
                 "cutlass/epilogue/collective/collective_builder.hpp", "cutlass/epilogue/thread/activation.h",
-                "cutlass/gemm/kernel/gemm_universal.hpp", "cutlass/gemm/dispatch_policy.hpp"]
+                "cutlass/gemm/kernel/gemm_universal.hpp", "cutlass/gemm/dispatch_policy.hpp"] + \
+            (["cutlass/detail/blockwise_scale_layout.hpp"] if self.scales else [])
 
     def emit_body(self) -> str:
         tile = self.tile_description
@@ -207,12 +235,13 @@ class GemmOperationSm90(Sm90Operation, GemmOperationUniversal):
             element_accumulator=names.ELEMENT[math.element_accumulator],
             element_compute=names.ELEMENT[self.epilogue_functor.element_epilogue],
             tile_shape=tile.threadblock_shape, cluster_shape=tile.cluster_shape, stages=tile.stages,
-            kernel_schedule=_KERNEL_SCHEDULES[self.kernel_schedule],
+            kernel_schedule=(_BLOCKWISE_SCHEDULES if self.scales else _KERNEL_SCHEDULES)[self.kernel_schedule],
             kernel_family=self.kernel_schedule.base.value,
             epilogue_schedule=_EPILOGUE_SCHEDULES[self.epilogue_schedule],
             tile_scheduler=_TILE_SCHEDULERS[self.tile_scheduler], stream_k=self.tile_scheduler is _TS.StreamK,
             activation=activation, activation_args=activation_args, clamp=clamp,
-            bias=self.bias, tma_epilogue=self.epilogue_schedule is not _ES.NoSmemWarpSpecialized)
+            bias=self.bias, tma_epilogue=self.epilogue_schedule is not _ES.NoSmemWarpSpecialized,
+            block_scale=BLOCK_SCALE if self.scales else None, abi_struct=self.abi_struct_type.__name__)
 
     def describe(self) -> str:
         tile = self.tile_description
@@ -224,7 +253,42 @@ class GemmOperationSm90(Sm90Operation, GemmOperationUniversal):
                 f"cluster={list(tile.cluster_shape)} stages={tile.stages or 'auto'} "
                 f"kernel={self.kernel_schedule.value} epilogue={self.epilogue_schedule.value} "
                 f"scheduler={self.tile_scheduler.name} epilogue_op={self.epilogue_functor.describe()}"
-                f"{' bias=' + self.bias if self.bias else ''}")
+                f"{' bias=' + self.bias if self.bias else ''}{' scales=' + self.scales if self.scales else ''}")
+
+
+def _check_blockwise(tile: TileDescription, schedule: KernelScheduleType, C, functor, bias) -> KernelScheduleType:
+    """What CUTLASS's SM90 blockwise main loops take (as far as the GPU suite covers them); returns the schedule
+    they run (Auto's fp8 fast accumulation resolves to the plain schedule: the blockwise loop promotes itself)."""
+    what = "GemmOperationUniversal(90, scales='blockwise')"
+    math = tile.math_instruction
+    if not (math.element_a.is_fp8 and math.element_b.is_fp8):
+        raise DescriptionError(f"{what}: block-wise scales are built for fp8 operands (float8_e4m3 / float8_e5m2), "
+                               f"got {math.element_a.label} x {math.element_b.label}", rule="scales.unsupported")
+    if tile.kernel_schedule is not _KS.Auto and schedule.is_fp8_fast_accum:
+        raise DescriptionError(f"{what}: {schedule.value} accumulates without promotion; the blockwise main loop "
+                               f"promotes into float32 every 128 of K itself: use Auto, TmaWarpSpecializedCooperative "
+                               f"or TmaWarpSpecializedPingpong", rule="scales.unsupported")
+    base = schedule.base
+    if base is _KS.TmaWarpSpecialized:  # Auto on a 64-row tile
+        base = _KS.TmaWarpSpecializedPingpong if tile.kernel_schedule is _KS.Auto else base
+    if base not in _BLOCKWISE_SCHEDULES:
+        raise DescriptionError(f"{what}: CUTLASS's blockwise main loops are cooperative or ping-pong, got "
+                               f"{schedule.value}", rule="scales.unsupported")
+    m, n, k = tile.threadblock_shape
+    if n % BLOCK_SCALE[1] or k % BLOCK_SCALE[2]:
+        raise DescriptionError(f"{what}: tile N must be a multiple of {BLOCK_SCALE[1]} (one scale of B per tile "
+                               f"column block) and tile K of {BLOCK_SCALE[2]}, got {[m, n, k]}",
+                               rule="scales.unsupported")
+    if tile.tile_scheduler is not _TS.Default:
+        raise DescriptionError(f"{what}: the blockwise main loops are built with the default tile scheduler, got "
+                               f"{tile.tile_scheduler.name}", rule="scales.unsupported")
+    if bias is not None or functor.kind in CLAMP_KINDS:
+        raise DescriptionError(f"{what}: not built with bias= or {functor.kind} (use LinearCombination or "
+                               f"LinearCombinationGeneric)", rule="scales.unsupported")
+    if C.element.is_fp8:
+        raise DescriptionError(f"{what}: fp8 outputs are not built with block-wise scales (C must be float16, "
+                               f"bfloat16 or float32)", rule="scales.unsupported")
+    return base
 
 
 def _check(tile: TileDescription, A, B, C, functor, bias) -> tuple[KernelScheduleType, EpilogueScheduleType]:
