@@ -28,7 +28,7 @@ SHAPES_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 71
 M_VALUES = (128, 4096, 16384)
 TILES = [((128, 128, 128), (1, 1, 1), "TmaWarpSpecializedCooperative"),
          ((128, 128, 128), (2, 1, 1), "TmaWarpSpecializedCooperative"),
-         ((128, 256, 128), (2, 1, 1), "TmaWarpSpecializedCooperative"),
+         ((256, 128, 128), (1, 1, 1), "TmaWarpSpecializedCooperative"),
          ((64, 128, 128), (1, 1, 1), "TmaWarpSpecializedPingpong"),
          ((128, 128, 128), (1, 2, 1), "TmaWarpSpecializedPingpong")]
 BLOCK = 128

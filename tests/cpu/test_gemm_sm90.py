@@ -397,7 +397,7 @@ def test_blockwise_scales_rules_names_and_emission():
     assert "KernelTmaWarpSpecializedCooperativeFP8Blockwise" in source and "tile_atom_to_shape_SFA" in source
     assert "Sm90BlockwiseScaleConfig<1, 128, 128" in source and "Sm90BlockwiseScaleConfig" not in plain.emit()
     assert _blockwise(tile=(64, 128, 128)).kernel_schedule is KS.TmaWarpSpecializedPingpong  # Auto on 64 rows
-    assert _blockwise(kernel=KS.TmaWarpSpecializedPingpong, tile=(128, 256, 128)).kernel_schedule is \
+    assert _blockwise(kernel=KS.TmaWarpSpecializedPingpong, tile=(128, 128, 128)).kernel_schedule is \
         KS.TmaWarpSpecializedPingpong
     for kwargs, message in ((dict(kernel=KS.TmaWarpSpecializedCooperativeFP8FastAccum), "without promotion"),
                             (dict(kernel=KS.TmaWarpSpecialized, tile=(64, 128, 128)), "cooperative or ping-pong"),
@@ -406,8 +406,9 @@ def test_blockwise_scales_rules_names_and_emission():
                             (dict(bias="row"), "not built with bias=")):
         with pytest.raises(DescriptionError, match=message):
             _blockwise(**kwargs)
-    with pytest.raises(DescriptionError, match="tile N must be a multiple of 128"):
-        _blockwise(tile=(128, 64, 128))
+    for tile in ((128, 64, 128), (128, 256, 128)):
+        with pytest.raises(DescriptionError, match="tile N and K must be 128"):
+            _blockwise(tile=tile)
     with pytest.raises(DescriptionError, match="built for fp8 operands"):
         f16 = sm90()
         cutlass.GemmOperationUniversal(90, f16.tile_description, f16.A, f16.B, f16.C, f16.epilogue_functor,

@@ -43,7 +43,7 @@ OPS = {
     "e4m3_coop_bf16": blockwise_op(),
     "e4m3_pp_64x128_c2x1_f32": blockwise_op(out=D.float32, tile=(64, 128, 128), cluster=(2, 1, 1),
                                             kernel=KS.TmaWarpSpecializedPingpong),
-    "e4m3e5m2_coop_128x256_c1x2_f16_gelu": blockwise_op(b=D.float8_e5m2, out=D.float16, tile=(128, 256, 128),
+    "e4m3e5m2_coop_256x128_c1x2_f16_gelu": blockwise_op(b=D.float8_e5m2, out=D.float16, tile=(256, 128, 128),
                                                         cluster=(1, 2, 1), activation="gelu"),
     "e4m3_pp_128x128_bf16_silu": blockwise_op(tile=(128, 128, 128), kernel=KS.TmaWarpSpecializedPingpong,
                                               activation="silu"),

@@ -93,7 +93,7 @@ class GemmOperationSm90(Sm90Operation, GemmOperationUniversal):
     ``scales="blockwise"`` (fp8 operands): D = activation(alpha * sum_kb scale_a[m, kb] * scale_b[n / 128, kb] *
     (A @ B over K block kb) + beta * C), float32 scales per 1 x 128 block of A and per 128 x 128 block of B (the
     DeepSeek-V3 recipe), accumulated in float32 every 128 of K (CUTLASS's blockwise main loops; cooperative or
-    ping-pong, tile K 128, tile N 128 or 256, the default tile scheduler). The scales come with the arguments
+    ping-pong, tile N and K 128, the default tile scheduler). The scales come with the arguments
     (``scale_a=``, ``scale_b=``). The 2.x ``swizzling_functor`` is accepted for PyCUTLASS code:
     an ``IdentitySwizzleN`` sets the default swizzle size N of the tile scheduler (a runtime argument here).
     """
@@ -275,10 +275,12 @@ def _check_blockwise(tile: TileDescription, schedule: KernelScheduleType, C, fun
         raise DescriptionError(f"{what}: CUTLASS's blockwise main loops are cooperative or ping-pong, got "
                                f"{schedule.value}", rule="scales.unsupported")
     m, n, k = tile.threadblock_shape
-    if n % BLOCK_SCALE[1] or k % BLOCK_SCALE[2]:
-        raise DescriptionError(f"{what}: tile N must be a multiple of {BLOCK_SCALE[1]} (one scale of B per tile "
-                               f"column block) and tile K of {BLOCK_SCALE[2]}, got {[m, n, k]}",
-                               rule="scales.unsupported")
+    if n != BLOCK_SCALE[1] or k != BLOCK_SCALE[2]:
+        # 256-wide tiles hold two of B's scale blocks, which CUTLASS 4.2's blockwise accumulation does not build
+        # (GmmaFP8Accumulation::scale_core static_asserts one scale of B per accumulator column block)
+        raise DescriptionError(f"{what}: tile N and K must be {BLOCK_SCALE[1]} (one 128 x 128 scale block of B per "
+                               f"tile; CUTLASS 4.2's blockwise accumulation does not build wider tiles), got "
+                               f"{[m, n, k]}", rule="scales.unsupported")
     if tile.tile_scheduler is not _TS.Default:
         raise DescriptionError(f"{what}: the blockwise main loops are built with the default tile scheduler, got "
                                f"{tile.tile_scheduler.name}", rule="scales.unsupported")
