@@ -14,11 +14,9 @@ pycutlass SM90 kernel and the torch baseline (cuBLAS) are each timed three ways:
   back to back with no host in between, L2 as cold as the harness's (a graph without the flushes is reported too:
   "warm", the inputs left in L2 by the previous launch);
 - ncu: Nsight Compute's ``gpu__time_duration.sum`` of every kernel the call launches (``--cache-control all``:
-  caches flushed before each kernel; ``--clock-control none``: clocks as the harness sees them), in a child process;
-  "ncu (harness L2)": the same with ``--cache-control none`` and the harness's own eviction (the read of twice L2)
-  before each call, its flush kernels left out, so ncu times the kernel in the cache state the harness times it in.
+  caches flushed before each kernel; ``--clock-control none``: clocks as the harness sees them), in a child process.
 
-Goal: harness within 3% of graph and of ncu for every pair (the verdict is given against each ncu measure).
+Goal: harness within 3% of graph and of ncu for every pair.
 """
 from __future__ import annotations
 
@@ -44,7 +42,6 @@ CONFIGS = {"small": ([64, 128, 64], [2, 1, 1], "TmaWarpSpecializedPingpong"),
            "large": ([128, 256, 64], [2, 1, 1], "TmaWarpSpecializedCooperative")}
 GRAPH_LAUNCHES, GRAPH_REPLAYS, NCU_CALLS = 20, 15, 10
 AGREE = 0.03
-FLUSH_KERNEL = "at::native::reduce_kernel"  # torch's sum: the harness's L2 eviction, not part of a call
 MARKER_CYCLES = 1000  # torch.cuda._sleep: a tiny kernel ("spin_kernel") that separates the series in ncu's output
 
 
@@ -178,15 +175,12 @@ def ncu_path() -> str | None:
     return None
 
 
-def ncu_child(spec_path: str, flush: bool = False) -> None:
-    """Under ncu: each series = a marker kernel, then NCU_CALLS calls (each after the harness's L2 eviction when
-    ``flush``); only this part is profiled."""
+def ncu_child(spec_path: str) -> None:
+    """Under ncu: each series = a marker kernel, then NCU_CALLS calls; only this part is profiled."""
     import torch
 
     series = json.loads(Path(spec_path).read_text())
     launches = [_series(entry["pair"], entry["who"])[0] for entry in series]
-    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    evict = torch.ones(2 * l2 // 4, dtype=torch.int32, device="cuda") if flush else None
     for launch in launches:
         launch()
     torch.cuda.synchronize()
@@ -194,8 +188,6 @@ def ncu_child(spec_path: str, flush: bool = False) -> None:
     for launch in launches:
         torch.cuda._sleep(MARKER_CYCLES)
         for _ in range(NCU_CALLS):
-            if evict is not None:
-                evict.sum(dtype=torch.int64)
             launch()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
@@ -218,16 +210,15 @@ def parse_ncu_csv(text: str, series: int, calls: int = NCU_CALLS) -> list[float 
         if any(word in row.get("Kernel Name", "") for word in ("spin_kernel", "sleep")):
             groups.append([])
             continue
-        if not groups or FLUSH_KERNEL in row.get("Kernel Name", ""):
-            continue  # kernels before the first marker (none are expected); the L2 eviction's reads
+        if not groups:
+            continue  # kernels before the first marker (none are expected)
         value = float(row["Metric Value"].replace(",", ""))
         groups[-1].append(value * _UNITS.get(row.get("Metric Unit", "nsecond"), 1e-3))
     found = [sum(group) / calls if group else None for group in groups]
     return (found + [None] * series)[:series]
 
 
-def ncu_us(entries: list[dict], harness_l2: bool = False) -> tuple[list[float | None], str]:
-    """``harness_l2``: ncu leaves the caches alone and the child evicts L2 the harness's way before each call."""
+def ncu_us(entries: list[dict]) -> tuple[list[float | None], str]:
     ncu = ncu_path()
     if ncu is None:
         return [None] * len(entries), "ncu not found"
@@ -235,10 +226,9 @@ def ncu_us(entries: list[dict], harness_l2: bool = False) -> tuple[list[float | 
         spec = Path(folder) / "series.json"
         spec.write_text(json.dumps(entries))
         log = Path(folder) / "ncu.csv"
-        command = [ncu, "--csv", "--metrics", "gpu__time_duration.sum", "--cache-control",
-                   "none" if harness_l2 else "all", "--clock-control", "none", "--profile-from-start", "off",
-                   "--log-file", str(log), sys.executable, os.path.abspath(__file__), "--ncu-child", str(spec)]
-        command += ["--ncu-flush"] if harness_l2 else []
+        command = [ncu, "--csv", "--metrics", "gpu__time_duration.sum", "--cache-control", "all", "--clock-control",
+                   "none", "--profile-from-start", "off", "--log-file", str(log), sys.executable,
+                   os.path.abspath(__file__), "--ncu-child", str(spec)]
         done = subprocess.run(command, capture_output=True, text=True, timeout=900)
         text = log.read_text() if log.exists() else ""
         if done.returncode or not text:
@@ -259,17 +249,14 @@ def agreement_rows(measured: list[dict]) -> list[dict]:
         row = dict(entry)
         harness = entry.get("harness_us")
         verdicts = []
-        for name in ("graph_us", "ncu_us", "ncu_harness_l2_us"):
+        for name in ("graph_us", "ncu_us"):
             other = entry.get(name)
             ratio = harness / other if harness and other else None
             row[f"harness/{name[:-3]}"] = None if ratio is None else round(ratio, 4)
             if ratio is not None:
-                verdicts.append((name, abs(ratio - 1) <= AGREE))
-        judged = dict(verdicts)
-        row["within_3%"] = bool(judged) and all(ok for name, ok in verdicts if name != "ncu_harness_l2_us")
-        if "ncu_harness_l2_us" in judged:  # graph and the ncu run that evicts L2 as the harness does
-            row["within_3% (ncu harness L2)"] = all(ok for name, ok in verdicts if name != "ncu_us")
-        for name in ("harness_us", "events_us", "graph_us", "graph_warm_us", "ncu_us", "ncu_harness_l2_us"):
+                verdicts.append(abs(ratio - 1) <= AGREE)
+        row["within_3%"] = bool(verdicts) and all(verdicts)
+        for name in ("harness_us", "events_us", "graph_us", "graph_warm_us", "ncu_us"):
             if isinstance(row.get(name), float):
                 row[name] = round(row[name], 2)
         rows.append(row)
@@ -292,18 +279,14 @@ def run(out_path: str | None = None) -> dict:
             ncu_entries.append({"pair": pair, "who": who})
         print(f"  {measured[-2]['shape']} {pair['dtype']}: harness {harness}", flush=True)
     ncu, note = ncu_us(ncu_entries)
-    ncu_l2, note_l2 = ncu_us(ncu_entries, harness_l2=True)
-    for entry, value, value_l2 in zip(measured, ncu, ncu_l2):
-        entry["ncu_us"], entry["ncu_harness_l2_us"] = value, value_l2
+    for entry, value in zip(measured, ncu):
+        entry["ncu_us"] = value
     rows = agreement_rows(measured)
     within = sum(row["within_3%"] for row in rows)
-    within_l2 = sum(bool(row.get("within_3% (ncu harness L2)")) for row in rows)
-    result = {"rows": rows, "within_3%": within, "within_3% (ncu harness L2)": within_l2, "pairs": len(rows),
-              "ncu_note": note, "ncu_harness_l2_note": note_l2,
+    result = {"rows": rows, "within_3%": within, "pairs": len(rows), "ncu_note": note,
               "goal": "every pair within 3% of graph and ncu", "goal_met": within == len(rows)}
-    print_table(f"agreement: harness vs CUDA-graph replay (L2 flushed) vs ncu; {within}/{len(rows)} within 3% of "
-                f"graph and ncu (caches flushed by ncu), {within_l2}/{len(rows)} of graph and ncu (harness L2)"
-                + (f" ({note or note_l2})" if note or note_l2 else ""), rows)
+    print_table(f"agreement: harness vs CUDA-graph replay (L2 flushed) vs ncu; {within}/{len(rows)} within 3%"
+                + (f" ({note})" if note else ""), rows)
     if out_path:
         write_json(out_path, {"agreement": result})
     return result
@@ -316,10 +299,9 @@ def main() -> None:
     parser.add_argument("--target", default=90)
     parser.add_argument("--jobs", type=int, default=None)
     parser.add_argument("--ncu-child", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--ncu-flush", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.ncu_child:
-        ncu_child(args.ncu_child, flush=args.ncu_flush)
+        ncu_child(args.ncu_child)
         return
     if args.compile_only:
         from pycutlass.compiler.manager import Compiler

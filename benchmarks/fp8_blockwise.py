@@ -54,7 +54,7 @@ def operations() -> list:
 
 def tile_name(op) -> str:
     tile = op.tile_description
-    schedule = "coop" if op.kernel_schedule.name.endswith("Cooperative") else "pp"
+    schedule = "coop" if op.kernel_schedule.base.name.endswith("Cooperative") else "pp"
     return f"{'x'.join(map(str, tile.threadblock_shape))}_c{tile.cluster_shape[0]}x{tile.cluster_shape[1]}_{schedule}"
 
 

@@ -137,7 +137,8 @@ def _tile_name(op) -> str:
     if op.family != "sm90":
         return op.tile_description.procedural_name()
     tile = op.tile_description
-    schedule = "coop" if op.kernel_schedule.name.endswith("Cooperative") else "pp"
+    schedule = "coop" if op.kernel_schedule.base.name.endswith("Cooperative") else "pp"
+    schedule += "fa" if op.kernel_schedule.is_fp8_fast_accum else ""
     return f"{'x'.join(map(str, tile.threadblock_shape))}_c{tile.cluster_shape[0]}x{tile.cluster_shape[1]}_{schedule}"
 
 

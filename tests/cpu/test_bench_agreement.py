@@ -57,20 +57,3 @@ def test_each_shape_gets_one_configuration_per_dtype():
     assert {tuple(p["shape"]) for p in found} == set(agreement.SHAPES)
     assert {p["params"]["threadblock_shape"][0] for p in found if p["shape"] == [4096, 4096, 4096]} == {128}
     assert len(agreement.operations()) == 6  # 3 configurations x 2 dtypes
-
-
-def test_the_harness_l2_ncu_run_leaves_out_the_eviction_and_is_judged_on_its_own():
-    lines = [HEADER]
-    flush = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<long, at::native::func_wrapper<long>>>"
-    for index, (kernel, value) in enumerate((("spin_kernel(long)", "1,000"), (flush, "30,000"),
-                                             ("pycutlass_gemm_sm90_x", "12,000"), (flush, "30,000"),
-                                             ("pycutlass_gemm_sm90_x", "14,000"))):
-        lines.append(_row(index, kernel, value))
-    assert agreement.parse_ncu_csv("".join(lines), series=1, calls=2) == [pytest.approx(13.0)]
-    rows = agreement.agreement_rows([
-        {"who": "torch", "harness_us": 100.0, "graph_us": 99.0, "ncu_us": 110.0, "ncu_harness_l2_us": 101.0},
-        {"who": "torch", "harness_us": 100.0, "graph_us": 99.0, "ncu_us": 101.0, "ncu_harness_l2_us": 90.0},
-    ])
-    assert [row["within_3%"] for row in rows] == [False, True]  # graph and ncu with its own cache flush
-    assert [row["within_3% (ncu harness L2)"] for row in rows] == [True, False]
-    assert rows[0]["harness/ncu_harness_l2"] == pytest.approx(100 / 101, abs=1e-4)
