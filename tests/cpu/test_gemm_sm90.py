@@ -402,6 +402,8 @@ def test_blockwise_scales_rules_names_and_emission():
     for kwargs, message in ((dict(kernel=KS.TmaWarpSpecializedCooperativeFP8FastAccum), "without promotion"),
                             (dict(kernel=KS.TmaWarpSpecialized, tile=(64, 128, 128)), "cooperative or ping-pong"),
                             (dict(scheduler=TS.StreamK), "default tile scheduler"),
+                            (dict(stages=4), "leave stages=0"),
+                            (dict(epilogue=ES.NoSmemWarpSpecialized), "TMA epilogues only"),
                             (dict(out=D.float8_e4m3), "C of float8_e4m3|fp8 outputs"),
                             (dict(bias="row"), "not built with bias=")):
         with pytest.raises(DescriptionError, match=message):

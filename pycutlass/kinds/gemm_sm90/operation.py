@@ -284,6 +284,13 @@ def _check_blockwise(tile: TileDescription, schedule: KernelScheduleType, C, fun
     if tile.tile_scheduler is not _TS.Default:
         raise DescriptionError(f"{what}: the blockwise main loops are built with the default tile scheduler, got "
                                f"{tile.tile_scheduler.name}", rule="scales.unsupported")
+    if tile.stages:
+        raise DescriptionError(f"{what}: the blockwise main loop keeps its scales in shared memory beside the "
+                               f"operands; leave stages=0 (the builder carves them), got {tile.stages}",
+                               rule="scales.unsupported")
+    if tile.epilogue_schedule is _ES.NoSmemWarpSpecialized:
+        raise DescriptionError(f"{what}: built with the TMA epilogues only (Auto), got NoSmemWarpSpecialized",
+                               rule="scales.unsupported")
     if bias is not None or functor.kind in CLAMP_KINDS:
         raise DescriptionError(f"{what}: not built with bias= or {functor.kind} (use LinearCombination or "
                                f"LinearCombinationGeneric)", rule="scales.unsupported")
