@@ -14,7 +14,8 @@
 - the torch baseline (cuBLAS) is timed by the same code in the same process, with the same lead.
 
 Needs torch and a GPU. GEMM problems (``GemmProblem``) on GEMM operations (Sm80 and SM90 families), grouped
-problems (``GroupedGemmProblem``) on grouped operations (``measure_grouped``, baseline ``measure_torch_grouped``) and
+problems (``GroupedGemmProblem``) on grouped operations (``measure_grouped``, baseline ``measure_torch_grouped``),
+masked ones (``MaskedGroupedProblem``) on SM90 grouped operations (``measure_masked``, the same baseline packed) and
 Conv2d problems on Conv2d operations (``measure_conv``, baseline ``measure_torch_conv``).
 """
 from __future__ import annotations
@@ -552,6 +553,70 @@ def measure_grouped(bench: GemmBench, operation, problem, session=None) -> tuple
     return Measurement("ok", median, minimum, iqr, len(samples), rel_error, note), None
 
 
+def measure_masked(bench: GemmBench, operation, problem, session=None) -> tuple[Measurement, dict | None]:
+    """Verify an SM90 grouped operation on a MaskedGroupedProblem once (A and D as (experts, capacity, columns), the
+    counts on the device; float64 on sampled rows of every expert, every row past a count still NaN), then time one
+    launch (the device-sizes kernel and the grouped kernel)."""
+    from ..kinds import GemmGroupedArguments
+
+    a_label, b_label, c_label, a_row, b_row, c_row = operand_labels(operation)
+    if operation.family != "sm90" or not (a_row and c_row):
+        return Measurement("failed", message="the masked layout runs on SM90 grouped operations with row-major A "
+                                             "and C"), None
+    if operation.bias or operation.scales:
+        return Measurement("failed", message="sweeps time grouped operations without a bias vector or row-wise "
+                                             "scales"), None
+    torch = bench.torch
+    experts, capacity, n, k = problem.experts, problem.capacity, problem.n, problem.k
+    key = ("masked", problem.key, a_label, b_label, b_row)
+    found = bench._inputs.get(key)
+    if found is None:
+        with bench.clock.phase("inputs"):
+            generator = torch.Generator(device=bench.device).manual_seed(bench.config.seed * 1_000_003)
+            A = bench._matrix(capacity, k, True, a_label, generator, experts).reshape(experts, capacity, k)
+            B = bench._matrix(k, n, b_row, b_label, generator, experts)
+            B = B if experts > 1 else B[None]
+            counts = torch.tensor(problem.counts, dtype=torch.int32, device=bench.device)
+            torch.cuda.synchronize(bench.device)
+        found = (A, B, counts)
+        bench._inputs.put(key, found, _nbytes(A) + _nbytes(B))
+    A, B, counts = found
+    D = bench.poisoned(capacity, n, True, c_label, experts).reshape(experts, capacity, n)
+    with bench.clock.phase("load"):
+        args = GemmGroupedArguments(operation, counts, A, B, None, D, output_op=operation.epilogue_type(1.0, 0.0),
+                                    session=session)
+    rel_error = None
+    if bench.config.verify:
+        with bench.clock.phase("verify"):
+            operation.run(args)
+            args.sync()
+            busy = [e for e, count in enumerate(problem.counts) if count]
+            activation = getattr(operation.epilogue_functor, "activation", None)
+            rel_error = sampled_grouped_error(bench, [A[e, :problem.counts[e]] for e in busy], [B[e] for e in busy],
+                                              [D[e, :problem.counts[e]] for e in busy], activation)
+            written_past = c_label not in _INTEGER and any(
+                not bool(D[e, count:].isnan().all()) for e, count in enumerate(problem.counts))
+            args.check_sizes()
+        tolerance = max(TOLERANCE.get(c_label, 5e-3), TOLERANCE.get(a_label, 0.0) if a_label in _FP8 else 0.0)
+        if written_past:
+            return Measurement("wrong", rel_error=rel_error, message="rows past an expert's count were written"), None
+        if not rel_error <= tolerance:
+            return Measurement("wrong", rel_error=rel_error,
+                               message=f"relative error {rel_error:.3g} > tolerance {tolerance:g} (sampled rows)"), None
+    samples, note = bench.time(lambda i: operation.run(args))
+    median, minimum, iqr = summarize(samples)
+    return Measurement("ok", median, minimum, iqr, len(samples), rel_error, note), None
+
+
+def packed_problem(problem):
+    """The contiguous grouped problem of a masked one: the experts that received tokens, each with M = its count
+    (what torch's grouped GEMM computes for the same routing)."""
+    from .problems import GroupedGemmProblem
+
+    return GroupedGemmProblem(tuple((count, problem.n, problem.k) for count in problem.counts if count) or
+                              ((0, problem.n, problem.k),))
+
+
 def measure_torch_grouped(bench: GemmBench, problem, a_label: str, c_label: str | None = None) -> Measurement:
     """The grouped baseline, timed by the same harness: ``torch._grouped_mm`` (one packed A, a (groups, K, N) B,
     offsets) where it serves the problem (16-bit types, every group of one N and K), else a loop of torch.matmul
@@ -709,7 +774,8 @@ def measure_torch_conv(bench: GemmBench, problem, conv_kind: str, a_label: str) 
 
 def measure_kernel(bench: GemmBench, operation, problem, session=None) -> tuple[Measurement, dict | None]:
     """``measure_gemm``, ``measure_grouped`` or ``measure_conv``, by the problem's kind."""
-    measure = {"grouped_gemm": measure_grouped, "conv2d": measure_conv}.get(problem.kind, measure_gemm)
+    measure = {"grouped_gemm": measure_grouped, "masked_grouped_gemm": measure_masked,
+               "conv2d": measure_conv}.get(problem.kind, measure_gemm)
     return measure(bench, operation, problem, session)
 
 
@@ -721,6 +787,8 @@ def measure_baseline(bench: GemmBench, problem, a_label: str, c_label: str, conv
         return measure_torch_conv(bench, problem, conv_kind, a_label)
     if problem.kind == "grouped_gemm":
         return measure_torch_grouped(bench, problem, a_label, c_label=c_label)
+    if problem.kind == "masked_grouped_gemm":  # torch has no masked form: the same counts packed
+        return measure_torch_grouped(bench, packed_problem(problem), a_label, c_label=c_label)
     return measure_torch(bench, problem, a_label, c_label=c_label)
 
 

@@ -581,6 +581,14 @@ def _times_as_grouped(operation) -> bool:
     return isinstance(operation, GemmOperationGrouped)
 
 
+def _times_as_masked(operation) -> bool:
+    """The masked layout: SM90 grouped operations (device-side counts) with row-major A and C."""
+    from ..description.types import LayoutType
+
+    return _times_as_grouped(operation) and operation.family == "sm90" and \
+        operation.A.layout is LayoutType.RowMajor and operation.C.layout is LayoutType.RowMajor
+
+
 def _run_threads(threads, stop, settle: float = 0.0) -> None:
     """Start ``threads`` and wait for them in short joins, so Ctrl-C reaches this thread at once; on Ctrl-C set
     ``stop``, give each thread ``settle`` seconds to finish what it holds, and re-raise."""
@@ -603,7 +611,7 @@ def _baseline_row(kind: str, a_label: str, c_label: str, conv_kind: str | None) 
     if kind == "conv2d":
         return (conv_baseline_name(conv_kind, a_label, c_label),
                 f"torch (cuDNN) {conv_kind} {a_label} -> {c_label}, channels-last")
-    if kind == "grouped_gemm":
+    if kind in ("grouped_gemm", "masked_grouped_gemm"):
         return (grouped_baseline_name(a_label, c_label),
                 f"torch grouped {a_label} -> {c_label}: torch._grouped_mm where it serves the problem, else a CUDA "
                 f"graph of torch.matmul per group")
@@ -612,11 +620,12 @@ def _baseline_row(kind: str, a_label: str, c_label: str, conv_kind: str | None) 
 
 def _tasks(sweep, operations, baseline: bool) -> list:
     """Problem-major order (inputs are reused across kernels), each problem's baseline first. GEMM problems pair with
-    GEMM operations, grouped problems with grouped operations and Conv2d problems with Conv2d operations (each kind
-    of convolution beside torch's own)."""
+    GEMM operations, grouped problems with grouped operations (masked ones with the SM90 grouped operations that can
+    take the layout) and Conv2d problems with Conv2d operations (each kind of convolution beside torch's own)."""
     tasks = []
     by_kind = {"gemm": [op for op in operations if _times_as_gemm(op)],
                "grouped_gemm": [op for op in operations if _times_as_grouped(op)],
+               "masked_grouped_gemm": [op for op in operations if _times_as_masked(op)],
                "conv2d": [op for op in operations if _times_as_conv(op)]}
     for problem in sweep.problems:
         kind_operations = by_kind.get(problem.kind, [])

@@ -492,6 +492,34 @@ def test_grouped_problems_pair_with_grouped_operations_and_their_own_baseline():
     assert baseline_name("float16", "float16") != grouped_baseline_name("float16", "float16")
 
 
+def test_masked_problems_pair_with_sm90_grouped_operations_only():
+    """Masked (decode) problems go to the SM90 grouped operations that can take the layout (row-major A and C), with
+    the grouped baseline over the same counts packed; the CUTLASS 2.x grouped kernel and column-major C stay out."""
+    import types
+
+    from pycutlass.tune.bench import packed_problem
+    from pycutlass.tune.problems import MaskedGroupedProblem
+    from pycutlass.tune.runner import _tasks, grouped_baseline_name
+
+    plain = gemm()
+    sm80 = cutlass.GemmOperationGrouped(80, plain.tile_description, plain.A, plain.B, plain.C, plain.epilogue_functor,
+                                        cutlass.IdentitySwizzle1)
+    math = cutlass.MathInstruction([64, 128, 16], cutlass.float16, cutlass.float16, cutlass.float32,
+                                   cutlass.OpClass.TensorOp)
+    tile = cutlass.TileDescription([128, 128, 64], 0, None, math)
+    f16 = [cutlass.TensorDescription(cutlass.float16, layout, 8) for layout in
+           (cutlass.RowMajor, cutlass.ColumnMajor, cutlass.RowMajor, cutlass.ColumnMajor)]
+    epilogue = cutlass.LinearCombination(cutlass.float16, 8, cutlass.float32, cutlass.float32)
+    sm90 = cutlass.GemmOperationGrouped(90, tile, f16[0], f16[1], f16[2], epilogue)
+    sm90_cm = cutlass.GemmOperationGrouped(90, tile, f16[0], f16[1], f16[3], epilogue)
+    masked = MaskedGroupedProblem(4, 128, 256, 64, (100, 0, 128, 7))
+    sweep = types.SimpleNamespace(problems=[masked], db=types.SimpleNamespace(add_baseline=lambda name, _: name))
+    tasks = _tasks(sweep, [plain, sm80, sm90, sm90_cm], baseline=True)
+    assert [(name, message[0]) for name, _, message in tasks] == [
+        (grouped_baseline_name("float16", "float16"), "baseline"), (sm90.name, "kernel")]
+    assert packed_problem(masked).shapes == ((100, 256, 64), (128, 256, 64), (7, 256, 64))
+
+
 def test_grouped_check_samples_rows_of_every_group_against_float64():
     torch = pytest.importorskip("torch")
     import types

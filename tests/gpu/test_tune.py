@@ -97,6 +97,30 @@ def test_sweep_times_grouped_problems_against_the_torch_grouped_baseline(tmp_pat
             assert row["rel_error"] is not None and row["rel_error"] < 5e-3, row
 
 
+def test_sweep_times_masked_problems_against_the_packed_baseline(tmp_path):
+    """Masked (decode) problems run the SM90 grouped kernel with the counts on the device, verified on sampled rows of
+    every expert (and no row past a count written), beside torch's grouped GEMM over the same counts packed."""
+    from pycutlass.tune.problems import MaskedGroupedProblem
+    from pycutlass.tune.runner import grouped_baseline_name
+
+    from .test_gemm_grouped_sm90 import OPS as SM90_GROUPED
+
+    op = SM90_GROUPED["f16_tnt_coop"]
+    problems = [MaskedGroupedProblem(6, 256, 256, 128, (200, 0, 256, 17, 64, 1)),
+                MaskedGroupedProblem(2, 128, 384, 64, (128, 5))]
+    sweep = Sweep([op], problems, db=tmp_path / "r.db", name="masked")
+    compiled = sweep.compile()
+    assert not compiled.failed, str(compiled)
+    summary = sweep.benchmark(config=QUICK, timeout=120)
+    assert summary.statuses == {"ok": 2 * 2}, str(summary)  # per problem: the kernel and the baseline
+    rows = sweep.db.query("select kernel, seconds, rel_error from runs")
+    assert {r["kernel"] for r in rows} == {op.name, grouped_baseline_name("float16", "float16")}
+    for row in rows:
+        assert row["seconds"] > 0
+        if row["kernel"] == op.name:
+            assert row["rel_error"] is not None and row["rel_error"] < 5e-3, row
+
+
 def _conv_ops():
     from pycutlass.conv import IteratorAlgorithm, Operator, StrideSupport
 
