@@ -4,7 +4,8 @@ and the model's speed against eager and ``torch.compile``.
     PYCUTLASS_CACHE_DIR=cache python benchmarks/model_pass.py --compile-only --target 90 --jobs 2   # no GPU
     PYCUTLASS_CACHE_DIR=cache python benchmarks/model_pass.py [--out benchmarks/results/model_pass-h200.json]
 
-Models (random weights, bf16, eval, under torch.no_grad()): ViT-B/16 (``models.ViT``, torchvision's dimensions) at batch 32
+Models (random weights, bf16, eval, under ``torch.no_grad()``, or ``torch.inference_mode()`` with ``--grad-mode
+inference_mode``: ``optimize`` and every forward run in it, as a serving process would): ViT-B/16 (``models.ViT``, torchvision's dimensions) at batch 32
 (6304 tokens), and a 12-layer GPT-2-small stack (``models.GPT2Stack``) on 8 x 512 hidden states. For each:
 ``optimize(model, (x,))`` wall time (tuning draws each layer's candidates from the ranked SM90 space; with
 ``--compile-only`` run first, the candidates come from the kernel cache), the report's per-layer kernel and torch
@@ -63,7 +64,7 @@ def build(name: str):
     return GPT2Stack(n_layers=12).eval(), torch.randn(*GPT2_TOKENS, 768)
 
 
-def measure(name: str) -> dict:
+def measure(name: str, grad_mode: str = "no_grad") -> dict:
     import torch
 
     import pycutlass
@@ -73,8 +74,9 @@ def measure(name: str) -> dict:
     model32, x32 = model32.cuda(), x32.cuda()
     model = copy.deepcopy(model32).to(torch.bfloat16)
     x = x32.to(torch.bfloat16)
-    row: dict = {"model": name, "input": "x".join(map(str, x.shape))}
-    with torch.no_grad():
+    row: dict = {"model": name, "input": "x".join(map(str, x.shape)), "grad_mode": grad_mode}
+    mode = torch.inference_mode if grad_mode == "inference_mode" else torch.no_grad
+    with mode():
         reference = model32(x32).float()
         row["eager_ms"] = bench_ms(lambda: model(x))
         start = time.perf_counter()
@@ -83,16 +85,15 @@ def measure(name: str) -> dict:
         torch.cuda.synchronize()
         row["compile_s"] = round(time.perf_counter() - start, 1)
         row["compiled_ms"] = bench_ms(lambda: compiled(x))
-    with pycutlass.Session().activate():
+    with pycutlass.Session().activate(), mode():
         start = time.perf_counter()
-        fast = pct.optimize(model, (x,), progress=False)
+        fast = pct.optimize(model, (x,), progress=False)  # its end-to-end check times in this mode
         row["optimize_s"] = round(time.perf_counter() - start, 1)
         report = pct.report(fast)
-        with torch.no_grad():
-            out = fast(x).float()
-            row["optimized_ms"] = bench_ms(lambda: fast(x))
+        out = fast(x).float()
+        row["optimized_ms"] = bench_ms(lambda: fast(x))
     row["rel_error_vs_fp32"] = float(((out - reference).abs().max() / reference.abs().max()).item())
-    with torch.no_grad():
+    with mode():
         eager_error = float(((model(x).float() - reference).abs().max() / reference.abs().max()).item())
     row["eager_rel_error_vs_fp32"] = eager_error
     layers = [r for r in report.rows if r.get("kernel") not in (None, "-")]
@@ -120,6 +121,7 @@ def main() -> None:
     parser.add_argument("--target", default=90)
     parser.add_argument("--jobs", type=int, default=None)
     parser.add_argument("--models", default="vit-b16,gpt2")
+    parser.add_argument("--grad-mode", choices=("no_grad", "inference_mode"), default="no_grad")
     parser.add_argument("--out", default=str(RESULTS / "model_pass.json"))
     args = parser.parse_args()
     if args.compile_only:
@@ -134,7 +136,7 @@ def main() -> None:
     rows = []
     for name in args.models.split(","):
         try:
-            rows.append(measure(name))
+            rows.append(measure(name, args.grad_mode))
         except Exception as error:  # noqa: BLE001  (one model failing keeps the other's numbers)
             rows.append({"model": name, "error": f"{type(error).__name__}: {error}"})
         print(f"{name}: done", flush=True)
