@@ -471,6 +471,8 @@ def test_blockwise_scales_arguments(monkeypatch):
                               torch.zeros(2, m, n, dtype=torch.bfloat16), torch.zeros(2, m, n, dtype=torch.bfloat16),
                               gemm_mode=Mode.Batched, batch=2,
                               scale_a=sa, scale_b=sb, sm_count=132)
+    with pytest.raises(cutlass.ArgumentError, match="pdl=True is not tested"):
+        build(pdl=True)
     with pytest.raises(cutlass.ArgumentError, match="built without block-wise scales"):
         cutlass.GemmArguments(sm90(D.float8_e4m3, out=D.bfloat16, tile=(128, 128, 128)), GemmCoord(m, n, k), A, B,
                               C, C.clone(), scale_a=sa, scale_b=sb)

@@ -63,6 +63,9 @@ class GemmArgumentsSm90(GemmArguments):
             raise ArgumentError(f"{operation.name} scales A and B block-wise; pass scale_a= (M x ceil(K/128) float32) "
                                 f"and scale_b= (ceil(N/128) x ceil(K/128) float32)")
         self._scale_tensors = (scale_a, scale_b) if all(given) else None
+        if pdl is True and operation.scales:
+            raise ArgumentError(f"{operation.name}: pdl=True is not tested with the blockwise main loop's scale loads; "
+                                f"launch block-scaled operations without it")
         self._pdl = _check_pdl(operation, pdl)
         self._stream_k = operation.tile_scheduler.name == "StreamK"
         self._bias_vector = None
