@@ -544,10 +544,16 @@ def measure_grouped(bench: GemmBench, operation, problem, session=None) -> tuple
             args.sync()
             activation = getattr(operation.epilogue_functor, "activation", None)
             rel_error = sampled_grouped_error(bench, As, Bs, Ds, activation)
+    return _verified_then_timed(bench, operation, args, rel_error, a_label, c_label)
+
+
+def _verified_then_timed(bench: GemmBench, operation, args, rel_error, a_label, c_label, wrong: str | None = None):
+    """A grouped measurement: "wrong" when the sampled check failed (or ``wrong`` says why), else one launch timed."""
+    if rel_error is not None:
         tolerance = max(TOLERANCE.get(c_label, 5e-3), TOLERANCE.get(a_label, 0.0) if a_label in _FP8 else 0.0)
-        if not rel_error <= tolerance:
-            return Measurement("wrong", rel_error=rel_error,
-                               message=f"relative error {rel_error:.3g} > tolerance {tolerance:g} (sampled rows)"), None
+        if wrong or not rel_error <= tolerance:
+            return Measurement("wrong", rel_error=rel_error, message=wrong or
+                               f"relative error {rel_error:.3g} > tolerance {tolerance:g} (sampled rows)"), None
     samples, note = bench.time(lambda i: operation.run(args))
     median, minimum, iqr = summarize(samples)
     return Measurement("ok", median, minimum, iqr, len(samples), rel_error, note), None
@@ -597,15 +603,8 @@ def measure_masked(bench: GemmBench, operation, problem, session=None) -> tuple[
             written_past = c_label not in _INTEGER and any(
                 not bool(D[e, count:].isnan().all()) for e, count in enumerate(problem.counts))
             args.check_sizes()
-        tolerance = max(TOLERANCE.get(c_label, 5e-3), TOLERANCE.get(a_label, 0.0) if a_label in _FP8 else 0.0)
-        if written_past:
-            return Measurement("wrong", rel_error=rel_error, message="rows past an expert's count were written"), None
-        if not rel_error <= tolerance:
-            return Measurement("wrong", rel_error=rel_error,
-                               message=f"relative error {rel_error:.3g} > tolerance {tolerance:g} (sampled rows)"), None
-    samples, note = bench.time(lambda i: operation.run(args))
-    median, minimum, iqr = summarize(samples)
-    return Measurement("ok", median, minimum, iqr, len(samples), rel_error, note), None
+    wrong = "rows past an expert's count were written" if rel_error is not None and written_past else None
+    return _verified_then_timed(bench, operation, args, rel_error, a_label, c_label, wrong)
 
 
 def packed_problem(problem):

@@ -305,8 +305,9 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         self._describe_alpha(count)
         self._materialize()
 
-    def _device_matrix(self, name, tensor, desc, rows, cols):
-        """A packed RowMajor operand on the device: (rows, cols) where given, aligned for TMA."""
+    @staticmethod
+    def _device_operand(name, tensor, desc):
+        """A device tensor of the operand's element type (device-side sizes take nothing else)."""
         if tensor is None:
             raise ArgumentError(f"{name}: a tensor is required, got None")
         info = describe(tensor, name)
@@ -316,6 +317,11 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         if info.element is not storage_type(desc.element):
             raise ArgumentError(f"{name}: the operation expects {storage_type(desc.element).label} elements, got "
                                 f"{info.element.label}")
+        return info
+
+    def _device_matrix(self, name, tensor, desc, rows, cols):
+        """A packed RowMajor operand on the device: (rows, cols) where given, aligned for TMA."""
+        info = self._device_operand(name, tensor, desc)
         if len(info.shape) != 2:
             raise ArgumentError(f"{name}: expected one packed 2-D tensor (rows x columns), got shape {info.shape}")
         if (rows is not None and info.shape[0] != rows) or (cols is not None and info.shape[1] != cols):
@@ -336,15 +342,7 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
 
     def _device_slabs(self, name, tensor, desc, rows, cols, *, groups):
         """A masked-layout operand: (groups, capacity, cols), each group's slab RowMajor, aligned for TMA."""
-        if tensor is None:
-            raise ArgumentError(f"{name}: a tensor is required, got None")
-        info = describe(tensor, name)
-        if info.kind != "device":
-            raise ArgumentError(f"{name}: with device-side sizes every tensor must be device memory (the launch is "
-                                f"meant to be captured in a CUDA graph); got a host tensor")
-        if info.element is not storage_type(desc.element):
-            raise ArgumentError(f"{name}: the operation expects {storage_type(desc.element).label} elements, got "
-                                f"{info.element.label}")
+        info = self._device_operand(name, tensor, desc)
         if len(info.shape) != 3 or info.shape[0] != groups or (rows is not None and info.shape[1] != rows) or \
                 (cols is not None and info.shape[2] != cols):
             raise ArgumentError(f"{name}: the masked layout (a 3-D A) takes every operand as (groups, capacity, "
