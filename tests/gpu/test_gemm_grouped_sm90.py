@@ -561,22 +561,25 @@ class Masked:
                                     op.epilogue_type(alpha, beta, *_activation_args(op)), bias=self.Bias, **kwargs)
 
     def check(self, counts, tol):
-        """Every group's first min(count, capacity) rows against float64; every other element of D still NaN."""
+        """Every group's first min(count, capacity) rows (and first N columns, over its first K, for (groups, 3)
+        sizes) against float64; every other element of D still NaN."""
         from .gemm_cases import epilogue_reference
 
         got = self.guarded.double().cpu().numpy()
         written = np.zeros(got.shape, dtype=bool)
         failures = []
-        for g, count in enumerate(np.asarray(counts).reshape(-1)):
-            m = min(max(int(count), 0), self.capacity)
-            if m == 0:
+        sizes = np.asarray(counts).reshape(self.groups, -1)
+        for g, size in enumerate(sizes):
+            m, n, k = (int(size[0]), self.n, self.k) if len(size) == 1 else map(int, size)
+            m = min(max(m, 0), self.capacity)
+            if m == 0 or n == 0:
                 continue
-            written[g, :m] = True
-            accumulator = self.alpha * (self.a[g, :m] @ self.b[g]) + \
-                (self.bias[g][None, :] if self.bias is not None else 0.0)
-            reference = epilogue_reference(self.op, accumulator, self.c[g, :m], 1.0, self.beta,
+            written[g, :m, :n] = True
+            accumulator = self.alpha * (self.a[g, :m, :k] @ self.b[g, :k, :n]) + \
+                (self.bias[g][None, :n] if self.bias is not None else 0.0)
+            reference = epilogue_reference(self.op, accumulator, self.c[g, :m, :n], 1.0, self.beta,
                                            _activation_args(self.op))
-            error = relative_error(got[g, :m], reference)
+            error = relative_error(got[g, :m, :n], reference)
             if not error < tol:
                 failures.append(f"group {g} ({m} rows): relative error {error:.3e}")
         assert np.isnan(got[~written]).all(), "the kernel wrote past a group's count or outside its slab"
@@ -611,6 +614,15 @@ def test_masked_layout_in_a_cuda_graph_replays_new_counts(key):
         torch.cuda.synchronize()
         masked.check(values, _tol(op))
     assert args.size_flags() == 0
+    # per-group N and K ((groups, 3) sizes) in the same slabs, K = 0 groups included (D = act(beta * C + bias))
+    masked.guarded.fill_(float("nan"))
+    sizes = np.stack([rng.integers(0, capacity + 1, groups), rng.choice([0, 64, 128, 200, 256], groups),
+                      rng.choice([0, 64, 128, 192], groups)], 1).astype(np.int32)
+    per_group = masked.arguments(_device_sizes(sizes), stream=stream)
+    op.run(per_group)
+    per_group.sync()
+    masked.check(sizes, _tol(op))
+    assert per_group.size_flags() == 0
     over = np.r_[[capacity + 100], np.full(groups - 1, 7)].astype(np.int32)
     counts.copy_(torch.from_numpy(over).to(counts.device))
     masked.guarded.fill_(float("nan"))

@@ -26,12 +26,12 @@ BLOCK = 128
 
 
 def blockwise_op(a=D.float8_e4m3, b=None, out=D.bfloat16, tile=(128, 128, 128), cluster=(1, 1, 1),
-                 kernel=KS.Auto, activation=None):
+                 kernel=KS.Auto, activation=None, c_layout=R):
     b = b or a
     math = cutlass.MathInstruction([64, tile[1], 32], a, b, D.float32, cutlass.OpClass.TensorOp)
     description = cutlass.TileDescription(list(tile), 0, None, math, cluster_shape=list(cluster),
                                           kernel_schedule=kernel)
-    C = cutlass.TensorDescription(out, R, 128 // out.bits)
+    C = cutlass.TensorDescription(out, c_layout, 128 // out.bits)
     functor = cutlass.LinearCombination(out, C.alignment, D.float32, D.float32) if activation is None else \
         cutlass.LinearCombinationGeneric(getattr(cutlass, activation)(D.float32), out, C.alignment, D.float32,
                                          D.float32)
@@ -47,6 +47,7 @@ OPS = {
                                                         cluster=(1, 2, 1), activation="gelu"),
     "e4m3_pp_128x128_bf16_silu": blockwise_op(tile=(128, 128, 128), kernel=KS.TmaWarpSpecializedPingpong,
                                               activation="silu"),
+    "e5m2e4m3_coop_c2x1_bf16cm": blockwise_op(a=D.float8_e5m2, b=D.float8_e4m3, cluster=(2, 1, 1), c_layout=CM),
 }
 TOLERANCES = {D.bfloat16: 2e-2, D.float16: 5e-3, D.float32: 1e-3}
 
@@ -76,9 +77,10 @@ def run_blockwise(op, m, n, k, seed, alpha=1.0, beta=0.0):
     c = random_values(rng, (m, n), op.C.element) if beta else None
     A = to_tensor(a, op.A.element, R, "torch")
     B = to_tensor(b, op.B.element, CM, "torch")
-    C = to_tensor(c, op.C.element, R, "torch") if beta else None
-    out = torch.full((m, n), float("nan"), dtype=getattr(torch, {D.bfloat16: "bfloat16", D.float16: "float16",
-                                                                 D.float32: "float32"}[op.C.element]), device="cuda")
+    C = to_tensor(c, op.C.element, op.C.layout, "torch") if beta else None
+    dtype = getattr(torch, {D.bfloat16: "bfloat16", D.float16: "float16", D.float32: "float32"}[op.C.element])
+    out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda") if op.C.layout is R else \
+        torch.full((n, m), float("nan"), dtype=dtype, device="cuda").t()
     scale_a = torch.from_numpy(sa.astype(np.float32)).cuda().t().contiguous().t()  # (M, K blocks), M contiguous
     scale_b = torch.from_numpy(sb.astype(np.float32)).cuda()
     args = cutlass.GemmArguments(op, GemmCoord(m, n, k), A, B, C, out, op.epilogue_type(alpha, beta),
@@ -95,11 +97,13 @@ def run_blockwise(op, m, n, k, seed, alpha=1.0, beta=0.0):
 def test_blockwise_scales_against_float64(key, shape):
     """Whole blocks, K and N ending in partial blocks, M = 4, K below one block."""
     op = OPS[key]
+    if op.C.layout is CM:  # a column-major D is contiguous along M
+        shape = (-(-shape[0] // 8) * 8, *shape[1:])
     error = run_blockwise(op, *shape, seed=sum(shape))
     assert error < TOLERANCES[op.C.element], f"{shape}: relative error {error:.3e}"
 
 
-@pytest.mark.parametrize("key", ["e4m3_coop_bf16", "e4m3_pp_64x128_c2x1_f32"])
+@pytest.mark.parametrize("key", ["e4m3_coop_bf16", "e4m3_pp_64x128_c2x1_f32", "e5m2e4m3_coop_c2x1_bf16cm"])
 def test_blockwise_scales_with_alpha_and_beta(key):
     op = OPS[key]
     error = run_blockwise(op, 384, 256, 640, seed=7, alpha=0.75, beta=-1.25)
