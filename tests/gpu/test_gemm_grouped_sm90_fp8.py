@@ -242,18 +242,21 @@ def test_rowwise_scales_against_float64(key, form):
     """Host sizes with M, N or K = 0 groups: D_g = act(alpha_g * scale_a_g[m] * scale_b_g[n] * A_g @ B_g + beta * C_g);
     scale_a packed (the groups' rows one after the other) or as one vector per group, scale_b a (groups, N) tensor or
     vectors."""
+    run_rowwise(ROWWISE_OPS[key], form, mixed_problems(16), seed=20)  # fp8 rows of A and B: K a multiple of 16
+
+
+def run_rowwise(op, form, problems, seed):
+    """One host-sizes run of a row-wise scaled operation against float64, every group checked."""
     import torch
 
     from .conftest import relative_error
     from .gemm_cases import epilogue_reference, to_float64
     from .test_gemm_grouped import Group
 
-    op = ROWWISE_OPS[key]
-    problems = mixed_problems(16)  # fp8 rows of A and B: K a multiple of 16
     if op.C.layout is CM:
         problems = [(-(-m // 8) * 8, n, k) for m, n, k in problems]
-    rng = np.random.default_rng(20)
-    group = Group(op, problems, seed=21)
+    rng = np.random.default_rng(seed)
+    group = Group(op, problems, seed=seed + 1)
     sa = [_scales(rng, m) for m, _, _ in problems]
     width = max(n for _, n, _ in problems)
     sb = [_scales(rng, width) for _ in problems]

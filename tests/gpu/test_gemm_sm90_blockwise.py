@@ -13,6 +13,7 @@ from pycutlass.gemm import GemmCoord
 
 from .conftest import precompile_module, relative_error, scan_cubins
 from .gemm_cases import epilogue_reference, random_values, to_float64, to_tensor
+from .test_gemm_grouped import _activation_args
 
 try:
     import torch
@@ -83,11 +84,11 @@ def run_blockwise(op, m, n, k, seed, alpha=1.0, beta=0.0):
         torch.full((n, m), float("nan"), dtype=dtype, device="cuda").t()
     scale_a = torch.from_numpy(sa.astype(np.float32)).cuda().t().contiguous().t()  # (M, K blocks), M contiguous
     scale_b = torch.from_numpy(sb.astype(np.float32)).cuda()
-    args = cutlass.GemmArguments(op, GemmCoord(m, n, k), A, B, C, out, op.epilogue_type(alpha, beta),
-                                 scale_a=scale_a, scale_b=scale_b)
+    args = cutlass.GemmArguments(op, GemmCoord(m, n, k), A, B, C, out,
+                                 op.epilogue_type(alpha, beta, *_activation_args(op)), scale_a=scale_a, scale_b=scale_b)
     op.run(args)
     args.sync()
-    reference = epilogue_reference(op, a_deq @ b_deq, c, alpha, beta)
+    reference = epilogue_reference(op, a_deq @ b_deq, c, alpha, beta, _activation_args(op))
     return relative_error(to_float64(out), reference)
 
 
