@@ -69,6 +69,9 @@ def compiled(memory_pool):
 
 
 def _tol(op) -> float:
+    # a float32 output shows the fp8 products' accumulation; e5m2's two mantissa bits make it coarser than e4m3's
+    if op.C.element is D.float32 and D.float8_e5m2 in (op.A.element, op.B.element):
+        return 2.5e-3
     return TOLERANCES[op.C.element]
 
 
