@@ -99,3 +99,14 @@ def write_json(path: str | os.PathLike, payload: dict) -> None:
                **payload}
     path.write_text(json.dumps(payload, indent=2))
     print(f"\nwrote {path}")
+
+
+def compile_only(operations, target=None, jobs=None) -> None:
+    """A benchmark's ``--compile-only``: compile its operations into the kernel cache on any host (``target`` 90 for
+    a Hopper elsewhere), so that the GPU host only loads them."""
+    import pycutlass
+    from pycutlass.compiler.manager import Compiler
+
+    session = pycutlass.Session(target=target) if target else pycutlass.Session()
+    Compiler.of(session).add_module(operations, jobs=jobs)
+    print(f"compiled {len(operations)} operations")

@@ -158,12 +158,9 @@ def main() -> None:
     args = parser.parse_args()
     ops = operations()
     if args.compile_only:
-        import pycutlass
-        from pycutlass.compiler.manager import Compiler
+        from common import compile_only
 
-        session = pycutlass.Session(target=args.target) if args.target else pycutlass.Session()
-        Compiler.of(session).add_module(ops, jobs=args.jobs)
-        print(f"compiled {len(ops)} operations")
+        compile_only(ops, args.target, args.jobs)
         return
 
     import torch
