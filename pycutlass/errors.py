@@ -22,6 +22,11 @@ class ArgumentError(PyCutlassError, ValueError):
     """Runtime arguments (tensors, sizes, modes) do not fit the operation they are given to."""
 
 
+class UnknownKeywordError(ArgumentError, TypeError):
+    """A keyword the arguments of this kind of operation do not take (a TypeError as well, as Python raises for an
+    unexpected keyword); the message says which keywords it takes."""
+
+
 class CompilationError(PyCutlassError, RuntimeError):
     """The backend compiler failed; ``log`` holds its output and ``source`` the translation unit."""
 

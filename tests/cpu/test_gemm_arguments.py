@@ -399,3 +399,24 @@ def test_batched_column_major_host_operand_as_3d_view(op, gpu_calls):
     column_major_batch = np.zeros((2, N, K), np.float16).transpose(0, 2, 1)  # each matrix column-major, dense
     with pytest.raises(NoGpuError, match="test stub"):
         args(op, A=a_(batch=2), B=column_major_batch, C=c_(batch=2), D=c_(batch=2), gemm_mode=Mode.Batched, batch=2)
+
+
+def test_keywords_of_another_kind_are_refused_with_what_the_operation_takes(op):
+    """SM90 knobs and scales given to Sm80-family operations: an ArgumentError naming them, not a TypeError."""
+    import timeit
+
+    from pycutlass.kinds.families.arguments import accepted_keywords
+    from pycutlass.kinds.gemm.arguments import GemmArguments
+
+    a = np.zeros((64, 64), np.float16)
+    for keywords in ({"raster_order": "along_m"}, {"scale_a": a, "scale_b": a}, {"pdl": True}, {"typo_stream": 1}):
+        with pytest.raises(cutlass.ArgumentError, match="takes no '") as found:
+            cutlass.GemmArguments(op, cutlass.gemm.GemmCoord(64, 64, 64), a, a.T, a, a, **keywords)
+        assert "'output_op'" in str(found.value) and op.name in str(found.value)
+    grouped = cutlass.GemmOperationGrouped(80, op.tile_description, op.A, op.B, op.C, op.epilogue_functor)
+    with pytest.raises(cutlass.ArgumentError, match="takes no 'alpha', 'scale_a'"):
+        cutlass.GemmGroupedArguments(grouped, [cutlass.gemm.GemmCoord(64, 64, 64)], [a], [a.T], [a], [a],
+                                     scale_a=[a], alpha=[1.0])
+    assert {"output_op", "stream", "bias", "reordered"} <= accepted_keywords(GemmArguments)
+    # (cached per class: the check costs a set difference per call with keywords)
+    assert timeit.timeit(lambda: accepted_keywords(GemmArguments), number=1000) < 0.05

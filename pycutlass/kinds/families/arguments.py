@@ -3,13 +3,45 @@ problem size and ``output_op`` checks, the operands' alignment against the probl
 output rules."""
 from __future__ import annotations
 
+import functools
+import inspect
+
 import numpy as np
 
 from ...description.coords import GemmCoord
 from ...description.types import LayoutType
 from ...epilogue.functors import EpilogueArguments
-from ...errors import ArgumentError
+from ...errors import ArgumentError, UnknownKeywordError
 from .modes import Mode
+
+@functools.cache
+def accepted_keywords(cls: type) -> frozenset:
+    """The keyword names ``cls(...)`` takes: the named parameters of every ``__init__`` along its MRO that forwards
+    ``**keywords`` to the next (a subclass adds its knobs, the base class keeps PyCUTLASS's)."""
+    names = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        parameters = inspect.signature(init).parameters.values()
+        names |= {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            break
+    return frozenset(names - {"self"})
+
+
+def check_keywords(cls: type, operation, keywords: dict) -> None:
+    """Refuse keywords ``cls`` does not take with the operation's name and what it does take (a keyword of another
+    kind, such as an SM90 knob given for an Sm80-family operation, would otherwise end in a TypeError)."""
+    unknown = sorted(set(keywords) - accepted_keywords(cls))
+    if unknown:
+        from ..base import Operation
+
+        name = operation.name if isinstance(operation, Operation) else type(operation).__name__
+        raise UnknownKeywordError(f"{cls.__name__} for {name} takes no {', '.join(map(repr, unknown))} (keywords of "
+                            f"another kind of operation, e.g. SM90's knobs and scales); it takes "
+                            f"{sorted(accepted_keywords(cls) - {'operation'})}")
+
 
 def coerce_problem_size(problem_size) -> GemmCoord:
     if isinstance(problem_size, GemmCoord):

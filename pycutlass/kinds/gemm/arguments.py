@@ -12,8 +12,8 @@ from ...runtime.tensors import PartialsAddress, describe, gathered_copy, pointer
 from .. import registry
 from .abi import GemmUniversalArgs
 from ..families.arguments import (  # noqa: F401  (their names as this module had them)
-    UNSET, _positive_int, check_problem_alignment, check_split_k_output, coerce_output_op, coerce_problem_size,
-    compat_positional, problem_alignment_checks, split_k_slices_alias, zero_unwritten_partials)
+    UNSET, _positive_int, check_keywords, check_problem_alignment, check_split_k_output, coerce_output_op,
+    coerce_problem_size, compat_positional, problem_alignment_checks, split_k_slices_alias, zero_unwritten_partials)
 from ..families.matrix import MatrixGeometry, check_output_geometry, matrix_geometry
 from ..families.modes import Mode, interleaved_column_gather
 from .operation import GemmOperationUniversal
@@ -72,6 +72,8 @@ class GemmArguments(OperationArguments):
             # The operation's kind may have its own arguments (the registry says: gemm_evt, gemm_sm90, ...). Python
             # then runs that subclass's __init__ once (calling the class here would run it twice).
             found = registry.arguments_class("GemmArguments", operation)
+            if kwargs:
+                check_keywords(found or cls, operation, kwargs)
             if found is not None:
                 return super().__new__(found)
         return super().__new__(cls)

@@ -24,7 +24,7 @@ from ...runtime import driver
 from ...runtime.arguments import ArgumentsMemo, OperationArguments, memo_key
 from ...runtime.launch import PreparedLaunch
 from ...runtime.tensors import DeviceTensors, describe, storage_type
-from ..families.arguments import (check_problem_alignment, coerce_output_op, coerce_problem_size,
+from ..families.arguments import (check_keywords, check_problem_alignment, coerce_output_op, coerce_problem_size,
                                   problem_alignment_checks)
 from ..families.grouped_arguments import (  # noqa: F401  (their names as this module had them)
     fill_group_arrays, pack_arrays, pack_problem_arrays, problem_arrays)
@@ -81,6 +81,8 @@ class GemmGroupedArguments(OperationArguments):
         if cls is GemmGroupedArguments:
             # Another grouped kind (kinds/gemm_grouped_sm90) subclasses these arguments for its operations.
             found = registry.arguments_class("GemmGroupedArguments", operation)
+            if kwargs:
+                check_keywords(found or cls, operation, kwargs)
             if found is not None:
                 return object.__new__(found)  # Python then runs the subclass's __init__
         return super().__new__(cls)
