@@ -395,6 +395,21 @@ def run_masked(name: str, problem, ops, bench) -> dict:
     return row
 
 
+def run_sets(sets: dict, tokens, run, operations_of, bench) -> list:
+    """Every problem of ``sets`` through ``run(label, problem, operations_of(), bench)``, labelled by set, projection
+    and routed tokens; each row printed as it comes."""
+    import torch
+
+    rows = []
+    for name, problems in sets.items():
+        for index, problem in enumerate(problems):
+            label = f"{name} {'up' if index % 2 == 0 else 'down'} {tokens[index // 2]}"
+            rows.append(run(label, problem, operations_of(), bench))
+            torch.cuda.empty_cache()  # the problem's tensors went with its frame
+            print({k: v for k, v in rows[-1].items() if not k.startswith("_")}, flush=True)
+    return rows
+
+
 def geomean(values) -> float | None:
     values = [v for v in values if v]
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
@@ -428,13 +443,7 @@ def main() -> None:
     parts = args.parts.split(",")
     payload = {"device": device_name(), "torch": torch.__version__}
     if "wgrad" in parts:
-        wgrad = []
-        for name, problems in problem_sets(tokens, pass_="wgrad").items():
-            for index, problem in enumerate(problems):
-                label = f"{name} {'up' if index % 2 == 0 else 'down'} {tokens[index // 2]}"
-                wgrad.append(run_wgrad(label, problem, wgrad_operations(), bench))
-                torch.cuda.empty_cache()
-                print(wgrad[-1], flush=True)
+        wgrad = run_sets(problem_sets(tokens, pass_="wgrad"), tokens, run_wgrad, wgrad_operations, bench)
         loops = [row.get("best vs loop") for row in wgrad]
         grouped = [row.get("best vs _grouped_mm") for row in wgrad]
         wsummary = {"problems": len(wgrad), "geomean vs loop": round(geomean(loops) or 0, 3),
@@ -447,13 +456,7 @@ def main() -> None:
         print_table("summary (weight gradient)", [wsummary])
         payload.update(wgrad=wgrad, wgrad_summary=wsummary)
     if "fp8" in parts:
-        fp8 = []
-        for name, problems in problem_sets(tokens).items():
-            for index, problem in enumerate(problems):
-                label = f"{name} {'up' if index % 2 == 0 else 'down'} {tokens[index // 2]}"
-                fp8.append(run_fp8(label, problem, fp8_operations(), bench))
-                torch.cuda.empty_cache()
-                print({k: v for k, v in fp8[-1].items() if not k.startswith("_")}, flush=True)
+        fp8 = run_sets(problem_sets(tokens), tokens, run_fp8, fp8_operations, bench)
         ratios = [row.get("best vs _scaled_grouped_mm") for row in fp8]
         fsummary = {"problems": len(fp8), "geomean best vs _scaled_grouped_mm": round(geomean(ratios) or 0, 3),
                     "min best vs _scaled_grouped_mm": min((r for r in ratios if r), default=None),
@@ -465,13 +468,7 @@ def main() -> None:
         print_table("summary (fp8 row-wise)", [fsummary])
         payload.update(fp8=fp8, fp8_summary=fsummary)
     if "masked" in parts:
-        masked = []
-        for name, problems in problem_sets(tokens, layout="masked").items():
-            for index, problem in enumerate(problems):
-                label = f"{name} {'up' if index % 2 == 0 else 'down'} {tokens[index // 2]}"
-                masked.append(run_masked(label, problem, operations(), bench))
-                torch.cuda.empty_cache()
-                print({k: v for k, v in masked[-1].items() if not k.startswith("_")}, flush=True)
+        masked = run_sets(problem_sets(tokens, layout="masked"), tokens, run_masked, operations, bench)
         ratios = [row.get("best vs _grouped_mm") for row in masked]
         msummary = {"problems": len(masked), "geomean best vs _grouped_mm": round(geomean(ratios) or 0, 3),
                     "min best vs _grouped_mm": min((r for r in ratios if r), default=None),
@@ -486,13 +483,7 @@ def main() -> None:
         write_json(args.out, payload)
         return
     ops = operations()
-    rows = []
-    for name, problems in problem_sets(tokens).items():
-        for index, problem in enumerate(problems):
-            label = f"{name} {'up' if index % 2 == 0 else 'down'} {tokens[index // 2]}"
-            rows.append(run_problem(label, problem, ops, bench))
-            torch.cuda.empty_cache()  # the problem's tensors went with its frame
-            print({k: v for k, v in rows[-1].items() if not k.startswith("_")}, flush=True)
+    rows = run_sets(problem_sets(tokens), tokens, run_problem, lambda: ops, bench)
     tiles = sorted({tile for row in rows for tile in row["_tiles"]})
     fixed = {tile: geomean(row["_torch_us"] / row["_tiles"][tile] if row["_tiles"].get(tile) else None
                            for row in rows) for tile in tiles}
