@@ -87,13 +87,13 @@ _NHWC = cutlass.LayoutType.TensorNHWC
 
 def sm90_conv(element=_D.float16, tile=(128, 128, 64), cluster=(1, 1, 1), stages=0, warps=None, kind=None,
               out=None, align=8, algorithm=None, functor=None, swizzle=None, acc=_D.float32, bias=False,
-              stride_support=None, **tile_kw):
+              stride_support=None, c_align=None, **tile_kw):
     math = cutlass.MathInstruction([64, tile[1], 16], element, element, acc, cutlass.OpClass.TensorOp)
     tile_d = cutlass.TileDescription(list(tile), stages, warps, math, cluster_shape=list(cluster), **tile_kw)
     out = out or element
     A = cutlass.TensorDescription(element, _NHWC, align)
     B = cutlass.TensorDescription(element, _NHWC, align)
-    C = cutlass.TensorDescription(out, _NHWC, align)
+    C = cutlass.TensorDescription(out, _NHWC, c_align or align)
     functor = functor or cutlass.LinearCombination(out, C.alignment, acc, _D.float32)
     kind = kind or pconv.Operator.fprop
     if stride_support is None:  # SM90 dgrad runs stride 1 only
@@ -324,3 +324,79 @@ def test_nvrtc_compiles_the_conv2d_sm90_kind():
     op = sm90_conv()
     cubin = NvrtcBackend().compile(emitter.translation_unit([op]), "90a", op.name)
     assert op.name.encode() in cubin and f"{op.name}_build".encode() in cubin
+
+
+# --- wgrad: float32 output and parallel split-K by images -----------------------------------------------------------
+def _wgrad_f32(element=_D.float16, c_align=4, **kw):
+    return sm90_conv(element, kind=pconv.Operator.wgrad, tile=(64, 128, 64), out=_D.float32, c_align=c_align, **kw)
+
+
+def test_wgrad_may_write_float32_but_fprop_and_dgrad_may_not():
+    op = _wgrad_f32()
+    assert isinstance(op, Conv2dOperationSm90) and "_f16f32f32_" in op.name
+    assert _wgrad_f32(_D.bfloat16).name != op.name
+    for kind in (pconv.Operator.fprop, pconv.Operator.dgrad):
+        with pytest.raises(DescriptionError, match="must hold float16 \\(the operands' type; wgrad may also"):
+            sm90_conv(kind=kind, out=_D.float32, c_align=4)
+    with pytest.raises(DescriptionError, match="alignment must be 4"):
+        _wgrad_f32(c_align=8)
+
+
+def test_image_slices_cover_the_batch_evenly():
+    from pycutlass.kinds.conv2d_sm90.arguments import image_slices
+
+    assert image_slices(32, 5) == [(0, 7), (7, 14), (14, 20), (20, 26), (26, 32)]
+    assert image_slices(3, 3) == [(0, 1), (1, 2), (2, 3)] and image_slices(7, 1) == [(0, 7)]
+    for n in range(1, 40):
+        for s in range(1, n + 1):
+            bounds = image_slices(n, s)
+            sizes = [end - first for first, end in bounds]
+            assert bounds[0][0] == 0 and bounds[-1][1] == n and min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
+            assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+
+
+def test_wgrad_split_k_is_parallel_by_images():
+    np = pytest.importorskip("numpy")
+    op = _wgrad_f32()
+    ps = _problem(n=3)
+    op.check_problem_size(_problem(n=3, split=3))
+    with pytest.raises(ArgumentError, match="at most the batch N = 3, got 4"):
+        op.check_problem_size(_problem(n=3, split=4))
+    with pytest.raises(ArgumentError, match="SM90 splits only wgrad"):
+        sm90_conv().check_problem_size(_problem(n=3, split=2))
+    dy = np.zeros((3, 9, 9, 128), np.float16)
+    x = np.zeros((3, 9, 9, 64), np.float16)
+    dw = np.zeros((128, 3, 3, 64), np.float32)
+    with pytest.raises(ArgumentError, match="splits K in parallel only"):
+        cutlass.Conv2dArguments(op, ps, dy, x, None, dw, split_k_slices=2)
+    with pytest.raises(ArgumentError, match="at most the batch"):
+        cutlass.Conv2dArguments(op, ps, dy, x, None, None, split_k_mode=pconv.SplitKMode.Parallel, split_k_slices=4)
+    fprop = sm90_conv()
+    with pytest.raises(ArgumentError, match="SM90 splits only wgrad"):
+        cutlass.Conv2dArguments(fprop, _problem(n=3), x, np.zeros((128, 3, 3, 64), np.float16), None,
+                                np.zeros((3, 9, 9, 128), np.float16), split_k_mode=pconv.SplitKMode.Parallel)
+    assert op.workspace_elements(_problem(n=3, split=3), pconv.SplitKMode.Parallel) == 3 * 128 * 3 * 3 * 64
+    assert op.workspace_elements(_problem(n=3, split=3), pconv.SplitKMode.Serial) == 0
+    assert fprop.workspace_elements(_problem(n=3), pconv.SplitKMode.Parallel) == 0
+
+
+def test_wgrad_units_carry_the_slices_kernel_and_fprop_units_do_not():
+    from pycutlass.emit import emitter
+
+    wgrad, fprop = _wgrad_f32(), sm90_conv()
+    source = emitter.translation_unit([wgrad])
+    assert f"{wgrad.name}_slices(pycutlass_abi::Sm90ConvSlices const slices)" in source
+    assert "struct Sm90ConvSlices {" in source and "fence.proxy.tensormap::generic.acquire.gpu" in source
+    plain = emitter.translation_unit([fprop])
+    assert "_slices" not in plain and "Sm90ConvSlices" not in plain
+
+
+@pytest.mark.slow
+def test_nvrtc_compiles_a_float32_wgrad_with_its_slices_kernel():
+    """A float32-output wgrad unit: kernel, slices kernel and builder (about 80-110 s on two cores)."""
+    from pycutlass.emit import emitter
+
+    op = _wgrad_f32(_D.bfloat16, cluster=(1, 2, 1))
+    cubin = NvrtcBackend().compile(emitter.translation_unit([op]), "90a", op.name)
+    for symbol in (op.name, f"{op.name}_slices", f"{op.name}_build"):
+        assert symbol.encode() in cubin

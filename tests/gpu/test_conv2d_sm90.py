@@ -1,7 +1,7 @@
 """The conv2d_sm90 kind on a GPU (fprop, dgrad, wgrad; fused bias + activation): ``Conv2dOperation(..., 90, <SM90
 tile>, ...)`` through the public API, against float64 references, D poisoned with NaN before every run. Run with PYCUTLASS_VERIFY_PARAMS=1 (the patched
-Params of a seen problem are rebuilt and compared, im2col descriptors included). Not yet run on a GPU: see
-docs/sm90.md, "SM90 convolution"."""
+Params of a seen problem are rebuilt and compared, im2col descriptors included). wgrad also writes float32 and
+splits K in parallel by images (then a ReductionOperation)."""
 from __future__ import annotations
 
 import numpy as np
@@ -52,12 +52,33 @@ FUSED_OPS = {"fprop-f16-bias-relu": sm90_conv(D.float16, (128, 128, 64), (1, 1, 
              "fprop-bf16-silu": sm90_conv(D.bfloat16, (128, 128, 64), (2, 1, 1), activation=cutlass.silu),
              "dgrad-f16-bias-gelu": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1), DGRAD, activation=cutlass.gelu,
                                               bias=True)}
-ALL_OPS = [*OPS.values(), *DGRAD_OPS.values(), *WGRAD_OPS.values(), *FUSED_OPS.values()]  # tests/gpu/precompile.py
+
+
+def wgrad_f32(element, tile, cluster):
+    """An SM90 wgrad writing float32: a float32 filter gradient, or the partials of parallel split-K."""
+    math = cutlass.MathInstruction([64, tile[1], 16], element, element, D.float32, cutlass.OpClass.TensorOp)
+    tile_d = cutlass.TileDescription(list(tile), 0, None, math, cluster_shape=list(cluster))
+    operand = cutlass.TensorDescription(element, NHWC, 8)
+    return cutlass.Conv2dOperation(WGRAD, pconv.IteratorAlgorithm.optimized, 90, tile_d, operand, operand,
+                                   cutlass.TensorDescription(D.float32, NHWC, 4), pconv.StrideSupport.Strided,
+                                   cutlass.LinearCombination(D.float32, 4, D.float32, D.float32))
+
+
+WGRAD_F32_OPS = {"f16-64x128x64-c11": wgrad_f32(D.float16, (64, 128, 64), (1, 1, 1)),
+                 "bf16-128x128x64-c12": wgrad_f32(D.bfloat16, (128, 128, 64), (1, 2, 1))}
+# The parallel split-K reductions: float32 partials -> D of the operands' type = alpha * sum + beta * C.
+REDUCTIONS = {element: cutlass.ReductionOperation(cutlass.MatrixCoord(4, 32 * 8),
+                                                  cutlass.TensorDescription(element, cutlass.RowMajor, 8),
+                                                  D.float32, D.float32, D.float32, count=8)
+              for element in (D.float16, D.bfloat16)}
+ALL_OPS = [*OPS.values(), *DGRAD_OPS.values(), *WGRAD_OPS.values(), *FUSED_OPS.values(),
+           *WGRAD_F32_OPS.values()]  # tests/gpu/precompile.py
+NVCC_OPS = list(REDUCTIONS.values())
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _compiled():
-    precompile_module((), ALL_OPS)
+    precompile_module(NVCC_OPS, ALL_OPS)
 
 
 def _problem(n, h, w, c, k, r, s, pad, stride, dilation):
@@ -198,6 +219,106 @@ def test_wgrad_matches_float64(key, shape, beta):
     reference = alpha * reference + (beta * cc.double() if cc is not None else 0)
     error = relative_error(dw.float().cpu().numpy(), reference.cpu().numpy())
     assert error < TOLERANCE[element], (key, shape, beta, error)
+
+
+@pytest.mark.parametrize("key", list(WGRAD_F32_OPS))
+@pytest.mark.parametrize("shape", WGRAD_SHAPES[:4], ids=lambda s: "x".join(map(str, s[:7])))
+def test_wgrad_writes_a_float32_filter_gradient(key, shape):
+    op = WGRAD_F32_OPS[key]
+    dtype = getattr(torch, TORCH[op.A.element])
+    n, h, w, c, k, r, s, pad, stride, dilation = shape
+    ps = _problem(*shape)
+    gen = torch.Generator(device="cuda").manual_seed(hash(("wgrad-f32", key, shape)) % 2**31)
+    x, dy = _random((n, h, w, c), dtype, gen), _random((n, ps.P, ps.Q, k), dtype, gen)
+    cc = torch.randn(k, r, s, c, device="cuda", generator=gen)
+    dw = torch.full((k, r, s, c), float("nan"), device="cuda")
+    arguments = cutlass.Conv2dArguments(op, ps, dy, x, cc, dw, output_op=op.epilogue_type(0.75, -0.5))
+    op.run(arguments)
+    arguments.sync()
+    _, reference = _gradients(x, torch.zeros(k, r, s, c, device="cuda", dtype=dtype), dy, pad, stride, dilation)
+    reference = 0.75 * reference - 0.5 * cc.double()
+    assert relative_error(dw.cpu().numpy(), reference.cpu().numpy()) < 1e-4, (key, shape)
+
+
+SPLIT_SHAPES = [  # shape, slices: runs of whole images (uneven ones included), every image its own, one
+    ((2, 17, 13, 72, 136, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1)), 2),
+    ((3, 23, 19, 8, 8, 1, 1, (0, 0, 0, 0), (1, 1), (1, 1)), 3),
+    ((5, 31, 29, 40, 96, 3, 5, (1, 2, 2, 1), (2, 3), (1, 1)), 3),      # slices of 2, 2 and 1 images
+    ((13, 28, 30, 24, 64, 3, 3, (2, 2, 2, 2), (1, 1), (2, 2)), 4),     # dilation, slices of 4, 3, 3, 3
+    ((13, 14, 14, 136, 64, 5, 5, (2, 2, 2, 2), (2, 2), (1, 2)), 13),
+    ((8, 56, 56, 64, 64, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1)), 8),      # a long GEMM K, few output tiles
+    ((4, 9, 9, 64, 128, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1)), 1),
+]
+
+
+@pytest.mark.parametrize("key", list(WGRAD_F32_OPS))
+@pytest.mark.parametrize("shape,slices", SPLIT_SHAPES, ids=lambda v: "x".join(map(str, v[:7])) if
+                         isinstance(v, tuple) else str(v))
+def test_wgrad_parallel_split_k_by_images(key, shape, slices):
+    """Float32 partials of runs of whole images (one launch), then the reduction: D = alpha * sum + beta * C in
+    the operands' type; run twice (the slices' Params stay on the device) and again on new tensors."""
+    op = WGRAD_F32_OPS[key]
+    element = op.A.element
+    dtype = getattr(torch, TORCH[element])
+    reduction = REDUCTIONS[element]
+    n, h, w, c, k, r, s, pad, stride, dilation = shape
+    ps = _problem(*shape)
+    gen = torch.Generator(device="cuda").manual_seed(hash(("wgrad-split", key, shape, slices)) % 2**31)
+    for attempt in range(2):
+        x, dy = _random((n, h, w, c), dtype, gen), _random((n, ps.P, ps.Q, k), dtype, gen)
+        cc = _random((k, r, s, c), dtype, gen)
+        dw = torch.full((k, r, s, c), float("nan"), device="cuda", dtype=dtype)
+        arguments = cutlass.Conv2dArguments(op, ps, dy, x, None, None, split_k_mode=pconv.SplitKMode.Parallel,
+                                            split_k_slices=slices)
+        m, nn = arguments.reduction_problem_size
+        assert (m, nn, arguments.split_k_slices) == (k, r * s * c, slices)
+        reduce = cutlass.ReductionArguments(reduction, [m, nn], slices, arguments, dw.view(m, nn), cc.view(m, nn),
+                                            reduction.epilogue_type(0.75, 0.5),
+                                            partition_stride=arguments.partition_stride)
+        _, reference = _gradients(x, torch.zeros(k, r, s, c, device="cuda", dtype=dtype), dy, pad, stride, dilation)
+        reference = (0.75 * reference + 0.5 * cc.double()).cpu().numpy()
+        for _ in range(2 if attempt == 0 else 1):
+            dw.fill_(float("nan"))
+            op.run(arguments)
+            reduction.run(reduce)
+            reduce.sync()
+            error = relative_error(dw.float().cpu().numpy(), reference)
+            assert error < TOLERANCE[element], (key, shape, slices, attempt, error)
+
+
+def test_wgrad_parallel_split_k_under_a_cuda_graph():
+    """The slices kernel and the reduction captured once and replayed on new values of the same tensors."""
+    op = WGRAD_F32_OPS["f16-64x128x64-c11"]
+    reduction = REDUCTIONS[D.float16]
+    shape = (6, 20, 20, 64, 64, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1))
+    n, h, w, c, k, r, s, pad, stride, dilation = shape
+    ps = _problem(*shape)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x, dy = _random((n, h, w, c), torch.float16, gen), _random((n, ps.P, ps.Q, k), torch.float16, gen)
+    dw = torch.full((k, r, s, c), float("nan"), device="cuda", dtype=torch.float16)
+    stream = torch.cuda.Stream()
+    arguments = cutlass.Conv2dArguments(op, ps, dy, x, None, None, split_k_mode=pconv.SplitKMode.Parallel,
+                                        split_k_slices=4, stream=stream.cuda_stream)
+    m, nn = arguments.reduction_problem_size
+    reduce = cutlass.ReductionArguments(reduction, [m, nn], 4, arguments, dw.view(m, nn), None,
+                                        reduction.epilogue_type(1.0, 0.0), partition_stride=arguments.partition_stride,
+                                        stream=stream.cuda_stream)
+    op.run(arguments)  # launched once outside the capture
+    reduction.run(reduce)
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        op.run(arguments)
+        reduction.run(reduce)
+    for _ in range(2):
+        x.copy_(_random((n, h, w, c), torch.float16, gen))
+        dy.copy_(_random((n, ps.P, ps.Q, k), torch.float16, gen))
+        dw.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _, reference = _gradients(x, torch.zeros(k, r, s, c, device="cuda", dtype=torch.float16), dy, pad, stride,
+                                  dilation)
+        assert relative_error(dw.float().cpu().numpy(), reference.cpu().numpy()) < TOLERANCE[D.float16]
 
 
 FUSED_SHAPES = [

@@ -8,7 +8,8 @@ from ...emit.abi import EPILOGUE_FIELDS, AbiStruct
 
 class Sm90Conv2dArgs(AbiStruct):
     """What Python hands the device-side Params builder of ``ConvUniversal`` (fprop: A activation NHWC, B filter
-    KRSC, C/D output NPQK, all packed). CUTLASS 4.2's SM90 conv has no split-K or stream-K: nothing for them here."""
+    KRSC, C/D output NPQK, all packed). CUTLASS 4.2's SM90 conv has no split-K or stream-K: a wgrad split by images
+    builds one of these per slice (``Sm90ConvSlices``)."""
 
     _pointers_ = ("ptr_A", "ptr_B", "ptr_C", "ptr_D")
     _fields_ = [("n", ctypes.c_int32), ("h", ctypes.c_int32), ("w", ctypes.c_int32), ("c", ctypes.c_int32),
@@ -20,3 +21,11 @@ class Sm90Conv2dArgs(AbiStruct):
                 ("upper_pad_h", ctypes.c_int32), ("upper_pad_w", ctypes.c_int32),
                 ("ptr_A", ctypes.c_uint64), ("ptr_B", ctypes.c_uint64), ("ptr_C", ctypes.c_uint64),
                 ("ptr_D", ctypes.c_uint64)] + EPILOGUE_FIELDS
+
+
+class Sm90ConvSlices(AbiStruct):
+    """The one argument of a wgrad's ``<name>_slices`` kernel (parallel split-K by images): the slices' Params, built
+    like any other and copied to the device one after another, ``slice_bytes`` apart; blockIdx.z picks one."""
+
+    _pointers_ = ("params",)
+    _fields_ = [("params", ctypes.c_uint64), ("slice_bytes", ctypes.c_int64)]

@@ -1,30 +1,72 @@
 """Conv2dArguments for SM90 convolutions: the same surface as the Sm80 kind's (``Conv2dArguments(op, ...)`` hands
-out this class when ``op`` is a ``Conv2dOperationSm90``), less what CUTLASS 4.2's SM90 conv does not have: split-K
-(serial or parallel). C as a bias vector works with operations built with ``bias=True`` (the fused per-channel bias)."""
+out this class when ``op`` is a ``Conv2dOperationSm90``). C as a bias vector works with operations built with
+``bias=True`` (the fused per-channel bias).
+
+CUTLASS 4.2's SM90 conv has no split-K. wgrad, whose GEMM K (N*P*Q) is long while its output (K x R*S*C) is small
+and fills few SMs, takes ``SplitKMode.Parallel`` here: the batch is cut into ``split_k_slices`` runs of whole images,
+each slice is an ordinary wgrad over its images (Params built as for any problem) writing its own partial filter
+gradient, and one launch runs them all (blockIdx.z picks the slice's Params from an array on the device). A
+ReductionOperation then adds the partials, as for Sm80-family parallel split-K. Serial split-K is refused."""
 from __future__ import annotations
 
-from ...errors import ArgumentError
+
+from ...errors import ArgumentError, CudaError
+from ...runtime import driver
+from ...runtime.launch import PreparedLaunch, loaded
 from ..conv2d.arguments import Conv2dArguments
+from ..families.conv import Conv2dProblemSize, Operator, SplitKMode
+from .abi import Sm90ConvSlices
 from .operation import Conv2dOperationSm90
+
+_DESCRIPTOR_ALIGNMENT = 128  # each slice's Params start where its TMA descriptors keep their 64-byte alignment
+_STATIC_SHARED_MEMORY_LIMIT = 48 * 1024
+
+
+def image_slices(images: int, slices: int) -> list[tuple[int, int]]:
+    """``slices`` runs of whole images covering ``images``, sizes differing by at most one: [(first, end), ...]."""
+    base, extra = divmod(images, slices)
+    bounds, first = [], 0
+    for index in range(slices):
+        end = first + base + (1 if index < extra else 0)
+        bounds.append((first, end))
+        first = end
+    return bounds
 
 
 class Conv2dArgumentsSm90(Conv2dArguments):
     """``Conv2dArguments(op, problem_size, A, B, C, D, output_op=None, split_k_mode=SplitKMode.Serial,
     split_k_slices=1, stream=None, device=None, session=None)`` for an SM90 operation. A, B, C and D are packed
-    NHWC (or channels_last NCHW) tensors; C may be None when beta is 0."""
+    NHWC (or channels_last NCHW) tensors; C may be None when beta is 0. wgrad also takes
+    ``split_k_mode=SplitKMode.Parallel`` with 1 <= ``split_k_slices`` <= N (see the module docstring)."""
 
     def _validate_and_prepare(self, operation, problem_size, A, B, C, D, output_op, split_k_mode, split_k_slices,
                               stream, device, session, bias=None, reordered=False):
         if not isinstance(operation, Conv2dOperationSm90):
             raise ArgumentError(f"Conv2dArgumentsSm90 needs an SM90 Conv2dOperation, got {type(operation).__name__}")
+        many = False
         if split_k_slices not in (1, None) and not isinstance(split_k_slices, bool):
             try:
                 many = int(split_k_slices) != 1
             except (TypeError, ValueError):
-                many = False
-            if many:
-                raise ArgumentError(f"{operation.name}: CUTLASS 4.2's SM90 convolution has no split-K; "
-                                    f"split_k_slices must be 1, got {split_k_slices} (use an Sm80-family operation)")
+                many = False  # the base class says what is wrong with it
+        many = many or (isinstance(problem_size, Conv2dProblemSize) and problem_size.split_k_slices != 1)
+        wgrad = operation.conv_kind is Operator.wgrad
+        try:
+            parallel = SplitKMode(split_k_mode) is SplitKMode.Parallel
+        except ValueError:
+            parallel = False  # the base class says what is wrong with it
+        if parallel and not wgrad:
+            raise ArgumentError(f"{operation.name}: CUTLASS 4.2's SM90 convolution has no split-K; SM90 splits only "
+                                f"wgrad (SplitKMode.Parallel, by images); use an Sm80-family operation for split-K "
+                                f"of {operation.conv_kind.name}")
+        if many and not parallel:
+            if wgrad:
+                raise ArgumentError(f"{operation.name}: SM90 wgrad splits K in parallel only (CUTLASS 4.2's SM90 "
+                                    f"conv has no serial fix-up): pass split_k_mode=SplitKMode.Parallel with an "
+                                    f"operation writing float32 partials and reduce them with a ReductionOperation, "
+                                    f"or split_k_slices=1")
+            raise ArgumentError(f"{operation.name}: CUTLASS 4.2's SM90 convolution has no split-K; split_k_slices "
+                                f"must be 1, got {split_k_slices} (use an Sm80-family operation)")
         if bias and not operation.bias:
             raise ArgumentError(f"{operation.name}: bias=True (C as a broadcast vector) needs an SM90 operation built "
                                 f"with Conv2dOperation(..., bias=True) (the fused per-channel bias; TMA reads C as a "
@@ -55,3 +97,46 @@ class Conv2dArgumentsSm90(Conv2dArguments):
     def c_strides_given(self):
         found = self._operands.get("C")
         return None if found is None else found[1]
+
+    # --- parallel split-K by images --------------------------------------------------------------------------
+    def _prepare(self) -> PreparedLaunch:
+        if self._prepared is None and self.parallel and self.split_k_slices > 1:
+            self._prepared = self._prepare_slices()
+        return super()._prepare()
+
+    prepared = _prepare
+
+    def _prepare_slices(self) -> PreparedLaunch:
+        """Params for every slice (each a wgrad over its images into its own partial), copied to the device one
+        after another; the launch runs the unit's ``<name>_slices`` kernel with one z layer per slice."""
+        operation, ps = self.operation, self.problem_size
+        loaded_op = loaded(operation, self.device, self.session)
+        operand_bytes = operation.A.element.bits // 8
+        partial_bytes = ps.tensor_c_size(operation.conv_kind) * operation.C.element.bits // 8
+        shape, blobs = None, []
+        for index, (first, end) in enumerate(image_slices(ps.N, self.split_k_slices)):
+            part = Conv2dProblemSize((end - first, ps.H, ps.W, ps.C), (ps.K, ps.R, ps.S, ps.C), ps.padding(),
+                                     ps.stride(), ps.dilation(), ps.mode)
+            partial = self.workspace + index * partial_bytes
+            # wgrad's A is the output gradient (N, P, Q, K), B the activation (N, H, W, C)
+            abi = operation.make_abi_arguments(
+                part, self.addresses["A"] + first * ps.P * ps.Q * ps.K * operand_bytes,
+                self.addresses["B"] + first * ps.H * ps.W * ps.C * operand_bytes, partial, partial, self.output_op)
+            found, params = loaded_op.params_for(abi, self.stream)
+            if shape is None:
+                shape = found
+            elif found[:3] != shape[:3]:  # every slice covers the same filter-gradient tiles
+                raise CudaError(f"{operation.name}: the slices' launch shapes differ ({found[:3]} vs {shape[:3]})",
+                                operation=operation.name)
+            blobs.append(bytes(params))
+        (grid_x, grid_y, _), block, smem, *_ = shape
+        stride = -(-len(blobs[0]) // _DESCRIPTOR_ALIGNMENT) * _DESCRIPTOR_ALIGNMENT
+        slices = Sm90ConvSlices()
+        slices.params = self.tensors.upload(b"".join(blob.ljust(stride, b"\0") for blob in blobs))
+        slices.slice_bytes = stride
+        function = loaded_op.function(operation.name + "_slices")
+        if smem > _STATIC_SHARED_MEMORY_LIMIT:
+            driver.set_dynamic_shared_memory(function, smem, operation.name + "_slices")
+        self._loaded_op = loaded_op
+        return PreparedLaunch(function, (grid_x, grid_y, self.split_k_slices), block, smem, slices, 0,
+                              operation.name + "_slices")

@@ -4,9 +4,10 @@
 when the tile is an SM90 one by the SM90 GEMM's rule (``families.sm90.is_sm90_tile``: no warp_count, stages=0, a wgmma
 instruction, a cluster or a schedule); a tile stating an Sm80 warp arrangement keeps the Sm80-family kernel.
 
-Built: fprop, dgrad (stride 1) and wgrad; f16 or bf16 in and out, f32 accumulation, NHWC, 8-element (16-byte)
-alignment, CUTLASS 4.2's only SM90 conv schedule (``KernelImplicitTmaWarpSpecializedSm90``: one consumer warpgroup;
-the cooperative and ping-pong schedules are refused by CUTLASS for conv). fprop and dgrad write through the
+Built: fprop, dgrad (stride 1) and wgrad; f16 or bf16 in and out (wgrad: or float32 out, also the partials of its
+parallel split-K by images, ``arguments.py``), f32 accumulation, NHWC, 16-byte alignment, CUTLASS 4.2's only SM90
+conv schedule (``KernelImplicitTmaWarpSpecializedSm90``: one consumer warpgroup; the cooperative and ping-pong
+schedules are refused by CUTLASS for conv). fprop and dgrad write through the
 ``TmaWarpSpecialized`` epilogue (im2col TMA store) with a linear combination, any of the activations, and with
 ``bias=True`` a per-channel bias (CUTLASS's ``LinCombPerColBiasEltAct``: one value per column of the implicit GEMM,
 i.e. per output channel); wgrad writes the KRSC filter gradient through the ``NoSmemWarpSpecialized`` epilogue (plain
@@ -26,14 +27,14 @@ from ...emit import names
 from ...emit.abi import fill_epilogue
 from ...errors import ArgumentError, DescriptionError
 from ..conv2d.operation import Conv2dOperation
-from ..families.conv import (Conv2dProblemSize, IteratorAlgorithm, Mode, Operator, StrideSupport,
+from ..families.conv import (Conv2dProblemSize, IteratorAlgorithm, Mode, Operator, SplitKMode, StrideSupport,
                              check_conv_enums)
 from ..base import check_description_types
 from ..families.sm90 import (NVRTC_SHIM, Sm90Operation, check_cluster_shape, check_default_tile_scheduler,
                              check_derived_warp_count, check_epilogue_kind, check_epilogue_schedule,
                              check_epilogue_types, check_schedule_tile_m, check_tensor_op, check_tile_k, check_tile_n,
                              check_tma_alignment)
-from .abi import Sm90Conv2dArgs
+from .abi import Sm90Conv2dArgs, Sm90ConvSlices
 
 _F16, _BF16, _F32 = DataType.float16, DataType.bfloat16, DataType.float32
 _NHWC = LayoutType.TensorNHWC
@@ -131,9 +132,14 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
         ps = problem_size
         kind = self.conv_kind
         where = f"{self.name} (SM90 {kind.name})"
-        if ps.split_k_slices != 1:
+        if ps.split_k_slices != 1 and kind is not Operator.wgrad:
             raise ArgumentError(f"{where}: CUTLASS 4.2's SM90 convolution has no split-K; split_k_slices must be 1, "
-                                f"got {ps.split_k_slices} (use an Sm80-family operation for split-K)")
+                                f"got {ps.split_k_slices} (SM90 splits only wgrad, by images; use an Sm80-family "
+                                f"operation for split-K of {kind.name})")
+        if ps.split_k_slices > ps.N:
+            # wgrad's GEMM K is Q*P*N, split here by whole images: a slice without an image would compute nothing
+            raise ArgumentError(f"{where}: SM90 wgrad splits K by images, so split_k_slices must be at most the batch "
+                                f"N = {ps.N}, got {ps.split_k_slices}")
         if ps.groups != 1:
             raise ArgumentError(f"{where}: grouped convolution is not built for SM90 (groups={ps.groups})")
         if Mode(ps.mode) is not Mode.cross_correlation:
@@ -190,7 +196,15 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
         return 0
 
     def workspace_elements(self, problem_size, split_k_mode) -> int:
-        return 0
+        """Parallel split-K (wgrad): one partial filter gradient of C's type per slice; nothing otherwise."""
+        if self.conv_kind is not Operator.wgrad or SplitKMode(split_k_mode) is not SplitKMode.Parallel:
+            return 0
+        return problem_size.split_k_slices * problem_size.tensor_c_size(self.conv_kind)
+
+    def abi_structs(self) -> tuple:
+        """wgrad units also declare their slices kernel's argument (fprop and dgrad units are unchanged)."""
+        extra = (Sm90ConvSlices,) if self.conv_kind is Operator.wgrad else ()
+        return (*super().abi_structs(), *extra)
 
     # --- emission -------------------------------------------------------------------------------------------
     def preamble(self):
@@ -252,9 +266,12 @@ def _check(what, conv_kind, tile: TileDescription, A, B, C, functor, bias) -> No
         if desc.layout is not _NHWC:
             raise DescriptionError(f"{what}: {label} must be TensorNHWC on SM90, got {desc.layout.value}",
                                    rule="conv2d_sm90.layout")
-        if desc.element is not element:
-            raise DescriptionError(f"{what}: {label} must hold {element.label} (the operands' type; other output "
-                                   f"types are not built yet), got {desc.element.label}", rule="sm90.output_type")
+        # wgrad may also write float32: a float32 filter gradient, and the partial sums of parallel split-K
+        allowed = (element, _F32) if label == "C" and conv_kind is Operator.wgrad else (element,)
+        if desc.element not in allowed:
+            also = "; wgrad may also write float32" if label == "C" else ""
+            raise DescriptionError(f"{what}: {label} must hold {' or '.join(e.label for e in allowed)} (the "
+                                   f"operands' type{also}), got {desc.element.label}", rule="sm90.output_type")
         check_tma_alignment(what, label, desc)
     if conv_kind is Operator.wgrad:
         if functor.kind != "LinearCombination" or functor.activation is not None:
