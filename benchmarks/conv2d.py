@@ -288,12 +288,8 @@ def _split_k_choices(op, ps, sm_count: int) -> list[int]:
     if _is_gemm(op) and op.C.element is D.float32:
         (m, n, gemm_k) = _gemm_views("wgrad", ps, None, None, None)[0]
         return _parallel_slices(op, m, n, gemm_k, sm_count)
-    if getattr(op, "family", None) == "sm90" and op.C.element is D.float32:  # SM90 wgrad split by images
-        tm, tn, _ = op.tile_description.threadblock_shape
-        gemm = ps.implicit_gemm_size(op.conv_kind)
-        tiles = -(-gemm.m() // tm) * -(-gemm.n() // tn)
-        return sorted({min(ps.N, max(2, round(waves * sm_count / tiles))) for waves in (1, 2)}
-                      if tiles < sm_count else set())
+    if getattr(op, "family", None) == "sm90" and op.C.element is D.float32:  # SM90 wgrad split by images/rows
+        return _sm90_wgrad_slices(op, ps, sm_count)
     if not _is_gemm(op) and op.C.element is D.float32:  # Sm80-family parallel split-K: about 1 and 2 waves
         m, n, _ = op.tiled_shape(ps)
         k_tiles = -(-ps.implicit_gemm_size(op.conv_kind).k() // op.tile_description.threadblock_shape[2])
@@ -310,6 +306,19 @@ def _split_k_choices(op, ps, sm_count: int) -> list[int]:
     k_tiles = -(-gemm_k // op.tile_description.threadblock_shape[2])
     split = min(MAX_SPLIT_K, max(2, round(sm_count / tiles)), max(1, k_tiles // 4))  # >= 4 K-steps per slice
     return [1] + ([split] if split > 1 else [])
+
+
+def _sm90_wgrad_slices(op, ps, sm_count: int, keep: int = 3) -> list[int]:
+    """The SM90 wgrad splits (runs of whole images, or every image in F runs of output rows) with the shortest
+    modelled time: waves of output tiles x slices over the SMs, times the largest slice's output rows, plus a little
+    per slice for its partial sums."""
+    tm, tn, _ = op.tile_description.threadblock_shape
+    gemm = ps.implicit_gemm_size(op.conv_kind)
+    tiles = -(-gemm.m() // tm) * -(-gemm.n() // tn)
+    choices = {s: -(-ps.N // s) * ps.P for s in range(2, ps.N + 1)}
+    choices.update({ps.N * f: -(-ps.P // f) for f in range(2, min(ps.P, 16) + 1)})
+    modelled = {s: -(-tiles * s // sm_count) * rows * (1 + 0.002 * s) for s, rows in choices.items()}
+    return sorted(sorted(modelled, key=lambda s: (modelled[s], s))[:keep])
 
 
 def _relative_error(got, reference) -> float:

@@ -360,8 +360,11 @@ def test_wgrad_split_k_is_parallel_by_images():
     op = _wgrad_f32()
     ps = _problem(n=3)
     op.check_problem_size(_problem(n=3, split=3))
-    with pytest.raises(ArgumentError, match="at most the batch N = 3, got 4"):
-        op.check_problem_size(_problem(n=3, split=4))
+    op.check_problem_size(_problem(n=3, split=27))  # every image in nine runs of rows (P = 9)
+    for split in (4, 5, 30):
+        with pytest.raises(ArgumentError, match=f"at most the batch N = 3 .* multiple of N up to N\\*P = 27 .* "
+                                                f"got {split}"):
+            op.check_problem_size(_problem(n=3, split=split))
     with pytest.raises(ArgumentError, match="SM90 splits only wgrad"):
         sm90_conv().check_problem_size(_problem(n=3, split=2))
     dy = np.zeros((3, 9, 9, 128), np.float16)
@@ -371,6 +374,10 @@ def test_wgrad_split_k_is_parallel_by_images():
         cutlass.Conv2dArguments(op, ps, dy, x, None, dw, split_k_slices=2)
     with pytest.raises(ArgumentError, match="at most the batch"):
         cutlass.Conv2dArguments(op, ps, dy, x, None, None, split_k_mode=pconv.SplitKMode.Parallel, split_k_slices=4)
+    with pytest.raises(ArgumentError, match="read only padding"):  # 3 rows padded by 5: the first run of rows
+        cutlass.Conv2dArguments(op, _problem(n=1, h=3, pad=(5, 1)), np.zeros((1, 11, 9, 128), np.float16),
+                                np.zeros((1, 3, 9, 64), np.float16), None, None,
+                                split_k_mode=pconv.SplitKMode.Parallel, split_k_slices=11)
     fprop = sm90_conv()
     with pytest.raises(ArgumentError, match="SM90 splits only wgrad"):
         cutlass.Conv2dArguments(fprop, _problem(n=3), x, np.zeros((128, 3, 3, 64), np.float16), None,
@@ -400,3 +407,49 @@ def test_nvrtc_compiles_a_float32_wgrad_with_its_slices_kernel():
     cubin = NvrtcBackend().compile(emitter.translation_unit([op]), "90a", op.name)
     for symbol in (op.name, f"{op.name}_slices", f"{op.name}_build"):
         assert symbol.encode() in cubin
+
+
+def _wgrad64(x, dy, ps):
+    """float64 wgrad of NHWC x and NPQK dy (cross-correlation with the problem's padding, stride, dilation)."""
+    np = pytest.importorskip("numpy")
+    padded = np.zeros((x.shape[0], ps.H + ps.pad_h + ps.upper_pad_h + ps.stride_h * ps.P,
+                       ps.W + ps.pad_w + ps.upper_pad_w + ps.stride_w * ps.Q, ps.C))
+    padded[:, ps.pad_h:ps.pad_h + ps.H, ps.pad_w:ps.pad_w + ps.W] = x
+    dw = np.zeros((ps.K, ps.R, ps.S, ps.C))
+    for r in range(ps.R):
+        for s in range(ps.S):
+            h, w = r * ps.dilation_h, s * ps.dilation_w
+            window = padded[:, h:h + ps.stride_h * ps.P:ps.stride_h, w:w + ps.stride_w * ps.Q:ps.stride_w]
+            dw[:, r, s] = np.einsum("npqk,npqc->kc", dy, window[:, :ps.P, :ps.Q])
+    return dw
+
+
+@pytest.mark.parametrize("shape, slices", [
+    (dict(n=3, h=9, w=7, c=8, k=16, r=3, s=3, pad=(1, 1)), 3),
+    (dict(n=5, h=9, w=7, c=8, k=16, r=3, s=3, pad=(1, 1)), 2),
+    (dict(n=2, h=11, w=6, c=8, k=8, r=3, s=2, pad=(2, 1), stride=(2, 1)), 6),
+    (dict(n=2, h=13, w=5, c=8, k=8, r=3, s=3, pad=(2, 2), dilation=(2, 1)), 14),     # every output row its own
+    (dict(n=1, h=20, w=4, c=8, k=8, r=5, s=1, pad=(0, 0), stride=(3, 1), dilation=(2, 1)), 3),
+])
+def test_wgrad_slices_sum_to_the_whole_gradient(shape, slices):
+    """The slices are whole problems whose float64 gradients, read at their offsets, add up to the problem's."""
+    np = pytest.importorskip("numpy")
+    from pycutlass.kinds.conv2d_sm90.arguments import wgrad_slices
+
+    ps = _problem(**shape)
+    rng = np.random.default_rng(slices)
+    x = rng.standard_normal((ps.N, ps.H, ps.W, ps.C))
+    dy = rng.standard_normal((ps.N, ps.P, ps.Q, ps.K))
+    parts = wgrad_slices(ps, slices)
+    assert len(parts) == slices
+    total = np.zeros((ps.K, ps.R, ps.S, ps.C))
+    covered = 0
+    for part, activation, gradient in parts:
+        sm90_conv(kind=pconv.Operator.wgrad).check_problem_size(part)
+        part_x = x.reshape(-1)[activation:activation + part.N * part.H * part.W * part.C]
+        part_dy = dy.reshape(-1)[gradient:gradient + part.N * part.P * part.Q * part.K]
+        total += _wgrad64(part_x.reshape(part.N, part.H, part.W, part.C),
+                          part_dy.reshape(part.N, part.P, part.Q, part.K), part)
+        covered += part.N * part.P * part.Q
+    assert covered == ps.N * ps.P * ps.Q  # every output pixel in exactly one slice (with the sum below)
+    np.testing.assert_allclose(total, _wgrad64(x, dy, ps), rtol=1e-10, atol=1e-10)

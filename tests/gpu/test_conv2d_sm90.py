@@ -248,6 +248,12 @@ SPLIT_SHAPES = [  # shape, slices: runs of whole images (uneven ones included), 
     ((13, 14, 14, 136, 64, 5, 5, (2, 2, 2, 2), (2, 2), (1, 2)), 13),
     ((8, 56, 56, 64, 64, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1)), 8),      # a long GEMM K, few output tiles
     ((4, 9, 9, 64, 128, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1)), 1),
+    # more slices than images: every image cut into runs of output rows, each with its own top/bottom padding
+    ((2, 17, 13, 72, 136, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1)), 6),
+    ((2, 31, 29, 40, 96, 3, 5, (1, 2, 2, 1), (2, 3), (1, 1)), 8),      # asymmetric padding, strides
+    ((1, 28, 30, 24, 64, 3, 3, (2, 2, 2, 2), (1, 1), (2, 2)), 5),      # dilation
+    ((3, 23, 19, 8, 8, 1, 1, (0, 0, 0, 0), (1, 1), (1, 1)), 69),       # every output row its own slice
+    ((4, 56, 56, 64, 64, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1)), 16),
 ]
 
 
@@ -255,8 +261,9 @@ SPLIT_SHAPES = [  # shape, slices: runs of whole images (uneven ones included), 
 @pytest.mark.parametrize("shape,slices", SPLIT_SHAPES, ids=lambda v: "x".join(map(str, v[:7])) if
                          isinstance(v, tuple) else str(v))
 def test_wgrad_parallel_split_k_by_images(key, shape, slices):
-    """Float32 partials of runs of whole images (one launch), then the reduction: D = alpha * sum + beta * C in
-    the operands' type; run twice (the slices' Params stay on the device) and again on new tensors."""
+    """Float32 partials of runs of whole images or of output rows (one launch), then the reduction:
+    D = alpha * sum + beta * C in the operands' type; run twice (the slices' Params stay on the device) and again on
+    new tensors."""
     op = WGRAD_F32_OPS[key]
     element = op.A.element
     dtype = getattr(torch, TORCH[element])

@@ -3,10 +3,12 @@ out this class when ``op`` is a ``Conv2dOperationSm90``). C as a bias vector wor
 ``bias=True`` (the fused per-channel bias).
 
 CUTLASS 4.2's SM90 conv has no split-K. wgrad, whose GEMM K (N*P*Q) is long while its output (K x R*S*C) is small
-and fills few SMs, takes ``SplitKMode.Parallel`` here: the batch is cut into ``split_k_slices`` runs of whole images,
-each slice is an ordinary wgrad over its images (Params built as for any problem) writing its own partial filter
-gradient, and one launch runs them all (blockIdx.z picks the slice's Params from an array on the device). A
-ReductionOperation then adds the partials, as for Sm80-family parallel split-K. Serial split-K is refused."""
+and fills few SMs, takes ``SplitKMode.Parallel`` here: the GEMM K is cut into ``split_k_slices`` slices that are each
+an ordinary wgrad problem (Params built as for any problem) writing its own partial filter gradient, and one launch
+runs them all (blockIdx.z picks the slice's Params from an array on the device). Up to N slices are runs of whole
+images; N*F slices cut every image into F runs of output rows, each a one-image problem over the input rows those
+rows read (its own top and bottom padding). A ReductionOperation then adds the partials, as for Sm80-family parallel
+split-K. Serial split-K is refused."""
 from __future__ import annotations
 
 
@@ -23,7 +25,7 @@ _STATIC_SHARED_MEMORY_LIMIT = 48 * 1024
 
 
 def image_slices(images: int, slices: int) -> list[tuple[int, int]]:
-    """``slices`` runs of whole images covering ``images``, sizes differing by at most one: [(first, end), ...]."""
+    """``slices`` runs covering ``images`` (or rows), sizes differing by at most one: [(first, end), ...]."""
     base, extra = divmod(images, slices)
     bounds, first = [], 0
     for index in range(slices):
@@ -31,6 +33,35 @@ def image_slices(images: int, slices: int) -> list[tuple[int, int]]:
         bounds.append((first, end))
         first = end
     return bounds
+
+
+def wgrad_slices(problem_size: Conv2dProblemSize, slices: int) -> list[tuple[Conv2dProblemSize, int, int]]:
+    """The slices of a wgrad's GEMM K (N*P*Q): [(problem, first activation element, first output-gradient element)].
+    ``slices`` <= N: runs of whole images; a multiple of N up to N*P: each image cut into runs of output rows
+    (``Conv2dOperationSm90.check_problem_size`` says which counts are allowed)."""
+    ps = problem_size
+    if slices <= ps.N:
+        return [(Conv2dProblemSize((end - first, ps.H, ps.W, ps.C), (ps.K, ps.R, ps.S, ps.C), ps.padding(),
+                                   ps.stride(), ps.dilation(), ps.mode),
+                 first * ps.H * ps.W * ps.C, first * ps.P * ps.Q * ps.K)
+                for first, end in image_slices(ps.N, slices)]
+    parts = []
+    for first_row, end_row in image_slices(ps.P, slices // ps.N):
+        # Output rows [first_row, end_row) read input rows [top, bottom] (rows outside the image are padding): the
+        # slice is a one-image problem over the rows inside, padded by what lies outside.
+        top = first_row * ps.stride_h - ps.pad_h
+        bottom = (end_row - 1) * ps.stride_h - ps.pad_h + (ps.R - 1) * ps.dilation_h
+        first_in, last_in = max(top, 0), min(bottom, ps.H - 1)
+        if last_in < first_in:
+            raise ArgumentError(f"wgrad split into {slices} slices: output rows {first_row}..{end_row - 1} read only "
+                                f"padding (no input row); use fewer slices")
+        part = Conv2dProblemSize((1, last_in - first_in + 1, ps.W, ps.C), (ps.K, ps.R, ps.S, ps.C),
+                                 (first_in - top, bottom - last_in, ps.pad_w, ps.upper_pad_w), ps.stride(),
+                                 ps.dilation(), ps.mode)
+        assert (part.P, part.Q) == (end_row - first_row, ps.Q), (part, first_row, end_row)
+        parts.append((part, first_in * ps.W * ps.C, first_row * ps.Q * ps.K))
+    return [(part, image * ps.H * ps.W * ps.C + activation, image * ps.P * ps.Q * ps.K + gradient)
+            for image in range(ps.N) for part, activation, gradient in parts]
 
 
 class Conv2dArgumentsSm90(Conv2dArguments):
@@ -71,12 +102,17 @@ class Conv2dArgumentsSm90(Conv2dArguments):
             raise ArgumentError(f"{operation.name}: bias=True (C as a broadcast vector) needs an SM90 operation built "
                                 f"with Conv2dOperation(..., bias=True) (the fused per-channel bias; TMA reads C as a "
                                 f"whole tensor otherwise)")
+        self._slices = None
         super()._validate_and_prepare(operation, problem_size, A, B, C, D, output_op, split_k_mode, split_k_slices,
                                       stream, device, session, bias, reordered)
 
     def _materialize(self) -> None:
         # What C may be, checked after the base class validated the tensors and before anything reaches a device.
         operation = self.operation
+        if self.parallel and self.split_k_slices > 1:
+            self._slices = wgrad_slices(self.problem_size, self.split_k_slices)
+            for part, _, _ in self._slices:
+                operation.check_problem_size(part)
         C = self._operands.get("C")
         broadcast = self.bias or (self.c_strides_given is not None)
         if operation.bias:
@@ -114,14 +150,12 @@ class Conv2dArgumentsSm90(Conv2dArguments):
         operand_bytes = operation.A.element.bits // 8
         partial_bytes = ps.tensor_c_size(operation.conv_kind) * operation.C.element.bits // 8
         shape, blobs = None, []
-        for index, (first, end) in enumerate(image_slices(ps.N, self.split_k_slices)):
-            part = Conv2dProblemSize((end - first, ps.H, ps.W, ps.C), (ps.K, ps.R, ps.S, ps.C), ps.padding(),
-                                     ps.stride(), ps.dilation(), ps.mode)
+        for index, (part, activation, gradient) in enumerate(self._slices):
             partial = self.workspace + index * partial_bytes
             # wgrad's A is the output gradient (N, P, Q, K), B the activation (N, H, W, C)
-            abi = operation.make_abi_arguments(
-                part, self.addresses["A"] + first * ps.P * ps.Q * ps.K * operand_bytes,
-                self.addresses["B"] + first * ps.H * ps.W * ps.C * operand_bytes, partial, partial, self.output_op)
+            abi = operation.make_abi_arguments(part, self.addresses["A"] + gradient * operand_bytes,
+                                               self.addresses["B"] + activation * operand_bytes, partial, partial,
+                                               self.output_op)
             found, params = loaded_op.params_for(abi, self.stream)
             if shape is None:
                 shape = found

@@ -136,10 +136,13 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
             raise ArgumentError(f"{where}: CUTLASS 4.2's SM90 convolution has no split-K; split_k_slices must be 1, "
                                 f"got {ps.split_k_slices} (SM90 splits only wgrad, by images; use an Sm80-family "
                                 f"operation for split-K of {kind.name})")
-        if ps.split_k_slices > ps.N:
-            # wgrad's GEMM K is Q*P*N, split here by whole images: a slice without an image would compute nothing
-            raise ArgumentError(f"{where}: SM90 wgrad splits K by images, so split_k_slices must be at most the batch "
-                                f"N = {ps.N}, got {ps.split_k_slices}")
+        if ps.split_k_slices > ps.N and (ps.split_k_slices % ps.N or ps.split_k_slices > ps.N * ps.P):
+            # wgrad's GEMM K is Q*P*N, split into whole problems: runs of whole images, or every image cut into the
+            # same number of runs of output rows (kinds/conv2d_sm90/arguments.py, wgrad_slices)
+            raise ArgumentError(f"{where}: SM90 wgrad splits K by images and output rows, so split_k_slices must be "
+                                f"at most the batch N = {ps.N} (runs of images) or a multiple of N up to N*P = "
+                                f"{ps.N * ps.P} (every image cut into that many / N runs of rows), got "
+                                f"{ps.split_k_slices}")
         if ps.groups != 1:
             raise ArgumentError(f"{where}: grouped convolution is not built for SM90 (groups={ps.groups})")
         if Mode(ps.mode) is not Mode.cross_correlation:
