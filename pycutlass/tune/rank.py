@@ -5,10 +5,12 @@
         print(candidate.score, candidate.reason, candidate.point.operation.name)
 
 The score is an estimated fraction of the device's peak tensor throughput (higher is better), from a pure-Python
-model of one persistent GEMM: tile quantization and waves over the SMs, the mainloop's arithmetic intensity per tile
-(a cluster's TMA multicast halves the loads of the shared operand), the kernel schedule (cooperative, ping-pong,
-stream-K for problems under one wave), accumulator registers per consumer thread (spills), memory bandwidth for
-skinny problems, and occupancy on the Sm80 family. Deterministic and free of any GPU.
+model of one GEMM: tile quantization and waves over the SMs, the mainloop's arithmetic intensity per tile (a
+cluster's TMA multicast halves the loads of the shared operand), the kernel schedule (persistent cooperative and
+ping-pong hide a tile's epilogue behind the next tile, the plain warp-specialized kernel runs a CTA per tile and is
+the one to beat in a single wave; stream-K for problems under one wave), accumulator registers per consumer thread
+(spills), memory bandwidth for skinny problems, and occupancy on the Sm80 family. Compute and memory time combine
+by a smooth maximum: limits that come close cost more than either. Deterministic and free of any GPU.
 
 ``model="analytic"`` (the default) is this model alone. ``model="nvmmh"`` takes NVIDIA's nvMatmulHeuristics
 (``pip install nvidia-matmul-heuristics``, the ``rank`` extra) for the tile/cluster/stage estimate, with this
@@ -181,6 +183,16 @@ def cannot_win(config: Config) -> str | None:
 # ---- the analytic model ---------------------------------------------------------------------------------------------
 _LAUNCH_S = 3e-6  # launch and pipeline fill
 _INTENSITY_HALF = 20.0  # FLOP per byte of operand loads at which the mainloop reaches half its peak
+_FILL_S = 1.0e-6  # a tile's pipeline prologue: the first stages' load latency before its first MMA
+_OVERLAP = 3.0  # the exponent of the smooth maximum below (1.5-16 rank alike at K = 8 on the measured sweeps)
+
+
+def _combine(*times: float) -> float:
+    """Limits that overlap (the tensor cores' time, the memory system's) cost more than the larger one when they are
+    close: loads stall MMAs and MMAs delay the next loads. A smooth maximum, (a^p + b^p)^(1/p): equal limits cost
+    1.26x either at p = 3, one at a third of the other adds 1%."""
+    top = max(times)
+    return top * sum((t / top) ** _OVERLAP for t in times) ** (1 / _OVERLAP) if top > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -220,7 +232,6 @@ def estimate(config: Config, problem, device: DeviceModel) -> Estimate:
     if cm * cn > 1:
         notes.append(f"cluster {cm}x{cn} multicast")
     if config.sm90:
-        efficiency *= {"cooperative": 1.0, "pingpong": 1.0, "warpspecialized": 0.93}[config.schedule]
         if config.schedule == "pingpong" and tm == 64:
             efficiency *= 0.97  # one 64-row wgmma per k-step keeps the tensor cores less busy than two
         if config.schedule == "cooperative" and tm == 128 and tn <= 64:
@@ -243,22 +254,28 @@ def estimate(config: Config, problem, device: DeviceModel) -> Estimate:
     flops_tile = 2.0 * tm * tn * tk * k_iters
     t_main = flops_tile / (per_slot * efficiency)
     t_epilogue = tm * tn * c_bytes / (device.dram_bytes_per_s / device.sm_count)
-    if config.sm90 and config.schedule == "pingpong":
-        t_epilogue *= 0.25  # the other warpgroup's mainloop runs meanwhile
-    elif config.sm90 and config.schedule == "cooperative":
-        t_epilogue *= 0.6  # the producer already loads the next tile
+    # What of a tile's epilogue the next tile's work hides: a persistent ping-pong CTA runs the other warpgroup's
+    # mainloop meanwhile, a cooperative one only has its producer load ahead. The plain warp-specialized kernel is
+    # not persistent (a CTA per tile): nothing hides its epilogue, and each tile past the first wave pays its own
+    # pipeline prologue; in one wave that costs nothing, and it runs a 64-row tile without the ping-pong barriers.
+    hidden = {"pingpong": 0.75, "cooperative": 0.4}.get(config.schedule, 0.0)
+    rounds = math.ceil(tiles / slots)  # tiles per CTA (persistent) or waves of CTAs
+    # a CTA's last tile has nothing to hide its epilogue behind: with one tile per CTA, the persistent schedules'
+    # overlap buys nothing
+    t_stores = t_epilogue * (1 + (rounds - 1) * (1 - hidden))
     waves = tiles / slots
     if config.stream_k:
         # stream-K splits the K loop of all tiles evenly over the SMs: no idle last wave, but partial tiles are
         # reduced through global memory (a fixup per split tile)
         units = tiles * k_iters
         share = max(1, math.ceil(units / slots))
-        fixup = t_epilogue if tiles % slots else 0.0  # a split tile's partial sums go through global memory
-        t_compute = share * t_main / k_iters * 1.04 + math.ceil(tiles / slots) * t_epilogue + fixup
+        fixup = t_epilogue * (1 - hidden) if tiles % slots else 0.0  # split tiles' partial sums through memory
+        t_compute = share * t_main / k_iters * 1.04 + t_stores + fixup
         notes.append(f"stream-K {waves:.2f} waves")
     else:
-        rounds = math.ceil(tiles / slots)
-        t_compute = rounds * (t_main + t_epilogue)
+        t_compute = rounds * t_main + t_stores
+        if config.schedule == "warpspecialized":
+            t_compute += (rounds - 1) * _FILL_S
         balance = tiles / (rounds * slots)
         notes.append(f"{waves:.2f} waves ({balance:.0%} busy)")
     # Memory floor: DRAM reads A and B once and writes C; L2 feeds every tile's loads. Few CTAs cannot pull full
@@ -270,7 +287,7 @@ def estimate(config: Config, problem, device: DeviceModel) -> Estimate:
         dram += min(slots, tiles * k_iters) * tm * tn * 4 * 2  # split tiles' float32 partials, written and read
     l2 = tiles * k_iters * loads
     t_memory = max(dram / device.dram_bytes_per_s, l2 / device.l2_bytes_per_s) / pull
-    seconds = max(t_compute, t_memory) + _LAUNCH_S
+    seconds = _combine(t_compute, t_memory) + _LAUNCH_S
     if t_memory > t_compute:
         notes.append(f"memory-bound ({pull:.0%} of bandwidth)")
     if quantization < 0.9:
