@@ -664,7 +664,7 @@ def test_rowwise_scales_rules_names_and_emission():
     clamp = cutlass.LinearCombinationClamp(D.bfloat16, 8, D.float32, D.float32)
     with pytest.raises(cutlass.DescriptionError, match="LinearCombinationClamp with scales"):
         _rowwise(functor=clamp)
-    with pytest.raises(cutlass.DescriptionError, match="scales must be None or 'rowwise'"):
+    with pytest.raises(cutlass.DescriptionError, match="scales must be None, 'rowwise' .* or 'blockwise'"):
         cutlass.GemmOperationGrouped(90, op.tile_description, op.A, op.B, op.C, op.epilogue_functor, scales="row")
     sm80 = cutlass.TileDescription([128, 128, 32], 3, [2, 2, 1], cutlass.MathInstruction(
         [16, 8, 16], D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp))

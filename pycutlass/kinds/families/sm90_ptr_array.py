@@ -32,6 +32,16 @@ _KERNEL_SCHEDULES = {
         "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum",
     _KS.TmaWarpSpecializedPingpongFP8FastAccum: "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8FastAccum",
 }
+# scales="blockwise" (grouped operations): CUTLASS's pointer-array main loops that promote the wgmma partial sums into
+# float32 every 128 of K and multiply them by the block's scales (fp8 only).
+BLOCKWISE_SCHEDULES = {
+    _KS.TmaWarpSpecializedCooperative: "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise",
+    _KS.TmaWarpSpecializedPingpong: "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise",
+}
+BLOCK_SCALE = (1, 128, 128)  # granularity along M, N, K (the DeepSeek-V3 recipe, as the SM90 GEMM's)
+# Bytes per group of the per-group scale layout arrays (CUTLASS's LayoutSFA / LayoutSFB, written by the sizes kernel
+# on the device; the template static_asserts that each fits).
+SCALE_LAYOUT_BYTES = 32
 _EPILOGUE_SCHEDULES = {  # by the schedule's base (fast accumulation does not change the epilogue)
     _KS.TmaWarpSpecializedCooperative: "cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative",
     _KS.TmaWarpSpecializedPingpong: "cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong",
@@ -92,8 +102,9 @@ def render_ptr_array_kernel(op, template: Path, bias: str | None = None, sizes_k
     """The pointer-array kernel and its builder (sm90_ptr_array.cu.j2) for ``op``: a grouped operation, or an
     SM90 GEMM built for Mode.Array (kinds/gemm_array_sm90), which runs it with one size per batch entry.
 
-    ``bias``: None or "column" (the per-group bias tree; grouped operations only). ``scales``: None or "rowwise"
-    (the row-wise scales tree; grouped operations only, not with a bias). ``sizes_kernel``: also emit
+    ``bias``: None or "column" (the per-group bias tree; grouped operations only). ``scales``: None, "rowwise"
+    (the row-wise scales tree; grouped operations only, not with a bias) or "blockwise" (CUTLASS's blockwise main
+    loop over per-group scale layouts from the sizes kernel; grouped operations only). ``sizes_kernel``: also emit
     ``<name>_sizes``, the device-sizes kernel of grouped operations, whose ABI struct (Sm90GroupedSizesArgs) only
     their units define; the Array kind has no device-side sizes and leaves it out. ``template``: the kind's own
     template (each includes sm90_ptr_array.cu.j2)."""
@@ -106,9 +117,12 @@ def render_ptr_array_kernel(op, template: Path, bias: str | None = None, sizes_k
     if bias is not None and clamp:  # the operation rejects it; the bias tree sets no clamp bounds
         raise DescriptionError(f"{op.name}: the clamp is not built with the per-group bias tree",
                                rule="bias.unsupported")
-    if scales not in (None, "rowwise") or (scales and (bias or clamp)):  # the operation rejects these
-        raise DescriptionError(f"{op.name}: the pointer-array template builds scales None or 'rowwise' (without a "
-                               f"bias or the clamp), got {scales!r}", rule="scales.unsupported")
+    if scales not in (None, "rowwise", "blockwise") or (scales and (bias or clamp)) or \
+            (scales == "blockwise" and not sizes_kernel):  # the operation rejects these
+        raise DescriptionError(f"{op.name}: the pointer-array template builds scales None, 'rowwise' or 'blockwise' "
+                               f"(without a bias or the clamp; block-wise with the sizes kernel), got {scales!r}",
+                               rule="scales.unsupported")
+    blockwise = scales == "blockwise"
     return render(
         template, name=op.name, summary=op.describe(),
         element_a=names.ELEMENT[op.A.element], layout_a=names.LAYOUT[op.A.layout], alignment_a=op.A.alignment,
@@ -117,10 +131,11 @@ def render_ptr_array_kernel(op, template: Path, bias: str | None = None, sizes_k
         element_accumulator=names.ELEMENT[op.element_accumulator],
         element_compute=names.ELEMENT[functor.element_epilogue],
         tile_shape=tile.threadblock_shape, cluster_shape=tile.cluster_shape, stages=tile.stages,
-        kernel_schedule=_KERNEL_SCHEDULES[op.kernel_schedule],
+        kernel_schedule=(BLOCKWISE_SCHEDULES if blockwise else _KERNEL_SCHEDULES)[op.kernel_schedule],
         epilogue_schedule=_EPILOGUE_SCHEDULES[op.kernel_schedule.base],
         activation=activation, activation_args=activation_args, clamp=clamp, bias=bias, sizes_kernel=sizes_kernel,
-        scales=scales,
+        scales=scales, block_scale=BLOCK_SCALE if blockwise else None, scale_layout_bytes=SCALE_LAYOUT_BYTES,
+        abi_struct=op.abi_struct_type.__name__, sizes_struct=op.sizes_struct_type.__name__ if sizes_kernel else None,
         epilogue_warp_groups=EPILOGUE_WARP_GROUPS, tma_descriptor_bytes=TMA_DESCRIPTOR_BYTES,
         thread_count=op.thread_count)
 
@@ -210,3 +225,13 @@ class Sm90GroupedGemmArgs(AbiStruct):
                 ("alpha_ptr", ctypes.c_uint64),  # device array of per-group alphas (float32)
                 ("ptr_scale_a", ctypes.c_uint64),  # device arrays of per-group row-wise scale pointers (float32)
                 ("ptr_scale_b", ctypes.c_uint64)] + EPILOGUE_FIELDS
+
+
+class Sm90BlockwiseGroupedGemmArgs(AbiStruct):
+    """Sm90GroupedGemmArgs for grouped operations built with ``scales="blockwise"``: the same fields (``ptr_scale_a``
+    / ``ptr_scale_b``: per-group pointers to the float32 block scales), then the device arrays of per-group CuTe
+    layouts of the two scale tensors (``SCALE_LAYOUT_BYTES`` per group, written by the sizes kernel). A struct of its
+    own, so that the units of every other grouped operation stay as they are."""
+
+    _pointers_ = Sm90GroupedGemmArgs._pointers_ + ("layout_scale_a", "layout_scale_b")
+    _fields_ = Sm90GroupedGemmArgs._fields_ + [("layout_scale_a", ctypes.c_uint64), ("layout_scale_b", ctypes.c_uint64)]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import ctypes
 
 from ...emit.abi import AbiStruct
-from ..families.sm90_ptr_array import Sm90GroupedGemmArgs  # noqa: F401  (the pointer-array kernel's struct)
+from ..families.sm90_ptr_array import (  # noqa: F401  (the pointer-array kernel's structs)
+    Sm90BlockwiseGroupedGemmArgs, Sm90GroupedGemmArgs)
 
 
 class Sm90GroupedSizesArgs(AbiStruct):
@@ -40,6 +41,21 @@ class Sm90GroupedSizesArgs(AbiStruct):
                 # (ptr_scale_a null when the operation has no scales).
                 ("scale_a_base", ctypes.c_uint64), ("scale_a_group_bytes", ctypes.c_int64),
                 ("ptr_scale_a", ctypes.c_uint64)]
+
+
+class Sm90BlockwiseGroupedSizesArgs(AbiStruct):
+    """Sm90GroupedSizesArgs for operations built with ``scales="blockwise"`` (a struct of its own, so that the sizes
+    kernels of other grouped operations stay as they are). In: scale_a (``scale_a_base``, ``scale_a_group_bytes``
+    as for row-wise scales; ``scale_a_ld``: elements between its K blocks) and scale_b (``scale_b_base``,
+    ``scale_b_group_bytes`` between groups, ``scale_b_ld`` elements between its N blocks). Out: the per-group scale
+    pointers (``ptr_scale_a``, ``ptr_scale_b``) and CuTe layouts (``layout_scale_a``, ``layout_scale_b``: CUTLASS's
+    LayoutSFA / LayoutSFB of each group's shape, computed on the device)."""
+
+    _pointers_ = Sm90GroupedSizesArgs._pointers_ + ("scale_b_base", "ptr_scale_b", "layout_scale_a", "layout_scale_b")
+    _fields_ = Sm90GroupedSizesArgs._fields_ + [
+        ("scale_a_ld", ctypes.c_int64), ("scale_b_base", ctypes.c_uint64), ("scale_b_group_bytes", ctypes.c_int64),
+        ("scale_b_ld", ctypes.c_int64), ("ptr_scale_b", ctypes.c_uint64), ("layout_scale_a", ctypes.c_uint64),
+        ("layout_scale_b", ctypes.c_uint64)]
 
 
 # What the device-sizes kernel reports in ``flags`` (sticky: ORed by every run until reset). Every case is clamped

@@ -18,6 +18,9 @@ the sum of the M before it), clamping every size to the bounds, so the grouped k
 tensors whatever the sizes. Violations are reported in a sticky device flag (``size_flags()``, ``check_sizes()``).
 The masked layout (decode under CUDA graphs) passes A, C and D as (groups, capacity, columns) instead: group g's
 rows start its own slab and its M (at most the capacity) is read from the sizes; rows past it are not written.
+
+Block-wise scales (operations built with ``scales="blockwise"``) take device-side sizes only: the sizes kernel points
+every group at its scales and computes their CuTe layouts (CUTLASS's for the group's shape, with the caller's strides).
 """
 from __future__ import annotations
 
@@ -39,7 +42,8 @@ from ..families.grouped_arguments import (fill_group_arrays, pack_arrays, pack_p
 from ..families.sm90_arguments import (  # noqa: F401  (their names as this module had them)
     GROUP_RASTER_ORDERS as RASTER_ORDERS, check_group_knobs, check_sm_count, check_workspace, persistent_sm_count)
 from ..gemm_grouped.arguments import GemmGroupedArguments
-from .abi import SIZE_FLAGS, Sm90GroupedGemmArgs, Sm90GroupedSizesArgs
+from ..families.sm90_ptr_array import BLOCK_SCALE, SCALE_LAYOUT_BYTES
+from .abi import SIZE_FLAGS
 from .operation import GemmOperationGroupedSm90
 
 _TMA_BYTES = 16  # TMA: 16-byte aligned addresses and strides
@@ -100,10 +104,14 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         given = (scale_a is not None, scale_b is not None)
         if any(given) and not operation.scales:
             raise ArgumentError(f"{operation.name} was built without row-wise scales; build it with "
-                                f"scales='rowwise' to pass scale_a= and scale_b=")
-        if operation.scales and not all(given):
+                                f"scales='rowwise' (or 'blockwise' for fp8) to pass scale_a= and scale_b=")
+        if operation.scales == "rowwise" and not all(given):
             raise ArgumentError(f"{operation.name} scales every row of A and column of B (scales='rowwise'); pass "
                                 f"both scale_a= (M float32 values per group) and scale_b= (N per group)")
+        if operation.scales == "blockwise" and not all(given):
+            raise ArgumentError(f"{operation.name} scales every 1x128 block of A and 128x128 block of B "
+                                f"(scales='blockwise'); pass both scale_a= (rows, ceil(K/128)) and scale_b= (groups, "
+                                f"ceil(N/128), ceil(K/128)), float32")
         self._bias = bias
         self._scale_a, self._scale_b = scale_a, scale_b
         self._scale_a_parts, self._scale_b_parts, self._scale_a_info = [], [], None
@@ -112,6 +120,10 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         self._sizes_launch = None
         self.masked = False
         self.device_sizes = is_device_sizes(problem_sizes)
+        if operation.scales == "blockwise" and not self.device_sizes:
+            raise ArgumentError(f"{operation.name}: block-wise scales take the group sizes as an int32 device tensor "
+                                f"((groups,) M per group, or (groups, 3)) with packed or masked operands (the sizes "
+                                f"kernel computes every group's scale layouts on the device); got host sizes")
         if self.device_sizes:
             self._validate_device_sizes(operation, problem_sizes, As, Bs, Cs, Ds, output_op, stream, device, session)
         else:
@@ -159,10 +171,13 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
                 return
         self._scale_a_parts = _vector_parts("scale_a", value, rows, f32, device_only, "M", "is float32")
 
-    def _describe_device_scales(self, count: int, rows: int, n_cap: int) -> None:
+    def _describe_device_scales(self, count: int, rows: int, n_cap: int, k_cap: int) -> None:
         """Device sizes: ``scale_b=`` as for host sizes; ``scale_a=`` a (rows,) float32 device vector beside the
         packed A, or (groups, capacity) in the masked layout; the sizes kernel points each group at its rows."""
         if not self.operation.scales:
+            return
+        if self.operation.scales == "blockwise":
+            self._describe_block_scales(count, rows, n_cap, k_cap)
             return
         f32 = DataType.float32
         self._scale_b_parts = _vector_parts("scale_b", self._scale_b, [n_cap] * count, f32, True, "N", "is float32")
@@ -176,6 +191,49 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
                                 f"rows; got shape {info.shape}, strides {info.strides}")
         self._scale_a_info = info
         self._scale_a_group_bytes = info.strides[0] * info.itemsize if self.masked and count > 1 else 0
+
+    def _describe_block_scales(self, count: int, rows: int, n_cap: int, k_cap: int) -> None:
+        """Block-wise scales (device sizes): ``scale_a`` (rows, ceil(K/128)) with unit stride along the rows (each K
+        block's M values contiguous, as DeepGEMM and torch's block-wise scaled_mm keep them: ``s.t().contiguous().t()``
+        of a (rows, ceil(K/128)) tensor), the groups' rows concatenated as in the packed A; in the masked layout
+        (groups, capacity, ceil(K/128)), M-major per group. ``scale_b`` (groups, ceil(N/128), ceil(K/128)), K blocks
+        contiguous. Strides between K blocks (scale_a) and N blocks (scale_b) are free (padded for alignment is
+        fine): the sizes kernel writes them into each group's layout. Lists of per-group tensors are refused: the
+        sizes kernel addresses every group from one base."""
+        f32 = DataType.float32
+        k_blocks, n_blocks = -(-k_cap // BLOCK_SCALE[2]), -(-n_cap // BLOCK_SCALE[1])
+        for name, value in (("scale_a", self._scale_a), ("scale_b", self._scale_b)):
+            if isinstance(value, (list, tuple)):  # the sizes kernel addresses every group from one base
+                raise ArgumentError(f"{name}: block-wise scales are one tensor for all groups (see below), got a list")
+        a_info = describe(self._scale_a, "scale_a")
+        b_info = describe(self._scale_b, "scale_b")
+        for info in (a_info, b_info):
+            _check_vector_kind(info, f32, True, "is float32")
+            if info.numel and info.device_address % 4:
+                raise ArgumentError(f"{info.name}: address {info.device_address:#x} is not 4-byte aligned")
+        a_shape = (count, rows, k_blocks) if self.masked else (rows, k_blocks)
+        m_stride = a_info.strides[-2] if len(a_info.shape) == len(a_shape) else None
+        ld_a = a_info.strides[-1] if len(a_info.shape) == len(a_shape) else None
+        if a_info.shape != a_shape or (rows > 1 and m_stride != 1) or (k_blocks > 1 and ld_a < rows):
+            form = f"({count}, {rows}, {k_blocks}) (groups, capacity, ceil(K/128)), M-major per group" if self.masked \
+                else f"({rows}, {k_blocks}) (rows of the packed A, ceil(K/128))"
+            raise ArgumentError(f"scale_a: block-wise scales of A are a float32 tensor {form}, with unit stride along "
+                                f"M (each K block's rows contiguous: s.t().contiguous().t() of a row-major tensor) "
+                                f"and at least M between K blocks; got shape {a_info.shape}, strides {a_info.strides}")
+        b_shape = (count, n_blocks, k_blocks)
+        if b_info.shape != b_shape or (k_blocks > 1 and b_info.strides[2] != 1) or \
+                (n_blocks > 1 and b_info.strides[1] < k_blocks):
+            raise ArgumentError(f"scale_b: block-wise scales of B are one float32 tensor {b_shape} (groups, "
+                                f"ceil(N/128), ceil(K/128)) with contiguous K blocks; got shape {b_info.shape}, "
+                                f"strides {b_info.strides}")
+        ld_b = b_info.strides[1]
+        if max(ld_a or 0, ld_b) >= 2 ** 31:
+            raise ArgumentError("scale_a / scale_b: strides of 2^31 elements or more do not fit CUTLASS's int32 "
+                                "scale layouts")
+        self._scale_a_info, self._scale_b_info = a_info, b_info
+        self._scale_a_group_bytes = a_info.strides[0] * 4 if self.masked else 0
+        self._scale_a_ld = ld_a if k_blocks > 1 else max(rows, 1)
+        self._scale_b_group_bytes, self._scale_b_ld = b_info.strides[0] * 4, ld_b if n_blocks > 1 else k_blocks
 
     def _scale_pointers(self) -> list:
         """The per-group scale pointer arrays to upload with the per-group arrays (host sizes: both)."""
@@ -241,6 +299,8 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         vectors = [*getattr(self, "_bias_parts", []), *self._scale_a_parts, *self._scale_b_parts]
         if self._scale_a_info is not None:
             vectors.append((self._scale_a_info, 0))
+        if getattr(self, "_scale_b_info", None) is not None:
+            vectors.append((self._scale_b_info, 0))
         extra = list({id(info): info for info, _ in vectors}.values())  # bias and scale vectors
         if self._alpha_info is not None:
             extra.append(self._alpha_info)
@@ -301,7 +361,7 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         self._b_infos, self._b_parts, self._ldb = self._device_b(op, Bs, count, k_cap, n_cap)
         self._caps = (rows, n_cap, k_cap)
         self._describe_bias([n_cap] * count, device_only=True)
-        self._describe_device_scales(count, rows, n_cap)
+        self._describe_device_scales(count, rows, n_cap, k_cap)
         self._describe_alpha(count)
         self._materialize()
 
@@ -433,7 +493,12 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
              ("b_pointers", b_pointers)]
         if op.bias:
             arrays.append(("ptr_bias", self._bias_pointers()))
-        if op.scales:  # the sizes kernel writes ptr_scale_a; scale_b's pointers are known here
+        if op.scales == "blockwise":  # the sizes kernel writes all four (a K = 0 group reads the stand-in)
+            arrays += [("ptr_scale_a", np.zeros(count, dtype=np.uint64)),
+                       ("ptr_scale_b", np.zeros(count, dtype=np.uint64)),
+                       ("layout_scale_a", np.zeros(count * SCALE_LAYOUT_BYTES, dtype=np.uint8)),
+                       ("layout_scale_b", np.zeros(count * SCALE_LAYOUT_BYTES, dtype=np.uint8))]
+        elif op.scales:  # the sizes kernel writes ptr_scale_a; scale_b's pointers are known here
             arrays += [("ptr_scale_a", np.zeros(count, dtype=np.uint64)),
                        ("ptr_scale_b", _part_pointers(self._scale_b_parts, self.tensors.address))]
         arrays += self._alpha_array()
@@ -450,9 +515,11 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         stand_in = 0
         if k_may_be_zero:
             elements = stand_in_k * max(rows, 1) + stand_in_k * ldb_stand_in
+            if op.scales == "blockwise":  # K = 0 groups read zero scales there too (M of A's, N / 128 of B's)
+                elements = max(elements, 4 * max(rows, -(-n_cap // BLOCK_SCALE[1]), 1) * 8 // op.A.element.bits)
             stand_in = self.tensors.zeros(elements * op.A.element.bits // 8)
 
-        s = Sm90GroupedSizesArgs()
+        s = op.sizes_struct_type()
         s.group_count, s.columns, s.n_cap, s.k_cap, s.k_stand_in = count, self._columns, n_cap, k_cap, stand_in_k
         # Alignment of the contiguous extents the device must check: N for a RowMajor B and for D (always RowMajor
         # here), K for A (RowMajor) and a ColumnMajor B.
@@ -475,6 +542,11 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         if op.scales:
             s.scale_a_base = self.tensors.address(self._scale_a_info)
             s.scale_a_group_bytes, s.ptr_scale_a = self._scale_a_group_bytes, self.device_arrays["ptr_scale_a"]
+        if op.scales == "blockwise":
+            s.scale_a_ld, s.scale_b_base = self._scale_a_ld, self.tensors.address(self._scale_b_info)
+            s.scale_b_group_bytes, s.scale_b_ld = self._scale_b_group_bytes, self._scale_b_ld
+            s.ptr_scale_b = self.device_arrays["ptr_scale_b"]
+            s.layout_scale_a, s.layout_scale_b = (self.device_arrays[f"layout_scale_{x}"] for x in "ab")
         self._sizes_struct = s
 
     def size_flags(self, reset: bool = False) -> int:
@@ -545,10 +617,10 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         elements = op.empty_k_stand_in * (-(-max(extents) // alignment) * alignment)
         return self.tensors.zeros(elements * op.A.element.bits // 8)
 
-    def bind(self, loaded_op=None) -> Sm90GroupedGemmArgs:
+    def bind(self, loaded_op=None):  # Sm90GroupedGemmArgs, or Sm90BlockwiseGroupedGemmArgs for block-wise scales
         op = self.operation
         raster, swizzle, _ = self._knobs
-        a = Sm90GroupedGemmArgs()
+        a = op.abi_struct_type()
         a.problem_count = self.group_count
         a.sm_count = self.sm_count
         a.raster_order = raster
@@ -559,6 +631,9 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         a.ptr_scale_a = self.device_arrays.get("ptr_scale_a", 0)
         a.ptr_scale_b = self.device_arrays.get("ptr_scale_b", 0)
         a.alpha_ptr = self._alpha_pointer()
+        if op.scales == "blockwise":
+            a.layout_scale_a = self.device_arrays.get("layout_scale_a", 0)
+            a.layout_scale_b = self.device_arrays.get("layout_scale_b", 0)
         fill_epilogue(a, self.output_op)
         return a
 

@@ -19,17 +19,20 @@ from pathlib import Path
 
 from ...description.tensor_description import TensorDescription
 from ...description.tile_description import TileDescription
-from ...description.types import IdentitySwizzle1, SwizzlingFunctor
+from ...description.types import EpilogueScheduleType, IdentitySwizzle1, KernelScheduleType, SwizzlingFunctor
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import DescriptionError
 from ..families.grouped import GROUPED_SWIZZLES, SchedulerMode
 from ..families.sm90 import CLAMP_KINDS, Sm90Operation, derived_warp_count
 from ..families.sm90_ptr_array import (  # noqa: F401  (their names as this module had them)
-    EPILOGUE_WARP_GROUPS, GROUPED_EPILOGUES, PTR_ARRAY_HEADERS, TMA_DESCRIPTOR_BYTES, check_ptr_array, ptr_array_description,
-    ptr_array_readable_name, render_ptr_array_kernel, tensormap_workspace_bytes)
+    BLOCK_SCALE, BLOCKWISE_SCHEDULES, EPILOGUE_WARP_GROUPS, GROUPED_EPILOGUES, PTR_ARRAY_HEADERS, TMA_DESCRIPTOR_BYTES,
+    check_ptr_array, ptr_array_description, ptr_array_readable_name, render_ptr_array_kernel, tensormap_workspace_bytes)
 from ..families.sm90_ptr_array import GROUPED_WHAT as _WHAT
 from ..gemm_grouped.operation import GemmOperationGrouped
-from .abi import Sm90GroupedGemmArgs, Sm90GroupedSizesArgs
+from .abi import (Sm90BlockwiseGroupedGemmArgs, Sm90BlockwiseGroupedSizesArgs, Sm90GroupedGemmArgs,
+                  Sm90GroupedSizesArgs)
+
+_KS = KernelScheduleType
 
 _GROUPED_EPILOGUE_HINT = " (any activation), with bias='column' for a per-group bias"
 
@@ -54,10 +57,17 @@ class GemmOperationGroupedSm90(Sm90Operation, GemmOperationGrouped):
     C_g), one float32 scale per row of A_g and per column of B_g (fp8 quantization per token and per channel, as
     ``torch._scaled_grouped_mm``'s row-wise form); the arguments take them as ``scale_a=`` and ``scale_b=``. Not
     built with a bias or the clamp (rejected).
+
+    ``scales="blockwise"`` (fp8 operands): D_g = act(alpha * sum_kb scale_a_g[m, kb] * scale_b_g[n / 128, kb] *
+    (A_g @ B_g over K block kb) + beta * C_g), float32 scales per 1 x 128 block of A_g and per 128 x 128 block of B_g
+    (the DeepSeek-V3 recipe), applied in CUTLASS's pointer-array blockwise main loops (cooperative or ping-pong, tile
+    N and K 128). The arguments take them as ``scale_a=`` and ``scale_b=``, with the group sizes as a device tensor
+    (the sizes kernel computes every group's scale pointers and layouts on the device).
     """
 
     kind = "gemm_grouped_sm90"
-    abi_struct_type = Sm90GroupedGemmArgs
+    abi_struct_type = Sm90GroupedGemmArgs  # the builder's struct
+    sizes_struct_type = Sm90GroupedSizesArgs  # the sizes kernel's
 
     def __new__(cls, *args, **kwargs):
         return object.__new__(cls)
@@ -83,10 +93,15 @@ class GemmOperationGroupedSm90(Sm90Operation, GemmOperationGrouped):
                                       epilogue_hint=_GROUPED_EPILOGUE_HINT, fp8=True)
         self.bias = _check_bias(bias, epilogue_functor)
         self.scales = _check_scales(scales, self.bias, epilogue_functor)
+        if self.scales == "blockwise":
+            self.kernel_schedule = _check_blockwise(tile_description, self.kernel_schedule)
+            # Structs of their own (per-group scale layouts), so that every other grouped unit stays as it is.
+            self.abi_struct_type, self.sizes_struct_type = Sm90BlockwiseGroupedGemmArgs, Sm90BlockwiseGroupedSizesArgs
+
 
     # --- identity -------------------------------------------------------------------------------------------
     def abi_structs(self) -> tuple:
-        return (*super().abi_structs(), Sm90GroupedSizesArgs)
+        return (*super().abi_structs(), self.sizes_struct_type)
 
     def _signature(self) -> tuple:
         tile = self.tile_description
@@ -96,7 +111,7 @@ class GemmOperationGroupedSm90(Sm90Operation, GemmOperationGrouped):
 
     def _readable_name(self) -> str:
         return ptr_array_readable_name(self, "gemm_grouped_sm90") + ("_biasc" if self.bias else "") + \
-            ("_rowscale" if self.scales else "")
+            {None: "", "rowwise": "_rowscale", "blockwise": "_bw"}[self.scales]
 
     @property
     def transposed(self) -> bool:
@@ -150,7 +165,8 @@ class GemmOperationGroupedSm90(Sm90Operation, GemmOperationGrouped):
 
     # --- emission -------------------------------------------------------------------------------------------
     def headers(self) -> list[str]:
-        return list(PTR_ARRAY_HEADERS)
+        return list(PTR_ARRAY_HEADERS) + (["cutlass/detail/blockwise_scale_layout.hpp"] if self.scales == "blockwise"
+                                          else [])
 
     def emit_body(self) -> str:
         return render_ptr_array_kernel(self, Path(__file__).parent / "gemm_grouped_sm90.cu.j2", bias=self.bias,
@@ -164,18 +180,53 @@ class GemmOperationGroupedSm90(Sm90Operation, GemmOperationGrouped):
 def _check_scales(scales, bias, functor: EpilogueFunctor) -> str | None:
     if scales is None:
         return None
-    if scales != "rowwise":
-        raise DescriptionError(f"{_WHAT}: scales must be None or 'rowwise' (one float32 scale per row of A and per "
-                               f"column of B in every group), got {scales!r}", rule="scales.unsupported")
+    if scales not in ("rowwise", "blockwise"):
+        raise DescriptionError(f"{_WHAT}: scales must be None, 'rowwise' (one float32 scale per row of A and per "
+                               f"column of B in every group) or 'blockwise' (fp8: float32 scales per 1x128 block of "
+                               f"A and 128x128 block of B in every group), got {scales!r}", rule="scales.unsupported")
     if bias is not None:
-        raise DescriptionError(f"{_WHAT}: scales='rowwise' with a bias is not built (one epilogue tree each); fold "
+        raise DescriptionError(f"{_WHAT}: scales={scales!r} with a bias is not built (one epilogue tree each); fold "
                                f"the bias into C with beta=1, or build the operation without one",
                                rule="scales.unsupported")
     if functor.kind in CLAMP_KINDS:
-        raise DescriptionError(f"{_WHAT}: {functor.kind} with scales='rowwise' is not built (the row-wise tree "
-                               f"sets no clamp bounds); use LinearCombination or LinearCombinationGeneric",
+        raise DescriptionError(f"{_WHAT}: {functor.kind} with scales={scales!r} is not built (the epilogue sets no "
+                               f"clamp bounds); use LinearCombination or LinearCombinationGeneric",
                                rule="scales.unsupported")
     return scales
+
+
+def _check_blockwise(tile: TileDescription, schedule: KernelScheduleType) -> KernelScheduleType:
+    """What CUTLASS's pointer-array blockwise main loops take (the rules of the SM90 GEMM's scales="blockwise");
+    returns the schedule they run: Auto's fp8 fast accumulation resolves to the plain schedule, since the blockwise
+    loop promotes into float32 itself."""
+    what = f"{_WHAT} with scales='blockwise'"
+    math = tile.math_instruction
+    if not (math.element_a.is_fp8 and math.element_b.is_fp8):
+        raise DescriptionError(f"{what}: block-wise scales are built for fp8 operands (float8_e4m3 / float8_e5m2, "
+                               f"any pair), got {math.element_a.label} x {math.element_b.label}",
+                               rule="scales.unsupported")
+    if tile.kernel_schedule is not _KS.Auto and schedule.is_fp8_fast_accum:
+        raise DescriptionError(f"{what}: {schedule.value} accumulates without promotion; the blockwise main loop "
+                               f"promotes into float32 every 128 of K itself: use Auto, TmaWarpSpecializedCooperative "
+                               f"or TmaWarpSpecializedPingpong", rule="scales.unsupported")
+    m, n, k = tile.threadblock_shape
+    if n != BLOCK_SCALE[1] or k != BLOCK_SCALE[2]:
+        # CUTLASS 4.2's blockwise accumulation takes one scale block of B per tile (fp8_accumulation.hpp
+        # static_asserts "Accumulator and scaleB must have same shape" for 256-wide tiles)
+        raise DescriptionError(f"{what}: tile N and K must be {BLOCK_SCALE[1]} (one 128 x 128 scale block of B per "
+                               f"tile; CUTLASS 4.2's blockwise accumulation does not build wider tiles), got "
+                               f"{[m, n, k]}", rule="scales.unsupported")
+    if tile.stages:
+        raise DescriptionError(f"{what}: the blockwise main loop keeps its scales in shared memory beside the "
+                               f"operands; leave stages=0 (the builder carves them), got {tile.stages}",
+                               rule="scales.unsupported")
+    if tile.epilogue_schedule is EpilogueScheduleType.NoSmemWarpSpecialized:  # (check_ptr_array refuses it too)
+        raise DescriptionError(f"{what}: built with the TMA epilogues only (Auto)", rule="scales.unsupported")
+    base = schedule.base
+    if base not in BLOCKWISE_SCHEDULES:
+        raise DescriptionError(f"{what}: CUTLASS's pointer-array blockwise main loops are cooperative or ping-pong, "
+                               f"got {schedule.value}", rule="scales.unsupported")
+    return base
 
 
 def _check_bias(bias, functor: EpilogueFunctor | None = None) -> str | None:
