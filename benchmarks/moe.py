@@ -25,6 +25,12 @@ fp8 (``--parts fp8``): the contiguous forward sets in e4m3 with row-wise scales 
 output channel, ``scales="rowwise"``), bf16 output, against ``torch._scaled_grouped_mm`` with the same scales and fast
 accumulation; checked against float64 of the scaled product on sampled rows. Goal: geomean >= 1.10x.
 
+fp8 block-wise (``--parts blockwise``): the same contiguous forward sets in e4m3 with DeepSeek-V3's block-wise scales
+(float32 per 1x128 of A, per 128x128 of each expert's B; ``scales="blockwise"``), bf16 output, checked against
+float64 of the dequantized operands on sampled rows, against the same set in bf16 (``torch._grouped_mm`` timed in
+the part, and pycutlass's bf16 best when the forward part ran). Goal: >= 1.6x the bf16 throughput; context:
+DeepGEMM's published 1214-1346 TFLOP/s on H800.
+
 Masked layout (``--parts masked``, decode): every local expert at a fixed capacity (A (experts, capacity, K), D
 (experts, capacity, N)), the counts on the device; each tile's run is captured once in a CUDA graph and replayed
 (the sizes kernel included), checked against float64 first with every row past a count still NaN; against
@@ -103,6 +109,33 @@ def fp8_operations() -> list:
             90, tile, cutlass.TensorDescription(e4m3, cutlass.RowMajor, 16),
             cutlass.TensorDescription(e4m3, cutlass.ColumnMajor, 16), cutlass.TensorDescription(bf16, cutlass.RowMajor, 8),
             cutlass.LinearCombination(bf16, 8, f32, f32), scales="rowwise"))
+    return found
+
+
+# fp8 e4m3 with block-wise scales (DeepSeek-V3's recipe: 1x128 of A, 128x128 of B, float32 promotion each 128 of K):
+# (tile, cluster, schedule); tile N and K are 128 (one scale block of B per tile)
+BLOCKWISE_TILES = [((128, 128, 128), (1, 1, 1), "TmaWarpSpecializedCooperative"),
+                   ((128, 128, 128), (2, 1, 1), "TmaWarpSpecializedCooperative"),
+                   ((256, 128, 128), (2, 1, 1), "TmaWarpSpecializedCooperative"),
+                   ((64, 128, 128), (1, 1, 1), "TmaWarpSpecializedPingpong")]
+BLOCK = 128
+
+
+def blockwise_operations() -> list:
+    """The block-scaled forward's grouped GEMMs: e4m3 A (tokens) x e4m3 B (experts, column-major), float32
+    accumulation promoted every 128 of K, bf16 output (``scales="blockwise"``)."""
+    import pycutlass as cutlass
+
+    e4m3, bf16, f32 = cutlass.DataType.float8_e4m3, cutlass.DataType.bfloat16, cutlass.DataType.float32
+    found = []
+    for shape, cluster, schedule in BLOCKWISE_TILES:
+        math = cutlass.MathInstruction([64, shape[1], 32], e4m3, e4m3, f32, cutlass.OpClass.TensorOp)
+        tile = cutlass.TileDescription(list(shape), 0, None, math, cluster_shape=list(cluster),
+                                       kernel_schedule=cutlass.KernelScheduleType[schedule])
+        found.append(cutlass.GemmOperationGrouped(
+            90, tile, cutlass.TensorDescription(e4m3, cutlass.RowMajor, 16),
+            cutlass.TensorDescription(e4m3, cutlass.ColumnMajor, 16), cutlass.TensorDescription(bf16, cutlass.RowMajor, 8),
+            cutlass.LinearCombination(bf16, 8, f32, f32), scales="blockwise"))
     return found
 
 
@@ -367,6 +400,74 @@ def run_fp8(name: str, problem, ops, bench) -> dict:
     return row
 
 
+def blockwise_error(A, B3, scale_a, scale_b, counts, out, rows_per_group: int = 32) -> float:
+    """Relative error of ``out`` against float64 of the dequantized operands (A's rows times their 1x128 scales, B_g
+    times its 128x128 scales) on sampled rows of every group."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    first, num, den = 0, 0.0, 0.0
+    k, n = B3.shape[1], B3.shape[2]
+    for g, count in enumerate(counts):
+        if count:
+            rows = first + torch.randperm(count, generator=generator)[:rows_per_group].to(A.device)
+            a = A[rows].double() * scale_a[rows].double().repeat_interleave(BLOCK, 1)[:, :k]
+            sb = scale_b[g].double().repeat_interleave(BLOCK, 0)[:n].repeat_interleave(BLOCK, 1)[:, :k]
+            reference = a @ (B3[g].double() * sb.t())
+            got = out[rows].double()
+            if not torch.isfinite(got).all():
+                return math.inf
+            num += (got - reference).norm().item() ** 2
+            den += reference.norm().item() ** 2
+        first += count
+    return math.sqrt(num / den) if den else math.sqrt(num)
+
+
+def run_blockwise(name: str, problem, ops, bench) -> dict:
+    """fp8 e4m3 contiguous forward with block-wise scales, counts on the device, against the same set in bf16
+    (torch._grouped_mm, timed here; the forward part's pycutlass bf16 best is joined in when it ran)."""
+    import numpy as np
+    import torch
+
+    from pycutlass import GemmGroupedArguments
+    from pycutlass.tune.bench import summarize
+
+    shapes = problem.shapes
+    counts = [m for m, _, _ in shapes]
+    n, k = shapes[0][1], shapes[0][2]
+    total, experts = sum(counts), len(counts)
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    A16 = torch.randn(total, k, device="cuda", generator=generator, dtype=torch.bfloat16)
+    B16 = torch.randn(experts, n, k, device="cuda", generator=generator, dtype=torch.bfloat16).transpose(1, 2)
+    offs = torch.tensor(np.cumsum(counts), dtype=torch.int32, device="cuda")
+    bf16_s = summarize(bench.time(lambda i: torch._grouped_mm(A16, B16, offs=offs))[0])[0]
+    f8 = torch.float8_e4m3fn
+    A, B3 = A16.to(f8), B16.to(f8)
+    kb, nb = -(-k // BLOCK), -(-n // BLOCK)
+    scale_a = (torch.rand(kb, total, device="cuda", generator=generator) * 0.5 + 0.25).t()  # M-contiguous
+    scale_b = torch.rand(experts, nb, kb, device="cuda", generator=generator) * 0.05 + 0.01
+    device_counts = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    out = torch.empty(total, n, device="cuda", dtype=torch.bfloat16)
+    flops = problem.flops
+    row = {"set": name, "experts": experts, "tokens": total, "N": n, "K": k, "GFLOP": round(flops / 1e9, 1),
+           "bf16 _grouped_mm us": round(bf16_s * 1e6, 1), "bf16 _grouped_mm TFLOP/s": round(flops / bf16_s / 1e12)}
+    timed = {}
+    for op in ops:
+        out.fill_(float("nan"))
+        arguments = GemmGroupedArguments(op, device_counts, A, B3, None, out, scale_a=scale_a, scale_b=scale_b)
+        op.run(arguments)
+        torch.cuda.synchronize()
+        if blockwise_error(A, B3, scale_a, scale_b, counts, out) <= TOLERANCE:
+            timed[tile_name(op)] = summarize(bench.time(lambda i: op.run(arguments))[0])[0]
+    if timed:
+        best = min(timed, key=timed.get)
+        row.update({"best tile": best, "best us": round(timed[best] * 1e6, 1),
+                    "TFLOP/s": round(flops / timed[best] / 1e12),
+                    "vs bf16 _grouped_mm": round(bf16_s / timed[best], 3)})
+    row["_tiles"] = {tile: us * 1e6 for tile, us in timed.items()}
+    return row
+
+
 def run_masked(name: str, problem, ops, bench) -> dict:
     """The masked (decode) layout: every local expert at a fixed capacity, counts on the device, one CUDA graph per
     tile captured once and replayed; torch._grouped_mm on the same counts (packed rows, offsets), graph-replayed too."""
@@ -449,9 +550,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=None)
     parser.add_argument("--tokens", default="4096,16384,65536")
     parser.add_argument("--out", default=str(RESULTS / "moe.json"))
-    parser.add_argument("--parts", default="forward,wgrad,masked,fp8")
+    parser.add_argument("--parts", default="forward,wgrad,masked,fp8,blockwise")
     args = parser.parse_args()
-    ops = operations() + wgrad_operations() + fp8_operations()
+    ops = operations() + wgrad_operations() + fp8_operations() + blockwise_operations()
     if args.compile_only:
         from common import compile_only
 
@@ -501,6 +602,9 @@ def main() -> None:
                     [{k: v for k, v in row.items() if not k.startswith("_")} for row in fp8])
         print_table("summary (fp8 row-wise)", [fsummary])
         payload.update(fp8=fp8, fp8_summary=fsummary)
+    if "blockwise" in parts:
+        blockwise = run_sets(problem_sets(tokens), tokens, run_blockwise, blockwise_operations, bench)
+        payload.update(blockwise=blockwise)  # its summary follows the forward part (it joins the bf16 best)
     if "masked" in parts:
         masked = run_sets(problem_sets(tokens, layout="masked"), tokens, run_masked, operations, bench)
         ratios = [row.get("best vs _grouped_mm") for row in masked]
@@ -514,6 +618,8 @@ def main() -> None:
         print_table("summary (masked)", [msummary])
         payload.update(masked=masked, masked_summary=msummary)
     if "forward" not in parts:
+        if "blockwise" in parts:
+            payload["blockwise_summary"] = summarize_blockwise(payload["blockwise"], {})
         write_json(args.out, payload)
         return
     ops = operations()
@@ -537,7 +643,35 @@ def main() -> None:
                 table)
     print_table("summary", [summary])
     payload.update(rows=rows, summary=summary)
+    if "blockwise" in parts:
+        payload["blockwise_summary"] = summarize_blockwise(payload["blockwise"], {row["set"]: row for row in rows})
     write_json(args.out, payload)
+
+
+def summarize_blockwise(blockwise: list, bf16_rows: dict) -> dict:
+    """Print the block-wise table (with the forward part's pycutlass bf16 best of each set, when it ran) and return
+    the summary: the geomean of block-wise fp8 over bf16 throughput against the 1.6x goal."""
+    from common import print_table
+
+    for row in blockwise:
+        mine = bf16_rows.get(row["set"], {})
+        bf16_us = mine.get("tuned us") or mine.get("best us")
+        if bf16_us and row.get("best us"):
+            row["pycutlass bf16 us"] = bf16_us
+            row["vs pycutlass bf16"] = round(bf16_us / row["best us"], 3)
+    ratios = [row.get("vs bf16 _grouped_mm") for row in blockwise]
+    own = [row.get("vs pycutlass bf16") for row in blockwise]
+    summary = {"problems": len(blockwise), "geomean vs bf16 _grouped_mm": round(geomean(ratios) or 0, 3),
+               "min vs bf16 _grouped_mm": min((r for r in ratios if r), default=None),
+               "geomean vs pycutlass bf16": round(geomean(own) or 0, 3) if any(own) else None,
+               "geomean TFLOP/s": round(geomean(row.get("TFLOP/s") for row in blockwise) or 0),
+               "goal": ">= 1.6x the bf16 throughput of the same set",
+               "context": "DeepGEMM (H800, published): 1214-1346 TFLOP/s contiguous grouped fp8"}
+    print_table("MoE contiguous forward, fp8 e4m3 block-wise scales: pycutlass SM90 grouped (best tile) vs the same "
+                "set in bf16, kernel time", [{k: v for k, v in row.items() if not k.startswith("_")}
+                                             for row in blockwise])
+    print_table("summary (fp8 block-wise)", [summary])
+    return summary
 
 
 if __name__ == "__main__":
