@@ -78,7 +78,8 @@ SM90_TILES = {
 }
 # SM90 wgrad as parallel split-K by images: float32 partials, then the reduction. A wgrad's output (K x R*S*C) is
 # often a handful of tiles (conv2_x 3x3: 64 x 576, five 64x128 tiles for 132 SMs) while its GEMM K (N*P*Q) is long.
-SM90_WGRAD_PARALLEL = [((64, 128, 64), (1, 1, 1)), ((128, 128, 64), (1, 1, 1)), ((64, 256, 64), (1, 1, 1))]
+SM90_WGRAD_PARALLEL = [((64, 128, 64), (1, 1, 1)), ((128, 128, 64), (1, 1, 1)), ((64, 256, 64), (1, 1, 1)),
+                       ((64, 128, 64), (1, 2, 1))]  # 1x2: the two N tiles of a cluster share the dy tile (multicast)
 
 
 # Sm80-family wgrad also as parallel split-K (f32 partial sums per slice, then the reduction): its GEMM K is N*P*Q,
@@ -308,17 +309,29 @@ def _split_k_choices(op, ps, sm_count: int) -> list[int]:
     return [1] + ([split] if split > 1 else [])
 
 
-def _sm90_wgrad_slices(op, ps, sm_count: int, keep: int = 3) -> list[int]:
-    """The SM90 wgrad splits (runs of whole images, or every image in F runs of output rows) with the shortest
-    modelled time: waves of output tiles x slices over the SMs, times the largest slice's output rows, plus a little
-    per slice for its partial sums."""
+# Rates for the SM90 wgrad split choice (H200): one CTA of the one-warpgroup conv kernel computes at most about
+# 6.5 TFLOP/s; the partial sums are written and read back by the reduction at about 3 TB/s.
+_CTA_FLOPS, _BYTES_PER_S = 6.5e12, 3e12
+
+
+def _sm90_wgrad_slices(op, ps, sm_count: int) -> list[int]:
+    """SM90 wgrad splits (runs of whole images, or every image in F runs of output rows) that bring the output tiles
+    x slices nearest to 1, 2 and 4 waves of CTAs, unless writing and reducing the float32 partials would take more
+    than half the unsplit kernel's ideal time (large filter gradients: conv5_x's 512 x 4608 is 9.4 MB a slice).
+    Measured on ResNet-50, these layers are bound by operand traffic more than by waves, so the candidates span a
+    range instead of trusting one modelled optimum."""
     tm, tn, _ = op.tile_description.threadblock_shape
     gemm = ps.implicit_gemm_size(op.conv_kind)
     tiles = -(-gemm.m() // tm) * -(-gemm.n() // tn)
-    choices = {s: -(-ps.N // s) * ps.P for s in range(2, ps.N + 1)}
-    choices.update({ps.N * f: -(-ps.P // f) for f in range(2, min(ps.P, 16) + 1)})
-    modelled = {s: -(-tiles * s // sm_count) * rows * (1 + 0.002 * s) for s, rows in choices.items()}
-    return sorted(sorted(modelled, key=lambda s: (modelled[s], s))[:keep])
+    allowed = list(range(2, ps.N + 1)) + [ps.N * f for f in range(2, min(ps.P, 16) + 1)]
+    unsplit = -(-tiles // sm_count) * 2 * tm * tn * ps.N * ps.P * ps.Q / _CTA_FLOPS
+    found = set()
+    for waves in (1, 2, 4):
+        nearest = min(allowed, key=lambda s: (abs(tiles * s - waves * sm_count), s))
+        if tiles * nearest <= 1.5 * waves * sm_count and \
+                2 * nearest * gemm.m() * gemm.n() * 4 / _BYTES_PER_S <= 0.5 * unsplit:
+            found.add(nearest)
+    return sorted(found)
 
 
 def _relative_error(got, reference) -> float:
