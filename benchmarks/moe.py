@@ -97,18 +97,24 @@ FP8_TILES = [((128, 256, 128), (2, 1, 1), "TmaWarpSpecializedCooperativeFP8FastA
 def fp8_operations() -> list:
     """The fp8 forward's grouped GEMMs: e4m3 A (tokens) x e4m3 B (experts, column-major), float32 accumulation, bf16
     output, D = scale_a[row] * scale_b[column] * (A_g @ B_g) (``scales="rowwise"``)."""
+    return _fp8_grouped(FP8_TILES, "rowwise")
+
+
+def _fp8_grouped(tiles, scales: str) -> list:
+    """e4m3 x e4m3 (B column-major) grouped GEMMs with float32 accumulation and bf16 output, one per (tile, cluster,
+    schedule) of ``tiles``, with the given ``scales``."""
     import pycutlass as cutlass
 
     e4m3, bf16, f32 = cutlass.DataType.float8_e4m3, cutlass.DataType.bfloat16, cutlass.DataType.float32
     found = []
-    for shape, cluster, schedule in FP8_TILES:
+    for shape, cluster, schedule in tiles:
         math = cutlass.MathInstruction([64, shape[1], 32], e4m3, e4m3, f32, cutlass.OpClass.TensorOp)
         tile = cutlass.TileDescription(list(shape), 0, None, math, cluster_shape=list(cluster),
                                        kernel_schedule=cutlass.KernelScheduleType[schedule])
         found.append(cutlass.GemmOperationGrouped(
             90, tile, cutlass.TensorDescription(e4m3, cutlass.RowMajor, 16),
             cutlass.TensorDescription(e4m3, cutlass.ColumnMajor, 16), cutlass.TensorDescription(bf16, cutlass.RowMajor, 8),
-            cutlass.LinearCombination(bf16, 8, f32, f32), scales="rowwise"))
+            cutlass.LinearCombination(bf16, 8, f32, f32), scales=scales))
     return found
 
 
@@ -122,21 +128,9 @@ BLOCK = 128
 
 
 def blockwise_operations() -> list:
-    """The block-scaled forward's grouped GEMMs: e4m3 A (tokens) x e4m3 B (experts, column-major), float32
-    accumulation promoted every 128 of K, bf16 output (``scales="blockwise"``)."""
-    import pycutlass as cutlass
-
-    e4m3, bf16, f32 = cutlass.DataType.float8_e4m3, cutlass.DataType.bfloat16, cutlass.DataType.float32
-    found = []
-    for shape, cluster, schedule in BLOCKWISE_TILES:
-        math = cutlass.MathInstruction([64, shape[1], 32], e4m3, e4m3, f32, cutlass.OpClass.TensorOp)
-        tile = cutlass.TileDescription(list(shape), 0, None, math, cluster_shape=list(cluster),
-                                       kernel_schedule=cutlass.KernelScheduleType[schedule])
-        found.append(cutlass.GemmOperationGrouped(
-            90, tile, cutlass.TensorDescription(e4m3, cutlass.RowMajor, 16),
-            cutlass.TensorDescription(e4m3, cutlass.ColumnMajor, 16), cutlass.TensorDescription(bf16, cutlass.RowMajor, 8),
-            cutlass.LinearCombination(bf16, 8, f32, f32), scales="blockwise"))
-    return found
+    """The block-scaled forward's grouped GEMMs: as ``fp8_operations``, float32 accumulation promoted every 128 of K
+    (``scales="blockwise"``)."""
+    return _fp8_grouped(BLOCKWISE_TILES, "blockwise")
 
 
 def problem_sets(tokens, pass_: str = "forward", layout: str = "contiguous") -> dict:

@@ -92,3 +92,18 @@ def scan_cubins(ops):
             assert "HGMMA" in body or "QGMMA" in body or "IGMMA" in body or "GMMA" in body, \
                 f"{name}: no warpgroup MMA in its kernel (an empty or wrong kernel)"
             assert "UTMALDG" in body, f"{name}: no TMA load in its kernel"
+
+
+def draw_accepted(rng, make, count: int, tries: int = 400) -> dict:
+    """``count`` operations ``make(rng)`` builds and the descriptions accept, by name (refused draws are drawn
+    again): what the drawn-configuration suites test."""
+    found = {}
+    for _ in range(tries):
+        try:
+            op = make(rng)
+        except cutlass.DescriptionError:
+            continue
+        found.setdefault(op.name, op)
+        if len(found) == count:
+            break
+    return found

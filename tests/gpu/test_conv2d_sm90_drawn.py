@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import pycutlass as cutlass
-from pycutlass import ArgumentError, DescriptionError
+from pycutlass import ArgumentError
 from pycutlass import conv as pconv
 
-from .conftest import precompile_module, relative_error
+from .conftest import draw_accepted, precompile_module, relative_error
 from .gemm_cases import epilogue_reference
 from .test_conv2d_sm90 import REDUCTIONS, TOLERANCE, TORCH, _gradients, _padded_fprop
 
@@ -53,20 +53,7 @@ def _drawn_op(rng: random.Random):
                                    support, functor, cutlass.IdentitySwizzle1, bias=bias)
 
 
-def _draw_ops(seed: int, count: int, tries: int = 400) -> dict:
-    rng, found = random.Random(seed), {}
-    for _ in range(tries):
-        try:
-            op = _drawn_op(rng)
-        except DescriptionError:
-            continue
-        found.setdefault(op.name, op)
-        if len(found) == count:
-            break
-    return found
-
-
-DRAWN = _draw_ops(90_2, 12)
+DRAWN = draw_accepted(random.Random(90_2), _drawn_op, 12)
 
 
 @pytest.fixture(scope="module", autouse=True)

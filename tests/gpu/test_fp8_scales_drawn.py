@@ -8,10 +8,9 @@ import random
 
 import pytest
 
-from pycutlass import DescriptionError
 from pycutlass import KernelScheduleType as KS
 
-from .conftest import precompile_module
+from .conftest import draw_accepted, precompile_module
 from .gemm_cases import CM, D, R
 from .test_gemm_grouped import mixed_problems
 from .test_gemm_grouped_sm90_fp8 import fp8_grouped, run_rowwise
@@ -24,20 +23,6 @@ CLUSTERS = ((1, 1, 1), (2, 1, 1), (1, 2, 1))
 SCHEDULES = {64: (KS.Auto, KS.TmaWarpSpecializedPingpong), 128: (KS.Auto, KS.TmaWarpSpecializedCooperative,
                                                                   KS.TmaWarpSpecializedPingpong),
              256: (KS.Auto, KS.TmaWarpSpecializedCooperative)}
-
-
-def _draw(rng: random.Random, make, count: int, tries: int = 400) -> dict:
-    """``count`` accepted operations from ``make(rng)`` (descriptions refused at construction are drawn again)."""
-    found = {}
-    for _ in range(tries):
-        try:
-            op = make(rng)
-        except DescriptionError:
-            continue
-        found.setdefault(op.name, op)
-        if len(found) == count:
-            break
-    return found
 
 
 def _blockwise(rng):
@@ -60,8 +45,8 @@ def _rowwise(rng):
                        scales="rowwise")
 
 
-BLOCKWISE = _draw(random.Random(90), _blockwise, 8)
-ROWWISE = _draw(random.Random(91), _rowwise, 10)
+BLOCKWISE = draw_accepted(random.Random(90), _blockwise, 8)
+ROWWISE = draw_accepted(random.Random(91), _rowwise, 10)
 
 
 @pytest.fixture(scope="module", autouse=True)

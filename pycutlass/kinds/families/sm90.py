@@ -195,6 +195,19 @@ def check_tile_n(what: str, n: int, allowed: tuple) -> None:
         raise DescriptionError(f"{what}: tile N must be {spoken}, got {n}", rule="sm90.tile_n")
 
 
+BLOCK_SCALE = (1, 128, 128)  # fp8 block-wise scales' granularity along M, N, K (the DeepSeek-V3 recipe)
+
+
+def check_block_scale_tile(what: str, tile: TileDescription) -> None:
+    """Block-wise scaled kernels: CUTLASS 4.2's blockwise accumulation takes one 128 x 128 scale block of B per tile
+    (fp8_accumulation.hpp static_asserts one scale of B per accumulator column block for 256-wide tiles)."""
+    m, n, k = tile.threadblock_shape
+    if n != BLOCK_SCALE[1] or k != BLOCK_SCALE[2]:
+        raise DescriptionError(f"{what}: tile N and K must be {BLOCK_SCALE[1]} (one 128 x 128 scale block of B per "
+                               f"tile; CUTLASS 4.2's blockwise accumulation does not build wider tiles), got "
+                               f"{[m, n, k]}", rule="scales.unsupported")
+
+
 def check_tile_k(what: str, k: int, operand) -> None:
     """Tile K spans the 128-byte TMA swizzle atom exactly."""
     if k * operand.bits // 8 != 128:

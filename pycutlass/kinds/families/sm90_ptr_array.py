@@ -13,10 +13,10 @@ from ...emit.abi import EPILOGUE_FIELDS, AbiStruct
 from ...emit.emitter import render
 from ...errors import DescriptionError
 from ..base import check_description_types
-from .sm90 import (check_cluster_shape, check_default_tile_scheduler, check_derived_warp_count, check_epilogue_kind,
-                   check_epilogue_schedule, check_epilogue_types, check_explicit_stages, check_fast_accum,
-                   check_k_major, check_operand_element, check_schedule_tile_m, check_tensor_op, check_tile_k,
-                   check_tile_n, check_tma_operand, epilogue_suffix, fusion_activation)
+from .sm90 import (BLOCK_SCALE, check_cluster_shape, check_default_tile_scheduler, check_derived_warp_count,
+                   check_epilogue_kind, check_epilogue_schedule, check_epilogue_types, check_explicit_stages,
+                   check_fast_accum, check_k_major, check_operand_element, check_schedule_tile_m, check_tensor_op,
+                   check_tile_k, check_tile_n, check_tma_operand, epilogue_suffix, fusion_activation)
 
 _KS, _ES = KernelScheduleType, EpilogueScheduleType
 GROUPED_WHAT = "GemmOperationGrouped(90)"
@@ -38,7 +38,6 @@ BLOCKWISE_SCHEDULES = {
     _KS.TmaWarpSpecializedCooperative: "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise",
     _KS.TmaWarpSpecializedPingpong: "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise",
 }
-BLOCK_SCALE = (1, 128, 128)  # granularity along M, N, K (the DeepSeek-V3 recipe, as the SM90 GEMM's)
 # Bytes per group of the per-group scale layout arrays (CUTLASS's LayoutSFA / LayoutSFB, written by the sizes kernel
 # on the device; the template static_asserts that each fits).
 SCALE_LAYOUT_BYTES = 32

@@ -23,7 +23,7 @@ from ...description.types import EpilogueScheduleType, IdentitySwizzle1, KernelS
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import DescriptionError
 from ..families.grouped import GROUPED_SWIZZLES, SchedulerMode
-from ..families.sm90 import CLAMP_KINDS, Sm90Operation, derived_warp_count
+from ..families.sm90 import CLAMP_KINDS, Sm90Operation, check_block_scale_tile, derived_warp_count
 from ..families.sm90_ptr_array import (  # noqa: F401  (their names as this module had them)
     BLOCK_SCALE, BLOCKWISE_SCHEDULES, EPILOGUE_WARP_GROUPS, GROUPED_EPILOGUES, PTR_ARRAY_HEADERS, TMA_DESCRIPTOR_BYTES,
     check_ptr_array, ptr_array_description, ptr_array_readable_name, render_ptr_array_kernel, tensormap_workspace_bytes)
@@ -209,13 +209,7 @@ def _check_blockwise(tile: TileDescription, schedule: KernelScheduleType) -> Ker
         raise DescriptionError(f"{what}: {schedule.value} accumulates without promotion; the blockwise main loop "
                                f"promotes into float32 every 128 of K itself: use Auto, TmaWarpSpecializedCooperative "
                                f"or TmaWarpSpecializedPingpong", rule="scales.unsupported")
-    m, n, k = tile.threadblock_shape
-    if n != BLOCK_SCALE[1] or k != BLOCK_SCALE[2]:
-        # CUTLASS 4.2's blockwise accumulation takes one scale block of B per tile (fp8_accumulation.hpp
-        # static_asserts "Accumulator and scaleB must have same shape" for 256-wide tiles)
-        raise DescriptionError(f"{what}: tile N and K must be {BLOCK_SCALE[1]} (one 128 x 128 scale block of B per "
-                               f"tile; CUTLASS 4.2's blockwise accumulation does not build wider tiles), got "
-                               f"{[m, n, k]}", rule="scales.unsupported")
+    check_block_scale_tile(what, tile)
     if tile.stages:
         raise DescriptionError(f"{what}: the blockwise main loop keeps its scales in shared memory beside the "
                                f"operands; leave stages=0 (the builder carves them), got {tile.stages}",

@@ -27,9 +27,9 @@ from .. import registry
 from ..families.sm90 import (  # noqa: F401  (their names as this module had them)
     CLAMP_ACTIVATION, CLAMP_KINDS, EPILOGUE_KINDS, NVRTC_SHIM, Sm90Operation, check_explicit_stages, check_tma_operand,
     derived_warp_count, epilogue_smem_bytes, epilogue_suffix, fusion_activation, resolve_kernel_schedule)
-from ..families.sm90 import (check_cluster_shape, check_derived_warp_count, check_epilogue_kind, check_epilogue_types,
-                             check_fast_accum, check_k_major, check_operand_element, check_schedule_tile_m,
-                             check_tensor_op, check_tile_k, check_tile_n)
+from ..families.sm90 import (BLOCK_SCALE, check_block_scale_tile, check_cluster_shape, check_derived_warp_count,
+                             check_epilogue_kind, check_epilogue_types, check_fast_accum, check_k_major,
+                             check_operand_element, check_schedule_tile_m, check_tensor_op, check_tile_k, check_tile_n)
 from ..base import check_description_types
 from ..gemm.operation import GemmOperationUniversal
 from .abi import Sm90BlockwiseGemmArgs, Sm90GemmArgs
@@ -71,7 +71,6 @@ BIAS_MODES = ("row", "column")  # one value per row of D (M values) or per colum
 
 # scales="blockwise": fp8 with float32 scales per 1 x 128 block of A (each row, every 128 of K) and per 128 x 128
 # block of B (the DeepSeek-V3 recipe); CUTLASS's blockwise main loops, which promote into float32 every 128 of K.
-BLOCK_SCALE = (1, 128, 128)  # granularity along M, N, K
 _BLOCKWISE_SCHEDULES = {
     _KS.TmaWarpSpecializedCooperative: "cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise",
     _KS.TmaWarpSpecializedPingpong: "cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8Blockwise",
@@ -274,13 +273,7 @@ def _check_blockwise(tile: TileDescription, schedule: KernelScheduleType, C, fun
     if base not in _BLOCKWISE_SCHEDULES:
         raise DescriptionError(f"{what}: CUTLASS's blockwise main loops are cooperative or ping-pong, got "
                                f"{schedule.value}", rule="scales.unsupported")
-    m, n, k = tile.threadblock_shape
-    if n != BLOCK_SCALE[1] or k != BLOCK_SCALE[2]:
-        # 256-wide tiles hold two of B's scale blocks, which CUTLASS 4.2's blockwise accumulation does not build
-        # (GmmaFP8Accumulation::scale_core static_asserts one scale of B per accumulator column block)
-        raise DescriptionError(f"{what}: tile N and K must be {BLOCK_SCALE[1]} (one 128 x 128 scale block of B per "
-                               f"tile; CUTLASS 4.2's blockwise accumulation does not build wider tiles), got "
-                               f"{[m, n, k]}", rule="scales.unsupported")
+    check_block_scale_tile(what, tile)
     if tile.tile_scheduler is not _TS.Default:
         raise DescriptionError(f"{what}: the blockwise main loops are built with the default tile scheduler, got "
                                f"{tile.tile_scheduler.name}", rule="scales.unsupported")
