@@ -339,13 +339,30 @@ def scaled_error(A, B3, scale_a, scale_b, counts, out, rows_per_group: int = 64)
     return math.sqrt(num / den) if den else math.sqrt(num)
 
 
+def time_scaled(ops, bench, counts, A, B3, scale_a, scale_b, out, error_of) -> dict:
+    """{tile: median seconds} of the scaled grouped GEMMs whose NaN-poisoned run ``error_of()`` accepts."""
+    import torch
+
+    from pycutlass import GemmGroupedArguments
+    from pycutlass.tune.bench import summarize
+
+    timed = {}
+    for op in ops:
+        out.fill_(float("nan"))
+        arguments = GemmGroupedArguments(op, counts, A, B3, None, out, scale_a=scale_a, scale_b=scale_b)
+        op.run(arguments)
+        torch.cuda.synchronize()
+        if error_of() <= TOLERANCE:
+            timed[tile_name(op)] = summarize(bench.time(lambda i: op.run(arguments))[0])[0]
+    return timed
+
+
 def run_fp8(name: str, problem, ops, bench) -> dict:
     """fp8 e4m3 contiguous forward with row-wise scales (per token, per output channel), counts on the device,
     against torch._scaled_grouped_mm (row-wise scales, fast accumulation, bf16 output)."""
     import numpy as np
     import torch
 
-    from pycutlass import GemmGroupedArguments
     from pycutlass.tune.bench import summarize
 
     shapes = problem.shapes
@@ -376,14 +393,8 @@ def run_fp8(name: str, problem, ops, bench) -> dict:
         row["_scaled_grouped_mm us"] = round(torch_s * 1e6, 1)
     except Exception as error:  # noqa: BLE001 - a torch or GPU without it: say so
         row["_scaled_grouped_mm us"] = f"n/a ({type(error).__name__}: {str(error).splitlines()[0][:80]})"
-    timed = {}
-    for op in ops:
-        out.fill_(float("nan"))
-        arguments = GemmGroupedArguments(op, device_counts, A, B3, None, out, scale_a=scale_a, scale_b=scale_b)
-        op.run(arguments)
-        torch.cuda.synchronize()
-        if scaled_error(A, B3, scale_a, scale_b, counts, out) <= TOLERANCE:
-            timed[tile_name(op)] = summarize(bench.time(lambda i: op.run(arguments))[0])[0]
+    timed = time_scaled(ops, bench, device_counts, A, B3, scale_a, scale_b, out,
+                        lambda: scaled_error(A, B3, scale_a, scale_b, counts, out))
     if timed:
         best = min(timed, key=timed.get)
         row.update({"best tile": best, "best us": round(timed[best] * 1e6, 1),
@@ -423,7 +434,6 @@ def run_blockwise(name: str, problem, ops, bench) -> dict:
     import numpy as np
     import torch
 
-    from pycutlass import GemmGroupedArguments
     from pycutlass.tune.bench import summarize
 
     shapes = problem.shapes
@@ -445,14 +455,8 @@ def run_blockwise(name: str, problem, ops, bench) -> dict:
     flops = problem.flops
     row = {"set": name, "experts": experts, "tokens": total, "N": n, "K": k, "GFLOP": round(flops / 1e9, 1),
            "bf16 _grouped_mm us": round(bf16_s * 1e6, 1), "bf16 _grouped_mm TFLOP/s": round(flops / bf16_s / 1e12)}
-    timed = {}
-    for op in ops:
-        out.fill_(float("nan"))
-        arguments = GemmGroupedArguments(op, device_counts, A, B3, None, out, scale_a=scale_a, scale_b=scale_b)
-        op.run(arguments)
-        torch.cuda.synchronize()
-        if blockwise_error(A, B3, scale_a, scale_b, counts, out) <= TOLERANCE:
-            timed[tile_name(op)] = summarize(bench.time(lambda i: op.run(arguments))[0])[0]
+    timed = time_scaled(ops, bench, device_counts, A, B3, scale_a, scale_b, out,
+                        lambda: blockwise_error(A, B3, scale_a, scale_b, counts, out))
     if timed:
         best = min(timed, key=timed.get)
         row.update({"best tile": best, "best us": round(timed[best] * 1e6, 1),
