@@ -89,10 +89,10 @@ def reference(name: str, x, *args):
         return np.where(x > 0, x, x * args[0])
     if name == "tanh":
         return np.tanh(x)
-    if name == "sigmoid":
-        return 1.0 / (1.0 + np.exp(-x))
-    if name == "silu":
-        return x / (1.0 + np.exp(-x))
+    if name in ("sigmoid", "silu"):
+        with np.errstate(over="ignore"):  # exp(-x) overflows to inf for x < -709: the limit, 0, is the answer
+            sigmoid = 1.0 / (1.0 + np.exp(-x))
+        return sigmoid if name == "sigmoid" else x * sigmoid
     if name == "hardswish":
         return x * np.clip(x + 3.0, 0.0, 6.0) / 6.0
     if name == "gelu":
