@@ -312,6 +312,13 @@ def _compiler_processes(marker: str, environment: str | None = None) -> list[str
     return found
 
 
+def _interruptible() -> None:
+    """The child starts with SIGINT at its default, as a terminal or Jupyter gives it: a test run launched as a
+    background job (``cmd &`` in a script) ignores SIGINT, and Python keeps an inherited SIG_IGN, so the interrupt
+    would never arrive."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _wait_for_workers(proc, workdir: Path) -> None:
     """Wait for this test's own compile workers (a fixed sleep raced them on machines of other speeds), then let
     the compilers get going (and write their temporary files) before the interrupt."""
@@ -357,7 +364,8 @@ def test_interrupt_stops_compilers_within_two_seconds_and_leaves_no_files(tmp_pa
     workdir = _compile_tmpdir(tmp_path)  # also how the test finds the compilers' processes
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TMPDIR": str(workdir)}
     proc = subprocess.Popen([sys.executable, "-c", _COMPILE_SCRIPT, str(db), backend, str(Path(__file__).parent)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+                            preexec_fn=_interruptible)
     assert proc.stdout.readline().strip() == "START"
     elapsed = _interrupt(proc, workdir, signum, writes_files=backend == "nvcc")
     stderr = proc.stderr.read()
@@ -379,7 +387,8 @@ def test_an_interrupted_command_line_compile_says_so_in_one_line(tmp_path):
            "PYCUTLASS_CACHE_DIR": str(tmp_path / "cache")}
     proc = subprocess.Popen([sys.executable, "-m", "pycutlass", "sweep", "--space", "sm80-f16-small", "--db",
                              str(tmp_path / "r.db"), "--compile-only", "--target", "80", "--jobs", "2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+                            preexec_fn=_interruptible)
     elapsed = _interrupt(proc, workdir, signal.SIGINT)
     stderr = proc.stderr.read()
     assert proc.returncode == 130, stderr
