@@ -318,18 +318,18 @@ def run_wgrad(name: str, problem, ops, bench) -> dict:
     return row
 
 
-def scaled_error(A, B3, scale_a, scale_b, counts, out, rows_per_group: int = 64) -> float:
-    """Relative error of ``out`` against float64 scale_a[row] * scale_b[col] * (A_g @ B_g) on sampled rows of every
-    group (the whole product in float64 would take minutes)."""
+def sampled_error(counts, out, reference_of, rows_per_group: int) -> float:
+    """Relative error of ``out`` (the groups' rows packed) against ``reference_of(g, rows)``, the float64 reference
+    of group g's rows ``rows`` (indices into the packed rows), on sampled rows of every group (the whole product in
+    float64 would take minutes)."""
     import torch
 
     generator = torch.Generator().manual_seed(0)
     first, num, den = 0, 0.0, 0.0
     for g, count in enumerate(counts):
         if count:
-            rows = first + torch.randperm(count, generator=generator)[:rows_per_group].to(A.device)
-            reference = scale_a[rows, None].double() * (A[rows].double() @ B3[g].double()) * \
-                scale_b[g][None, :].double()
+            rows = first + torch.randperm(count, generator=generator)[:rows_per_group].to(out.device)
+            reference = reference_of(g, rows)
             got = out[rows].double()
             if not torch.isfinite(got).all():
                 return math.inf
@@ -337,6 +337,12 @@ def scaled_error(A, B3, scale_a, scale_b, counts, out, rows_per_group: int = 64)
             den += reference.norm().item() ** 2
         first += count
     return math.sqrt(num / den) if den else math.sqrt(num)
+
+
+def scaled_error(A, B3, scale_a, scale_b, counts, out, rows_per_group: int = 64) -> float:
+    """``sampled_error`` against float64 scale_a[row] * scale_b[col] * (A_g @ B_g)."""
+    return sampled_error(counts, out, lambda g, rows: scale_a[rows, None].double() * (
+        A[rows].double() @ B3[g].double()) * scale_b[g][None, :].double(), rows_per_group)
 
 
 def time_scaled(ops, bench, counts, A, B3, scale_a, scale_b, out, error_of) -> dict:
@@ -406,26 +412,16 @@ def run_fp8(name: str, problem, ops, bench) -> dict:
 
 
 def blockwise_error(A, B3, scale_a, scale_b, counts, out, rows_per_group: int = 32) -> float:
-    """Relative error of ``out`` against float64 of the dequantized operands (A's rows times their 1x128 scales, B_g
-    times its 128x128 scales) on sampled rows of every group."""
-    import torch
-
-    generator = torch.Generator().manual_seed(0)
-    first, num, den = 0, 0.0, 0.0
+    """``sampled_error`` against float64 of the dequantized operands (A's rows times their 1x128 scales, B_g times its
+    128x128 scales)."""
     k, n = B3.shape[1], B3.shape[2]
-    for g, count in enumerate(counts):
-        if count:
-            rows = first + torch.randperm(count, generator=generator)[:rows_per_group].to(A.device)
-            a = A[rows].double() * scale_a[rows].double().repeat_interleave(BLOCK, 1)[:, :k]
-            sb = scale_b[g].double().repeat_interleave(BLOCK, 0)[:n].repeat_interleave(BLOCK, 1)[:, :k]
-            reference = a @ (B3[g].double() * sb.t())
-            got = out[rows].double()
-            if not torch.isfinite(got).all():
-                return math.inf
-            num += (got - reference).norm().item() ** 2
-            den += reference.norm().item() ** 2
-        first += count
-    return math.sqrt(num / den) if den else math.sqrt(num)
+
+    def reference_of(g, rows):
+        a = A[rows].double() * scale_a[rows].double().repeat_interleave(BLOCK, 1)[:, :k]
+        sb = scale_b[g].double().repeat_interleave(BLOCK, 0)[:n].repeat_interleave(BLOCK, 1)[:, :k]
+        return a @ (B3[g].double() * sb.t())
+
+    return sampled_error(counts, out, reference_of, rows_per_group)
 
 
 def run_blockwise(name: str, problem, ops, bench) -> dict:

@@ -70,6 +70,7 @@ class LoadedOperation:
         # Two build slots (real and probe), each LaunchInfo then Params: one copy brings everything back.
         self.scratch = driver.allocate_persistent(2 * _SLOT_BYTES, self.name)
         self._functions: dict[str, object] = {}
+        self._function_smem: dict[str, int] = {}  # the dynamic shared memory each of them may use
         self._globals: dict[str, int] = {}
         self._params: collections.OrderedDict = collections.OrderedDict()
         self.verifying = self._verify = os.environ.get("PYCUTLASS_VERIFY_PARAMS") == "1"  # tests: build and compare
@@ -77,10 +78,14 @@ class LoadedOperation:
         self.params_reused = 0  # and how often cached Params served a new problem
 
     # --- module facts a kind's launch planning may ask for -----------------------------------------------------
-    def function(self, symbol: str):
+    def function(self, symbol: str, shared_memory_bytes: int = 0):
+        """Another kernel of the module, allowed ``shared_memory_bytes`` of dynamic shared memory (set once)."""
         found = self._functions.get(symbol)
         if found is None:
             found = self._functions[symbol] = driver.get_function(self.module, symbol)
+        if shared_memory_bytes > self._function_smem.get(symbol, _STATIC_SHARED_MEMORY_LIMIT):
+            driver.set_dynamic_shared_memory(found, shared_memory_bytes, f"{self.name} ({symbol})")
+            self._function_smem[symbol] = shared_memory_bytes
         return found
 
     def global_int(self, symbol: str, stream: int) -> int:

@@ -15,6 +15,7 @@ from pycutlass import KernelScheduleType as KS
 from .conftest import precompile_module, relative_error, scan_cubins
 from .gemm_cases import CM, D, R, epilogue_reference, random_values, to_tensor
 from .test_gemm_grouped import _activation_args
+from .test_gemm_sm90_blockwise import blockwise_op
 
 try:
     import torch
@@ -25,18 +26,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch is None, reason="needs t
 BLOCK = 128
 
 
-def blockwise_grouped(a=D.float8_e4m3, b=None, out=D.bfloat16, tile=(128, 128, 128), cluster=(1, 1, 1),
-                      kernel=KS.Auto, activation=None):
-    b = b or a
-    math = cutlass.MathInstruction([64, tile[1], 32], a, b, D.float32, cutlass.OpClass.TensorOp)
-    description = cutlass.TileDescription(list(tile), 0, None, math, cluster_shape=list(cluster),
-                                          kernel_schedule=kernel)
-    C = cutlass.TensorDescription(out, R, 128 // out.bits)
-    functor = cutlass.LinearCombination(out, C.alignment, D.float32, D.float32) if activation is None else \
-        cutlass.LinearCombinationGeneric(getattr(cutlass, activation)(D.float32), out, C.alignment, D.float32,
-                                         D.float32)
-    return cutlass.GemmOperationGrouped(90, description, cutlass.TensorDescription(a, R, 16),
-                                        cutlass.TensorDescription(b, CM, 16), C, functor, scales="blockwise")
+def blockwise_grouped(**kwargs):
+    return blockwise_op(operation=cutlass.GemmOperationGrouped, **kwargs)
 
 
 OPS = {

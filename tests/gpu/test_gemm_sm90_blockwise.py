@@ -27,7 +27,8 @@ BLOCK = 128
 
 
 def blockwise_op(a=D.float8_e4m3, b=None, out=D.bfloat16, tile=(128, 128, 128), cluster=(1, 1, 1),
-                 kernel=KS.Auto, activation=None, c_layout=R):
+                 kernel=KS.Auto, activation=None, c_layout=R, operation=cutlass.GemmOperationUniversal):
+    """A block-scaled fp8 operation (``operation``: the dense GEMM, or ``cutlass.GemmOperationGrouped``)."""
     b = b or a
     math = cutlass.MathInstruction([64, tile[1], 32], a, b, D.float32, cutlass.OpClass.TensorOp)
     description = cutlass.TileDescription(list(tile), 0, None, math, cluster_shape=list(cluster),
@@ -36,8 +37,8 @@ def blockwise_op(a=D.float8_e4m3, b=None, out=D.bfloat16, tile=(128, 128, 128), 
     functor = cutlass.LinearCombination(out, C.alignment, D.float32, D.float32) if activation is None else \
         cutlass.LinearCombinationGeneric(getattr(cutlass, activation)(D.float32), out, C.alignment, D.float32,
                                          D.float32)
-    return cutlass.GemmOperationUniversal(90, description, cutlass.TensorDescription(a, R, 16),
-                                          cutlass.TensorDescription(b, CM, 16), C, functor, scales="blockwise")
+    return operation(90, description, cutlass.TensorDescription(a, R, 16), cutlass.TensorDescription(b, CM, 16), C,
+                     functor, scales="blockwise")
 
 
 OPS = {

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 
 from ...errors import ArgumentError, CudaError
-from ...runtime import driver
 from ...runtime.launch import PreparedLaunch, loaded
 from ..conv2d.arguments import Conv2dArguments
 from ..families.conv import Conv2dProblemSize, Operator, SplitKMode
@@ -21,7 +20,6 @@ from .abi import Sm90ConvSlices
 from .operation import Conv2dOperationSm90
 
 _DESCRIPTOR_ALIGNMENT = 128  # each slice's Params start where its TMA descriptors keep their 64-byte alignment
-_STATIC_SHARED_MEMORY_LIMIT = 48 * 1024
 
 
 def image_slices(images: int, slices: int) -> list[tuple[int, int]]:
@@ -168,9 +166,7 @@ class Conv2dArgumentsSm90(Conv2dArguments):
         slices = Sm90ConvSlices()
         slices.params = self.tensors.upload(b"".join(blob.ljust(stride, b"\0") for blob in blobs))
         slices.slice_bytes = stride
-        function = loaded_op.function(operation.name + "_slices")
-        if smem > _STATIC_SHARED_MEMORY_LIMIT:
-            driver.set_dynamic_shared_memory(function, smem, operation.name + "_slices")
+        function = loaded_op.function(operation.name + "_slices", smem)
         self._loaded_op = loaded_op
         return PreparedLaunch(function, (grid_x, grid_y, self.split_k_slices), block, smem, slices, 0,
                               operation.name + "_slices")
