@@ -28,7 +28,8 @@ accumulation; checked against float64 of the scaled product on sampled rows. Goa
 fp8 block-wise (``--parts blockwise``): the same contiguous forward sets in e4m3 with DeepSeek-V3's block-wise scales
 (float32 per 1x128 of A, per 128x128 of each expert's B; ``scales="blockwise"``), bf16 output, checked against
 float64 of the dequantized operands on sampled rows, against the same set in bf16 (``torch._grouped_mm`` timed in
-the part, and pycutlass's bf16 best when the forward part ran). Goal: >= 1.6x the bf16 throughput; context:
+the part, and pycutlass's bf16 best when the forward part ran); "tuned" also tries the raster and swizzle knobs on
+the two best tiles. Goal: >= 1.6x the bf16 throughput; context:
 DeepGEMM's published 1214-1346 TFLOP/s on H800.
 
 Masked layout (``--parts masked``, decode): every local expert at a fixed capacity (A (experts, capacity, K), D
@@ -122,6 +123,7 @@ def _fp8_grouped(tiles, scales: str) -> list:
 # (tile, cluster, schedule); tile N and K are 128 (one scale block of B per tile)
 BLOCKWISE_TILES = [((128, 128, 128), (1, 1, 1), "TmaWarpSpecializedCooperative"),
                    ((128, 128, 128), (2, 1, 1), "TmaWarpSpecializedCooperative"),
+                   ((128, 128, 128), (1, 2, 1), "TmaWarpSpecializedCooperative"),
                    ((256, 128, 128), (2, 1, 1), "TmaWarpSpecializedCooperative"),
                    ((64, 128, 128), (1, 1, 1), "TmaWarpSpecializedPingpong")]
 BLOCK = 128
@@ -430,6 +432,7 @@ def run_blockwise(name: str, problem, ops, bench) -> dict:
     import numpy as np
     import torch
 
+    from pycutlass import GemmGroupedArguments
     from pycutlass.tune.bench import summarize
 
     shapes = problem.shapes
@@ -458,6 +461,18 @@ def run_blockwise(name: str, problem, ops, bench) -> dict:
         row.update({"best tile": best, "best us": round(timed[best] * 1e6, 1),
                     "TFLOP/s": round(flops / timed[best] / 1e12),
                     "vs bf16 _grouped_mm": round(bf16_s / timed[best], 3)})
+        knobbed = tune_knobs(ops, {tile: s * 1e6 for tile, s in timed.items()}, bench,
+                             lambda op, **knobs: GemmGroupedArguments(op, device_counts, A, B3, None, out,
+                                                                      scale_a=scale_a, scale_b=scale_b, **knobs),
+                             out, lambda: blockwise_error(A, B3, scale_a, scale_b, counts, out))
+        if knobbed and min(knobbed.values()) < timed[best] * 1e6:
+            choice = min(knobbed, key=knobbed.get)
+            row.update({"tuned": choice, "tuned us": round(knobbed[choice], 1),
+                        "tuned TFLOP/s": round(flops / knobbed[choice] / 1e6),
+                        "tuned vs bf16 _grouped_mm": round(bf16_s * 1e6 / knobbed[choice], 3)})
+        else:
+            row.update({"tuned": f"{best} (default knobs)", "tuned us": row["best us"],
+                        "tuned TFLOP/s": row["TFLOP/s"], "tuned vs bf16 _grouped_mm": row["vs bf16 _grouped_mm"]})
     row["_tiles"] = {tile: us * 1e6 for tile, us in timed.items()}
     return row
 
@@ -650,16 +665,20 @@ def summarize_blockwise(blockwise: list, bf16_rows: dict) -> dict:
     for row in blockwise:
         mine = bf16_rows.get(row["set"], {})
         bf16_us = mine.get("tuned us") or mine.get("best us")
-        if bf16_us and row.get("best us"):
+        fp8_us = row.get("tuned us") or row.get("best us")
+        if bf16_us and fp8_us:
             row["pycutlass bf16 us"] = bf16_us
-            row["vs pycutlass bf16"] = round(bf16_us / row["best us"], 3)
-    ratios = [row.get("vs bf16 _grouped_mm") for row in blockwise]
+            row["vs pycutlass bf16"] = round(bf16_us / fp8_us, 3)
+    best = [row.get("vs bf16 _grouped_mm") for row in blockwise]
+    ratios = [row.get("tuned vs bf16 _grouped_mm") or row.get("vs bf16 _grouped_mm") for row in blockwise]
     own = [row.get("vs pycutlass bf16") for row in blockwise]
-    summary = {"problems": len(blockwise), "geomean vs bf16 _grouped_mm": round(geomean(ratios) or 0, 3),
+    summary = {"problems": len(blockwise), "geomean best tile vs bf16 _grouped_mm": round(geomean(best) or 0, 3),
+               "geomean vs bf16 _grouped_mm": round(geomean(ratios) or 0, 3),
                "min vs bf16 _grouped_mm": min((r for r in ratios if r), default=None),
                "geomean vs pycutlass bf16": round(geomean(own) or 0, 3) if any(own) else None,
-               "geomean TFLOP/s": round(geomean(row.get("TFLOP/s") for row in blockwise) or 0),
-               "goal": ">= 1.6x the bf16 throughput of the same set",
+               "geomean TFLOP/s": round(geomean(row.get("tuned TFLOP/s") or row.get("TFLOP/s")
+                                                for row in blockwise) or 0),
+               "goal": ">= 1.6x the bf16 throughput of the same set (tuned: best tile, then raster and swizzle)",
                "context": "DeepGEMM (H800, published): 1214-1346 TFLOP/s contiguous grouped fp8"}
     print_table("MoE contiguous forward, fp8 e4m3 block-wise scales: pycutlass SM90 grouped (best tile) vs the same "
                 "set in bf16, kernel time", [{k: v for k, v in row.items() if not k.startswith("_")}

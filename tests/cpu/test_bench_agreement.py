@@ -39,6 +39,35 @@ def test_ncu_csv_gives_microseconds_per_call_per_series():
         agreement.parse_ncu_csv("==ERROR== ERR_NVGPUCTRPERM", series=1)
 
 
+def test_ncu_csv_after_flushes_leaves_the_flush_kernel_out():
+    lines = [HEADER]
+    index = 0
+    # each call: the L2 flush (a reduction), then the measured kernels (a GEMM and cuBLAS's own split-K reduction)
+    for kernel, value in (("spin_kernel(long)", "1.0"), ("reduce_kernel<512, 1>", "7.0"), ("sm90_xmma_gemm", "20.0"),
+                          ("splitKreduce_kernel", "2.0"), ("reduce_kernel<512, 1>", "7.5"), ("sm90_xmma_gemm", "21.0"),
+                          ("splitKreduce_kernel", "2.0"), ("spin_kernel(long)", "1.0"),
+                          ("reduce_kernel<512, 1>", "7.0"), ("pycutlass_gemm_sm90_x", "12.0"),
+                          ("reduce_kernel<512, 1>", "7.0"), ("pycutlass_gemm_sm90_x", "14.0")):
+        lines.append(_row(index, kernel, value, "usecond"))
+        index += 1
+    found = agreement.parse_ncu_csv("".join(lines), series=2, calls=2, flushed=True)
+    assert found == [pytest.approx(22.5), pytest.approx(13.0)]
+    # read as unflushed, the flushes would count
+    assert agreement.parse_ncu_csv("".join(lines), series=2, calls=2)[1] == pytest.approx(20.0)
+
+
+def test_matched_verdict_takes_the_graph_less_its_launch_gap_and_ncu_with_the_harness_flush():
+    rows = agreement.agreement_rows([
+        {"who": "torch", "harness_us": 6.0, "graph_us": 7.1, "launch_gap_us": 1.1, "ncu_us": 7.3,
+         "ncu_matched_us": 6.1},
+        {"who": "pycutlass", "harness_us": 6.0, "graph_us": 7.1, "launch_gap_us": 0.5, "ncu_us": 6.0,
+         "ncu_matched_us": 6.0},
+    ])
+    assert [row["within_3%"] for row in rows] == [False, False]
+    assert rows[0]["graph_net_us"] == pytest.approx(6.0) and rows[0]["within_3%_matched"]
+    assert rows[1]["harness/graph_net"] == pytest.approx(6.0 / 6.6, abs=1e-4) and not rows[1]["within_3%_matched"]
+
+
 def test_agreement_rows_judge_every_pair_against_both_measures():
     rows = agreement.agreement_rows([
         {"who": "pycutlass", "harness_us": 100.0, "graph_us": 98.0, "ncu_us": 101.0},   # within 3% of both
