@@ -14,7 +14,8 @@ for ``op.run(arguments)`` with the arguments built once, and for torch's call th
 both with CUDA events instead. TFLOP/s = 2 * N*P*Q * K * R*S*C / time for every kind.
 
 SM90 column: CUTLASS 3.x implicit-GEMM kernels (``Conv2dOperation(..., 90, <SM90 tile>)``: TMA im2col, wgmma) from a
-small candidate set per kind (``SM90_TILES``), checked and timed the same way. CUTLASS 4.2's SM90 conv has no
+small candidate set per kind (``SM90_TILES``; a few with explicit stage counts that fit two CTAs per SM, labelled
+"s<stages>", next to CUTLASS's automatic count), checked and timed the same way. CUTLASS 4.2's SM90 conv has no
 split-K; pycutlass splits SM90 wgrad by images (``SM90_WGRAD_PARALLEL``: float32 partial filter gradients of runs of
 whole images in one launch, then the reduction). SM90 dgrad runs stride 1 only (strided dgrad layers show no SM90
 result). "best" is the faster of the
@@ -68,18 +69,24 @@ TILES = [([128, 128, 32], 3, [2, 2, 1]), ([128, 128, 64], 3, [2, 2, 1]), ([256, 
 FPROP_TILES = [([128, 64, 64], 4, [2, 2, 1]), ([256, 64, 32], 4, [4, 1, 1])]
 ALIGN = 8
 MAX_SPLIT_K = 16
-# SM90 candidates per kind: (tile M, N, K), cluster. A few each, so that the grid compiles in a couple of minutes on
-# the 16-core GPU host (an SM90 conv operation is ~30 s of one core there, ~80 s on the 2-core dev machine).
+# SM90 candidates per kind: (tile M, N, K), cluster, stages. A few each, so that the grid compiles in a couple of
+# minutes on the 16-core GPU host (an SM90 conv operation is ~30 s of one core there, ~80 s on the 2-core dev
+# machine). stages 0: CUTLASS fills the SM's shared memory (one CTA per SM). An explicit count whose stages fit half an
+# SM, on a tile of at most 128x64 outputs, builds two CTAs per SM: one's prologue and epilogue overlap the other's
+# mainloop, for layers with a short GEMM K (conv2_x 3x3 64->64: nine 64-wide K steps).
 SM90_TILES = {
-    "fprop": [((128, 128, 64), (1, 1, 1)), ((128, 256, 64), (1, 1, 1)), ((128, 128, 64), (2, 1, 1)),
-              ((64, 128, 64), (1, 1, 1)), ((128, 64, 64), (1, 1, 1)), ((128, 64, 64), (2, 1, 1))],
-    "dgrad": [((128, 128, 64), (1, 1, 1)), ((128, 256, 64), (1, 1, 1)), ((128, 128, 64), (2, 1, 1))],
-    "wgrad": [((128, 128, 64), (1, 1, 1)), ((128, 256, 64), (1, 1, 1)), ((64, 128, 64), (1, 1, 1))],
+    "fprop": [((128, 128, 64), (1, 1, 1), 0), ((128, 256, 64), (1, 1, 1), 0), ((128, 128, 64), (2, 1, 1), 0),
+              ((64, 128, 64), (1, 1, 1), 0), ((128, 64, 64), (1, 1, 1), 0), ((128, 64, 64), (2, 1, 1), 0),
+              ((128, 64, 64), (1, 1, 1), 4), ((64, 128, 64), (1, 1, 1), 4), ((64, 64, 64), (1, 1, 1), 4)],
+    "dgrad": [((128, 128, 64), (1, 1, 1), 0), ((128, 256, 64), (1, 1, 1), 0), ((128, 128, 64), (2, 1, 1), 0)],
+    "wgrad": [((128, 128, 64), (1, 1, 1), 0), ((128, 256, 64), (1, 1, 1), 0), ((64, 128, 64), (1, 1, 1), 0),
+              ((64, 128, 64), (1, 1, 1), 4)],
 }
 # SM90 wgrad as parallel split-K by images: float32 partials, then the reduction. A wgrad's output (K x R*S*C) is
 # often a handful of tiles (conv2_x 3x3: 64 x 576, five 64x128 tiles for 132 SMs) while its GEMM K (N*P*Q) is long.
-SM90_WGRAD_PARALLEL = [((64, 128, 64), (1, 1, 1)), ((128, 128, 64), (1, 1, 1)), ((64, 256, 64), (1, 1, 1)),
-                       ((64, 128, 64), (1, 2, 1))]  # 1x2: the two N tiles of a cluster share the dy tile (multicast)
+SM90_WGRAD_PARALLEL = [((64, 128, 64), (1, 1, 1), 0), ((128, 128, 64), (1, 1, 1), 0), ((64, 256, 64), (1, 1, 1), 0),
+                       ((64, 128, 64), (1, 2, 1), 0),  # 1x2: the two N tiles of a cluster share the dy tile
+                       ((64, 128, 64), (1, 1, 1), 4)]  # two CTAs per SM: slices of a few images are short in K
 
 
 # Sm80-family wgrad also as parallel split-K (f32 partial sums per slice, then the reduction): its GEMM K is N*P*Q,
@@ -131,9 +138,9 @@ def operations() -> list[Conv2dOperation]:
     return list(dict.fromkeys(op for ops in grid().values() for op in ops)) + parallel_wgrad_ops()
 
 
-def _sm90_op(kind: Operator, shape, cluster, partials=False) -> Conv2dOperation:
+def _sm90_op(kind: Operator, shape, cluster, stages=0, partials=False) -> Conv2dOperation:
     math_inst = cutlass.MathInstruction([64, shape[1], 16], D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp)
-    tile = cutlass.TileDescription(list(shape), 0, None, math_inst, cluster_shape=list(cluster))
+    tile = cutlass.TileDescription(list(shape), stages, None, math_inst, cluster_shape=list(cluster))
     tensor = cutlass.TensorDescription(D.float16, cutlass.TensorNHWC, ALIGN)
     output = cutlass.TensorDescription(D.float32, cutlass.TensorNHWC, 4) if partials else tensor
     epilogue = cutlass.LinearCombination(output.element, output.alignment, D.float32, D.float32)
@@ -144,11 +151,9 @@ def _sm90_op(kind: Operator, shape, cluster, partials=False) -> Conv2dOperation:
 
 def sm90_grid(kinds=None) -> dict[str, list[Conv2dOperation]]:
     """kind -> the SM90 candidates (one list for every stride; SM90 dgrad refuses stride > 1 at arguments time)."""
-    found = {name: [_sm90_op(Operator(name), shape, cluster) for shape, cluster in SM90_TILES[name]]
-             for name in kinds or KINDS}
+    found = {name: [_sm90_op(Operator(name), *config) for config in SM90_TILES[name]] for name in kinds or KINDS}
     if "wgrad" in found:
-        found["wgrad"] += [_sm90_op(Operator.wgrad, shape, cluster, partials=True)
-                           for shape, cluster in SM90_WGRAD_PARALLEL]
+        found["wgrad"] += [_sm90_op(Operator.wgrad, *config, partials=True) for config in SM90_WGRAD_PARALLEL]
     return found
 
 
@@ -269,9 +274,10 @@ def _label(op, split: int) -> str:
         return f"sm90 GEMM {m}x{n}x{k} c{cm}x{cn} {schedule}{scheduler}"
     if getattr(op, "family", None) == "sm90":
         (m, n, k), (cm, cn, _) = op.tile_description.threadblock_shape, op.tile_description.cluster_shape
+        stages = f" s{op.tile_description.stages}" if op.tile_description.stages else ""  # two CTAs per SM
         if op.C.element is D.float32:
-            return f"sm90 {m}x{n}x{k} c{cm}x{cn} parallel splitK{split} by images + reduction"
-        return f"sm90 {m}x{n}x{k} c{cm}x{cn}"
+            return f"sm90 {m}x{n}x{k} c{cm}x{cn}{stages} parallel splitK{split} by images + reduction"
+        return f"sm90 {m}x{n}x{k} c{cm}x{cn}{stages}"
     if op.C.element is D.float32:
         return f"{op.tile_description.procedural_name()} parallel splitK{split} + reduction"
     return f"{op.tile_description.procedural_name()}" + (f" splitK{split}" if split > 1 else "")
@@ -567,7 +573,8 @@ def main() -> None:
                                      for name in layers},
                           "batches": batches, "tiles": [f"{s} s{st} {w}" for s, st, w in TILES],
                           "fprop_tiles": [f"{s} s{st} {w}" for s, st, w in FPROP_TILES],
-                          "sm90_tiles": {kind: [f"{s} cluster {c}" for s, c in SM90_TILES[kind]] for kind in args.kinds},
+                          "sm90_tiles": {kind: [f"{s} cluster {c}" + (f" stages {st}" if st else "")
+                                                for s, c, st in SM90_TILES[kind]] for kind in args.kinds},
                           "targets": targets, "geomeans": geomeans, "summary": summaries, "kernels": rows})
 
 

@@ -102,7 +102,6 @@ RULES = MappingProxyType({
     "sm90.epilogue_schedule": "epilogue schedule does not fit the kernel schedule",
     "sm90.nosmem_epilogue": "NoSmemWarpSpecialized epilogue with activation, clamp or bias",
     "sm90.warp_count_derived": "SM90 warp_count must be derived",
-    "sm90.stages": "SM90 stages not built",
     # ---- kinds --------------------------------------------------------------------------------------------------
     "conv2d.operand_type": "operand type not built for convolutions",
     "conv2d.int8_kind": "int8 convolution other than fprop",

@@ -137,7 +137,8 @@ def test_conv2d_at_90_with_an_sm80_tile_keeps_the_sm80_kernel():
     (dict(tile=(128, 32, 64)), "tile N must be"),
     (dict(tile=(128, 128, 32)), "tile K must be 64"),
     (dict(cluster=(2, 2, 1)), "cluster_shape"),
-    (dict(stages=4), "explicit stage counts"),
+    (dict(stages=7), "7 stages of a 128x128x64 tile .* \\(2 to 6 stages\\)"),
+    (dict(tile=(128, 256, 64), stages=5), "fewer stages \\(2 to 4 stages\\)"),
     (dict(algorithm=pconv.IteratorAlgorithm.few_channels), "few_channels"),
     (dict(swizzle=cutlass.IdentitySwizzle4), "IdentitySwizzle1"),
 ])
@@ -453,3 +454,88 @@ def test_wgrad_slices_sum_to_the_whole_gradient(shape, slices):
         covered += part.N * part.P * part.Q
     assert covered == ps.N * ps.P * ps.Q  # every output pixel in exactly one slice (with the sum below)
     np.testing.assert_allclose(total, _wgrad64(x, dy, ps), rtol=1e-10, atol=1e-10)
+
+
+# --- explicit stage counts: StageCount<S>, two CTAs per SM where they fit ------------------------------------------
+@pytest.mark.parametrize("kw, ctas", [
+    (dict(tile=(128, 64, 64), stages=4), 2),                  # 96 KiB of stages: two CTAs in the SM's 228 KiB
+    (dict(tile=(64, 128, 64), stages=3), 2),
+    (dict(tile=(64, 64, 64), stages=7), 2),                   # 112 KiB + barriers + 1 KiB reserved: just fits
+    (dict(tile=(64, 64, 64), stages=8), 1),
+    (dict(tile=(128, 64, 64), stages=5), 1),                  # 120 KiB
+    (dict(tile=(128, 128, 64), stages=2), 1),                 # fits by shared memory, but 128 accumulators spill
+    (dict(tile=(128, 128, 64), stages=6), 1),
+    (dict(kind=pconv.Operator.wgrad, tile=(64, 128, 64), stages=4), 2),
+    (dict(tile=(128, 64, 64)), 1),                            # stages=0: CUTLASS fills the SM
+])
+def test_explicit_stages_and_ctas_per_sm(kw, ctas):
+    op = sm90_conv(**kw)
+    assert op.ctas_per_sm == ctas
+    stages = kw.get("stages", 0)
+    assert (f"_s{stages}_ws_" in op.name) == bool(stages) and ("stages=" in op.describe()) == bool(stages)
+
+
+def test_stage_counts_are_rejected_unless_they_fit_one_cta():
+    with pytest.raises(DescriptionError, match="TileDescription.stages must be an integer in 2..10") as raised:
+        sm90_conv(stages=1)
+    assert raised.value.rule == "tile.stages"
+    with pytest.raises(DescriptionError, match="more than the 227 KiB .* \\(2 to 8 stages\\)") as raised:
+        sm90_conv(tile=(128, 64, 64), stages=9)  # 216 KiB of stages + 16 KiB of epilogue buffers
+    assert raised.value.rule == "smem.capacity"
+    sm90_conv(tile=(128, 64, 64), stages=8)  # the count CUTLASS's carve-out chooses
+
+
+def test_stage_counts_name_distinct_operations_and_stages_0_keeps_its_name():
+    auto, three, four = (sm90_conv(tile=(128, 64, 64), stages=s) for s in (0, 3, 4))
+    assert len({auto.name, three.name, four.name}) == 3 and auto != four and four == sm90_conv(tile=(128, 64, 64),
+                                                                                                   stages=4)
+    # stages=0 names (and sources) as before explicit stage counts existed: compiled kernels stay cached
+    assert auto.name == "pycutlass_conv2d_sm90_fprop_f16f16f32_nhwc_128x64x64_c1x1_ws_a888_94639ce0a7"
+    assert "_s4_ws_" in four.name
+
+
+def test_emission_of_explicit_stages():
+    from pycutlass.emit import emitter
+
+    auto = sm90_conv(tile=(128, 64, 64)).emit_body()
+    assert "StageCountAutoCarveout<" in auto and "StageCount<" not in auto.replace("StageCountAuto", "")
+    assert "::Kernel::MinBlocksPerMultiprocessor)" in auto
+    two = sm90_conv(tile=(128, 64, 64), stages=4)
+    body = two.emit_body()
+    assert "cutlass::conv::collective::StageCount<4>," in body and "StageCountAutoCarveout" not in body
+    assert f"__launch_bounds__({two.name}_ns::Kernel::MaxThreadsPerBlock, 2)" in body
+    assert "MinBlocksPerMultiprocessor" not in body and "two CTAs co-reside" in body
+    one = sm90_conv(tile=(128, 128, 64), stages=3).emit_body()  # one CTA: CUTLASS's launch bounds
+    assert "StageCount<3>," in one and "::Kernel::MinBlocksPerMultiprocessor)" in one and "co-reside" not in one
+    wgrad = _wgrad_f32(stages=4)  # the slices kernel is the same kernel: the same bounds
+    body = emitter.translation_unit([wgrad])
+    assert body.count(f"__launch_bounds__({wgrad.name}_ns::Kernel::MaxThreadsPerBlock, 2)") == 2
+
+
+@pytest.mark.slow
+def test_nvrtc_compiles_two_cta_convolutions_without_spills():
+    """fprop (bias + ReLU) and a float32 wgrad with 4 stages and two CTAs per SM: NVRTC with ptxas's report (about
+    80-100 s on two cores). Two CTAs of 256 threads get at most 128 registers a thread; these tiles need 90."""
+    from cuda.bindings import nvrtc
+    from pycutlass.emit import emitter
+
+    ops = [sm90_conv(tile=(128, 64, 64), stages=4, functor=_relu_functor(), bias=True), _wgrad_f32(stages=4)]
+    assert all(op.ctas_per_sm == 2 for op in ops)
+    backend = NvrtcBackend()
+    options = [o.encode() for o in (*backend.flags("90a"), *backend.include_flags(), "--ptxas-options=-v")]
+    _, program = nvrtc.nvrtcCreateProgram(emitter.translation_unit(ops).encode(), b"two_ctas.cu", 0, [], [])
+    try:
+        (result,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
+        _, size = nvrtc.nvrtcGetProgramLogSize(program)
+        log = b" " * max(size, 2)
+        nvrtc.nvrtcGetProgramLog(program, log)
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
+    log = log.decode(errors="replace").replace("\0", "")
+    assert result == nvrtc.nvrtcResult.NVRTC_SUCCESS, log[-4000:]
+    report = {name: (int(spills), int(registers)) for name, spills, registers in re.findall(
+        r"Function properties for (\w+)\n.*?(\d+) bytes spill stores.*?\n.*?Used (\d+) registers", log)}
+    kernels = [ops[0].name, ops[1].name, f"{ops[1].name}_slices"]
+    for kernel in kernels:
+        spills, registers = report[kernel]
+        assert spills == 0 and registers <= 128, (kernel, spills, registers)

@@ -24,9 +24,9 @@ TORCH = {D.float16: "float16", D.bfloat16: "bfloat16"}
 TOLERANCE = {D.float16: 2e-3, D.bfloat16: 1.5e-2}
 
 
-def sm90_conv(element, tile, cluster, kind=pconv.Operator.fprop, activation=None, bias=False):
+def sm90_conv(element, tile, cluster, kind=pconv.Operator.fprop, activation=None, bias=False, stages=0):
     math = cutlass.MathInstruction([64, tile[1], 16], element, element, D.float32, cutlass.OpClass.TensorOp)
-    tile_d = cutlass.TileDescription(list(tile), 0, None, math, cluster_shape=list(cluster))
+    tile_d = cutlass.TileDescription(list(tile), stages, None, math, cluster_shape=list(cluster))
     desc = [cutlass.TensorDescription(element, NHWC, 8) for _ in range(3)]
     if activation is None:
         functor = cutlass.LinearCombination(element, 8, D.float32, D.float32)
@@ -40,7 +40,11 @@ def sm90_conv(element, tile, cluster, kind=pconv.Operator.fprop, activation=None
 OPS = {"f16-128x128x64-c11": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1)),
        "bf16-64x128x64-c21": sm90_conv(D.bfloat16, (64, 128, 64), (2, 1, 1)),
        "f16-64x64x64-c12": sm90_conv(D.float16, (64, 64, 64), (1, 2, 1)),
-       "bf16-128x256x64-c11": sm90_conv(D.bfloat16, (128, 256, 64), (1, 1, 1))}
+       "bf16-128x256x64-c11": sm90_conv(D.bfloat16, (128, 256, 64), (1, 1, 1)),
+       # explicit stage counts that fit half an SM: two CTAs co-reside (__launch_bounds__(256, 2))
+       "f16-128x64x64-c11-s4": sm90_conv(D.float16, (128, 64, 64), (1, 1, 1), stages=4),
+       "bf16-64x128x64-c21-s3": sm90_conv(D.bfloat16, (64, 128, 64), (2, 1, 1), stages=3),
+       "f16-64x64x64-c11-s7": sm90_conv(D.float16, (64, 64, 64), (1, 1, 1), stages=7)}
 DGRAD = pconv.Operator.dgrad
 WGRAD = pconv.Operator.wgrad
 DGRAD_OPS = {"f16-128x128x64-c11": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1), DGRAD),
@@ -54,10 +58,10 @@ FUSED_OPS = {"fprop-f16-bias-relu": sm90_conv(D.float16, (128, 128, 64), (1, 1, 
                                               bias=True)}
 
 
-def wgrad_f32(element, tile, cluster):
+def wgrad_f32(element, tile, cluster, stages=0):
     """An SM90 wgrad writing float32: a float32 filter gradient, or the partials of parallel split-K."""
     math = cutlass.MathInstruction([64, tile[1], 16], element, element, D.float32, cutlass.OpClass.TensorOp)
-    tile_d = cutlass.TileDescription(list(tile), 0, None, math, cluster_shape=list(cluster))
+    tile_d = cutlass.TileDescription(list(tile), stages, None, math, cluster_shape=list(cluster))
     operand = cutlass.TensorDescription(element, NHWC, 8)
     return cutlass.Conv2dOperation(WGRAD, pconv.IteratorAlgorithm.optimized, 90, tile_d, operand, operand,
                                    cutlass.TensorDescription(D.float32, NHWC, 4), pconv.StrideSupport.Strided,
@@ -65,7 +69,8 @@ def wgrad_f32(element, tile, cluster):
 
 
 WGRAD_F32_OPS = {"f16-64x128x64-c11": wgrad_f32(D.float16, (64, 128, 64), (1, 1, 1)),
-                 "bf16-128x128x64-c12": wgrad_f32(D.bfloat16, (128, 128, 64), (1, 2, 1))}
+                 "bf16-128x128x64-c12": wgrad_f32(D.bfloat16, (128, 128, 64), (1, 2, 1)),
+                 "f16-64x128x64-c11-s4": wgrad_f32(D.float16, (64, 128, 64), (1, 1, 1), stages=4)}  # two CTAs/SM
 # The parallel split-K reductions: float32 partials -> D of the operands' type = alpha * sum + beta * C.
 REDUCTIONS = {element: cutlass.ReductionOperation(cutlass.MatrixCoord(4, 32 * 8),
                                                   cutlass.TensorDescription(element, cutlass.RowMajor, 8),
@@ -376,6 +381,37 @@ def test_fused_bias_and_activation(key, shape):
         reference = act(alpha * raw + added)
         error = relative_error(out.float().cpu().numpy(), reference.cpu().numpy())
         assert error < TOLERANCE[element], (key, shape, beta, error)
+
+
+TWO_CTA_OPS = [OPS["f16-128x64x64-c11-s4"], OPS["bf16-64x128x64-c21-s3"], OPS["f16-64x64x64-c11-s7"],
+               WGRAD_F32_OPS["f16-64x128x64-c11-s4"]]
+
+
+@pytest.mark.parametrize("op", TWO_CTA_OPS, ids=lambda op: op.name)
+def test_explicit_stages_fit_two_ctas_per_sm(op):
+    """The kernels built for two CTAs per SM: at most 128 registers, no local memory, shared memory for two (228
+    KiB per SM, 1 KiB reserved per CTA); where the driver reports occupancy (not for every cluster kernel), 2."""
+    from pycutlass.tune.bench import kernel_resources
+
+    assert op.ctas_per_sm == 2
+    shape = (2, 17, 13, 72, 136, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1))
+    n, h, w, c, k, r, s = shape[:7]
+    ps = _problem(*shape)
+    dtype = getattr(torch, TORCH[op.A.element])
+    x = torch.zeros(n, h, w, c, device="cuda", dtype=dtype)
+    dy = torch.zeros(n, ps.P, ps.Q, k, device="cuda", dtype=dtype)
+    if op.conv_kind is WGRAD:
+        arguments = cutlass.Conv2dArguments(op, ps, dy, x, None, torch.zeros(k, r, s, c, device="cuda"))
+    else:
+        arguments = cutlass.Conv2dArguments(op, ps, x, torch.zeros(k, r, s, c, device="cuda", dtype=dtype), None, dy)
+    op.run(arguments)
+    arguments.sync()
+    facts = kernel_resources(arguments)
+    assert facts is not None
+    assert facts["registers"] <= 128 and facts["local_bytes"] == 0, facts
+    assert 2 * (facts["dynamic_smem"] + facts["static_smem"]) <= 228 * 1024, facts
+    if "max_active_blocks" in facts:
+        assert facts["max_active_blocks"] >= 2, facts
 
 
 def test_sm90_dgrad_refuses_strides():

@@ -4,6 +4,12 @@
 when the tile is an SM90 one by the SM90 GEMM's rule (``families.sm90.is_sm90_tile``: no warp_count, stages=0, a wgmma
 instruction, a cluster or a schedule); a tile stating an Sm80 warp arrangement keeps the Sm80-family kernel.
 
+``stages=0`` lets CUTLASS fill the SM's shared memory with stages (one CTA per SM). An explicit ``stages=S`` (S >= 2,
+fitting one CTA beside the epilogue's buffers as for SM90 GEMMs) builds ``StageCount<S>``; when S stages fit half an
+SM and the tile's accumulators fit half the register file (tiles of at most 128x64 outputs), the kernel is built with
+``__launch_bounds__(256, 2)`` so that two CTAs co-reside and one's prologue and epilogue overlap the other's
+mainloop (``ctas_per_sm``).
+
 Built: fprop, dgrad (stride 1) and wgrad; f16 or bf16 in and out (wgrad: or float32 out, also the partials of its
 parallel split-K by images, ``arguments.py``), f32 accumulation, NHWC, 16-byte alignment, CUTLASS 4.2's only SM90
 conv schedule (``KernelImplicitTmaWarpSpecializedSm90``: one consumer warpgroup; the cooperative and ping-pong
@@ -32,14 +38,25 @@ from ..families.conv import (Conv2dProblemSize, IteratorAlgorithm, Mode, Operato
 from ..base import check_description_types
 from ..families.sm90 import (NVRTC_SHIM, Sm90Operation, check_cluster_shape, check_default_tile_scheduler,
                              check_derived_warp_count, check_epilogue_kind, check_epilogue_schedule,
-                             check_epilogue_types, check_schedule_tile_m, check_tensor_op, check_tile_k, check_tile_n,
-                             check_tma_alignment)
+                             check_epilogue_types, check_explicit_stages, check_schedule_tile_m, check_tensor_op,
+                             check_tile_k, check_tile_n, check_tma_alignment, epilogue_smem_bytes)
 from .abi import Sm90Conv2dArgs, Sm90ConvSlices
 
 _F16, _BF16, _F32 = DataType.float16, DataType.bfloat16, DataType.float32
 _NHWC = LayoutType.TensorNHWC
 _KS, _ES = KernelScheduleType, EpilogueScheduleType
 _MAX_TENSOR_ELEMENTS = 2**31  # TMA dims and CUTLASS's int problem shape
+
+# Two CTAs per SM (explicit stage counts only). sm_90 has 228 KiB of shared memory per SM and reserves 1 KiB of it per
+# resident CTA. The non-persistent conv kernel's shared storage is the union of the mainloop's stages and the
+# epilogue's buffers (never used at once) plus both pipelines' barriers (512 bytes as compiled, for 2 to 13 stages).
+# Registers: two CTAs of 256 threads leave 128 per thread; tiles of at most 128x64 outputs (64 float32 accumulators
+# per consumer thread) compile to 90 registers (64x64: 58) without spills, while 128x128 capped at 128 spills and
+# serializes its wgmma.
+_SM_SMEM_BYTES = 228 * 1024
+_CTA_RESERVED_BYTES = 1024
+_BARRIER_BYTES = 1024  # the barriers, rounded up
+_TWO_CTA_OUTPUTS = 128 * 64
 
 
 def overlay() -> str:
@@ -102,6 +119,21 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
         self.kernel_schedule = _KS.TmaWarpSpecialized
         self.epilogue_schedule = _ES.NoSmemWarpSpecialized if conv_kind is Operator.wgrad else _ES.TmaWarpSpecialized
 
+    @property
+    def ctas_per_sm(self) -> int:
+        """CTAs of this kernel that co-reside on an SM: 2 when an explicit stage count's shared storage fits half an
+        SM and the tile has at most 128x64 outputs (the kernel is built with ``__launch_bounds__(256, 2)``); else 1
+        (``stages=0``: CUTLASS fills the SM's shared memory with stages)."""
+        tile = self.tile_description
+        if not tile.stages:
+            return 1
+        m, n, k = tile.threadblock_shape
+        mainloop = tile.stages * (m + n) * k * self.A.element.bits // 8
+        epilogue = epilogue_smem_bytes(tile.threadblock_shape, False, self.epilogue_schedule, self.C.element)
+        storage = max(mainloop, epilogue) + _BARRIER_BYTES
+        fits = 2 * (storage + _CTA_RESERVED_BYTES) <= _SM_SMEM_BYTES and m * n <= _TWO_CTA_OUTPUTS
+        return 2 if fits else 1
+
     # --- identity -------------------------------------------------------------------------------------------
     @property
     def is_strided_dgrad(self) -> bool:
@@ -109,8 +141,9 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
 
     def _signature(self) -> tuple:
         tile = self.tile_description
-        return ("conv2d_sm90", self.conv_kind, tile.threadblock_shape, tile.math_instruction, tile.cluster_shape,
-                self.A, self.B, self.C, self.epilogue_functor, self.bias)
+        signature = ("conv2d_sm90", self.conv_kind, tile.threadblock_shape, tile.math_instruction, tile.cluster_shape,
+                     self.A, self.B, self.C, self.epilogue_functor, self.bias)
+        return signature + (("stages", tile.stages),) if tile.stages else signature  # stages=0: names as before
 
     def _readable_name(self) -> str:
         tile = self.tile_description
@@ -118,7 +151,8 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
         m, n, k = tile.threadblock_shape
         cm, cn, _ = tile.cluster_shape
         return (f"conv2d_sm90_{self.conv_kind.name}_{s[self.A.element]}{s[self.C.element]}"
-                f"{s[tile.math_instruction.element_accumulator]}_nhwc_{m}x{n}x{k}_c{cm}x{cn}_ws_"
+                f"{s[tile.math_instruction.element_accumulator]}_nhwc_{m}x{n}x{k}_c{cm}x{cn}_"
+                + (f"s{tile.stages}_" if tile.stages else "") + "ws_"
                 f"a{self.A.alignment}{self.B.alignment}{self.C.alignment}"
                 + ("_bias" if self.bias else "")
                 + (f"_{self.epilogue_functor.activation.name}" if self.epilogue_functor.activation else ""))
@@ -228,8 +262,9 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
             element_accumulator=names.ELEMENT[tile.math_instruction.element_accumulator],
             element_compute=names.ELEMENT[self.epilogue_functor.element_epilogue],
             alignment_a=self.A.alignment, alignment_b=self.B.alignment, alignment_c=self.C.alignment,
-            tile_shape=tile.threadblock_shape, cluster_shape=tile.cluster_shape,
-            conv_op=_CONV_OPS[self.conv_kind], wgrad=self.conv_kind is Operator.wgrad, bias=self.bias,
+            tile_shape=tile.threadblock_shape, cluster_shape=tile.cluster_shape, stages=tile.stages,
+            two_ctas=self.ctas_per_sm == 2, conv_op=_CONV_OPS[self.conv_kind], wgrad=self.conv_kind is Operator.wgrad,
+            bias=self.bias,
             activation=functor.activation.cpp_template if functor.activation else None,
             activation_args=functor.activation.argument_names if functor.activation else ())
 
@@ -240,7 +275,8 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
                 f"acc={tile.math_instruction.element_accumulator.label} tile={list(tile.threadblock_shape)} "
                 f"cluster={list(tile.cluster_shape)} kernel=KernelImplicitTmaWarpSpecializedSm90 "
                 f"epilogue={self.epilogue_schedule.value} epilogue_op={self.epilogue_functor.describe()}"
-                f"{' bias=per-channel' if self.bias else ''}")
+                f"{' bias=per-channel' if self.bias else ''}"
+                + (f" stages={tile.stages} ctas_per_sm={self.ctas_per_sm}" if tile.stages else ""))
 
 
 _CONV_OPS = {Operator.fprop: "kFprop", Operator.dgrad: "kDgrad", Operator.wgrad: "kWgrad"}
@@ -299,7 +335,6 @@ def _check(what, conv_kind, tile: TileDescription, A, B, C, functor, bias) -> No
     wanted = _ES.NoSmemWarpSpecialized if conv_kind is Operator.wgrad else _ES.TmaWarpSpecialized
     check_epilogue_schedule(what, tile, wanted, f"for SM90 {conv_kind.name}")
     check_default_tile_scheduler(what, tile, "SM90 convolutions have no stream-K (CUTLASS 4.2)")
-    if tile.stages:
-        raise DescriptionError(f"{what}: explicit stage counts are not built for SM90 convolutions yet; pass "
-                               f"stages=0 (CUTLASS's automatic count), got {tile.stages}", rule="sm90.stages")
+    if tile.stages:  # StageCount<S>: 2 or more stages that fit one CTA beside the epilogue's buffers
+        check_explicit_stages(what, tile, False, wanted, C.element, element.bits)
     check_derived_warp_count(what, tile, _KS.TmaWarpSpecialized)

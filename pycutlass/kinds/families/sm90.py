@@ -58,13 +58,17 @@ def check_explicit_stages(what: str, tile: TileDescription, cooperative: bool, e
     """Explicit stage counts must fit the SM's 227 KiB beside the epilogue's buffers (CUTLASS would fail the launch
     with an invalid shared-memory size)."""
     m, n, k = tile.threadblock_shape
-    mainloop = tile.stages * (m * k + n * k) * operand_bits // 8
+    stage = (m * k + n * k) * operand_bits // 8
+    mainloop = tile.stages * stage
     epilogue_bytes = epilogue_smem_bytes(tile.threadblock_shape, cooperative, epilogue, element_c)
     if tile.stages < 2 or mainloop + epilogue_bytes + _SMEM_MARGIN > _SMEM_BYTES:
+        most = (_SMEM_BYTES - epilogue_bytes - _SMEM_MARGIN) // stage
+        allowed = f"2 to {most} stages" if most >= 2 else "no explicit count fits this tile"
         raise DescriptionError(f"{what}: {tile.stages} stages of a {m}x{n}x{k} tile take {mainloop // 1024} KiB of "
                                f"shared memory, and the epilogue's {element_c.label} buffers {epilogue_bytes // 1024} "
                                f"KiB: more than the {_SMEM_BYTES // 1024} KiB an SM has (or below 2 stages). Use "
-                               f"stages=0 (CUTLASS's automatic count) or fewer stages", rule="smem.capacity")
+                               f"stages=0 (CUTLASS's automatic count) or fewer stages ({allowed})",
+                               rule="smem.capacity")
 
 
 # Epilogue functors the SM90 kinds build through CUTLASS's fusion operations. The two clamps are
