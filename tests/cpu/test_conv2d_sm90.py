@@ -515,7 +515,7 @@ def test_emission_of_explicit_stages():
 @pytest.mark.slow
 def test_nvrtc_compiles_two_cta_convolutions_without_spills():
     """fprop (bias + ReLU) and a float32 wgrad with 4 stages and two CTAs per SM: NVRTC with ptxas's report (about
-    80-100 s on two cores). Two CTAs of 256 threads get at most 128 registers a thread; these tiles need 90."""
+    80-100 s on two cores). Two CTAs of 256 threads get at most 128 registers a thread; these kernels need 96-110."""
     from cuda.bindings import nvrtc
     from pycutlass.emit import emitter
 

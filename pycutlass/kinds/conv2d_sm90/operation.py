@@ -51,8 +51,8 @@ _MAX_TENSOR_ELEMENTS = 2**31  # TMA dims and CUTLASS's int problem shape
 # resident CTA. The non-persistent conv kernel's shared storage is the union of the mainloop's stages and the
 # epilogue's buffers (never used at once) plus both pipelines' barriers (512 bytes as compiled, for 2 to 13 stages).
 # Registers: two CTAs of 256 threads leave 128 per thread; tiles of at most 128x64 outputs (64 float32 accumulators
-# per consumer thread) compile to 90 registers (64x64: 58) without spills, while 128x128 capped at 128 spills and
-# serializes its wgmma.
+# per consumer thread) compile to 90-110 registers (fprop 90, with bias + ReLU 96, float32 wgrad 102, its slices
+# kernel 110; 64x64: 58) without spills, while 128x128 capped at 128 spills and serializes its wgmma.
 _SM_SMEM_BYTES = 228 * 1024
 _CTA_RESERVED_BYTES = 1024
 _BARRIER_BYTES = 1024  # the barriers, rounded up
