@@ -13,8 +13,8 @@ pycutlass SM90 kernel and the torch baseline (cuBLAS) are each timed three ways:
 - graph: a CUDA graph of 20 x (L2 flush, launch) replayed, minus a graph of the 20 flushes alone, over 20: launches
   back to back with no host in between, L2 as cold as the harness's (a graph without the flushes is reported too:
   "warm", the inputs left in L2 by the previous launch). A replay's period per launch is the kernel plus the gap
-  between two graph kernels; "launch_gap" is that period for an empty kernel (``torch.cuda._sleep(0)``) in the same
-  graph, and "graph_net" the graph figure less it;
+  between two graph kernels; "launch_gap" is that period for an empty kernel (``torch.cuda._sleep(0)``), measured
+  once per run on a graph of 200 of them, and "graph_net" the graph figure less it;
 - ncu: Nsight Compute's ``gpu__time_duration.sum`` of every kernel the call launches (``--clock-control none``:
   clocks as the harness sees them), in a child process, twice: "ncu" with ``--cache-control all`` (every cache,
   instruction and constant caches included, flushed before each kernel) and "ncu_matched" with ``--cache-control
@@ -127,8 +127,8 @@ def harness_us(pair: dict) -> dict:
 
 
 # --- (b) CUDA-graph replay --------------------------------------------------------------------------------------------
-def graph_us(pair: dict, who: str) -> tuple[float, float, float]:
-    """(cold, warm, launch gap) microseconds per launch from CUDA-graph replays (see the module's docstring)."""
+def graph_us(pair: dict, who: str) -> tuple[float, float]:
+    """(cold, warm) microseconds per launch from CUDA-graph replays (see the module's docstring)."""
     import torch
 
     stream = torch.cuda.Stream()
@@ -152,26 +152,49 @@ def graph_us(pair: dict, who: str) -> tuple[float, float, float]:
                         call()
         return graph
 
-    def median_ms(graph) -> float:
-        graph.replay()
-        torch.cuda.synchronize()
-        samples = []
-        for _ in range(GRAPH_REPLAYS):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(100_000)  # the replay call's host cost stays outside the interval
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end))
-        return statistics.median(samples)
+    flushes = _replay_ms(capture(True))
+    cold = (_replay_ms(capture(True, launch)) - flushes) / GRAPH_LAUNCHES * 1e3
+    warm = _replay_ms(capture(False, launch)) / GRAPH_LAUNCHES * 1e3
+    return cold, warm
 
-    flushes = median_ms(capture(True))
-    cold = (median_ms(capture(True, launch)) - flushes) / GRAPH_LAUNCHES * 1e3
-    warm = median_ms(capture(False, launch)) / GRAPH_LAUNCHES * 1e3
-    # the period of a launch that does nothing: the gap between two graph kernels, plus an empty kernel's own time
-    gap = (median_ms(capture(True, lambda: torch.cuda._sleep(0))) - flushes) / GRAPH_LAUNCHES * 1e3
-    return cold, warm, gap
+
+def _replay_ms(graph) -> float:
+    """Median milliseconds of one replay of ``graph`` (GRAPH_REPLAYS of them, each after a GPU-side lead)."""
+    import torch
+
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(GRAPH_REPLAYS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(100_000)  # the replay call's host cost stays outside the interval
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    return statistics.median(samples)
+
+
+GAP_LAUNCHES = 200
+
+
+def launch_gap_us() -> float:
+    """The period of a graph launch that does nothing (``torch.cuda._sleep(0)``), microseconds: what a graph
+    replay's per-launch figure adds to a kernel's own time (the gap between two graph kernels, and an empty
+    kernel's own start and end). Measured once per run, on a graph of GAP_LAUNCHES of them."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(0)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(GAP_LAUNCHES):
+                torch.cuda._sleep(0)
+    return _replay_ms(graph) / GAP_LAUNCHES * 1e3
+
 
 
 # --- (c) ncu -------------------------------------------------------------------------------------------------------------
@@ -198,6 +221,8 @@ def ncu_child(spec_path: str, flush_l2: bool = False) -> None:
         launch()
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
+    if flush_l2:
+        flush.sum(dtype=torch.int64)  # before the first marker: names the flush's own kernels (a cast, a reduction)
     for launch in launches:
         torch.cuda._sleep(MARKER_CYCLES)
         for _ in range(NCU_CALLS):
@@ -214,29 +239,30 @@ _UNITS = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3
 def parse_ncu_csv(text: str, series: int, calls: int = NCU_CALLS, flushed: bool = False) -> list[float | None]:
     """Microseconds per call of each series from ncu's CSV (``--csv --metrics gpu__time_duration.sum``): rows
     in launch order, a marker kernel (``spin_kernel``) before each series; a call's time is the sum of the kernels
-    it launched. ``flushed``: each call came after an L2 flush, the first kernel after the marker, whose rows (by
-    its name) are left out."""
+    it launched. ``flushed``: every call came after an L2 flush, and one flush ran before the first marker; the
+    kernels of that one name the flush's kernels, whose rows are left out everywhere."""
     start = text.find('"ID"')
     if start < 0:
         raise ValueError("no CSV table in ncu's output")
     groups: list[list[float]] = []
-    flush_name = None
+    flush_names: set[str] = set()
     for row in csv.DictReader(io.StringIO(text[start:])):
         if row.get("Metric Name") != "gpu__time_duration.sum":
             continue
         name = row.get("Kernel Name", "")
         if any(word in name for word in ("spin_kernel", "sleep")):
             groups.append([])
-            flush_name = None
             continue
         if not groups:
-            continue  # kernels before the first marker (none are expected)
-        if flushed and flush_name is None:
-            flush_name = name
-        if flushed and name == flush_name:
+            if flushed:
+                flush_names.add(name)
+            continue  # kernels before the first marker: only the naming flush is expected there
+        if name in flush_names:
             continue
         value = float(row["Metric Value"].replace(",", ""))
         groups[-1].append(value * _UNITS.get(row.get("Metric Unit", "nsecond"), 1e-3))
+    if flushed and not flush_names:
+        raise ValueError("no flush kernels before the first marker: cannot tell them from the measured ones")
     found = [sum(group) / calls if group else None for group in groups]
     return (found + [None] * series)[:series]
 
@@ -298,10 +324,12 @@ def run(out_path: str | None = None) -> dict:
     from common import print_table, write_json
 
     measured, ncu_entries = [], []
+    gap = launch_gap_us()
+    print(f"  launch gap (graph period of an empty launch): {gap:.2f} us", flush=True)
     for pair in pairs():
         harness = harness_us(pair)
         for who in ("pycutlass", "torch"):
-            cold, warm, gap = graph_us(pair, who)
+            cold, warm = graph_us(pair, who)
             kernel = operation_name(pair) if who == "pycutlass" else "torch.matmul"
             measured.append({"who": who, "dtype": pair["dtype"], "shape": "x".join(map(str, pair["shape"])),
                              "kernel": kernel.split("_tnt_")[-1], "harness_us": harness[who],
@@ -319,7 +347,8 @@ def run(out_path: str | None = None) -> dict:
     rows = agreement_rows(measured)
     within = sum(row["within_3%"] for row in rows)
     matched_within = sum(row["within_3%_matched"] for row in rows)
-    result = {"rows": rows, "within_3%": within, "within_3%_matched": matched_within, "pairs": len(rows),
+    result = {"rows": rows, "launch_gap_us": round(gap, 3), "within_3%": within,
+              "within_3%_matched": matched_within, "pairs": len(rows),
               "ncu_note": "; ".join(notes),
               "goal": "every pair within 3% of graph and ncu", "goal_met": within == len(rows),
               "goal_met_matched": matched_within == len(rows)}

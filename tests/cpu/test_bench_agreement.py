@@ -39,21 +39,26 @@ def test_ncu_csv_gives_microseconds_per_call_per_series():
         agreement.parse_ncu_csv("==ERROR== ERR_NVGPUCTRPERM", series=1)
 
 
-def test_ncu_csv_after_flushes_leaves_the_flush_kernel_out():
+def test_ncu_csv_after_flushes_leaves_the_flush_kernels_out():
     lines = [HEADER]
     index = 0
-    # each call: the L2 flush (a reduction), then the measured kernels (a GEMM and cuBLAS's own split-K reduction)
-    for kernel, value in (("spin_kernel(long)", "1.0"), ("reduce_kernel<512, 1>", "7.0"), ("sm90_xmma_gemm", "20.0"),
-                          ("splitKreduce_kernel", "2.0"), ("reduce_kernel<512, 1>", "7.5"), ("sm90_xmma_gemm", "21.0"),
-                          ("splitKreduce_kernel", "2.0"), ("spin_kernel(long)", "1.0"),
-                          ("reduce_kernel<512, 1>", "7.0"), ("pycutlass_gemm_sm90_x", "12.0"),
-                          ("reduce_kernel<512, 1>", "7.0"), ("pycutlass_gemm_sm90_x", "14.0")):
+    # the naming flush before the first marker: torch's sum(dtype=int64) of an int32 buffer casts, then reduces;
+    # then each call: the flush's two kernels, then the measured ones (a GEMM and cuBLAS's own split-K reduction)
+    flush = [("unrolled_elementwise_kernel<copy>", "30.0"), ("reduce_kernel<512, 1>", "40.0")]
+    rows = flush + [("spin_kernel(long)", "1.0")]
+    rows += flush + [("sm90_xmma_gemm", "20.0"), ("splitKreduce_kernel", "2.0")]
+    rows += flush + [("sm90_xmma_gemm", "21.0"), ("splitKreduce_kernel", "2.0")]
+    rows += [("spin_kernel(long)", "1.0")] + flush + [("pycutlass_gemm_sm90_x", "12.0")] + flush + [
+        ("pycutlass_gemm_sm90_x", "14.0")]
+    for kernel, value in rows:
         lines.append(_row(index, kernel, value, "usecond"))
         index += 1
     found = agreement.parse_ncu_csv("".join(lines), series=2, calls=2, flushed=True)
     assert found == [pytest.approx(22.5), pytest.approx(13.0)]
     # read as unflushed, the flushes would count
-    assert agreement.parse_ncu_csv("".join(lines), series=2, calls=2)[1] == pytest.approx(20.0)
+    assert agreement.parse_ncu_csv("".join(lines), series=2, calls=2)[1] == pytest.approx(83.0)
+    with pytest.raises(ValueError):  # flushed, but nothing named the flush
+        agreement.parse_ncu_csv("".join(lines[:1] + lines[3:]), series=2, calls=2, flushed=True)
 
 
 def test_matched_verdict_takes_the_graph_less_its_launch_gap_and_ncu_with_the_harness_flush():
