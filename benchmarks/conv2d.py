@@ -77,7 +77,9 @@ MAX_SPLIT_K = 16
 SM90_TILES = {
     "fprop": [((128, 128, 64), (1, 1, 1), 0), ((128, 256, 64), (1, 1, 1), 0), ((128, 128, 64), (2, 1, 1), 0),
               ((64, 128, 64), (1, 1, 1), 0), ((128, 64, 64), (1, 1, 1), 0), ((128, 64, 64), (2, 1, 1), 0),
-              ((128, 64, 64), (1, 1, 1), 4), ((64, 128, 64), (1, 1, 1), 4), ((64, 64, 64), (1, 1, 1), 4)],
+              ((128, 64, 64), (1, 1, 1), 4), ((64, 128, 64), (1, 1, 1), 4), ((64, 64, 64), (1, 1, 1), 4),
+              # 1x2: the two 64-wide N tiles of a 128-channel layer share the activation tile (multicast)
+              ((128, 64, 64), (1, 2, 1), 4), ((128, 64, 64), (1, 2, 1), 0)],
     "dgrad": [((128, 128, 64), (1, 1, 1), 0), ((128, 256, 64), (1, 1, 1), 0), ((128, 128, 64), (2, 1, 1), 0)],
     "wgrad": [((128, 128, 64), (1, 1, 1), 0), ((128, 256, 64), (1, 1, 1), 0), ((64, 128, 64), (1, 1, 1), 0),
               ((64, 128, 64), (1, 1, 1), 4)],
@@ -181,7 +183,10 @@ SM90_GEMM = {
 # wgrad's 1x1 layers also run as parallel split-K: f32 partial products of K slices (the SM90 GEMM's L mode over
 # N*P*Q), then one reduction into dw. Stream-K's serial fix-up chain is long when few output tiles share a very long
 # K (two 128x128 tiles over N*P*Q = 100352); the slices here are independent and the reduction is one pass.
-SM90_SPLITK = [((128, 128, 64), (1, 1, 1), _COOP), ((64, 128, 64), (1, 1, 1), _PINGPONG)]
+SM90_SPLITK = [((128, 128, 64), (1, 1, 1), _COOP), ((64, 128, 64), (1, 1, 1), _PINGPONG),
+               # 64-channel outputs (conv2_x 1x1 64->256: dw is 256 x 64): a 64-wide tile wastes no column, and
+               # 256 rows read the activations once
+               ((128, 64, 64), (1, 1, 1), _PINGPONG), ((256, 64, 64), (1, 1, 1), _COOP)]
 
 
 def _sm90_splitk_op(shape, cluster, schedule: str):

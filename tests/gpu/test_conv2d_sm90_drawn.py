@@ -32,12 +32,14 @@ CLUSTERS = ((1, 1, 1), (2, 1, 1), (1, 2, 1))
 CHANNELS = (8, 16, 24, 40, 64, 72, 136)
 
 
-def _drawn_op(rng: random.Random):
+def _drawn_op(rng: random.Random, staged: bool = False):
     kind = rng.choice(KINDS)
     element = rng.choice((D.float16, D.bfloat16))
     tile = (rng.choice((64, 128)), rng.choice((64, 128, 256)), 64)
     math = cutlass.MathInstruction([64, tile[1], 16], element, element, D.float32, cutlass.OpClass.TensorOp)
-    tile_d = cutlass.TileDescription(list(tile), 0, None, math, cluster_shape=list(rng.choice(CLUSTERS)))
+    # staged: an explicit stage count (two CTAs per SM where it fits), else CUTLASS's automatic one
+    stages = rng.randint(2, 8) if staged else 0
+    tile_d = cutlass.TileDescription(list(tile), stages, None, math, cluster_shape=list(rng.choice(CLUSTERS)))
     operand = cutlass.TensorDescription(element, NHWC, 8)
     out = rng.choice((element, D.float32)) if kind is pconv.Operator.wgrad else element
     output = cutlass.TensorDescription(out, NHWC, 128 // out.bits)
@@ -53,7 +55,8 @@ def _drawn_op(rng: random.Random):
                                    support, functor, cutlass.IdentitySwizzle1, bias=bias)
 
 
-DRAWN = draw_accepted(random.Random(90_2), _drawn_op, 12)
+DRAWN = {**draw_accepted(random.Random(90_2), _drawn_op, 12),
+         **draw_accepted(random.Random(90_3), lambda rng: _drawn_op(rng, staged=True), 6)}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -83,7 +86,8 @@ def _draw_problem(rng: random.Random, op):
 
 
 def test_the_draw_found_every_kind():
-    assert len(DRAWN) == 12
+    assert len(DRAWN) == 18
+    assert sum(op.tile_description.stages > 0 for op in DRAWN.values()) == 6
     assert {op.conv_kind for op in DRAWN.values()} == set(KINDS)
 
 
