@@ -24,6 +24,7 @@ import random
 import re
 import socket
 import sqlite3
+import stat
 import threading
 import time
 import urllib.parse
@@ -700,7 +701,8 @@ def _not_ours_message(path: Path, tables: list[str]) -> str:
 
 
 def identify_file(path: str | os.PathLike) -> str:
-    """What ``path`` is, read from its first bytes without opening it as a database.
+    """What ``path`` is, read from its header: by SQLite (read-only, immutable: nothing locked, created or changed)
+    where it reads a database there, else from the file's first bytes.
 
     ``"missing"``, ``"empty"`` (0 bytes: a database about to be created), ``"ours"`` (an SQLite file marked
     with pycutlass's application id) or ``"sqlite"`` (unmarked SQLite: a cache made before the mark, or
@@ -709,12 +711,24 @@ def identify_file(path: str | os.PathLike) -> str:
     """
     path = Path(path)
     try:
+        info = path.stat()
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        raise CacheError(f"cannot read {path}: {exc}") from exc
+    if stat.S_ISDIR(info.st_mode):
+        raise CacheError(f"{path} is not a pycutlass cache: it is a directory")
+    if info.st_size == 0:
+        return "empty"
+    application_id = sqlite_application_id(path)
+    if application_id is not None:
+        return "ours" if application_id == APPLICATION_ID else "sqlite"
+    # Not a database to SQLite (a damaged header, or no SQLite file at all): its bytes say which.
+    try:
         with open(path, "rb") as handle:
             head = handle.read(512)
     except FileNotFoundError:
         return "missing"
-    except IsADirectoryError as exc:
-        raise CacheError(f"{path} is not a pycutlass cache: it is a directory") from exc
     except OSError as exc:
         raise CacheError(f"cannot read {path}: {exc}") from exc
     if not head:
@@ -725,6 +739,23 @@ def identify_file(path: str | os.PathLike) -> str:
         return "sqlite"
     raise CacheError(f"{path} is not a pycutlass cache: it is {_describe_contents(head, path)}; "
                      "it was left as it is. Choose another cache path")
+
+
+def sqlite_application_id(path: str | os.PathLike) -> int | None:
+    """The application id in the header of the SQLite database ``path``, or None where SQLite reads no database there.
+
+    Read through SQLite, never with open(): closing any descriptor of a file drops every POSIX lock this process holds
+    on it, those of its open SQLite connections included. Another process that closes its connection then takes
+    itself for the file's last user: it checkpoints and deletes the -wal and -shm under those connections, which read
+    a WAL index that is gone (SQLITE_IOERR_SHORT_READ, "database disk image is malformed"). SQLite keeps its own
+    descriptor open while the process holds locks on the file; immutable=1 takes no lock and creates no -wal/-shm.
+    """
+    uri = f"file:{urllib.parse.quote(os.fspath(Path(path).resolve()))}?mode=ro&immutable=1"
+    try:
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+            return conn.execute("PRAGMA application_id").fetchone()[0]
+    except sqlite3.Error:  # not a database, a damaged header, or unreadable: the caller looks at the bytes
+        return None
 
 
 def _describe_contents(head: bytes, path: Path) -> str:

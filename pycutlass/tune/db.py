@@ -35,6 +35,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..cache.store import sqlite_application_id
 from ..errors import ArgumentError, ResultsDatabaseError
 
 SCHEMA_VERSION = 1
@@ -502,8 +503,11 @@ def _check_file(path: Path, read_only: bool) -> None:
         raise ResultsDatabaseError(f"{path} is a directory, not a results database file; pass a file path such as "
                                    f"{path / 'results.db'}")
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(len(_SQLITE_MAGIC))
+        if path.stat().st_size and sqlite_application_id(path) is not None:
+            head = _SQLITE_MAGIC  # not open(): its close would drop the SQLite locks this process holds on the file
+        else:
+            with open(path, "rb") as handle:
+                head = handle.read(len(_SQLITE_MAGIC))
     except FileNotFoundError:
         head = None
     except OSError as exc:
