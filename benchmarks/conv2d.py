@@ -332,14 +332,18 @@ def _sm90_wgrad_slices(op, ps, sm_count: int) -> list[int]:
     Measured on ResNet-50, these layers are bound by operand traffic more than by waves, so the candidates span a
     range instead of trusting one modelled optimum."""
     tm, tn, _ = op.tile_description.threadblock_shape
+    cm, cn, _ = op.tile_description.cluster_shape
     gemm = ps.implicit_gemm_size(op.conv_kind)
-    tiles = -(-gemm.m() // tm) * -(-gemm.n() // tn)
+    # a cluster launches whole: the grid's tiles round up to it (conv2_x 3x3's five 128-wide N tiles are six CTAs
+    # with a 1x2 cluster)
+    tiles = -(-(-(-gemm.m() // tm)) // cm) * cm * -(-(-(-gemm.n() // tn)) // cn) * cn
     allowed = list(range(2, ps.N + 1)) + [ps.N * f for f in range(2, min(ps.P, 16) + 1)]
-    unsplit = -(-tiles // sm_count) * 2 * tm * tn * ps.N * ps.P * ps.Q / _CTA_FLOPS
+    slots = sm_count * op.ctas_per_sm  # a wave: two CTAs per SM where the stages fit half an SM
+    unsplit = -(-tiles // slots) * 2 * tm * tn * ps.N * ps.P * ps.Q / _CTA_FLOPS
     found = set()
     for waves in (1, 2, 4):
-        nearest = min(allowed, key=lambda s: (abs(tiles * s - waves * sm_count), s))
-        if tiles * nearest <= 1.5 * waves * sm_count and \
+        nearest = min(allowed, key=lambda s: (abs(tiles * s - waves * slots), s))
+        if tiles * nearest <= 1.5 * waves * slots and \
                 2 * nearest * gemm.m() * gemm.n() * 4 / _BYTES_PER_S <= 0.5 * unsplit:
             found.add(nearest)
     return sorted(found)
