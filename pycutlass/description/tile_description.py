@@ -133,8 +133,9 @@ class TileDescription:
             raise DescriptionError(
                 f"{what}: this TileDescription uses SM90-only values (warp_count=None, stages=0, a warpgroup or fp8 "
                 f"instruction, a cluster, or a kernel/epilogue/tile schedule), which the CUTLASS 2.x Sm80 family "
-                f"this operation builds does not have; build it with compute capability 90 (GEMM), or give "
-                f"warp_count, stages >= 2 and an Sm80 instruction shape", rule="tile.sm90_only_values")
+                f"this operation builds does not have; build it with compute capability 90 (the SM90 GEMM, grouped "
+                f"GEMM or convolution), or give warp_count, stages >= 2 and an Sm80 instruction shape",
+                rule="tile.sm90_only_values")
         if self.warp_count in SM90_WARP_COUNTS:
             self._check_sm80_rules()  # deferred in __post_init__: the SM90 family may have meant these warps
 

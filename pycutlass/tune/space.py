@@ -252,8 +252,8 @@ DIMENSIONS = tuple(Dimension(*spec) for spec in (
     ("warp_count", _ALL, (AUTO,), lambda f, v: _triple(f, v, auto=True, none=True), True),
     ("stages", _ALL, (AUTO,), _parse_stages),
     ("instruction_shape", _ALL, (AUTO,), lambda f, v: _triple(f, v, auto=True), True),
-    ("cluster_shape", _GEMM, ((1, 1, 1),), _triple, True),
-    ("kernel_schedule", _GEMM, ("Auto",), _enum_choice(KernelScheduleType)),
+    ("cluster_shape", _ALL, ((1, 1, 1),), _triple, True),  # SM90 kernels of every kind take a cluster
+    ("kernel_schedule", _GEMMS, ("Auto",), _enum_choice(KernelScheduleType)),
     ("epilogue_schedule", _GEMM, ("Auto",), _enum_choice(EpilogueScheduleType)),
     ("tile_scheduler", _GEMM, ("Default",), _enum_choice(TileSchedulerType)),
     ("swizzle", _ALL, ("IdentitySwizzle1",), _choice(tuple(SWIZZLES))),
@@ -281,8 +281,9 @@ def _combo_of(params: Mapping) -> tuple[str, DtypeCombo]:
 
 
 def _is_sm90(kind: str, cc: int, warp_count) -> bool:
-    """Compute capability 90 picks CUTLASS 3.x for GEMMs whose warps are left to it (see GemmOperationUniversal)."""
-    return kind == "gemm" and cc == 90 and (warp_count in (AUTO, None) or tuple(warp_count) in SM90_WARP_COUNTS)
+    """Compute capability 90 picks CUTLASS 3.x for operations whose warps are left to it (as the kinds do: see
+    GemmOperationUniversal); a stated Sm80 warp arrangement keeps the CUTLASS 2.x kernel."""
+    return cc == 90 and (warp_count in (AUTO, None) or tuple(warp_count) in SM90_WARP_COUNTS)
 
 
 def _auto_tile(sm90: bool, element: DataType) -> list[int]:
@@ -372,13 +373,13 @@ def build_operation(params: Mapping):
     opclass = OpClass.Simt if inst == [1, 1, 1] else OpClass.TensorOp
     math_instruction = MathInstruction(inst, combo.element_a, combo.element_b, combo.element_accumulator, opclass,
                                        combo.math_operation)
-    gemm_extras = {}
+    extras = {"cluster_shape": p["cluster_shape"]}
+    if kind in _GEMMS:
+        extras["kernel_schedule"] = KernelScheduleType[p["kernel_schedule"]]
     if kind == "gemm":
-        gemm_extras = dict(cluster_shape=p["cluster_shape"],
-                           kernel_schedule=KernelScheduleType[p["kernel_schedule"]],
-                           epilogue_schedule=EpilogueScheduleType[p["epilogue_schedule"]],
-                           tile_scheduler=TileSchedulerType[p["tile_scheduler"]])
-    tile = TileDescription(p["threadblock_shape"], p["stages"], p["warp_count"], math_instruction, **gemm_extras)
+        extras.update(epilogue_schedule=EpilogueScheduleType[p["epilogue_schedule"]],
+                      tile_scheduler=TileSchedulerType[p["tile_scheduler"]])
+    tile = TileDescription(p["threadblock_shape"], p["stages"], p["warp_count"], math_instruction, **extras)
     if kind == "conv2d":
         layouts = (LayoutType.TensorNHWC,) * 3
     else:
@@ -445,7 +446,7 @@ ACCUMULATOR_REGISTER_LIMIT = 208
 def _no_register_spills(params: Mapping):
     """SM90 kernels whose consumer threads cannot hold the tile's accumulators (ping-pong or warp-specialized with
     a 128x256 float32 tile: 256 registers per thread) spill and run an order of magnitude slower: they cannot win."""
-    if params.get("kind") != "gemm" or params.get("compute_capability") != 90 or params.get("warp_count"):
+    if params.get("kind") not in _GEMMS or params.get("compute_capability") != 90 or params.get("warp_count"):
         return True
     p = resolve_params({k: v for k, v in params.items() if k != "bias"})
     tile_m, tile_n = p["threadblock_shape"][:2]

@@ -249,6 +249,32 @@ def test_grouped_and_conv_kinds():
         assert build_operation(built.params_of(op)).name == op.name
 
 
+def test_sm90_grouped_and_conv_points_take_clusters_schedules_and_stages():
+    grouped = SearchSpace(kind=["grouped_gemm"], compute_capability=[90], dtypes=["bf16"],
+                          threadblock_shape=[[128, 256, 64], [64, 128, 64]], cluster_shape=[[1, 1, 1], [2, 1, 1]],
+                          kernel_schedule=["TmaWarpSpecializedCooperative", "TmaWarpSpecializedPingpong"],
+                          filters=["no_register_spills"]).build()
+    found = {(op.tile_description.threadblock_shape[0], tuple(op.tile_description.cluster_shape)[:2],
+              op.tile_description.kernel_schedule.name) for op in grouped.operations}
+    assert all(op.name.startswith("pycutlass_gemm_grouped_sm90_") for op in grouped.operations)
+    assert found == {(128, (1, 1), "TmaWarpSpecializedCooperative"), (128, (2, 1), "TmaWarpSpecializedCooperative"),
+                     (64, (1, 1), "TmaWarpSpecializedPingpong"), (64, (2, 1), "TmaWarpSpecializedPingpong")}
+    reasons = " ".join(grouped.pruned_by_reason)
+    assert "spill" in reasons and "cooperative schedule needs tile M" in reasons  # ping-pong 128x256; coop M 64
+    for op in grouped.operations:
+        assert build_operation(grouped.params_of(op)).name == op.name
+
+    conv = SearchSpace(kind=["conv2d"], compute_capability=[90, 80], threadblock_shape=[[128, 64, 64]],
+                       stages=[0, 4], cluster_shape=[[1, 1, 1], [1, 2, 1]]).build()
+    sm90 = [op for op in conv.operations if op.name.startswith("pycutlass_conv2d_sm90_")]
+    assert {(op.tile_description.stages, tuple(op.tile_description.cluster_shape)[:2]) for op in sm90} == \
+        {(0, (1, 1)), (0, (1, 2)), (4, (1, 1)), (4, (1, 2))}
+    assert {op.ctas_per_sm for op in sm90 if op.tile_description.stages == 4} == {2}
+    sm80 = [op for op in conv.operations if op not in sm90]  # cc 80: the CUTLASS 2.x kernel, no cluster
+    assert [(op.tile_description.stages, tuple(op.tile_description.cluster_shape)) for op in sm80] == [(4, (1, 1, 1))]
+    assert conv.pruned_by_reason == {"SM90-only value in an Sm80-family kernel": 3}  # cc 80: stages 0, a cluster
+
+
 def test_a_space_is_immutable_and_its_built_form_checks_lookups():
     space = SearchSpace(**SMALL)
     with pytest.raises(AttributeError):
