@@ -133,7 +133,7 @@ def graph_us(pair: dict, who: str) -> tuple[float, float]:
 
     stream = torch.cuda.Stream()
     launch, _ = _series(pair, who, stream=stream.cuda_stream if who == "pycutlass" else None)
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     flush = torch.ones(2 * l2 // 4, dtype=torch.int32, device="cuda")  # read to evict, as the harness does
 
     def capture(with_flush: bool, call=None):
@@ -215,7 +215,7 @@ def ncu_child(spec_path: str, flush_l2: bool = False) -> None:
 
     series = json.loads(Path(spec_path).read_text())
     launches = [_series(entry["pair"], entry["who"])[0] for entry in series]
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     flush = torch.ones(2 * l2 // 4, dtype=torch.int32, device="cuda")
     for launch in launches:
         launch()
