@@ -527,7 +527,7 @@ def main() -> None:
                                     jobs=args.jobs)
         print(f"SM90 grid compile/load: {time.perf_counter() - start:.1f} s ({cutlass.compiler.last_report()})",
               flush=True)
-    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     batches = args.batches or ([32] if args.quick else list(BATCHES))
     layers = QUICK_LAYERS if args.quick else list(LAYERS)
 
