@@ -95,6 +95,7 @@ class Config:
     a_bits: int
     c_bits: int
     acc_bits: int
+    ctas_per_sm: int = 1  # SM90: two for a convolution whose explicit stages fit half an SM
 
     @property
     def sm90(self) -> bool:
@@ -122,15 +123,19 @@ def _label_bits(element) -> int:
     return found.bits if found is not None else 16
 
 
-def _schedule_of(name: str, tile_m: int, sm90: bool) -> str:
+def _schedule_of(name: str, tile_m: int, sm90: bool, kind: str = "gemm") -> str:
     if not sm90:
         return "sm80"
+    if kind == "conv2d":  # CUTLASS 4.2 builds SM90 convolutions with the plain warp-specialized kernel only
+        return "warpspecialized"
     if "Cooperative" in name:
         return "cooperative"
     if "Pingpong" in name:
         return "pingpong"
     if name in ("Auto", "ScheduleAuto"):  # what the builder picks: cooperative when tile M splits in two
-        return "cooperative" if tile_m % 128 == 0 else "warpspecialized"
+        if tile_m % 128 == 0:
+            return "cooperative"
+        return "pingpong" if kind == "grouped_gemm" else "warpspecialized"  # pointer-array: no plain kernel
     return "warpspecialized"
 
 
@@ -145,13 +150,24 @@ def config_of(item) -> Config:
         p = resolve_params({k: v for k, v in params.items() if k != "bias"})
         tile = tuple(p["threadblock_shape"])
         cc = p["compute_capability"]
-        sm90 = p["kind"] == "gemm" and cc == 90 and p["warp_count"] is None
+        sm90 = cc == 90 and p["warp_count"] is None  # the SM90 family of every kind (space.resolve_params)
         cluster = tuple(p.get("cluster_shape", [1, 1, 1]))[:2]
-        schedule = _schedule_of(p.get("kernel_schedule", "Auto"), tile[0], sm90)
+        schedule = _schedule_of(p.get("kernel_schedule", "Auto"), tile[0], sm90, p["kind"])
         warps = math.prod(p["warp_count"]) if p["warp_count"] else 4
+        ctas = 1
+        if sm90 and p["kind"] == "conv2d" and p["stages"]:
+            operation = getattr(item, "operation", None)
+            if operation is None:
+                from .space import build_operation
+
+                try:
+                    operation = build_operation(p)
+                except Exception:  # noqa: BLE001 - the descriptions reject it: ranked as one CTA, pruned elsewhere
+                    operation = None
+            ctas = getattr(operation, "ctas_per_sm", 1)
         return Config(cc, tile, cluster, schedule, p.get("tile_scheduler") == "StreamK", p["stages"], warps,
                       _label_bits(p["element_a"]), _label_bits(p["element_c"]),
-                      _label_bits(p["element_accumulator"]))
+                      _label_bits(p["element_accumulator"]), ctas)
     td = getattr(item, "tile_description", None)
     if td is None:
         raise ArgumentError(f"rank: cannot read a configuration from {type(item).__name__}; give SpacePoints, "
@@ -159,11 +175,14 @@ def config_of(item) -> Config:
     mi = td.math_instruction
     sm90 = getattr(item, "family", "") == "sm90"
     tile = tuple(td.threadblock_shape)
-    schedule = _schedule_of(getattr(td.kernel_schedule, "name", "Auto"), tile[0], sm90)
+    kind = "conv2d" if getattr(item, "conv_kind", None) is not None else \
+        "grouped_gemm" if "grouped" in type(item).__name__.lower() else "gemm"
+    schedule = _schedule_of(getattr(td.kernel_schedule, "name", "Auto"), tile[0], sm90, kind)
     warps = math.prod(td.warp_count) if td.warp_count else 4
     return Config(getattr(item, "compute_capability", 90 if sm90 else 80), tile, tuple(td.cluster_shape)[:2],
                   schedule, getattr(td.tile_scheduler, "name", "") == "StreamK", td.stages, warps,
-                  _label_bits(mi.element_a), _label_bits(item.C.element), _label_bits(mi.element_accumulator))
+                  _label_bits(mi.element_a), _label_bits(item.C.element), _label_bits(mi.element_accumulator),
+                  getattr(item, "ctas_per_sm", 1) if sm90 else 1)
 
 
 # ---- cannot win: a rule the space applies before ranking -------------------------------------------------------------
@@ -238,7 +257,7 @@ def estimate(config: Config, problem, device: DeviceModel) -> Estimate:
             efficiency *= 0.85
         if config.schedule == "cooperative" and tm == 128 and tn <= 64:
             efficiency *= 0.92  # two warpgroups on a small tile: 64x64 per warpgroup, little work per barrier
-        resident = 1
+        resident = config.ctas_per_sm
     else:
         smem = config.stages * (tm + tn) * tk * a_bytes
         # registers allow about 16 warps at 128 per thread (65536 per SM)
@@ -261,6 +280,8 @@ def estimate(config: Config, problem, device: DeviceModel) -> Estimate:
     # not persistent (a CTA per tile): nothing hides its epilogue, and each tile past the first wave pays its own
     # pipeline prologue; in one wave that costs nothing, and it runs a 64-row tile without the ping-pong barriers.
     hidden = {"pingpong": 0.75, "cooperative": 0.4}.get(config.schedule, 0.0)
+    if config.ctas_per_sm > 1:
+        hidden = max(hidden, 0.5)  # the other resident CTA's mainloop runs under this one's epilogue
     rounds = math.ceil(tiles / slots)  # tiles per CTA (persistent) or waves of CTAs
     # a CTA's last tile has nothing to hide its epilogue behind: with one tile per CTA, the persistent schedules'
     # overlap buys nothing

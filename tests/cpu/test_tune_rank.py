@@ -420,3 +420,25 @@ def test_memory_bound_decode_still_pays_for_tensor_work_and_loads():
                         stages=0, cluster_shape=[[1, 1, 1], [1, 2, 1]], kernel_schedule=[WS, PP]).build()
     best = rank(space.operations, decode, h200)[0].point.tile_description
     assert tuple(best.threadblock_shape[:2]) == (64, 128) and tuple(best.cluster_shape[:2]) == (1, 2)
+
+
+def test_sm90_convolutions_rank_as_the_plain_kernel_with_two_ctas_where_their_stages_fit():
+    """CUTLASS 4.2's SM90 conv is the plain warp-specialized kernel (a tile M of 128 is not cooperative there); at 4
+    stages a 128x64 tile runs two CTAs per SM, whose epilogues overlap the other's mainloop. Measured on an H200
+    (conv2d-fprop-h200.json), conv2_x 3x3 64->64 at batch 128 (GEMM 401408 x 64 x 576): 128x64 at 4 stages 322
+    TFLOP/s, at the automatic count (one CTA) 226."""
+    space = SearchSpace(kind=["conv2d"], compute_capability=[90], threadblock_shape=[[128, 64, 64], [128, 128, 64]],
+                        stages=[0, 4])
+    built = space.build()
+    two = [op for op in built.operations if op.tile_description.stages == 4 and op.ctas_per_sm == 2]
+    assert len(two) == 1
+    for item in (two[0], list(space.points())[1]):  # an operation, and the same point as params
+        config = config_of(item)
+        assert (config.schedule, config.ctas_per_sm) == ("warpspecialized", 2)
+    one = [op for op in built.operations if op.tile_description.threadblock_shape[1] == 64 and op not in two][0]
+    assert config_of(one).ctas_per_sm == 1 and config_of(one).schedule == "warpspecialized"
+    problem = GemmProblem(128 * 56 * 56, 64, 576)
+    assert rank([one, two[0]], problem, device="H200")[0].point is two[0]
+    grouped = SearchSpace(kind=["grouped_gemm"], compute_capability=[90], dtypes=["bf16"],
+                          threadblock_shape=[[64, 128, 64], [128, 128, 64]]).build()
+    assert [config_of(op).schedule for op in grouped.operations] == ["pingpong", "cooperative"]  # Auto, pointer-array
