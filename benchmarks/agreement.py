@@ -126,6 +126,13 @@ def harness_us(pair: dict) -> dict:
     return found
 
 
+def _harness_flush():
+    """The harness's own L2 eviction (``GemmBench.flush_l2``: a read of twice the L2), as a call."""
+    from pycutlass.tune.bench import BenchConfig, GemmBench
+
+    return GemmBench(BenchConfig()).flush_l2
+
+
 # --- (b) CUDA-graph replay --------------------------------------------------------------------------------------------
 def graph_us(pair: dict, who: str) -> tuple[float, float]:
     """(cold, warm) microseconds per launch from CUDA-graph replays (see the module's docstring)."""
@@ -133,8 +140,7 @@ def graph_us(pair: dict, who: str) -> tuple[float, float]:
 
     stream = torch.cuda.Stream()
     launch, _ = _series(pair, who, stream=stream.cuda_stream if who == "pycutlass" else None)
-    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    flush = torch.ones(2 * l2 // 4, dtype=torch.int32, device="cuda")  # read to evict, as the harness does
+    flush = _harness_flush()
 
     def capture(with_flush: bool, call=None):
         graph = torch.cuda.CUDAGraph()
@@ -147,7 +153,7 @@ def graph_us(pair: dict, who: str) -> tuple[float, float]:
             with torch.cuda.graph(graph, stream=stream):
                 for _ in range(GRAPH_LAUNCHES):
                     if with_flush:
-                        flush.sum(dtype=torch.int64)
+                        flush()
                     if call:
                         call()
         return graph
@@ -215,19 +221,18 @@ def ncu_child(spec_path: str, flush_l2: bool = False) -> None:
 
     series = json.loads(Path(spec_path).read_text())
     launches = [_series(entry["pair"], entry["who"])[0] for entry in series]
-    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    flush = torch.ones(2 * l2 // 4, dtype=torch.int32, device="cuda")
+    flush = _harness_flush() if flush_l2 else None
     for launch in launches:
         launch()
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    if flush_l2:
-        flush.sum(dtype=torch.int64)  # before the first marker: names the flush's own kernels (a cast, a reduction)
+    if flush:
+        flush()  # before the first marker: names the flush's own kernels (a cast, a reduction)
     for launch in launches:
         torch.cuda._sleep(MARKER_CYCLES)
         for _ in range(NCU_CALLS):
-            if flush_l2:
-                flush.sum(dtype=torch.int64)
+            if flush:
+                flush()
             launch()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()

@@ -336,7 +336,7 @@ def _sm90_wgrad_slices(op, ps, sm_count: int) -> list[int]:
     gemm = ps.implicit_gemm_size(op.conv_kind)
     # a cluster launches whole: the grid's tiles round up to it (conv2_x 3x3's five 128-wide N tiles are six CTAs
     # with a 1x2 cluster)
-    tiles = -(-(-(-gemm.m() // tm)) // cm) * cm * -(-(-(-gemm.n() // tn)) // cn) * cn
+    tiles = math.ceil(math.ceil(gemm.m() / tm) / cm) * cm * math.ceil(math.ceil(gemm.n() / tn) / cn) * cn
     allowed = list(range(2, ps.N + 1)) + [ps.N * f for f in range(2, min(ps.P, 16) + 1)]
     slots = sm_count * op.ctas_per_sm  # a wave: two CTAs per SM where the stages fit half an SM
     unsplit = -(-tiles // slots) * 2 * tm * tn * ps.N * ps.P * ps.Q / _CTA_FLOPS

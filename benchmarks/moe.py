@@ -151,12 +151,17 @@ def problem_sets(tokens, pass_: str = "forward", layout: str = "contiguous") -> 
 KNOBS = [("along_m", 2), ("along_m", 4), ("along_n", 1), ("along_n", 2), ("along_n", 4)]
 
 
-def tune_knobs(ops, timed: dict, bench, make_arguments, out, error_of) -> dict:
+def tune_knobs(ops, timed: dict, bench, make_arguments, out, error_of, time_us=None) -> dict:
     """The group scheduler's runtime knobs (no recompiling): raster order and swizzle for the two best tiles of
-    ``timed`` (tile name -> us); checked (``error_of()`` after a NaN-poisoned run), then timed: {label: us}."""
+    ``timed`` (tile name -> us); checked (``error_of()`` after a NaN-poisoned run), then timed (``time_us(op,
+    arguments)``, by default the harness's ``bench.time``): {label: us}."""
     import torch
 
     from pycutlass.tune.bench import summarize
+
+    if time_us is None:
+        def time_us(op, arguments):
+            return summarize(bench.time(lambda i: op.run(arguments))[0])[0] * 1e6
 
     knobbed = {}
     by_name = {tile_name(op): op for op in ops}
@@ -168,8 +173,7 @@ def tune_knobs(ops, timed: dict, bench, make_arguments, out, error_of) -> dict:
             op.run(arguments)
             torch.cuda.synchronize()
             if error_of() <= TOLERANCE:
-                knobbed[f"{tile} {raster} swizzle {swizzle}"] = \
-                    summarize(bench.time(lambda i: op.run(arguments))[0])[0] * 1e6
+                knobbed[f"{tile} {raster} swizzle {swizzle}"] = time_us(op, arguments)
     return knobbed
 
 
@@ -528,21 +532,21 @@ def run_masked(name: str, problem, ops, bench) -> dict:
         row.update({"best tile": best, "best us": round(timed[best] * 1e6, 1),
                     "TFLOP/s": round(flops / timed[best] / 1e12, 0),
                     "best vs _grouped_mm": round(torch_s / timed[best], 3)})
-        # the scheduler's knobs on the two best tiles, each checked again, then graph-replayed like the tiles
-        by_name, knobbed = {tile_name(op): op for op in ops}, {}
-        for tile in sorted(timed, key=timed.get)[:2]:
-            op = by_name[tile]
-            for raster, swizzle in KNOBS:
-                stream = torch.cuda.Stream()
-                D.fill_(float("nan"))
-                arguments = GemmGroupedArguments(op, device_counts, A, B3, None, D, stream=stream,
-                                                 raster_order=raster, swizzle=swizzle)
-                op.run(arguments)
-                stream.synchronize()
-                error = sampled_grouped_error(bench, As, Bs, [D[e, :counts[e]] for e in busy])
-                if error <= TOLERANCE and all(bool(D[e, counts[e]:].isnan().all()) for e in range(experts)):
-                    knobbed[f"{tile} {raster} swizzle {swizzle}"] = summarize(
-                        graphed.time(lambda i: op.run(arguments), capture=stream)[0])[0]
+        # the scheduler's knobs on the two best tiles, each checked again (rows past a count still NaN), then
+        # graph-replayed like the tiles
+        stream = torch.cuda.Stream()
+
+        def error_of() -> float:
+            untouched = all(bool(D[e, counts[e]:].isnan().all()) for e in range(experts))
+            error = sampled_grouped_error(bench, As, Bs, [D[e, :counts[e]] for e in busy])
+            return error if untouched else float("inf")
+
+        knobbed = tune_knobs(ops, {tile: s * 1e6 for tile, s in timed.items()}, bench,
+                             lambda op, **knobs: GemmGroupedArguments(op, device_counts, A, B3, None, D, stream=stream,
+                                                                      **knobs), D, error_of,
+                             lambda op, arguments: summarize(graphed.time(lambda i: op.run(arguments),
+                                                                          capture=stream)[0])[0] * 1e6)
+        knobbed = {label: us / 1e6 for label, us in knobbed.items()}
         choice = min(knobbed, key=knobbed.get) if knobbed and min(knobbed.values()) < timed[best] else None
         tuned_s = knobbed[choice] if choice else timed[best]
         row.update({"tuned": choice or f"{best} (default knobs)", "tuned us": round(tuned_s * 1e6, 1),

@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
-from ..errors import ArgumentError
+from ..errors import ArgumentError, DescriptionError
 from ..kinds.base import Operation
 from .space import ACCUMULATOR_REGISTER_LIMIT
 
@@ -155,15 +155,15 @@ def config_of(item) -> Config:
         schedule = _schedule_of(p.get("kernel_schedule", "Auto"), tile[0], sm90, p["kind"])
         warps = math.prod(p["warp_count"]) if p["warp_count"] else 4
         ctas = 1
-        if sm90 and p["kind"] == "conv2d" and p["stages"]:
+        if sm90 and p["kind"] == "conv2d" and p["stages"]:  # the operation says whether its stages fit two CTAs
             operation = getattr(item, "operation", None)
             if operation is None:
                 from .space import build_operation
 
                 try:
                     operation = build_operation(p)
-                except Exception:  # noqa: BLE001 - the descriptions reject it: ranked as one CTA, pruned elsewhere
-                    operation = None
+                except DescriptionError:  # rejected: the space prunes it; ranked as one CTA meanwhile
+                    pass
             ctas = getattr(operation, "ctas_per_sm", 1)
         return Config(cc, tile, cluster, schedule, p.get("tile_scheduler") == "StreamK", p["stages"], warps,
                       _label_bits(p["element_a"]), _label_bits(p["element_c"]),
@@ -175,8 +175,8 @@ def config_of(item) -> Config:
     mi = td.math_instruction
     sm90 = getattr(item, "family", "") == "sm90"
     tile = tuple(td.threadblock_shape)
-    kind = "conv2d" if getattr(item, "conv_kind", None) is not None else \
-        "grouped_gemm" if "grouped" in type(item).__name__.lower() else "gemm"
+    kind = {"conv2d": "conv2d", "gemm_grouped": "grouped_gemm"}.get(str(getattr(item, "kind", "")).split("_sm")[0],
+                                                                    "gemm")  # the space's kind names
     schedule = _schedule_of(getattr(td.kernel_schedule, "name", "Auto"), tile[0], sm90, kind)
     warps = math.prod(td.warp_count) if td.warp_count else 4
     return Config(getattr(item, "compute_capability", 90 if sm90 else 80), tile, tuple(td.cluster_shape)[:2],

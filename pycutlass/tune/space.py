@@ -280,7 +280,7 @@ def _combo_of(params: Mapping) -> tuple[str, DtypeCombo]:
     return "custom", _combo_from_mapping("dtypes", value)
 
 
-def _is_sm90(kind: str, cc: int, warp_count) -> bool:
+def _is_sm90(cc: int, warp_count) -> bool:
     """Compute capability 90 picks CUTLASS 3.x for operations whose warps are left to it (as the kinds do: see
     GemmOperationUniversal); a stated Sm80 warp arrangement keeps the CUTLASS 2.x kernel."""
     return cc == 90 and (warp_count in (AUTO, None) or tuple(warp_count) in SM90_WARP_COUNTS)
@@ -327,7 +327,7 @@ def resolve_params(params: Mapping) -> dict:
     value = {d.name: d.parse(d.name, params[d.name] if d.name in params else d.default[0])
              for d in dims if d.name != "dtypes"}
     cc = value["compute_capability"]
-    sm90 = _is_sm90(kind, cc, value["warp_count"])
+    sm90 = _is_sm90(cc, value["warp_count"])
     if value["threadblock_shape"] == AUTO:
         value["threadblock_shape"] = _auto_tile(sm90, combo.element_a)
     if value["warp_count"] == AUTO:
