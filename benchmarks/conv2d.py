@@ -74,21 +74,28 @@ MAX_SPLIT_K = 16
 # machine). stages 0: CUTLASS fills the SM's shared memory (one CTA per SM). An explicit count whose stages fit half an
 # SM, on a tile of at most 128x64 outputs, builds two CTAs per SM: one's prologue and epilogue overlap the other's
 # mainloop, for layers with a short GEMM K (conv2_x 3x3 64->64: nine 64-wide K steps).
+COOP = "cooperative"
 SM90_TILES = {
     "fprop": [((128, 128, 64), (1, 1, 1), 0), ((128, 256, 64), (1, 1, 1), 0), ((128, 128, 64), (2, 1, 1), 0),
               ((64, 128, 64), (1, 1, 1), 0), ((128, 64, 64), (1, 1, 1), 0), ((128, 64, 64), (2, 1, 1), 0),
               ((128, 64, 64), (1, 1, 1), 4), ((64, 128, 64), (1, 1, 1), 4), ((64, 64, 64), (1, 1, 1), 4),
               # 1x2: the two 64-wide N tiles of a 128-channel layer share the activation tile (multicast)
-              ((128, 64, 64), (1, 2, 1), 4), ((128, 64, 64), (1, 2, 1), 0)],
+              ((128, 64, 64), (1, 2, 1), 4), ((128, 64, 64), (1, 2, 1), 0),
+              # pycutlass's persistent cooperative kernel: two consumer warpgroups, the next tile's loads under the
+              # last one's epilogue (tiles of 128 or 256 rows)
+              ((128, 128, 64), (1, 1, 1), 0, COOP), ((128, 128, 64), (2, 1, 1), 0, COOP),
+              ((256, 128, 64), (1, 1, 1), 0, COOP), ((128, 256, 64), (1, 1, 1), 0, COOP),
+              ((128, 64, 64), (1, 1, 1), 0, COOP), ((256, 64, 64), (1, 1, 1), 0, COOP)],
     "dgrad": [((128, 128, 64), (1, 1, 1), 0), ((128, 256, 64), (1, 1, 1), 0), ((128, 128, 64), (2, 1, 1), 0)],
     "wgrad": [((128, 128, 64), (1, 1, 1), 0), ((128, 256, 64), (1, 1, 1), 0), ((64, 128, 64), (1, 1, 1), 0),
-              ((64, 128, 64), (1, 1, 1), 4)],
+              ((64, 128, 64), (1, 1, 1), 4), ((128, 128, 64), (1, 1, 1), 0, COOP)],
 }
 # SM90 wgrad as parallel split-K by images: float32 partials, then the reduction. A wgrad's output (K x R*S*C) is
 # often a handful of tiles (conv2_x 3x3: 64 x 576, five 64x128 tiles for 132 SMs) while its GEMM K (N*P*Q) is long.
 SM90_WGRAD_PARALLEL = [((64, 128, 64), (1, 1, 1), 0), ((128, 128, 64), (1, 1, 1), 0), ((64, 256, 64), (1, 1, 1), 0),
                        ((64, 128, 64), (1, 2, 1), 0),  # 1x2: the two N tiles of a cluster share the dy tile
-                       ((64, 128, 64), (1, 1, 1), 4)]  # two CTAs per SM: slices of a few images are short in K
+                       ((64, 128, 64), (1, 1, 1), 4),  # two CTAs per SM: slices of a few images are short in K
+                       ((128, 128, 64), (1, 1, 1), 0, COOP), ((256, 128, 64), (1, 1, 1), 0, COOP)]
 
 
 # Sm80-family wgrad also as parallel split-K (f32 partial sums per slice, then the reduction): its GEMM K is N*P*Q,
@@ -140,9 +147,12 @@ def operations() -> list[Conv2dOperation]:
     return list(dict.fromkeys(op for ops in grid().values() for op in ops)) + parallel_wgrad_ops()
 
 
-def _sm90_op(kind: Operator, shape, cluster, stages=0, partials=False) -> Conv2dOperation:
+def _sm90_op(kind: Operator, shape, cluster, stages=0, schedule=None, partials=False) -> Conv2dOperation:
     math_inst = cutlass.MathInstruction([64, shape[1], 16], D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp)
-    tile = cutlass.TileDescription(list(shape), stages, None, math_inst, cluster_shape=list(cluster))
+    kernel_schedule = cutlass.KernelScheduleType.TmaWarpSpecializedCooperative if schedule == COOP else \
+        cutlass.KernelScheduleType.Auto
+    tile = cutlass.TileDescription(list(shape), stages, None, math_inst, cluster_shape=list(cluster),
+                                   kernel_schedule=kernel_schedule)
     tensor = cutlass.TensorDescription(D.float16, cutlass.TensorNHWC, ALIGN)
     output = cutlass.TensorDescription(D.float32, cutlass.TensorNHWC, 4) if partials else tensor
     epilogue = cutlass.LinearCombination(output.element, output.alignment, D.float32, D.float32)
@@ -280,6 +290,7 @@ def _label(op, split: int) -> str:
     if getattr(op, "family", None) == "sm90":
         (m, n, k), (cm, cn, _) = op.tile_description.threadblock_shape, op.tile_description.cluster_shape
         stages = f" s{op.tile_description.stages}" if op.tile_description.stages else ""  # two CTAs per SM
+        stages += " coop" if op.cooperative else ""
         if op.C.element is D.float32:
             return f"sm90 {m}x{n}x{k} c{cm}x{cn}{stages} parallel splitK{split} by images + reduction"
         return f"sm90 {m}x{n}x{k} c{cm}x{cn}{stages}"
@@ -583,7 +594,8 @@ def main() -> None:
                           "batches": batches, "tiles": [f"{s} s{st} {w}" for s, st, w in TILES],
                           "fprop_tiles": [f"{s} s{st} {w}" for s, st, w in FPROP_TILES],
                           "sm90_tiles": {kind: [f"{s} cluster {c}" + (f" stages {st}" if st else "")
-                                                for s, c, st in SM90_TILES[kind]] for kind in args.kinds},
+                                                + (f" {rest[0]}" if rest else "")
+                                                for s, c, st, *rest in SM90_TILES[kind]] for kind in args.kinds},
                           "targets": targets, "geomeans": geomeans, "summary": summaries, "kernels": rows})
 
 

@@ -126,8 +126,8 @@ def _label_bits(element) -> int:
 def _schedule_of(name: str, tile_m: int, sm90: bool, kind: str = "gemm") -> str:
     if not sm90:
         return "sm80"
-    if kind == "conv2d":  # CUTLASS 4.2 builds SM90 convolutions with the plain warp-specialized kernel only
-        return "warpspecialized"
+    if kind == "conv2d":  # CUTLASS's single-consumer kernel, or pycutlass's persistent cooperative one when asked
+        return "cooperative" if "Cooperative" in name else "warpspecialized"
     if "Cooperative" in name:
         return "cooperative"
     if "Pingpong" in name:

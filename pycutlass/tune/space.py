@@ -253,7 +253,7 @@ DIMENSIONS = tuple(Dimension(*spec) for spec in (
     ("stages", _ALL, (AUTO,), _parse_stages),
     ("instruction_shape", _ALL, (AUTO,), lambda f, v: _triple(f, v, auto=True), True),
     ("cluster_shape", _ALL, ((1, 1, 1),), _triple, True),  # SM90 kernels of every kind take a cluster
-    ("kernel_schedule", _GEMMS, ("Auto",), _enum_choice(KernelScheduleType)),
+    ("kernel_schedule", _ALL, ("Auto",), _enum_choice(KernelScheduleType)),  # SM90 conv: cooperative or not
     ("epilogue_schedule", _GEMM, ("Auto",), _enum_choice(EpilogueScheduleType)),
     ("tile_scheduler", _GEMM, ("Default",), _enum_choice(TileSchedulerType)),
     ("swizzle", _ALL, ("IdentitySwizzle1",), _choice(tuple(SWIZZLES))),
@@ -373,9 +373,7 @@ def build_operation(params: Mapping):
     opclass = OpClass.Simt if inst == [1, 1, 1] else OpClass.TensorOp
     math_instruction = MathInstruction(inst, combo.element_a, combo.element_b, combo.element_accumulator, opclass,
                                        combo.math_operation)
-    extras = {"cluster_shape": p["cluster_shape"]}
-    if kind in _GEMMS:
-        extras["kernel_schedule"] = KernelScheduleType[p["kernel_schedule"]]
+    extras = {"cluster_shape": p["cluster_shape"], "kernel_schedule": KernelScheduleType[p["kernel_schedule"]]}
     if kind == "gemm":
         extras.update(epilogue_schedule=EpilogueScheduleType[p["epilogue_schedule"]],
                       tile_scheduler=TileSchedulerType[p["tile_scheduler"]])

@@ -6,6 +6,7 @@ Params builder for real.
 """
 from __future__ import annotations
 
+import ctypes
 import re
 
 import pytest
@@ -125,8 +126,8 @@ def test_conv2d_at_90_with_an_sm80_tile_keeps_the_sm80_kernel():
     (dict(kind=pconv.Operator.wgrad, epilogue_schedule=cutlass.EpilogueScheduleType.TmaWarpSpecialized),
      "NoSmemWarpSpecialized"),
     (dict(bias="column"), "bias must be True"),
-    (dict(kernel_schedule=cutlass.KernelScheduleType.TmaWarpSpecializedCooperative), "one schedule"),
-    (dict(kernel_schedule=cutlass.KernelScheduleType.TmaWarpSpecializedPingpong), "one schedule"),
+    (dict(kernel_schedule=cutlass.KernelScheduleType.TmaWarpSpecializedPingpong), "ping-pong schedule is not built"),
+    (dict(kernel_schedule=cutlass.KernelScheduleType.TmaWarpSpecializedCooperativeFP8FastAccum), "TmaWarpSpecialized"),
     (dict(epilogue_schedule=cutlass.EpilogueScheduleType.NoSmemWarpSpecialized), "epilogue_schedule"),
     (dict(tile_scheduler=cutlass.TileSchedulerType.StreamK), "stream-K"),
     (dict(element=_D.float32, acc=_D.float32), "float32"),
@@ -328,8 +329,8 @@ def test_nvrtc_compiles_the_conv2d_sm90_kind():
 
 
 # --- wgrad: float32 output and parallel split-K by images -----------------------------------------------------------
-def _wgrad_f32(element=_D.float16, c_align=4, **kw):
-    return sm90_conv(element, kind=pconv.Operator.wgrad, tile=(64, 128, 64), out=_D.float32, c_align=c_align, **kw)
+def _wgrad_f32(element=_D.float16, c_align=4, tile=(64, 128, 64), **kw):
+    return sm90_conv(element, kind=pconv.Operator.wgrad, tile=tile, out=_D.float32, c_align=c_align, **kw)
 
 
 def test_wgrad_may_write_float32_but_fprop_and_dgrad_may_not():
@@ -539,3 +540,88 @@ def test_nvrtc_compiles_two_cta_convolutions_without_spills():
     for kernel in kernels:
         spills, registers = report[kernel]
         assert spills == 0 and registers <= 128, (kernel, spills, registers)
+
+
+# --- pycutlass's persistent cooperative kernel ---------------------------------------------------------------------
+_COOP = cutlass.KernelScheduleType.TmaWarpSpecializedCooperative
+
+
+def test_the_cooperative_schedule_builds_the_persistent_kernel():
+    op = sm90_conv(tile=(256, 128, 64), cluster=(1, 2, 1), kernel_schedule=_COOP)
+    assert op.cooperative and op.kernel_schedule is _COOP and op.ctas_per_sm == 1
+    assert op.epilogue_schedule is cutlass.EpilogueScheduleType.TmaWarpSpecializedCooperative
+    assert "_c1x2_coop_" in op.name and "PersistentCooperative" in op.describe()
+    wgrad = sm90_conv(kind=pconv.Operator.wgrad, kernel_schedule=_COOP)
+    assert wgrad.epilogue_schedule is cutlass.EpilogueScheduleType.NoSmemWarpSpecialized and "_coop_" in wgrad.name
+    plain = sm90_conv(tile=(128, 128, 64))
+    assert not plain.cooperative and "_ws_" in plain.name and plain.name != sm90_conv(kernel_schedule=_COOP).name
+    # explicit stages count the cooperative epilogue's buffers beside (not over) the mainloop's: persistent CTAs
+    # use both at once
+    assert sm90_conv(tile=(128, 64, 64), stages=5, kernel_schedule=_COOP).ctas_per_sm == 1
+
+
+def test_the_cooperative_schedule_is_checked_at_construction():
+    with pytest.raises(DescriptionError, match="tile M must be 128 or 256") as raised:
+        sm90_conv(tile=(64, 128, 64), kernel_schedule=_COOP)
+    assert raised.value.rule == "sm90.cooperative_tile_m"
+    with pytest.raises(DescriptionError, match="ping-pong schedule is not built for convolutions") as raised:
+        sm90_conv(kernel_schedule=cutlass.KernelScheduleType.TmaWarpSpecializedPingpong)
+    assert raised.value.rule == "sm90.kernel_schedule"
+    with pytest.raises(DescriptionError, match="or 256 with kernel_schedule=TmaWarpSpecializedCooperative"):
+        sm90_conv(tile=(256, 128, 64))
+    with pytest.raises(DescriptionError, match="epilogue schedule .* must be Auto or TmaWarpSpecializedCooperative"):
+        sm90_conv(kernel_schedule=_COOP, epilogue_schedule=cutlass.EpilogueScheduleType.TmaWarpSpecialized)
+    with pytest.raises(DescriptionError, match="more than the 227 KiB") as raised:
+        sm90_conv(tile=(256, 128, 64), stages=5, kernel_schedule=_COOP)
+    assert raised.value.rule == "smem.capacity"
+
+
+def test_emission_and_abi_of_the_cooperative_kernel():
+    from pycutlass.emit import emitter
+    from pycutlass.kinds.conv2d_sm90.abi import Sm90Conv2dArgs, Sm90Conv2dPersistentArgs
+
+    ops = [sm90_conv(tile=(128, 128, 64), kernel_schedule=_COOP),
+           sm90_conv(tile=(256, 128, 64), cluster=(2, 1, 1), kernel_schedule=_COOP, functor=_relu_functor(),
+                     bias=True)]
+    unit = emitter.translation_unit(ops)
+    # one definition of the kernel template for the unit, two instantiations of it
+    assert unit.count("#define PYCUTLASS_SM90_CONV_PERSISTENT_COOPERATIVE") == 2  # include-guarded copies
+    assert unit.count("pycutlass_sm90_conv::PersistentCooperativeKernel<") == 2
+    assert "Layout<Shape<_2, _1, _1>>" in unit and "cutlass::epilogue::TmaWarpSpecializedCooperative" in unit
+    assert "K::get_grid_shape(p, a.sm_count)" in unit
+    assert all(f"{op.name}_build(pycutlass_abi::Sm90Conv2dPersistentArgs a" in unit for op in ops)
+    assert ops[0].abi_struct_type is Sm90Conv2dPersistentArgs and sm90_conv().abi_struct_type is Sm90Conv2dArgs
+    assert Sm90Conv2dPersistentArgs.sm_count.offset == ctypes.sizeof(Sm90Conv2dArgs)
+    ps = _problem()
+    with pytest.raises(ArgumentError, match="persistent grid needs the device's SM count"):
+        ops[1].make_abi_arguments(ps, 1, 2, 3, 4, ops[1].epilogue_type(1.0, 0.0))
+    assert ops[1].make_abi_arguments(ps, 1, 2, 3, 4, ops[1].epilogue_type(1.0, 0.0), sm_count=132).sm_count == 132
+    # the single-consumer kernel's unit is unchanged by the cooperative one's existence
+    assert "PersistentCooperative" not in emitter.translation_unit([sm90_conv()])
+
+
+@pytest.mark.slow
+def test_nvrtc_compiles_cooperative_convolutions_without_spills():
+    """fprop (256x128, bias + ReLU, 1x2 cluster) and a float32 wgrad with its slices kernel: NVRTC with ptxas's
+    report (about 60 s on two cores). 384 threads; the consumers take 232 registers with setmaxnreg."""
+    from cuda.bindings import nvrtc
+    from pycutlass.emit import emitter
+
+    ops = [sm90_conv(tile=(256, 128, 64), cluster=(1, 2, 1), functor=_relu_functor(), bias=True,
+                     kernel_schedule=_COOP), _wgrad_f32(tile=(128, 128, 64), kernel_schedule=_COOP)]
+    backend = NvrtcBackend()
+    options = [o.encode() for o in (*backend.flags("90a"), *backend.include_flags(), "--ptxas-options=-v")]
+    _, program = nvrtc.nvrtcCreateProgram(emitter.translation_unit(ops).encode(), b"coop.cu", 0, [], [])
+    try:
+        (result,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
+        _, size = nvrtc.nvrtcGetProgramLogSize(program)
+        log = b" " * max(size, 2)
+        nvrtc.nvrtcGetProgramLog(program, log)
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
+    log = log.decode(errors="replace").replace("\0", "")
+    assert result == nvrtc.nvrtcResult.NVRTC_SUCCESS, log[-4000:]
+    report = {name: int(spills) for name, spills in re.findall(
+        r"Function properties for (\w+)\n.*?(\d+) bytes spill stores", log)}
+    for kernel in (ops[0].name, ops[1].name, f"{ops[1].name}_slices"):
+        assert report[kernel] == 0, (kernel, report[kernel])

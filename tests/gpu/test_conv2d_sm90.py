@@ -24,9 +24,14 @@ TORCH = {D.float16: "float16", D.bfloat16: "bfloat16"}
 TOLERANCE = {D.float16: 2e-3, D.bfloat16: 1.5e-2}
 
 
-def sm90_conv(element, tile, cluster, kind=pconv.Operator.fprop, activation=None, bias=False, stages=0):
+COOP = cutlass.KernelScheduleType.TmaWarpSpecializedCooperative
+
+
+def sm90_conv(element, tile, cluster, kind=pconv.Operator.fprop, activation=None, bias=False, stages=0,
+              schedule=cutlass.KernelScheduleType.Auto):
     math = cutlass.MathInstruction([64, tile[1], 16], element, element, D.float32, cutlass.OpClass.TensorOp)
-    tile_d = cutlass.TileDescription(list(tile), stages, None, math, cluster_shape=list(cluster))
+    tile_d = cutlass.TileDescription(list(tile), stages, None, math, cluster_shape=list(cluster),
+                                     kernel_schedule=schedule)
     desc = [cutlass.TensorDescription(element, NHWC, 8) for _ in range(3)]
     if activation is None:
         functor = cutlass.LinearCombination(element, 8, D.float32, D.float32)
@@ -44,24 +49,33 @@ OPS = {"f16-128x128x64-c11": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1)),
        # explicit stage counts that fit half an SM: two CTAs co-reside (__launch_bounds__(256, 2))
        "f16-128x64x64-c11-s4": sm90_conv(D.float16, (128, 64, 64), (1, 1, 1), stages=4),
        "bf16-64x128x64-c21-s3": sm90_conv(D.bfloat16, (64, 128, 64), (2, 1, 1), stages=3),
-       "f16-64x64x64-c11-s7": sm90_conv(D.float16, (64, 64, 64), (1, 1, 1), stages=7)}
+       "f16-64x64x64-c11-s7": sm90_conv(D.float16, (64, 64, 64), (1, 1, 1), stages=7),
+       # pycutlass's persistent cooperative kernel (two consumer warpgroups, CTAs walking the tiles)
+       "f16-128x128x64-c11-coop": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1), schedule=COOP),
+       "bf16-256x128x64-c12-coop": sm90_conv(D.bfloat16, (256, 128, 64), (1, 2, 1), schedule=COOP),
+       "f16-128x64x64-c21-coop-s5": sm90_conv(D.float16, (128, 64, 64), (2, 1, 1), stages=5, schedule=COOP)}
 DGRAD = pconv.Operator.dgrad
 WGRAD = pconv.Operator.wgrad
 DGRAD_OPS = {"f16-128x128x64-c11": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1), DGRAD),
-             "bf16-64x128x64-c21": sm90_conv(D.bfloat16, (64, 128, 64), (2, 1, 1), DGRAD)}
+             "bf16-64x128x64-c21": sm90_conv(D.bfloat16, (64, 128, 64), (2, 1, 1), DGRAD),
+             "f16-128x128x64-c21-coop": sm90_conv(D.float16, (128, 128, 64), (2, 1, 1), DGRAD, schedule=COOP)}
 WGRAD_OPS = {"f16-128x128x64-c11": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1), WGRAD),
-             "bf16-64x128x64-c12": sm90_conv(D.bfloat16, (64, 128, 64), (1, 2, 1), WGRAD)}
+             "bf16-64x128x64-c12": sm90_conv(D.bfloat16, (64, 128, 64), (1, 2, 1), WGRAD),
+             "f16-128x128x64-c11-coop": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1), WGRAD, schedule=COOP)}
 FUSED_OPS = {"fprop-f16-bias-relu": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1), activation=cutlass.relu,
                                               bias=True),
              "fprop-bf16-silu": sm90_conv(D.bfloat16, (128, 128, 64), (2, 1, 1), activation=cutlass.silu),
              "dgrad-f16-bias-gelu": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1), DGRAD, activation=cutlass.gelu,
-                                              bias=True)}
+                                              bias=True),
+             "fprop-bf16-bias-relu-coop": sm90_conv(D.bfloat16, (256, 128, 64), (1, 1, 1), activation=cutlass.relu,
+                                                    bias=True, schedule=COOP)}
 
 
-def wgrad_f32(element, tile, cluster, stages=0):
+def wgrad_f32(element, tile, cluster, stages=0, schedule=cutlass.KernelScheduleType.Auto):
     """An SM90 wgrad writing float32: a float32 filter gradient, or the partials of parallel split-K."""
     math = cutlass.MathInstruction([64, tile[1], 16], element, element, D.float32, cutlass.OpClass.TensorOp)
-    tile_d = cutlass.TileDescription(list(tile), stages, None, math, cluster_shape=list(cluster))
+    tile_d = cutlass.TileDescription(list(tile), stages, None, math, cluster_shape=list(cluster),
+                                     kernel_schedule=schedule)
     operand = cutlass.TensorDescription(element, NHWC, 8)
     return cutlass.Conv2dOperation(WGRAD, pconv.IteratorAlgorithm.optimized, 90, tile_d, operand, operand,
                                    cutlass.TensorDescription(D.float32, NHWC, 4), pconv.StrideSupport.Strided,
@@ -70,7 +84,8 @@ def wgrad_f32(element, tile, cluster, stages=0):
 
 WGRAD_F32_OPS = {"f16-64x128x64-c11": wgrad_f32(D.float16, (64, 128, 64), (1, 1, 1)),
                  "bf16-128x128x64-c12": wgrad_f32(D.bfloat16, (128, 128, 64), (1, 2, 1)),
-                 "f16-64x128x64-c11-s4": wgrad_f32(D.float16, (64, 128, 64), (1, 1, 1), stages=4)}  # two CTAs/SM
+                 "f16-64x128x64-c11-s4": wgrad_f32(D.float16, (64, 128, 64), (1, 1, 1), stages=4),  # two CTAs/SM
+                 "bf16-256x128x64-c12-coop": wgrad_f32(D.bfloat16, (256, 128, 64), (1, 2, 1), schedule=COOP)}
 # The parallel split-K reductions: float32 partials -> D of the operands' type = alpha * sum + beta * C.
 REDUCTIONS = {element: cutlass.ReductionOperation(cutlass.MatrixCoord(4, 32 * 8),
                                                   cutlass.TensorDescription(element, cutlass.RowMajor, 8),
@@ -422,6 +437,56 @@ def test_sm90_dgrad_refuses_strides():
     dx = torch.zeros(1, 9, 9, 64, device="cuda", dtype=torch.float16)
     with pytest.raises(cutlass.ArgumentError, match="stride"):
         cutlass.Conv2dArguments(op, ps, dy, wt, None, dx)
+
+
+COOP_WALK_CASES = [  # (op, shape): more output tiles than SMs, so every persistent CTA takes several
+    (OPS["f16-128x128x64-c11-coop"], (16, 28, 28, 128, 136, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1))),  # 98 x 2 tiles
+    (OPS["bf16-256x128x64-c12-coop"], (16, 56, 56, 64, 256, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1))),  # 196 x 2
+    (OPS["f16-128x64x64-c21-coop-s5"], (8, 30, 30, 72, 200, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1))),
+    (DGRAD_OPS["f16-128x128x64-c21-coop"], (16, 40, 40, 192, 64, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1))),  # 200 x 2
+    (WGRAD_OPS["f16-128x128x64-c11-coop"], (2, 14, 14, 256, 1032, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1))),  # 9 x 18
+]
+
+
+@pytest.mark.parametrize("op, shape", COOP_WALK_CASES, ids=lambda v: v.name if hasattr(v, "name") else
+                         "x".join(map(str, v[:7])))
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_cooperative_ctas_walk_more_tiles_than_sms(op, shape, beta):
+    """The persistent grid holds at most one CTA per SM (whole clusters); each CTA computes tile after tile, the
+    next one's loads under the last one's epilogue, and C is read tile by tile (beta != 0)."""
+    assert op.cooperative and op.kernel_schedule is COOP
+    n, h, w, c, k, r, s, pad, stride, dilation = shape
+    ps = _problem(*shape)
+    element = op.A.element
+    dtype = getattr(torch, TORCH[element])
+    gen = torch.Generator(device="cuda").manual_seed(hash((op.name, shape, beta)) % 2**31)
+    x, wt = _random((n, h, w, c), dtype, gen), _random((k, r, s, c), dtype, gen)
+    dy = _random((n, ps.P, ps.Q, k), dtype, gen)
+    alpha = 0.5
+    if op.conv_kind is WGRAD:
+        inputs, out_shape = (dy, x), (k, r, s, c)
+        reference = _gradients(x, wt, dy, pad, stride, dilation)[1]
+    elif op.conv_kind is DGRAD:
+        inputs, out_shape = (dy, wt), (n, h, w, c)
+        reference = _gradients(x, wt, dy, pad, stride, dilation)[0]
+    else:
+        inputs, out_shape = (x, wt), (n, ps.P, ps.Q, k)
+        reference = _padded_fprop(x.double(), wt.double(), pad, stride, dilation).permute(0, 2, 3, 1)
+    cc = _random(out_shape, dtype, gen) if beta else None
+    out = torch.full(out_shape, float("nan"), device="cuda", dtype=dtype)
+    arguments = cutlass.Conv2dArguments(op, ps, *inputs, cc, out, output_op=op.epilogue_type(alpha, beta))
+    op.run(arguments)
+    arguments.sync()
+    reference = alpha * reference + (beta * cc.double() if cc is not None else 0)
+    error = relative_error(out.float().cpu().numpy(), reference.cpu().numpy())
+    assert error < TOLERANCE[element], (op.name, shape, beta, error)
+    # the launch is persistent: fewer CTAs than output tiles, at most the device's SMs
+    grid = arguments.prepared().grid
+    gemm = ps.implicit_gemm_size(op.conv_kind)
+    tm, tn, _ = op.tile_description.threadblock_shape
+    tiles = -(-gemm.m() // tm) * -(-gemm.n() // tn)
+    ctas = grid[0] * grid[1] * grid[2]
+    assert ctas <= arguments.device.sm_count < tiles, (grid, tiles)
 
 
 @pytest.mark.parametrize("kind", ["dgrad", "wgrad"])

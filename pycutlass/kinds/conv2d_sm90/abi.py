@@ -29,3 +29,10 @@ class Sm90ConvSlices(AbiStruct):
 
     _pointers_ = ("params",)
     _fields_ = [("params", ctypes.c_uint64), ("slice_bytes", ctypes.c_int64)]
+
+
+class Sm90Conv2dPersistentArgs(AbiStruct):
+    """``Sm90Conv2dArgs`` plus the SMs the persistent cooperative kernel's grid may use (whole clusters)."""
+
+    _pointers_ = Sm90Conv2dArgs._pointers_
+    _fields_ = Sm90Conv2dArgs._fields_ + [("sm_count", ctypes.c_int32), ("reserved", ctypes.c_int32)]

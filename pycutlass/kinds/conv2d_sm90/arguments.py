@@ -16,6 +16,7 @@ from ...errors import ArgumentError, CudaError
 from ...runtime.launch import PreparedLaunch, loaded
 from ..conv2d.arguments import Conv2dArguments
 from ..families.conv import Conv2dProblemSize, Operator, SplitKMode
+from ..families.sm90_arguments import persistent_sm_count
 from .abi import Sm90ConvSlices
 from .operation import Conv2dOperationSm90
 
@@ -127,6 +128,15 @@ class Conv2dArgumentsSm90(Conv2dArguments):
                                 f"bias=True (TMA reads C as a whole tensor); pass a full packed C")
         super()._materialize()
 
+    def bind(self, loaded_op=None):
+        return self.operation.make_abi_arguments(
+            self.problem_size, self.addresses["A"], self.addresses["B"], self.addresses["C"], self.addresses["D"],
+            self.output_op, sm_count=self._sm_count())
+
+    def _sm_count(self) -> int:
+        """The persistent grid's SMs (the cooperative kernel's): the device's, in whole clusters."""
+        return persistent_sm_count(self.operation, None, self.device) if self.operation.cooperative else 0
+
     @property
     def c_strides_given(self):
         found = self._operands.get("C")
@@ -153,7 +163,7 @@ class Conv2dArgumentsSm90(Conv2dArguments):
             # wgrad's A is the output gradient (N, P, Q, K), B the activation (N, H, W, C)
             abi = operation.make_abi_arguments(part, self.addresses["A"] + gradient * operand_bytes,
                                                self.addresses["B"] + activation * operand_bytes, partial, partial,
-                                               self.output_op)
+                                               self.output_op, sm_count=self._sm_count())
             found, params = loaded_op.params_for(abi, self.stream)
             if shape is None:
                 shape = found

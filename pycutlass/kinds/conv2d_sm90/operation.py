@@ -11,10 +11,18 @@ SM and the tile's accumulators fit half the register file (tiles of at most 128x
 mainloop (``ctas_per_sm``).
 
 Built: fprop, dgrad (stride 1) and wgrad; f16 or bf16 in and out (wgrad: or float32 out, also the partials of its
-parallel split-K by images, ``arguments.py``), f32 accumulation, NHWC, 16-byte alignment, CUTLASS 4.2's only SM90
-conv schedule (``KernelImplicitTmaWarpSpecializedSm90``: one consumer warpgroup; the cooperative and ping-pong
-schedules are refused by CUTLASS for conv). fprop and dgrad write through the
-``TmaWarpSpecialized`` epilogue (im2col TMA store) with a linear combination, any of the activations, and with
+parallel split-K by images, ``arguments.py``), f32 accumulation, NHWC, 16-byte alignment. Two schedules:
+
+- ``TmaWarpSpecialized`` (also ``Auto``): CUTLASS 4.2's only SM90 conv kernel (``KernelImplicitTmaWarpSpecializedSm90``,
+  one consumer warpgroup, one output tile per CTA);
+- ``TmaWarpSpecializedCooperative`` (tile M 128 or 256): pycutlass's persistent cooperative kernel
+  (``persistent_cooperative.cuh``) around the same CUTLASS collectives: two consumer warpgroups split tile M, and
+  a grid of at most one CTA per SM walks the tiles, loading the next tile's stages during the last one's epilogue.
+  CUTLASS's own builder refuses this schedule for conv ("Persistent schedules not support for conv yet").
+
+fprop and dgrad write through the
+``TmaWarpSpecialized`` epilogue (im2col TMA store; ``TmaWarpSpecializedCooperative`` with the cooperative schedule)
+with a linear combination, any of the activations, and with
 ``bias=True`` a per-channel bias (CUTLASS's ``LinCombPerColBiasEltAct``: one value per column of the implicit GEMM,
 i.e. per output channel); wgrad writes the KRSC filter gradient through the ``NoSmemWarpSpecialized`` epilogue (plain
 linear combination), as CUTLASS's own SM90 wgrad tests build it. Everything else is rejected here with a typed error
@@ -40,7 +48,7 @@ from ..families.sm90 import (NVRTC_SHIM, Sm90Operation, check_cluster_shape, che
                              check_derived_warp_count, check_epilogue_kind, check_epilogue_schedule,
                              check_epilogue_types, check_explicit_stages, check_schedule_tile_m, check_tensor_op,
                              check_tile_k, check_tile_n, check_tma_alignment, epilogue_smem_bytes)
-from .abi import Sm90Conv2dArgs, Sm90ConvSlices
+from .abi import Sm90Conv2dArgs, Sm90Conv2dPersistentArgs, Sm90ConvSlices
 
 _F16, _BF16, _F32 = DataType.float16, DataType.bfloat16, DataType.float32
 _NHWC = LayoutType.TensorNHWC
@@ -63,6 +71,11 @@ def overlay() -> str:
     return resources.files(__package__).joinpath("nvrtc_overlay.cuh").read_text()
 
 
+def persistent_cooperative_kernel() -> str:
+    """pycutlass's persistent cooperative conv kernel (include-guarded: a unit may hold several such operations)."""
+    return resources.files(__package__).joinpath("persistent_cooperative.cuh").read_text()
+
+
 def preambles() -> list[str]:
     """What an SM90 conv unit puts before any include: the SM90 family's std:: shim, then the overlay."""
     return [NVRTC_SHIM, overlay()]
@@ -75,7 +88,6 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
     channel, passed as C (a 1-D vector or a broadcast view, as for Sm80 convolutions) with beta = 1."""
 
     kind = "conv2d_sm90"
-    abi_struct_type = Sm90Conv2dArgs
 
     def __new__(cls, *args, **kwargs):
         return object.__new__(cls)
@@ -115,9 +127,15 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
         self.stride_support = stride_support
         self._describe(90, tile_description, A, B, C, epilogue_functor, swizzling_functor)
         self.bias = bias
-        _check(what, conv_kind, tile_description, A, B, C, epilogue_functor, bias)
-        self.kernel_schedule = _KS.TmaWarpSpecialized
-        self.epilogue_schedule = _ES.NoSmemWarpSpecialized if conv_kind is Operator.wgrad else _ES.TmaWarpSpecialized
+        self.cooperative = tile_description.kernel_schedule is _KS.TmaWarpSpecializedCooperative
+        _check(what, conv_kind, tile_description, A, B, C, epilogue_functor, bias, self.cooperative)
+        self.kernel_schedule = _KS.TmaWarpSpecializedCooperative if self.cooperative else _KS.TmaWarpSpecialized
+        self.epilogue_schedule = _epilogue_schedule(conv_kind, self.cooperative)
+
+    @property
+    def abi_struct_type(self):
+        """The cooperative kernel's builder also takes the SM count its persistent grid may use."""
+        return Sm90Conv2dPersistentArgs if self.cooperative else Sm90Conv2dArgs
 
     @property
     def ctas_per_sm(self) -> int:
@@ -125,7 +143,7 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
         SM and the tile has at most 128x64 outputs (the kernel is built with ``__launch_bounds__(256, 2)``); else 1
         (``stages=0``: CUTLASS fills the SM's shared memory with stages)."""
         tile = self.tile_description
-        if not tile.stages:
+        if not tile.stages or self.cooperative:
             return 1
         m, n, k = tile.threadblock_shape
         mainloop = tile.stages * (m + n) * k * self.A.element.bits // 8
@@ -143,7 +161,9 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
         tile = self.tile_description
         signature = ("conv2d_sm90", self.conv_kind, tile.threadblock_shape, tile.math_instruction, tile.cluster_shape,
                      self.A, self.B, self.C, self.epilogue_functor, self.bias)
-        return signature + (("stages", tile.stages),) if tile.stages else signature  # stages=0: names as before
+        # stages=0 and the single-consumer schedule name their kernels as before these options existed
+        signature += (("stages", tile.stages),) if tile.stages else ()
+        return signature + (("schedule", self.kernel_schedule),) if self.cooperative else signature
 
     def _readable_name(self) -> str:
         tile = self.tile_description
@@ -152,8 +172,8 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
         cm, cn, _ = tile.cluster_shape
         return (f"conv2d_sm90_{self.conv_kind.name}_{s[self.A.element]}{s[self.C.element]}"
                 f"{s[tile.math_instruction.element_accumulator]}_nhwc_{m}x{n}x{k}_c{cm}x{cn}_"
-                + (f"s{tile.stages}_" if tile.stages else "") + "ws_"
-                f"a{self.A.alignment}{self.B.alignment}{self.C.alignment}"
+                + (f"s{tile.stages}_" if tile.stages else "") + ("coop_" if self.cooperative else "ws_")
+                + f"a{self.A.alignment}{self.B.alignment}{self.C.alignment}"
                 + ("_bias" if self.bias else "")
                 + (f"_{self.epilogue_functor.activation.name}" if self.epilogue_functor.activation else ""))
 
@@ -213,9 +233,17 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
                 raise ArgumentError(f"{where}: tensor {label} has {count} elements; at most 2^31 - 1 here")
 
     def make_abi_arguments(self, problem_size: Conv2dProblemSize, ptr_A: int, ptr_B: int, ptr_C: int, ptr_D: int,
-                           output_op, *unused, **unused_keywords) -> Sm90Conv2dArgs:
+                           output_op, *unused, sm_count: int = 0, **unused_keywords) -> Sm90Conv2dArgs:
+        """``sm_count``: the SMs the cooperative kernel's persistent grid may use (whole clusters; 0 for the
+        single-consumer kernel, whose grid is one CTA per tile)."""
         ps = problem_size
-        args = Sm90Conv2dArgs()
+        args = self.abi_struct_type()
+        if self.cooperative:
+            cluster = self.cluster_shape[0] * self.cluster_shape[1]
+            if sm_count < cluster:
+                raise ArgumentError(f"{self.name}: the persistent grid needs the device's SM count (at least one "
+                                    f"cluster of {cluster} CTAs), got sm_count={sm_count}")
+            args.sm_count = sm_count
         for field, value in (("n", ps.N), ("h", ps.H), ("w", ps.W), ("c", ps.C), ("k", ps.K), ("r", ps.R),
                              ("s", ps.S), ("p", ps.P), ("q", ps.Q), ("pad_h", ps.pad_h), ("pad_w", ps.pad_w),
                              ("stride_h", ps.stride_h), ("stride_w", ps.stride_w), ("dilation_h", ps.dilation_h),
@@ -257,7 +285,9 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
         tile = self.tile_description
         functor = self.epilogue_functor
         return self.render(
-            "conv2d_sm90.cu.j2", name=self.name, summary=self.describe(),
+            "conv2d_sm90.cu.j2", name=self.name, summary=self.describe(), cooperative=self.cooperative,
+            abi_struct=self.abi_struct_type.__name__,
+            persistent_cooperative_kernel=persistent_cooperative_kernel() if self.cooperative else "",
             element=names.ELEMENT[self.A.element], element_c=names.ELEMENT[self.C.element],
             element_accumulator=names.ELEMENT[tile.math_instruction.element_accumulator],
             element_compute=names.ELEMENT[self.epilogue_functor.element_epilogue],
@@ -273,7 +303,8 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
         return (f"Conv2d sm90 {self.conv_kind.name} A={self.A.element.label}/nhwc/{self.A.alignment} "
                 f"B={self.B.element.label}/nhwc/{self.B.alignment} C={self.C.element.label}/nhwc/{self.C.alignment} "
                 f"acc={tile.math_instruction.element_accumulator.label} tile={list(tile.threadblock_shape)} "
-                f"cluster={list(tile.cluster_shape)} kernel=KernelImplicitTmaWarpSpecializedSm90 "
+                f"cluster={list(tile.cluster_shape)} kernel="
+                f"{'pycutlass PersistentCooperative' if self.cooperative else 'KernelImplicitTmaWarpSpecializedSm90'} "
                 f"epilogue={self.epilogue_schedule.value} epilogue_op={self.epilogue_functor.describe()}"
                 f"{' bias=per-channel' if self.bias else ''}"
                 + (f" stages={tile.stages} ctas_per_sm={self.ctas_per_sm}" if tile.stages else ""))
@@ -290,7 +321,13 @@ def _corners(kind, pad: int, upper_pad: int, r: int, dilation: int, extent: int,
     return -pad, upper_pad - (r - 1) * dilation
 
 
-def _check(what, conv_kind, tile: TileDescription, A, B, C, functor, bias) -> None:
+def _epilogue_schedule(conv_kind, cooperative: bool) -> EpilogueScheduleType:
+    if conv_kind is Operator.wgrad:
+        return _ES.NoSmemWarpSpecialized
+    return _ES.TmaWarpSpecializedCooperative if cooperative else _ES.TmaWarpSpecialized
+
+
+def _check(what, conv_kind, tile: TileDescription, A, B, C, functor, bias, cooperative: bool) -> None:
     math = tile.math_instruction
     check_tensor_op(what, math, "the SM90 convolution")
     element = math.element_a
@@ -323,18 +360,20 @@ def _check(what, conv_kind, tile: TileDescription, A, B, C, functor, bias) -> No
     # The convolution's epilogue has always taken a functor of any accumulator type (it reads float32).
     check_epilogue_types(what, functor, C, accumulator=None)
     m, n, k = tile.threadblock_shape
-    check_schedule_tile_m(what, _KS.TmaWarpSpecialized, m, "the SM90 conv kernel")
+    schedule = _KS.TmaWarpSpecializedCooperative if cooperative else _KS.TmaWarpSpecialized
+    if tile.kernel_schedule not in (_KS.Auto, _KS.TmaWarpSpecialized, _KS.TmaWarpSpecializedCooperative):
+        raise DescriptionError(f"{what}: SM90 convolutions are built with CUTLASS's single-consumer kernel "
+                               f"(kernel_schedule Auto or TmaWarpSpecialized) or pycutlass's persistent cooperative "
+                               f"one (TmaWarpSpecializedCooperative); got {tile.kernel_schedule.value} (the "
+                               f"ping-pong schedule is not built for convolutions)", rule="sm90.kernel_schedule")
+    check_schedule_tile_m(what, schedule, m, "the SM90 conv kernel",
+                          " (or 256 with kernel_schedule=TmaWarpSpecializedCooperative)")
     check_tile_n(what, n, (64, 128, 256))
     check_tile_k(what, k, element)
     check_cluster_shape(what, tile)
-    if tile.kernel_schedule not in (_KS.Auto, _KS.TmaWarpSpecialized):
-        raise DescriptionError(f"{what}: CUTLASS 4.2 builds SM90 convolutions with one schedule "
-                               f"(KernelImplicitTmaWarpSpecializedSm90; 'Persistent schedules not support for conv "
-                               f"yet'): kernel_schedule must be Auto or TmaWarpSpecialized, got "
-                               f"{tile.kernel_schedule.value}", rule="sm90.kernel_schedule")
-    wanted = _ES.NoSmemWarpSpecialized if conv_kind is Operator.wgrad else _ES.TmaWarpSpecialized
+    wanted = _epilogue_schedule(conv_kind, cooperative)
     check_epilogue_schedule(what, tile, wanted, f"for SM90 {conv_kind.name}")
     check_default_tile_scheduler(what, tile, "SM90 convolutions have no stream-K (CUTLASS 4.2)")
     if tile.stages:  # StageCount<S>: 2 or more stages that fit one CTA beside the epilogue's buffers
-        check_explicit_stages(what, tile, False, wanted, C.element, element.bits)
-    check_derived_warp_count(what, tile, _KS.TmaWarpSpecialized)
+        check_explicit_stages(what, tile, cooperative, wanted, C.element, element.bits)
+    check_derived_warp_count(what, tile, schedule)
