@@ -185,6 +185,9 @@ def draw_conv90(rng):
     for key in ("kernel_schedule", "epilogue_schedule", "tile_scheduler"):
         if rng.random() < 0.6:
             cfg[key] = {"tile_scheduler": "Default"}.get(key, "Auto")
+    if rng.random() < 0.3:  # pycutlass's persistent cooperative kernel, often enough to be drawn in every run
+        cfg["kernel_schedule"] = "TmaWarpSpecializedCooperative"
+        cfg["tb"][0] = rng.choice([128, 256])
     return cfg
 
 
