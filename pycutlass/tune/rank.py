@@ -126,8 +126,10 @@ def _label_bits(element) -> int:
 def _schedule_of(name: str, tile_m: int, sm90: bool, kind: str = "gemm") -> str:
     if not sm90:
         return "sm80"
-    if kind == "conv2d":  # CUTLASS's single-consumer kernel, or pycutlass's persistent cooperative one when asked
-        return "cooperative" if "Cooperative" in name else "warpspecialized"
+    if kind == "conv2d":  # CUTLASS's single-consumer kernel, or pycutlass's persistent cooperative one (asked for,
+        # or Auto on a 256-row tile, which only it runs)
+        auto_cooperative = name in ("Auto", "ScheduleAuto") and tile_m == 256
+        return "cooperative" if "Cooperative" in name or auto_cooperative else "warpspecialized"
     if "Cooperative" in name:
         return "cooperative"
     if "Pingpong" in name:
@@ -177,7 +179,9 @@ def config_of(item) -> Config:
     tile = tuple(td.threadblock_shape)
     kind = {"conv2d": "conv2d", "gemm_grouped": "grouped_gemm"}.get(str(getattr(item, "kind", "")).split("_sm")[0],
                                                                     "gemm")  # the space's kind names
-    schedule = _schedule_of(getattr(td.kernel_schedule, "name", "Auto"), tile[0], sm90, kind)
+    # an SM90 convolution knows the schedule its Auto resolved to
+    resolved = getattr(item, "kernel_schedule", None) if kind == "conv2d" else None
+    schedule = _schedule_of(getattr(resolved or td.kernel_schedule, "name", "Auto"), tile[0], sm90, kind)
     warps = math.prod(td.warp_count) if td.warp_count else 4
     return Config(getattr(item, "compute_capability", 90 if sm90 else 80), tile, tuple(td.cluster_shape)[:2],
                   schedule, getattr(td.tile_scheduler, "name", "") == "StreamK", td.stages, warps,

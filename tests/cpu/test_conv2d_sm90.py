@@ -134,7 +134,8 @@ def test_conv2d_at_90_with_an_sm80_tile_keeps_the_sm80_kernel():
     (dict(acc=_D.float16), "accumulate in float32"),
     (dict(out=_D.float32), "must hold float16"),
     (dict(align=4), "alignment must be 8"),
-    (dict(tile=(256, 128, 64)), "tile M must be 64 or 128"),
+    (dict(tile=(256, 128, 64), kernel_schedule=cutlass.KernelScheduleType.TmaWarpSpecialized),
+     "tile M must be 64 or 128"),
     (dict(tile=(128, 32, 64)), "tile N must be"),
     (dict(tile=(128, 128, 32)), "tile K must be 64"),
     (dict(cluster=(2, 2, 1)), "cluster_shape"),
@@ -559,6 +560,10 @@ def test_the_cooperative_schedule_builds_the_persistent_kernel():
     assert wgrad.epilogue_schedule is cutlass.EpilogueScheduleType.NoSmemWarpSpecialized and "_coop_" in wgrad.name
     plain = sm90_conv(tile=(128, 128, 64))
     assert not plain.cooperative and "_ws_" in plain.name and plain.name != sm90_conv(kernel_schedule=_COOP).name
+    # Auto takes the cooperative kernel for what only it runs: tile M 256, or two warpgroups' warp count
+    assert sm90_conv(tile=(256, 128, 64), cluster=(1, 2, 1)).name == op.name
+    assert sm90_conv(warps=[8, 1, 1]).name == sm90_conv(kernel_schedule=_COOP).name
+    assert not sm90_conv(warps=[4, 1, 1]).cooperative and not sm90_conv().cooperative
     # explicit stages count the cooperative epilogue's buffers beside (not over) the mainloop's: persistent CTAs
     # use both at once
     assert sm90_conv(tile=(128, 64, 64), stages=5, kernel_schedule=_COOP).ctas_per_sm == 1
@@ -572,7 +577,9 @@ def test_the_cooperative_schedule_is_checked_at_construction():
         sm90_conv(kernel_schedule=cutlass.KernelScheduleType.TmaWarpSpecializedPingpong)
     assert raised.value.rule == "sm90.kernel_schedule"
     with pytest.raises(DescriptionError, match="or 256 with kernel_schedule=TmaWarpSpecializedCooperative"):
-        sm90_conv(tile=(256, 128, 64))
+        sm90_conv(tile=(256, 128, 64), kernel_schedule=cutlass.KernelScheduleType.TmaWarpSpecialized)
+    with pytest.raises(DescriptionError, match="warp_count is derived"):
+        sm90_conv(tile=(128, 128, 64), warps=[8, 1, 1], kernel_schedule=cutlass.KernelScheduleType.TmaWarpSpecialized)
     with pytest.raises(DescriptionError, match="epilogue schedule .* must be Auto or TmaWarpSpecializedCooperative"):
         sm90_conv(kernel_schedule=_COOP, epilogue_schedule=cutlass.EpilogueScheduleType.TmaWarpSpecialized)
     with pytest.raises(DescriptionError, match="more than the 227 KiB") as raised:

@@ -13,9 +13,10 @@ mainloop (``ctas_per_sm``).
 Built: fprop, dgrad (stride 1) and wgrad; f16 or bf16 in and out (wgrad: or float32 out, also the partials of its
 parallel split-K by images, ``arguments.py``), f32 accumulation, NHWC, 16-byte alignment. Two schedules:
 
-- ``TmaWarpSpecialized`` (also ``Auto``): CUTLASS 4.2's only SM90 conv kernel (``KernelImplicitTmaWarpSpecializedSm90``,
-  one consumer warpgroup, one output tile per CTA);
-- ``TmaWarpSpecializedCooperative`` (tile M 128 or 256): pycutlass's persistent cooperative kernel
+- ``TmaWarpSpecialized`` (and ``Auto`` on tiles of M 64 or 128): CUTLASS 4.2's only SM90 conv kernel
+  (``KernelImplicitTmaWarpSpecializedSm90``, one consumer warpgroup, one output tile per CTA);
+- ``TmaWarpSpecializedCooperative`` (tile M 128 or 256; ``Auto`` on M 256 or with ``warp_count=[8, 1, 1]``, which
+  only it runs): pycutlass's persistent cooperative kernel
   (``persistent_cooperative.cuh``) around the same CUTLASS collectives: two consumer warpgroups split tile M, and
   a grid of at most one CTA per SM walks the tiles, loading the next tile's stages during the last one's epilogue.
   CUTLASS's own builder refuses this schedule for conv ("Persistent schedules not support for conv yet").
@@ -47,7 +48,8 @@ from ..base import check_description_types
 from ..families.sm90 import (NVRTC_SHIM, Sm90Operation, check_cluster_shape, check_default_tile_scheduler,
                              check_derived_warp_count, check_epilogue_kind, check_epilogue_schedule,
                              check_epilogue_types, check_explicit_stages, check_schedule_tile_m, check_tensor_op,
-                             check_tile_k, check_tile_n, check_tma_alignment, epilogue_smem_bytes)
+                             check_tile_k, check_tile_n, check_tma_alignment, derived_warp_count,
+                             epilogue_smem_bytes)
 from .abi import Sm90Conv2dArgs, Sm90Conv2dPersistentArgs, Sm90ConvSlices
 
 _F16, _BF16, _F32 = DataType.float16, DataType.bfloat16, DataType.float32
@@ -127,7 +129,7 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
         self.stride_support = stride_support
         self._describe(90, tile_description, A, B, C, epilogue_functor, swizzling_functor)
         self.bias = bias
-        self.cooperative = tile_description.kernel_schedule is _KS.TmaWarpSpecializedCooperative
+        self.cooperative = _is_cooperative(tile_description)
         _check(what, conv_kind, tile_description, A, B, C, epilogue_functor, bias, self.cooperative)
         self.kernel_schedule = _KS.TmaWarpSpecializedCooperative if self.cooperative else _KS.TmaWarpSpecialized
         self.epilogue_schedule = _epilogue_schedule(conv_kind, self.cooperative)
@@ -319,6 +321,18 @@ def _corners(kind, pad: int, upper_pad: int, r: int, dilation: int, extent: int,
         lower = pad - (r - 1) * dilation
         return lower, lower + extent - out
     return -pad, upper_pad - (r - 1) * dilation
+
+
+def _is_cooperative(tile: TileDescription) -> bool:
+    """The cooperative schedule, asked for or implied: ``Auto`` keeps CUTLASS's single-consumer kernel where it runs
+    (tile M 64 or 128 and its warp count) and takes the cooperative one for what only that runs (tile M 256, or
+    the two-warpgroup warp count [8, 1, 1]), as ``Auto`` picks it for SM90 GEMMs."""
+    if tile.kernel_schedule is _KS.TmaWarpSpecializedCooperative:
+        return True
+    return tile.kernel_schedule is _KS.Auto and (
+        tile.threadblock_shape[0] == 256 or
+        (tile.warp_count is not None and tuple(tile.warp_count) == derived_warp_count(tile.threadblock_shape,
+                                                                                      _KS.TmaWarpSpecializedCooperative)))
 
 
 def _epilogue_schedule(conv_kind, cooperative: bool) -> EpilogueScheduleType:
