@@ -443,13 +443,16 @@ ACCUMULATOR_REGISTER_LIMIT = 208
 
 def _no_register_spills(params: Mapping):
     """SM90 kernels whose consumer threads cannot hold the tile's accumulators (ping-pong or warp-specialized with
-    a 128x256 float32 tile: 256 registers per thread) spill and run an order of magnitude slower: they cannot win."""
-    if params.get("kind") not in _GEMMS or params.get("compute_capability") != 90 or params.get("warp_count"):
+    a 128x256 float32 tile, cooperative with 256x256: 256 registers per thread) spill and run an order of magnitude
+    slower: they cannot win."""
+    if params.get("kind") not in _ALL or params.get("compute_capability") != 90 or params.get("warp_count"):
         return True
     p = resolve_params({k: v for k, v in params.items() if k != "bias"})
     tile_m, tile_n = p["threadblock_shape"][:2]
     name = str(p.get("kernel_schedule", "Auto"))
-    if name in ("Auto", "ScheduleAuto"):  # what the builder picks: cooperative when tile M splits in two
+    if name in ("Auto", "ScheduleAuto") and p["kind"] == "conv2d":  # CUTLASS's one-warpgroup kernel where it runs
+        schedule = "cooperative" if tile_m == 256 else "warpspecialized"
+    elif name in ("Auto", "ScheduleAuto"):  # what the builder picks: cooperative when tile M splits in two
         schedule = "cooperative" if tile_m % 128 == 0 else "warpspecialized"
     else:
         schedule = "cooperative" if "Cooperative" in name else "pingpong" if "Pingpong" in name else "warpspecialized"

@@ -274,6 +274,16 @@ def test_sm90_grouped_and_conv_points_take_clusters_schedules_and_stages():
     assert [(op.tile_description.stages, tuple(op.tile_description.cluster_shape)) for op in sm80] == [(4, (1, 1, 1))]
     assert conv.pruned_by_reason == {"SM90-only value in an Sm80-family kernel": 3}  # cc 80: stages 0, a cluster
 
+    # the spill filter knows conv's schedules: CUTLASS's one-warpgroup kernel on 128x256, the cooperative on 256x256
+    spills = SearchSpace(kind=["conv2d"], compute_capability=[90], threadblock_shape=[[128, 256, 64], [256, 256, 64],
+                                                                                      [256, 128, 64]],
+                         kernel_schedule=["Auto", "TmaWarpSpecializedCooperative"],
+                         filters=["no_register_spills"]).build()
+    assert sorted(op.name.split("_nhwc_")[1][:18] for op in spills.operations) == \
+        ["128x256x64_c1x1_co", "256x128x64_c1x1_co"]
+    assert "warpspecialized 128x256 tile, 256 per consumer thread" in " ".join(spills.pruned_by_reason)
+    assert "cooperative 256x256 tile, 256 per consumer thread" in " ".join(spills.pruned_by_reason)
+
 
 def test_a_space_is_immutable_and_its_built_form_checks_lookups():
     space = SearchSpace(**SMALL)
