@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping
 
 from ..errors import ArgumentError, DescriptionError
 from ..kinds.base import Operation
-from .space import ACCUMULATOR_REGISTER_LIMIT
+from .space import ACCUMULATOR_REGISTER_LIMIT, sm90_schedule
 
 
 # ---- devices ------------------------------------------------------------------------------------------------------
@@ -124,21 +124,7 @@ def _label_bits(element) -> int:
 
 
 def _schedule_of(name: str, tile_m: int, sm90: bool, kind: str = "gemm") -> str:
-    if not sm90:
-        return "sm80"
-    if kind == "conv2d":  # CUTLASS's single-consumer kernel, or pycutlass's persistent cooperative one (asked for,
-        # or Auto on a 256-row tile, which only it runs)
-        auto_cooperative = name in ("Auto", "ScheduleAuto") and tile_m == 256
-        return "cooperative" if "Cooperative" in name or auto_cooperative else "warpspecialized"
-    if "Cooperative" in name:
-        return "cooperative"
-    if "Pingpong" in name:
-        return "pingpong"
-    if name in ("Auto", "ScheduleAuto"):  # what the builder picks: cooperative when tile M splits in two
-        if tile_m % 128 == 0:
-            return "cooperative"
-        return "pingpong" if kind == "grouped_gemm" else "warpspecialized"  # pointer-array: no plain kernel
-    return "warpspecialized"
+    return sm90_schedule(name, tile_m, kind) if sm90 else "sm80"
 
 
 def config_of(item) -> Config:

@@ -441,6 +441,24 @@ def _no_clusters(params: Mapping):
 ACCUMULATOR_REGISTER_LIMIT = 208
 
 
+def sm90_schedule(name: str, tile_m: int, kind: str = "gemm") -> str:
+    """The SM90 kernel a kernel_schedule name builds for a kind: "cooperative", "pingpong" or "warpspecialized"
+    (``Auto`` as the operations resolve it)."""
+    auto = name in ("Auto", "ScheduleAuto")
+    if kind == "conv2d":  # CUTLASS's single-consumer kernel, or pycutlass's persistent cooperative one (asked for,
+        # or Auto on a 256-row tile, which only it runs)
+        return "cooperative" if "Cooperative" in name or (auto and tile_m == 256) else "warpspecialized"
+    if "Cooperative" in name:
+        return "cooperative"
+    if "Pingpong" in name:
+        return "pingpong"
+    if auto:  # what the builder picks: cooperative when tile M splits in two
+        if tile_m % 128 == 0:
+            return "cooperative"
+        return "pingpong" if kind == "grouped_gemm" else "warpspecialized"  # pointer-array: no plain kernel
+    return "warpspecialized"
+
+
 def _no_register_spills(params: Mapping):
     """SM90 kernels whose consumer threads cannot hold the tile's accumulators (ping-pong or warp-specialized with
     a 128x256 float32 tile, cooperative with 256x256: 256 registers per thread) spill and run an order of magnitude
@@ -449,13 +467,7 @@ def _no_register_spills(params: Mapping):
         return True
     p = resolve_params({k: v for k, v in params.items() if k != "bias"})
     tile_m, tile_n = p["threadblock_shape"][:2]
-    name = str(p.get("kernel_schedule", "Auto"))
-    if name in ("Auto", "ScheduleAuto") and p["kind"] == "conv2d":  # CUTLASS's one-warpgroup kernel where it runs
-        schedule = "cooperative" if tile_m == 256 else "warpspecialized"
-    elif name in ("Auto", "ScheduleAuto"):  # what the builder picks: cooperative when tile M splits in two
-        schedule = "cooperative" if tile_m % 128 == 0 else "warpspecialized"
-    else:
-        schedule = "cooperative" if "Cooperative" in name else "pingpong" if "Pingpong" in name else "warpspecialized"
+    schedule = sm90_schedule(str(p.get("kernel_schedule", "Auto")), tile_m, p["kind"])
     cooperative = schedule == "cooperative"
     if cooperative and tile_m % 128 or not cooperative and (tile_m not in (64, 128) or
                                                              p.get("tile_scheduler") == "StreamK"):

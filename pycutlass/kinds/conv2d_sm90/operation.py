@@ -129,10 +129,15 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
         self.stride_support = stride_support
         self._describe(90, tile_description, A, B, C, epilogue_functor, swizzling_functor)
         self.bias = bias
-        self.cooperative = _is_cooperative(tile_description)
-        _check(what, conv_kind, tile_description, A, B, C, epilogue_functor, bias, self.cooperative)
-        self.kernel_schedule = _KS.TmaWarpSpecializedCooperative if self.cooperative else _KS.TmaWarpSpecialized
+        self.kernel_schedule = _KS.TmaWarpSpecializedCooperative if _is_cooperative(tile_description) else \
+            _KS.TmaWarpSpecialized
+        _check(what, conv_kind, tile_description, A, B, C, epilogue_functor, bias, self.kernel_schedule)
         self.epilogue_schedule = _epilogue_schedule(conv_kind, self.cooperative)
+
+    @property
+    def cooperative(self) -> bool:
+        """Built as pycutlass's persistent cooperative kernel (else CUTLASS's single-consumer one)."""
+        return self.kernel_schedule is _KS.TmaWarpSpecializedCooperative
 
     @property
     def abi_struct_type(self):
@@ -341,7 +346,7 @@ def _epilogue_schedule(conv_kind, cooperative: bool) -> EpilogueScheduleType:
     return _ES.TmaWarpSpecializedCooperative if cooperative else _ES.TmaWarpSpecialized
 
 
-def _check(what, conv_kind, tile: TileDescription, A, B, C, functor, bias, cooperative: bool) -> None:
+def _check(what, conv_kind, tile: TileDescription, A, B, C, functor, bias, schedule: KernelScheduleType) -> None:
     math = tile.math_instruction
     check_tensor_op(what, math, "the SM90 convolution")
     element = math.element_a
@@ -374,7 +379,7 @@ def _check(what, conv_kind, tile: TileDescription, A, B, C, functor, bias, coope
     # The convolution's epilogue has always taken a functor of any accumulator type (it reads float32).
     check_epilogue_types(what, functor, C, accumulator=None)
     m, n, k = tile.threadblock_shape
-    schedule = _KS.TmaWarpSpecializedCooperative if cooperative else _KS.TmaWarpSpecialized
+    cooperative = schedule is _KS.TmaWarpSpecializedCooperative
     if tile.kernel_schedule not in (_KS.Auto, _KS.TmaWarpSpecialized, _KS.TmaWarpSpecializedCooperative):
         raise DescriptionError(f"{what}: SM90 convolutions are built with CUTLASS's single-consumer kernel "
                                f"(kernel_schedule Auto or TmaWarpSpecialized) or pycutlass's persistent cooperative "
