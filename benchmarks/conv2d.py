@@ -88,14 +88,19 @@ SM90_TILES = {
               ((128, 64, 64), (1, 1, 1), 0, COOP), ((256, 64, 64), (1, 1, 1), 0, COOP)],
     "dgrad": [((128, 128, 64), (1, 1, 1), 0), ((128, 256, 64), (1, 1, 1), 0), ((128, 128, 64), (2, 1, 1), 0)],
     "wgrad": [((128, 128, 64), (1, 1, 1), 0), ((128, 256, 64), (1, 1, 1), 0), ((64, 128, 64), (1, 1, 1), 0),
-              ((64, 128, 64), (1, 1, 1), 4), ((128, 128, 64), (1, 1, 1), 0, COOP)],
+              ((64, 128, 64), (1, 1, 1), 4), ((128, 128, 64), (1, 1, 1), 0, COOP),
+              # 192 = three 64-channel filter taps: whole tiles over a 3x3 layer's 9*C (conv5_x's 512 x 4608 is 96
+              # 128x192 tiles, one wave, where 128x128 is 144 tiles on 132 SMs)
+              ((64, 192, 64), (1, 1, 1), 0), ((128, 192, 64), (1, 1, 1), 0, COOP)],
 }
 # SM90 wgrad as parallel split-K by images: float32 partials, then the reduction. A wgrad's output (K x R*S*C) is
 # often a handful of tiles (conv2_x 3x3: 64 x 576, five 64x128 tiles for 132 SMs) while its GEMM K (N*P*Q) is long.
 SM90_WGRAD_PARALLEL = [((64, 128, 64), (1, 1, 1), 0), ((128, 128, 64), (1, 1, 1), 0), ((64, 256, 64), (1, 1, 1), 0),
                        ((64, 128, 64), (1, 2, 1), 0),  # 1x2: the two N tiles of a cluster share the dy tile
                        ((64, 128, 64), (1, 1, 1), 4),  # two CTAs per SM: slices of a few images are short in K
-                       ((128, 128, 64), (1, 1, 1), 0, COOP), ((256, 128, 64), (1, 1, 1), 0, COOP)]
+                       ((128, 128, 64), (1, 1, 1), 0, COOP), ((256, 128, 64), (1, 1, 1), 0, COOP),
+                       # conv2_x 3x3's 64 x 576: three 64x192 tiles re-read dy three times, not five
+                       ((64, 192, 64), (1, 1, 1), 0), ((128, 192, 64), (1, 1, 1), 0, COOP)]
 
 
 # Sm80-family wgrad also as parallel split-K (f32 partial sums per slice, then the reduction): its GEMM K is N*P*Q,
@@ -408,6 +413,8 @@ def run_layer(kind: str, layer: str, batch: int, ops_by_stride: dict, args, sm_c
     if r == s == 1 and stride == 1:  # a GEMM over the tensors' matrix views
         candidates += [(op, True) for op in sm90_gemm_ops]
     for op, is_sm90 in candidates:
+        if is_sm90 and not _is_gemm(op) and op.tile_description.threadblock_shape[1] == 192 and (r * s * c) % 192:
+            continue  # 192-wide tiles are for 3x3 filter gradients (R*S*C a multiple of 192)
         for split in _split_k_choices(op, ps, sm_count):
             label = _label(op, split)
             try:

@@ -621,3 +621,16 @@ def test_nvrtc_compiles_cooperative_convolutions_without_spills():
     for kernel in (ops[0].name, ops[1].name, f"{ops[1].name}_slices"):
         spills, registers = report[kernel]
         assert spills == 0 and registers <= 168, (kernel, spills, registers)  # 65536 / 384 threads
+
+
+def test_192_wide_tiles_are_built_for_wgrad_only():
+    """wgrad's GEMM N is R*S*C, which 192-wide tiles (three 64-channel filter taps) cut into whole tiles on 3x3
+    layers; fprop's and dgrad's N is a channel count, where the suite proves 64, 128 and 256."""
+    for schedule, tile in ((cutlass.KernelScheduleType.Auto, (64, 192, 64)),
+                           (_COOP, (128, 192, 64)), (_COOP, (256, 192, 64))):
+        op = sm90_conv(kind=pconv.Operator.wgrad, tile=tile, kernel_schedule=schedule)
+        assert f"_{tile[0]}x192x64_" in op.name
+        assert f"using TileShape = Shape<_{tile[0]}, Shape<_192>, Shape<_64>>;" in op.emit_body()
+    for kind in (pconv.Operator.fprop, pconv.Operator.dgrad):
+        with pytest.raises(DescriptionError, match="tile N must be 64, 128 or 256, got 192"):
+            sm90_conv(kind=kind, tile=(128, 192, 64))

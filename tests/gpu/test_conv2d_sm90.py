@@ -61,7 +61,10 @@ DGRAD_OPS = {"f16-128x128x64-c11": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1
              "f16-128x128x64-c21-coop": sm90_conv(D.float16, (128, 128, 64), (2, 1, 1), DGRAD, schedule=COOP)}
 WGRAD_OPS = {"f16-128x128x64-c11": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1), WGRAD),
              "bf16-64x128x64-c12": sm90_conv(D.bfloat16, (64, 128, 64), (1, 2, 1), WGRAD),
-             "f16-128x128x64-c11-coop": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1), WGRAD, schedule=COOP)}
+             "f16-128x128x64-c11-coop": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1), WGRAD, schedule=COOP),
+             # 192-wide tiles (wgrad only): three 64-channel taps, or one and a half of a 128-channel filter
+             "f16-64x192x64-c11": sm90_conv(D.float16, (64, 192, 64), (1, 1, 1), WGRAD),
+             "bf16-128x192x64-c11-coop": sm90_conv(D.bfloat16, (128, 192, 64), (1, 1, 1), WGRAD, schedule=COOP)}
 FUSED_OPS = {"fprop-f16-bias-relu": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1), activation=cutlass.relu,
                                               bias=True),
              "fprop-bf16-silu": sm90_conv(D.bfloat16, (128, 128, 64), (2, 1, 1), activation=cutlass.silu),
@@ -85,7 +88,10 @@ def wgrad_f32(element, tile, cluster, stages=0, schedule=cutlass.KernelScheduleT
 WGRAD_F32_OPS = {"f16-64x128x64-c11": wgrad_f32(D.float16, (64, 128, 64), (1, 1, 1)),
                  "bf16-128x128x64-c12": wgrad_f32(D.bfloat16, (128, 128, 64), (1, 2, 1)),
                  "f16-64x128x64-c11-s4": wgrad_f32(D.float16, (64, 128, 64), (1, 1, 1), stages=4),  # two CTAs/SM
-                 "bf16-256x128x64-c12-coop": wgrad_f32(D.bfloat16, (256, 128, 64), (1, 2, 1), schedule=COOP)}
+                 "bf16-256x128x64-c12-coop": wgrad_f32(D.bfloat16, (256, 128, 64), (1, 2, 1), schedule=COOP),
+                 "f16-64x192x64-c11": wgrad_f32(D.float16, (64, 192, 64), (1, 1, 1)),
+                 "f16-128x192x64-c11-coop": wgrad_f32(D.float16, (128, 192, 64), (1, 1, 1), schedule=COOP),
+                 "bf16-256x192x64-c11-coop": wgrad_f32(D.bfloat16, (256, 192, 64), (1, 1, 1), schedule=COOP)}
 # The parallel split-K reductions: float32 partials -> D of the operands' type = alpha * sum + beta * C.
 REDUCTIONS = {element: cutlass.ReductionOperation(cutlass.MatrixCoord(4, 32 * 8),
                                                   cutlass.TensorDescription(element, cutlass.RowMajor, 8),
@@ -184,6 +190,8 @@ WGRAD_SHAPES = [
     (1, 28, 30, 24, 200, 3, 3, (2, 2, 2, 2), (1, 1), (2, 2)),       # dilation
     (4, 14, 14, 136, 64, 5, 5, (2, 2, 2, 2), (2, 2), (1, 2)),       # stride and dilation
     (8, 56, 56, 64, 64, 1, 1, (0, 0, 0, 0), (1, 1), (1, 1)),        # a long GEMM K (N*P*Q = 25088)
+    (2, 12, 10, 128, 64, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1)),       # 192-wide tiles end mid-tap (1152 = 6 x 192)
+    (1, 11, 13, 96, 72, 3, 3, (0, 1, 1, 0), (1, 2), (1, 1)),        # 864 = 4.5 x 192
 ]
 
 

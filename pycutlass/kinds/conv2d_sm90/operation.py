@@ -387,7 +387,9 @@ def _check(what, conv_kind, tile: TileDescription, A, B, C, functor, bias, sched
                                f"ping-pong schedule is not built for convolutions)", rule="sm90.kernel_schedule")
     check_schedule_tile_m(what, schedule, m, "the SM90 conv kernel",
                           " (or 256 with kernel_schedule=TmaWarpSpecializedCooperative)")
-    check_tile_n(what, n, (64, 128, 256))
+    # wgrad's N is R*S*C: 192 (three 64-channel filter taps) divides the 3x3 layers' 9*C where 128 and 256 leave a
+    # partial tile (conv2_x's 576: three full tiles instead of five with a half-empty one)
+    check_tile_n(what, n, (64, 128, 192, 256) if conv_kind is Operator.wgrad else (64, 128, 256))
     check_tile_k(what, k, element)
     check_cluster_shape(what, tile)
     wanted = _epilogue_schedule(conv_kind, cooperative)
