@@ -59,7 +59,8 @@ class Operation:
     """The compiler backend this kind's code needs ("nvrtc"), or None for the session's own."""
     unit_macros: tuple[str, ...] = ()
     """Macros the operation's whole translation unit must define (the compiler never mixes different sets)."""
-    pdl_refusal: str | None = "only SM90 GEMM kernels wait on the previous grid (griddepcontrol.wait)"
+    pdl_refusal: str | None = ("this kind's kernel does not wait on the previous grid (griddepcontrol.wait); SM90 "
+                               "GEMMs and reductions built with arch=90 do")
     """Why arguments may not launch this kernel with programmatic dependent launch (None: they may)."""
     bias = None
     scales = None  # row-wise scale mode (SM90 grouped operations)

@@ -163,3 +163,35 @@ def test_one_add_module_compiles_operations_with_and_without_the_wait(tmp_path):
     assert report.compiled == 2 and not report.failures
     assert [k.kernel_symbol for k in report] == [waits.kernel_symbol, streamk.kernel_symbol]
     assert report[0].sha256 != report[1].sha256  # two units, two binaries
+
+
+def _reduction(arch=80, **kwargs):
+    return cutlass.ReductionOperation(cutlass.MatrixCoord(4, 32 * 8), cutlass.TensorDescription(
+        cutlass.float16, cutlass.RowMajor, 8), cutlass.float32, count=8, arch=arch, **kwargs)
+
+
+def test_a_reduction_built_for_sm90_waits_on_the_grid_before_it():
+    """The split-K reduction's kernel waits (griddepcontrol.wait) where it is compiled for SM90 or newer, so a
+    reduction built with arch=90 may start under the split-K kernel that writes its workspace; one built for 80
+    (which may run as sm_80 code) is refused before anything is allocated."""
+    assert _reduction(90).pdl_refusal is None
+    assert "griddepcontrol.wait" in _reduction(90).emit()
+    with pytest.raises(cutlass.ArgumentError, match="needs a reduction built with arch=90"):
+        cutlass.ReductionArguments(_reduction(80), [64, 64], 4, 1 << 20, np.zeros((64, 64), np.float16), pdl=True)
+    with pytest.raises(cutlass.ArgumentError, match="pdl must be True or False"):
+        cutlass.ReductionArguments(_reduction(90), [64, 64], 4, 1 << 20, np.zeros((64, 64), np.float16), pdl=1)
+
+
+@pytest.mark.parametrize("kw,match", [(dict(partition_lanes=0), "partition_lanes"),
+                                      (dict(partition_lanes=65), "partition_lanes"),
+                                      (dict(partition_lanes=True), "partition_lanes"),
+                                      (dict(partitions_per_stage=0), "partitions_per_stage")])
+def test_reduction_knobs_are_checked(kw, match):
+    with pytest.raises(cutlass.DescriptionError, match=match):
+        _reduction(**kw)
+
+
+def test_capped_lanes_are_part_of_the_kernel_and_its_name():
+    auto, one = _reduction(), _reduction(partition_lanes=1)
+    assert auto.name != one.name and one.name.split("_")[-2] == "l1"
+    assert "SplitKReduction<" in auto.emit_body() and " 4, 0>;" in auto.emit_body() and " 4, 1>;" in one.emit_body()

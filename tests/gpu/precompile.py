@@ -13,7 +13,7 @@ import pycutlass as cutlass
 
 SUITES = {"tests.gpu.test_gemm": (("NVCC_OPS", "nvcc"), ("NVRTC_OPS", "nvrtc")),
           "tests.gpu.test_runtime": (("OPS", "nvcc"),),
-          "tests.gpu.test_reduction": (("OPS", "nvcc"),),
+          "tests.gpu.test_reduction": (("OPS", "nvcc"), ("NVRTC_OPS", "nvrtc")),
           "tests.gpu.test_evt": (("NVRTC_OPS", "nvrtc"),),
           "tests.gpu.test_gemm_sm90": (("OPS", "nvrtc"),),
           "tests.gpu.test_gemm_sm90_blockwise": (("OPS", "nvrtc"),),

@@ -40,12 +40,30 @@ OPS = {
                                                                         D.float32, D.float32)),
 }
 
+# Programmatic dependent launch after an SM90 GEMM that writes float32 partials (parallel split-K over its L mode).
+PDL_REDUCTION = _reduction(D.float16, D.float32, 8, (4, 256), arch=90)
+OPS["f16_c8_sm90"] = PDL_REDUCTION
+
+
+def _split_k_gemm():
+    math = cutlass.MathInstruction([64, 64, 16], D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp)
+    tile = cutlass.TileDescription([128, 64, 64], 0, None, math,
+                                   kernel_schedule=cutlass.KernelScheduleType.TmaWarpSpecializedPingpong)
+    return cutlass.GemmOperationUniversal(90, tile, cutlass.TensorDescription(D.float16, CM, 8),
+                                          cutlass.TensorDescription(D.float16, R, 8),
+                                          cutlass.TensorDescription(D.float32, R, 4),
+                                          cutlass.LinearCombination(D.float32, 4, D.float32, D.float32))
+
+
+SPLIT_K_GEMM = _split_k_gemm()  # a 1x1 wgrad's shape: dW = dY^T X
+NVRTC_OPS = [SPLIT_K_GEMM]
+
 TOLERANCE = {D.float16: 2e-3, D.bfloat16: 1.5e-2, D.float32: 1e-6, D.float64: 1e-12}
 
 
 @pytest.fixture(scope="module", autouse=True)
 def compiled(memory_pool):
-    precompile_module(OPS.values())
+    precompile_module(OPS.values(), NVRTC_OPS)
     yield
 
 
@@ -118,3 +136,35 @@ def test_beta_zero_reads_no_source():
     op = OPS["f32_c4"]
     got, reference, _ = run_reduction(op, 33, 128, 9, alpha=2.0, beta=0.0, seed=5)
     assert relative_error(got, reference) < TOLERANCE[D.float32]
+
+
+def test_pdl_reduction_waits_for_the_split_k_gemm_before_it():
+    """The GEMM's partials are poisoned (all bits set: NaN) before each pass, then the GEMM and the reduction go back
+    to back, the reduction launched with programmatic dependent launch: its blocks may start while the GEMM drains,
+    and read the workspace only after it. A reduction that read early would sum NaN or a stale pass."""
+    import torch
+
+    from pycutlass.runtime import driver
+
+    m, n, k, split = 256, 64, 64 * 1024, 64  # long slices: the GEMM is still writing when the reduction launches
+    generator = torch.Generator(device="cuda").manual_seed(11)
+    dy = torch.randn(k, m, device="cuda", generator=generator).half()  # A = dy^T: column-major M x K
+    x = torch.randn(k, n, device="cuda", generator=generator).half()   # B: row-major K x N
+    out = torch.empty(m, n, device="cuda", dtype=torch.float16)
+    gemm_args = cutlass.GemmArguments(SPLIT_K_GEMM, (m, n, k), dy.t(), x, None, out,
+                                      gemm_mode=cutlass.gemm.Mode.GemmSplitKParallel, split_k_slices=split)
+    reduction_args = cutlass.ReductionArguments(PDL_REDUCTION, [m, n], split, gemm_args, out,
+                                                output_op=PDL_REDUCTION.epilogue_type(0.5, 0.0), pdl=True)
+    assert reduction_args.prepared().programmatic
+    reference = 0.5 * (dy.double().t() @ x.double())
+    partials = gemm_args.ptr_D
+    for scale in (1.0, -2.0, 0.25):
+        dy.mul_(scale)
+        reference *= scale
+        out.fill_(float("nan"))
+        driver.memset_d8(int(partials), 0xFF, partials.nbytes, gemm_args.stream)
+        SPLIT_K_GEMM.run(gemm_args)
+        PDL_REDUCTION.run(reduction_args)
+        reduction_args.sync()
+        got = out.double()
+        assert relative_error(got.cpu().numpy(), reference.cpu().numpy()) < TOLERANCE[D.float16], scale

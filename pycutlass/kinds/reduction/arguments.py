@@ -14,13 +14,22 @@ from .operation import ReductionOperation
 
 class ReductionArguments(OperationArguments):
     """``workspace``: the address of ``partitions`` packed M x N slices in C's layout (``GemmArguments.ptr_D``),
-    or the GemmArguments/Conv2dArguments object that owns it (which also keeps it alive)."""
+    or the GemmArguments/Conv2dArguments object that owns it (which also keeps it alive).
+
+    ``pdl=True`` launches the reduction with programmatic dependent launch: its blocks may start while the split-K
+    kernel before it on the stream drains, and wait for it before reading the workspace. It hides the second
+    launch's latency; it needs a reduction built with ``arch=90``."""
 
     def __init__(self, operation, problem_size, partitions: int, workspace, destination, source=None,
                  output_op=None, partition_stride: int | None = None, stream=None, device=None, session=None,
-                 bias=None):
+                 bias=None, pdl: bool = False):
         if not isinstance(operation, ReductionOperation):
             raise ArgumentError(f"ReductionArguments needs a ReductionOperation, got {type(operation).__name__}")
+        if not isinstance(pdl, bool):
+            raise ArgumentError(f"pdl must be True or False, got {pdl!r}")
+        if pdl and operation.pdl_refusal:
+            raise ArgumentError(f"pdl=True: {operation.pdl_refusal}")
+        self._pdl = pdl
         if stream is None and hasattr(workspace, "stream"):
             stream = workspace.stream  # run on the producer's stream so the workspace is ready
         super().__init__(operation, stream, device, session)
@@ -121,6 +130,10 @@ class ReductionArguments(OperationArguments):
 
     def _tensor_infos(self) -> list:
         return [info for info, _ in self._infos.values()]
+
+    def after_build(self, loaded_op, launch, abi_struct) -> None:
+        if self._pdl:
+            launch.use_programmatic_dependent_launch()
 
     def _allocate(self) -> None:
         operation = self.operation

@@ -80,6 +80,15 @@ class ReductionOperation(Operation):
         self.partition_lanes = partition_lanes
 
     @property
+    def pdl_refusal(self) -> str | None:
+        """The kernel waits on the previous grid (griddepcontrol.wait) where it is compiled for SM90 or newer: built
+        with arch=90, it may start under the split-K kernel that writes its workspace."""
+        if self.compute_capability < 90:
+            return (f"programmatic dependent launch needs a reduction built with arch=90 (this one is built for "
+                    f"{self.compute_capability}; its kernel would not wait on the split-K kernel before it)")
+        return None
+
+    @property
     def matrix_layout(self) -> LayoutType:
         """The layout of the M x N matrix reduced: a TensorNHWC C (PyCUTLASS's conv parallel split-K) is the implicit
         GEMM's NPQ x K output, row-major."""
