@@ -6,7 +6,7 @@ the ResNet-50 convolution layers.
 torch: ``torch.nn.functional.conv2d`` (fprop) and ``torch.nn.grad.conv2d_input`` / ``conv2d_weight`` (dgrad /
 wgrad, i.e. ``aten.convolution_backward``), channels_last float16 tensors. cuDNN's time is the faster of its two
 ways of choosing an algorithm: autotuned (``torch.backends.cudnn.benchmark = True`` with ``benchmark_limit = 0``, every
-algorithm tried) and its heuristic (``benchmark = False``). An autotuned pick alone varied by up to 1.4x per layer
+algorithm tried) and its heuristic (``benchmark = False``). An autotuned pick alone varied by up to 1.6x per layer
 between runs (a timing-noise pick persists for the process); the faster of the two is the stronger, steadier baseline.
 pycutlass: for each layer, the best of a small grid of tiles (optimized iterators; dgrad with stride 1 runs the
 Unity kernels, with stride 2 the strided-dgrad kernels), each also with serial split-K when its tiles alone do not
