@@ -64,7 +64,10 @@ WGRAD_OPS = {"f16-128x128x64-c11": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1
              "f16-128x128x64-c11-coop": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1), WGRAD, schedule=COOP),
              # 192-wide tiles (wgrad only): three 64-channel taps, or one and a half of a 128-channel filter
              "f16-64x192x64-c11": sm90_conv(D.float16, (64, 192, 64), (1, 1, 1), WGRAD),
-             "bf16-128x192x64-c11-coop": sm90_conv(D.bfloat16, (128, 192, 64), (1, 1, 1), WGRAD, schedule=COOP)}
+             "bf16-128x192x64-c11-coop": sm90_conv(D.bfloat16, (128, 192, 64), (1, 1, 1), WGRAD, schedule=COOP),
+             "f16-64x192x64-c12": sm90_conv(D.float16, (64, 192, 64), (1, 2, 1), WGRAD),  # multicast across N
+             "bf16-64x192x64-c21-s3": sm90_conv(D.bfloat16, (64, 192, 64), (2, 1, 1), WGRAD, stages=3),
+             "f16-128x192x64-c21-coop": sm90_conv(D.float16, (128, 192, 64), (2, 1, 1), WGRAD, schedule=COOP)}
 FUSED_OPS = {"fprop-f16-bias-relu": sm90_conv(D.float16, (128, 128, 64), (1, 1, 1), activation=cutlass.relu,
                                               bias=True),
              "fprop-bf16-silu": sm90_conv(D.bfloat16, (128, 128, 64), (2, 1, 1), activation=cutlass.silu),
