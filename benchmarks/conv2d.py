@@ -527,7 +527,8 @@ def main() -> None:
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument("--no-sm90", action="store_true", help="Sm80-family kernels only (no SM90 column)")
     args = parser.parse_args()
-    if cutlass.compiler.target.detected_compute_capability() is None:
+    capability = cutlass.compiler.target.detected_compute_capability()
+    if capability is None:
         print("no GPU: benchmarks/conv2d.py needs the GPU host (tests/gpu/precompile.py can compile its operations "
               "here)")
         return
@@ -549,7 +550,6 @@ def main() -> None:
     print(f"grid compile/load: {time.perf_counter() - start:.1f} s ({cutlass.compiler.last_report()})", flush=True)
     sm90_by_kind = {} if args.no_sm90 else sm90_grid(args.kinds)
     sm90_gemm_by_kind = {} if args.no_sm90 else sm90_gemm_grid(args.kinds)
-    capability = cutlass.compiler.target.detected_compute_capability()
     reduction = splitk_reduction(90 if capability >= 90 else 80) if "wgrad" in args.kinds else None
     if reduction is not None:
         cutlass.compiler.add_module([reduction], jobs=1)

@@ -18,6 +18,10 @@ def split_k_reduction_kernel() -> str:
     return resources.files(__package__).joinpath("split_k_reduction.cuh").read_text()
 
 
+def _integer_within(value, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
 class ReductionOperation(Operation):
     kind = "reduction"
     abi_struct_type = ReductionArgs
@@ -59,13 +63,11 @@ class ReductionOperation(Operation):
         if rows < 1 or cols < count or cols % count or (cols // count) * rows > 1024:
             raise DescriptionError(f"ReductionOperation: shape {rows}x{cols} needs cols a multiple of count {count} "
                                    f"and at most 1024 threads ((cols / count) * rows)", rule="reduction.shape")
-        if isinstance(partitions_per_stage, bool) or not isinstance(partitions_per_stage, int) or \
-                not 1 <= partitions_per_stage <= 16:
+        if not _integer_within(partitions_per_stage, 1, 16):
             raise DescriptionError(f"ReductionOperation: partitions_per_stage (the loads one thread issues at once) "
                                    f"must be an integer from 1 to 16, got {partitions_per_stage!r}",
                                    rule="reduction.shape")
-        if partition_lanes is not None and (isinstance(partition_lanes, bool) or not isinstance(partition_lanes, int)
-                                            or not 1 <= partition_lanes <= 64):
+        if partition_lanes is not None and not _integer_within(partition_lanes, 1, 64):
             raise DescriptionError(f"ReductionOperation: partition_lanes (the thread groups of a block that share "
                                    f"the partitions) must be None (chosen per launch) or an integer from 1 to 64, "
                                    f"got {partition_lanes!r}", rule="reduction.shape")
