@@ -97,6 +97,7 @@ SM90_TILES = {
               # 128x192 tiles, one wave, where 128x128 is 144 tiles on 132 SMs)
               ((64, 192, 64), (1, 1, 1), 0), ((128, 192, 64), (1, 1, 1), 0, COOP)],
 }
+FILTER_TAPS_N = 9 * 64  # the filter-tap-reuse wgrad's tile N (Conv2dOperationSm90.filter_taps)
 # SM90 wgrad as parallel split-K by images: float32 partials, then the reduction. A wgrad's output (K x R*S*C) is
 # often a handful of tiles (conv2_x 3x3: 64 x 576, five 64x128 tiles for 132 SMs) while its GEMM K (N*P*Q) is long.
 SM90_WGRAD_PARALLEL = [((64, 128, 64), (1, 1, 1), 0), ((128, 128, 64), (1, 1, 1), 0), ((64, 256, 64), (1, 1, 1), 0),
@@ -104,7 +105,12 @@ SM90_WGRAD_PARALLEL = [((64, 128, 64), (1, 1, 1), 0), ((128, 128, 64), (1, 1, 1)
                        ((64, 128, 64), (1, 1, 1), 4),  # two CTAs per SM: slices of a few images are short in K
                        ((128, 128, 64), (1, 1, 1), 0, COOP), ((256, 128, 64), (1, 1, 1), 0, COOP),
                        # conv2_x 3x3's 64 x 576: three 64x192 tiles re-read dy three times, not five
-                       ((64, 192, 64), (1, 1, 1), 0), ((128, 192, 64), (1, 1, 1), 0, COOP)]
+                       ((64, 192, 64), (1, 1, 1), 0), ((128, 192, 64), (1, 1, 1), 0, COOP),
+                       # pycutlass's filter-tap-reuse wgrad (3x3, stride 1): a CTA covers all nine taps of 64 input
+                       # channels, reading the activation once for them; stages of one or two 64-pixel row segments;
+                       # clusters of 2 or 4 CTAs along z add their sums in shared memory (fewer partials to write)
+                       ((64, FILTER_TAPS_N, 64), (1, 1, 1), 0), ((64, FILTER_TAPS_N, 64), (1, 1, 2), 0),
+                       ((64, FILTER_TAPS_N, 64), (1, 1, 4), 0), ((64, FILTER_TAPS_N, 128), (1, 1, 2), 0)]
 
 
 # Sm80-family wgrad also as parallel split-K (f32 partial sums per slice, then the reduction): its GEMM K is N*P*Q,
@@ -159,7 +165,8 @@ def operations() -> list[Conv2dOperation]:
 
 
 def _sm90_op(kind: Operator, shape, cluster, stages=0, schedule=None, partials=False) -> Conv2dOperation:
-    math_inst = cutlass.MathInstruction([64, shape[1], 16], D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp)
+    wgmma_n = 64 if shape[1] == FILTER_TAPS_N else shape[1]  # one 64x64x16 wgmma per filter tap
+    math_inst = cutlass.MathInstruction([64, wgmma_n, 16], D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp)
     kernel_schedule = cutlass.KernelScheduleType.TmaWarpSpecializedCooperative if schedule == COOP else \
         cutlass.KernelScheduleType.Auto
     tile = cutlass.TileDescription(list(shape), stages, None, math_inst, cluster_shape=list(cluster),
@@ -303,6 +310,9 @@ def _label(op, split: int) -> str:
         (m, n, k), (cm, cn, _) = op.tile_description.threadblock_shape, op.tile_description.cluster_shape
         stages = f" s{op.tile_description.stages}" if op.tile_description.stages else ""  # two CTAs per SM
         stages += " coop" if op.cooperative else ""
+        if op.filter_taps:
+            return f"sm90 {m}x{n}x{k} c1x1x{op.tile_description.cluster_shape[2]} filter taps parallel " \
+                   f"splitK{split} + reduction"
         if op.C.element is D.float32:
             return f"sm90 {m}x{n}x{k} c{cm}x{cn}{stages} parallel splitK{split} by images + reduction"
         return f"sm90 {m}x{n}x{k} c{cm}x{cn}{stages}"
@@ -323,6 +333,12 @@ def _split_k_choices(op, ps, sm_count: int) -> list[int]:
     if _is_gemm(op) and op.C.element is D.float32:
         (m, n, gemm_k) = _gemm_views("wgrad", ps, None, None, None)[0]
         return _parallel_slices(op, m, n, gemm_k, sm_count)
+    if getattr(op, "filter_taps", False):  # one CTA per SM: output tiles x slices x cluster near one wave, or half
+        cluster = op.tile_description.cluster_shape[2]
+        ctas = (ps.C // 64) * (ps.K // 64) * cluster
+        wave = sm_count // ctas
+        # clusters of 4 may not all fit at once (a GPC of 18 SMs holds four), so also one cluster fewer
+        return sorted({max(1, round(wave / 2)), max(1, wave)} | ({max(1, wave - 1)} if cluster > 2 else set()))
     if getattr(op, "family", None) == "sm90" and op.C.element is D.float32:  # SM90 wgrad split by images/rows
         return _sm90_wgrad_slices(op, ps, sm_count)
     if not _is_gemm(op) and op.C.element is D.float32:  # Sm80-family parallel split-K: about 1 and 2 waves
@@ -426,6 +442,8 @@ def run_layer(kind: str, layer: str, batch: int, ops_by_stride: dict, args, sm_c
     for op, is_sm90 in candidates:
         if is_sm90 and not _is_gemm(op) and op.tile_description.threadblock_shape[1] == 192 and (r * s * c) % 192:
             continue  # 192-wide tiles are for 3x3 filter gradients (R*S*C a multiple of 192)
+        if is_sm90 and getattr(op, "filter_taps", False) and (r, s, stride) != (3, 3, 1):
+            continue  # the filter-tap-reuse kernel computes 3x3 stride-1 filter gradients
         for split in _split_k_choices(op, ps, sm_count):
             label = _label(op, split)
             try:

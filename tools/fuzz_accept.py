@@ -188,6 +188,13 @@ def draw_conv90(rng):
     if rng.random() < 0.3:  # pycutlass's persistent cooperative kernel, often enough to be drawn in every run
         cfg["kernel_schedule"] = "TmaWarpSpecializedCooperative"
         cfg["tb"][0] = rng.choice([128, 256])
+    if cfg["conv_kind"] == "wgrad" and rng.random() < 0.35:  # pycutlass's filter-tap-reuse wgrad (tile N 9*64)
+        cfg["tb"] = [rng.choice([64, 64, 64, 128]), 576, rng.choice([64, 64, 128, 128, 32])]
+        cfg["inst"] = [64, rng.choice([64, 64, 64, 128]), 16]
+        cfg["cluster"] = [1, 1, rng.choice([1, 2, 4, 4, 3])]
+        cfg["kernel_schedule"] = rng.choice(["Auto", "Auto", "TmaWarpSpecialized", "TmaWarpSpecializedCooperative"])
+        cfg["warps"] = rng.choice([None, None, None, [12, 1, 1], [4, 1, 1]])
+        cfg["bias"] = False
     return cfg
 
 

@@ -455,6 +455,13 @@ def draw_problem(cfg, op, rng, attempt):
     n = rng.randint(1, 3)
     h = max(rng.randint(1, extent), dilation[0] * (r - 1) + 1 - pad[0] - pad[1])
     w = max(rng.randint(1, extent), dilation[1] * (s - 1) + 1 - pad[2] - pad[3])
+    if getattr(op, "filter_taps", False) and (safe or rng.random() < 0.8):
+        # the filter-tap-reuse wgrad computes 3x3, stride-1 problems with channels in 64s: mostly draw those
+        c, k, r, s, stride, dilation = 64 * rng.randint(1, 3), 64 * rng.randint(1, 3), 3, 3, [1, 1], [1, 1]
+        pad = [rng.randint(0, 3) for _ in range(4)]
+        w = rng.choice([rng.randint(1, 20), rng.randint(50, 140)])  # rows of one and of several 64-pixel segments
+        h = rng.randint(1, 24)
+        h, w = max(h, 3 - pad[0] - pad[1]), max(w, 3 - pad[2] - pad[3])
     problem = dict(n=n, h=h, w=w, c=c, k=k, r=r, s=s, pad=pad, stride=stride, dilation=dilation)
     if not safe and not sm90 and rng.random() < 0.25:  # serial split-K (the kernel reduces through semaphores)
         problem["split_k"] = rng.choice([2, 3])

@@ -114,6 +114,7 @@ RULES = MappingProxyType({
     "conv2d.strided_dgrad_alignment": "2-stage strided dgrad alignment below the vector",
     "conv2d_sm90.dgrad_stride": "SM90 dgrad needs stride_support unity",
     "conv2d_sm90.layout": "SM90 convolution operand not TensorNHWC",
+    "conv2d_sm90.filter_taps_tile": "filter-tap-reuse wgrad tile or instruction not built",
     "grouped.layout": "grouped GEMM operand not row- or column-major",
     "grouped.precompute_mode": "SM90 grouped GEMM needs SchedulerMode.Device",
     "grouped.persistent_grid": "the SM90 grouped kernel sizes its own grid",

@@ -634,3 +634,111 @@ def test_192_wide_tiles_are_built_for_wgrad_only():
     for kind in (pconv.Operator.fprop, pconv.Operator.dgrad):
         with pytest.raises(DescriptionError, match="tile N must be 64, 128 or 256, got 192"):
             sm90_conv(kind=kind, tile=(128, 192, 64))
+
+
+# --- the filter-tap-reuse wgrad (tile N = 9*64) ---------------------------------------------------------------------
+def _taps(element=_D.float16, out=_D.float32, k=64, stages=0, cluster_z=1, instruction_n=64, m=64, **tile_kw):
+    math = cutlass.MathInstruction([64, instruction_n, 16], element, element, _D.float32, cutlass.OpClass.TensorOp)
+    tile = cutlass.TileDescription([m, 576, k], stages, None, math, cluster_shape=[1, 1, cluster_z], **tile_kw)
+    operand = cutlass.TensorDescription(element, _NHWC, 8)
+    output = cutlass.TensorDescription(out, _NHWC, 4 if out is _D.float32 else 8)
+    return cutlass.Conv2dOperation(pconv.Operator.wgrad, pconv.IteratorAlgorithm.optimized, 90, tile, operand,
+                                   operand, output, pconv.StrideSupport.Strided,
+                                   cutlass.LinearCombination(out, output.alignment, _D.float32, _D.float32))
+
+
+def test_a_wgrad_tile_over_all_nine_taps_builds_the_filter_taps_kernel():
+    from pycutlass.kinds.conv2d_sm90.abi import Sm90WgradTapsArgs
+    from pycutlass.kinds.conv2d_sm90.operation import filter_taps_max_stages
+
+    op = _taps()
+    assert isinstance(op, Conv2dOperationSm90) and op.filter_taps and not op.cooperative and op.ctas_per_sm == 1
+    assert "_64x576x64_c1x1x1_taps_" in op.name and "FilterTapsWgrad(rows=1, stages=6, cluster_z=1)" in op.describe()
+    assert op.abi_struct_type is Sm90WgradTapsArgs and op.filter_taps_stages == filter_taps_max_stages(1) == 6
+    wide = _taps(_D.bfloat16, _D.bfloat16, k=128, cluster_z=4)
+    assert (wide.filter_taps_rows, wide.filter_taps_stages) == (2, 4) and "_c1x1x4_taps_" in wide.name
+    assert len({op.name, _taps(cluster_z=2).name, _taps(stages=3).name, wide.name}) == 4
+    # 192- and 128-wide wgrad tiles keep the implicit-GEMM kernel
+    assert not sm90_conv(kind=pconv.Operator.wgrad, tile=(64, 192, 64)).filter_taps
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(m=128), "tile \\[64, 576, 64\\] or \\[64, 576, 128\\]"),
+    (dict(k=32), "tile \\[64, 576, 64\\] or \\[64, 576, 128\\]"),
+    (dict(instruction_n=128), "instruction_shape must be \\[64, 64, 16\\]"),
+    (dict(cluster_z=3), "cluster_shape \\[1, 1, Z\\] with Z in 1, 2, 4"),
+    (dict(stages=7), "stages must be 0 \\(as many as fit, 6\\) or 2..6"),
+    (dict(k=128, stages=5), "or 2..4"),
+    (dict(kernel_schedule=cutlass.KernelScheduleType.TmaWarpSpecializedCooperative), "Auto or TmaWarpSpecialized"),
+    (dict(out=_D.bfloat16), "C must hold float16 or float32"),
+])
+def test_the_filter_taps_kernel_refuses_what_it_does_not_build(kw, match):
+    with pytest.raises(DescriptionError, match=match):
+        _taps(**kw)
+
+
+def test_fprop_and_dgrad_have_no_filter_taps_tile():
+    math = cutlass.MathInstruction([64, 64, 16], _D.float16, _D.float16, _D.float32, cutlass.OpClass.TensorOp)
+    tile = cutlass.TileDescription([64, 576, 64], 0, None, math)
+    operand = cutlass.TensorDescription(_D.float16, _NHWC, 8)
+    for kind in (pconv.Operator.fprop, pconv.Operator.dgrad):
+        support = pconv.StrideSupport.Unity if kind is pconv.Operator.dgrad else pconv.StrideSupport.Strided
+        with pytest.raises(DescriptionError, match="tile N must be 64, 128 or 256, got 576"):
+            cutlass.Conv2dOperation(kind, pconv.IteratorAlgorithm.optimized, 90, tile, operand, operand, operand,
+                                    support, cutlass.LinearCombination(_D.float16, 8, _D.float32, _D.float32))
+
+
+def test_filter_taps_problem_checks():
+    op = _taps(cluster_z=4)
+    op.check_problem_size(_problem(c=128, k=64))
+    op.check_problem_size(_problem(n=2, h=56, w=70, c=64, k=192, pad=(0, 3)))
+    op.check_problem_size(_problem(split=16383))
+    for problem, match in ((_problem(r=1, s=1, pad=(0, 0)), "built for 3x3 filters, got 1x1"),
+                           (_problem(stride=(2, 2)), "stride and dilation must be \\(1, 1\\)"),
+                           (_problem(dilation=(2, 2), h=12), "stride and dilation must be \\(1, 1\\)"),
+                           (_problem(c=96), "C \\(input channels\\) must be a multiple of 64"),
+                           (_problem(k=72), "K \\(output channels\\) must be a multiple of 64"),
+                           (_problem(split=16384), "at most 16383 slices")):
+        with pytest.raises(ArgumentError, match=match):
+            op.check_problem_size(problem)
+
+
+def test_filter_taps_emission_and_abi():
+    from pycutlass.emit import emitter
+    from pycutlass.kinds.conv2d_sm90.abi import Sm90Conv2dArgs, Sm90WgradTapsArgs
+
+    ops = [_taps(), _taps(_D.bfloat16, _D.bfloat16, k=128, stages=3, cluster_z=2)]
+    unit = emitter.translation_unit(ops)
+    assert unit.count("#ifndef PYCUTLASS_FILTER_TAPS_WGRAD") == 2  # the kernel's text is include-guarded
+    assert "FilterTapsWgrad<cutlass::half_t, float, 1, 6,\n" in unit
+    assert "FilterTapsWgrad<cutlass::bfloat16_t, cutlass::bfloat16_t, 2, 3,\n" in unit
+    assert "__cluster_dims__(1, 1, 1)" in unit and "__cluster_dims__(1, 1, 2)" in unit
+    for op in ops:
+        assert f"{op.name}_build(pycutlass_abi::Sm90WgradTapsArgs a" in unit
+        assert f"{op.name}_slices" not in unit  # the kernel splits K itself: no per-slice Params
+    assert "SM90_TMA_LOAD_4D" in unit and "mapa.shared::cluster" in unit
+    assert Sm90WgradTapsArgs.splits.offset == ctypes.sizeof(Sm90Conv2dArgs)
+    args = ops[0].make_abi_arguments(_problem(split=5), 1, 2, 0, 4, ops[0].epilogue_type(1.0, 0.0))
+    assert (args.splits, args.ptr_C, args.r, args.s) == (5, 4, 3, 3)
+
+
+def test_filter_taps_split_k_is_parallel_only():
+    np = pytest.importorskip("numpy")
+    op = _taps()
+    ps = _problem(c=64, k=64)
+    A = np.zeros((1, 9, 9, 64), np.float16)
+    B = np.zeros((1, 9, 9, 64), np.float16)
+    D = np.zeros((64, 3, 3, 64), np.float32)
+    with pytest.raises(ArgumentError, match="splits K in parallel only"):
+        cutlass.Conv2dArguments(op, ps, A, B, None, D, split_k_slices=2)
+
+
+@pytest.mark.slow
+def test_nvrtc_compiles_the_filter_taps_kernel_without_spills():
+    """Two filter-tap-reuse operations (one with a cluster of 4) through NVRTC with ptxas's report (about 20 s on two
+    cores): 512 threads leave 128 registers a thread, which the consumers' 96 accumulators must fit."""
+    ops = [_taps(), _taps(_D.bfloat16, _D.bfloat16, k=128, cluster_z=4)]
+    report = _ptxas_report(ops)
+    for op in ops:
+        spills, registers = report[op.name]
+        assert spills == 0 and registers <= 128, (op.name, spills, registers)

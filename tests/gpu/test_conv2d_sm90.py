@@ -100,8 +100,26 @@ REDUCTIONS = {element: cutlass.ReductionOperation(cutlass.MatrixCoord(4, 32 * 8)
                                                   cutlass.TensorDescription(element, cutlass.RowMajor, 8),
                                                   D.float32, D.float32, D.float32, count=8)
               for element in (D.float16, D.bfloat16)}
+
+
+def taps_op(element, out, rows=1, stages=0, cluster_z=1):
+    """The filter-tap-reuse wgrad (tile N = 9*64: all taps of a 3x3 filter, 64 input channels, in one CTA;
+    clusters of ``cluster_z`` CTAs along z add their sums through distributed shared memory)."""
+    math = cutlass.MathInstruction([64, 64, 16], element, element, D.float32, cutlass.OpClass.TensorOp)
+    tile_d = cutlass.TileDescription([64, 9 * 64, 64 * rows], stages, None, math, cluster_shape=[1, 1, cluster_z])
+    operand = cutlass.TensorDescription(element, NHWC, 8)
+    output = cutlass.TensorDescription(out, NHWC, 4 if out is D.float32 else 8)
+    return cutlass.Conv2dOperation(WGRAD, pconv.IteratorAlgorithm.optimized, 90, tile_d, operand, operand, output,
+                                   pconv.StrideSupport.Strided,
+                                   cutlass.LinearCombination(out, output.alignment, D.float32, D.float32))
+
+
+TAPS_OPS = {"f16-f16": taps_op(D.float16, D.float16), "bf16-bf16-rows2-z2": taps_op(D.bfloat16, D.bfloat16, 2, 0, 2),
+            "f16-f32": taps_op(D.float16, D.float32), "bf16-f32-rows2-s2": taps_op(D.bfloat16, D.float32, 2, 2),
+            "f16-f32-s3-z4": taps_op(D.float16, D.float32, 1, 3, 4), "f16-f16-z4": taps_op(D.float16, D.float16, 1, 0, 4),
+            "bf16-f32-z2": taps_op(D.bfloat16, D.float32, 1, 0, 2)}
 ALL_OPS = [*OPS.values(), *DGRAD_OPS.values(), *WGRAD_OPS.values(), *FUSED_OPS.values(),
-           *WGRAD_F32_OPS.values()]  # tests/gpu/precompile.py
+           *WGRAD_F32_OPS.values(), *TAPS_OPS.values()]  # tests/gpu/precompile.py
 NVCC_OPS = list(REDUCTIONS.values())
 
 
@@ -562,3 +580,78 @@ def test_cubins_hold_real_kernels_and_no_traps():
     """The SASS of every SM90 conv operation here: no trap instruction (NVRTC without a native __int128, or an encode
     compiled out), and each kernel holds a warpgroup MMA and a TMA load (not an empty kernel)."""
     scan_cubins(ALL_OPS)
+
+
+# --- the filter-tap-reuse wgrad (3x3, stride 1) ---------------------------------------------------------------------
+TAPS_SHAPES = [  # n, h, w, c, k, r, s, pad (t, b, l, r), stride, dilation
+    (1, 9, 9, 64, 64, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1)),
+    (2, 17, 13, 128, 64, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1)),       # rows narrower than a 64-pixel segment
+    (3, 8, 70, 64, 128, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1)),        # two segments a row, the second mostly empty
+    (2, 12, 10, 64, 192, 3, 3, (0, 0, 0, 0), (1, 1), (1, 1)),       # no padding
+    (1, 11, 67, 192, 64, 3, 3, (2, 1, 0, 2), (1, 1), (1, 1)),       # asymmetric padding
+    (2, 5, 5, 64, 64, 3, 3, (3, 3, 3, 3), (1, 1), (1, 1)),          # output rows that read only padding
+    (4, 56, 56, 64, 64, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1)),        # a ResNet-50 conv2_x layer
+]
+
+
+def _taps_inputs(op, shape, seed):
+    n, h, w, c, k, r, s, pad, stride, dilation = shape
+    ps = _problem(*shape)
+    dtype = getattr(torch, TORCH[op.A.element])
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x, dy = _random((n, h, w, c), dtype, gen), _random((n, ps.P, ps.Q, k), dtype, gen)
+    _, reference = _gradients(x, torch.zeros(k, r, s, c, device="cuda", dtype=dtype), dy, pad, stride, dilation)
+    return ps, x, dy, reference, gen
+
+
+@pytest.mark.parametrize("key", list(TAPS_OPS))
+@pytest.mark.parametrize("shape", TAPS_SHAPES, ids=lambda s: "x".join(map(str, s[:7])) + f"p{s[7][0]}{s[7][2]}")
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_filter_taps_wgrad_matches_float64(key, shape, beta):
+    """One slice: D = alpha * dW + beta * C written by the kernel itself, in C's type."""
+    op = TAPS_OPS[key]
+    ps, x, dy, reference, gen = _taps_inputs(op, shape, hash(("taps", key, shape, beta)) % 2**31)
+    k, r, s, c = shape[4], shape[5], shape[6], shape[3]
+    out_dtype = torch.float32 if op.C.element is D.float32 else getattr(torch, TORCH[op.C.element])
+    cc = torch.randn(k, r, s, c, device="cuda", generator=gen).to(out_dtype) if beta else None
+    dw = torch.full((k, r, s, c), float("nan"), device="cuda", dtype=out_dtype)
+    arguments = cutlass.Conv2dArguments(op, ps, dy, x, cc, dw, output_op=op.epilogue_type(0.75, beta))
+    op.run(arguments)
+    arguments.sync()
+    reference = 0.75 * reference + (beta * cc.double() if cc is not None else 0)
+    tolerance = 1e-4 if op.C.element is D.float32 else TOLERANCE[op.C.element]
+    error = relative_error(dw.float().cpu().numpy(), reference.cpu().numpy())
+    assert error < tolerance, (key, shape, beta, error)
+
+
+TAPS_F32 = [key for key, op in TAPS_OPS.items() if op.C.element is D.float32]
+
+
+@pytest.mark.parametrize("key", TAPS_F32)
+@pytest.mark.parametrize("shape", TAPS_SHAPES, ids=lambda s: "x".join(map(str, s[:7])) + f"p{s[7][0]}{s[7][2]}")
+@pytest.mark.parametrize("slices", [2, 7, 150])
+def test_filter_taps_wgrad_parallel_split_k(key, shape, slices):
+    """float32 partials of runs of 64-pixel row segments (one launch, a cluster of z layers per slice; slices beyond
+    the segments write zeros), then the reduction; twice, the second time on new tensors (the Params of a seen
+    problem, patched)."""
+    op = TAPS_OPS[key]
+    element = op.A.element
+    reduction = REDUCTIONS[element]
+    k, r, s, c = shape[4], shape[5], shape[6], shape[3]
+    dtype = getattr(torch, TORCH[element])
+    for attempt in range(2):
+        ps, x, dy, reference, gen = _taps_inputs(op, shape, hash(("taps-split", key, shape, slices, attempt)) % 2**31)
+        cc = _random((k, r, s, c), dtype, gen)
+        dw = torch.full((k, r, s, c), float("nan"), device="cuda", dtype=dtype)
+        arguments = cutlass.Conv2dArguments(op, ps, dy, x, None, None, split_k_mode=pconv.SplitKMode.Parallel,
+                                            split_k_slices=slices)
+        m, nn = arguments.reduction_problem_size
+        reduce = cutlass.ReductionArguments(reduction, [m, nn], slices, arguments, dw.view(m, nn), cc.view(m, nn),
+                                            reduction.epilogue_type(0.75, 0.5),
+                                            partition_stride=arguments.partition_stride)
+        op.run(arguments)
+        reduction.run(reduce)
+        reduce.sync()
+        expected = (0.75 * reference + 0.5 * cc.double()).cpu().numpy()
+        error = relative_error(dw.float().cpu().numpy(), expected)
+        assert error < TOLERANCE[element], (key, shape, slices, attempt, error)

@@ -36,3 +36,11 @@ class Sm90Conv2dPersistentArgs(AbiStruct):
 
     _pointers_ = Sm90Conv2dArgs._pointers_
     _fields_ = Sm90Conv2dArgs._fields_ + [("sm_count", ctypes.c_int32), ("reserved", ctypes.c_int32)]
+
+
+class Sm90WgradTapsArgs(AbiStruct):
+    """``Sm90Conv2dArgs`` for the filter-tap-reuse wgrad kernel (``filter_taps_wgrad.cuh``), plus its parallel
+    split-K slice count (one launch, ``gridDim.z`` slices; 1 writes the gradient itself)."""
+
+    _pointers_ = Sm90Conv2dArgs._pointers_
+    _fields_ = Sm90Conv2dArgs._fields_ + [("splits", ctypes.c_int32), ("reserved", ctypes.c_int32)]

@@ -8,7 +8,8 @@ an ordinary wgrad problem (Params built as for any problem) writing its own part
 runs them all (blockIdx.z picks the slice's Params from an array on the device). Up to N slices are runs of whole
 images; N*F slices cut every image into F runs of output rows, each a one-image problem over the input rows those
 rows read (its own top and bottom padding). A ReductionOperation then adds the partials, as for Sm80-family parallel
-split-K. Serial split-K is refused."""
+split-K. Serial split-K is refused. The filter-tap-reuse wgrad (tile N = 9*64) splits K itself: one Params, and
+``split_k_slices`` clusters of CTAs along the grid's z, each summing its own run of output-row segments."""
 from __future__ import annotations
 
 
@@ -108,7 +109,7 @@ class Conv2dArgumentsSm90(Conv2dArguments):
     def _materialize(self) -> None:
         # What C may be, checked after the base class validated the tensors and before anything reaches a device.
         operation = self.operation
-        if self.parallel and self.split_k_slices > 1:
+        if self.parallel and self.split_k_slices > 1 and not operation.filter_taps:
             self._slices = wgrad_slices(self.problem_size, self.split_k_slices)
             for part, _, _ in self._slices:
                 operation.check_problem_size(part)
@@ -144,7 +145,7 @@ class Conv2dArgumentsSm90(Conv2dArguments):
 
     # --- parallel split-K by images --------------------------------------------------------------------------
     def _prepare(self) -> PreparedLaunch:
-        if self._prepared is None and self.parallel and self.split_k_slices > 1:
+        if self._prepared is None and self.parallel and self.split_k_slices > 1 and not self.operation.filter_taps:
             self._prepared = self._prepare_slices()
         return super()._prepare()
 

@@ -21,6 +21,12 @@ parallel split-K by images, ``arguments.py``), f32 accumulation, NHWC, 16-byte a
   a grid of at most one CTA per SM walks the tiles, loading the next tile's stages during the last one's epilogue.
   CUTLASS's own builder refuses this schedule for conv ("Persistent schedules not support for conv yet").
 
+wgrad has a third kernel, pycutlass's filter-tap-reuse wgrad (``filter_taps_wgrad.cuh``), built for a tile of N =
+9*64 (``[64, 576, 64]`` or ``[64, 576, 128]``, a ``[64, 64, 16]`` instruction, cluster ``[1, 1, Z]`` with Z 1, 2
+or 4): a CTA covers 64 output channels x all nine taps of a 3x3 filter x 64 input channels and reads each activation
+pixel once for the nine taps. It computes 3x3, stride-1, dilation-1 problems with C and K multiples of 64, splits K
+over its own grid (parallel split-K in one launch) and writes alpha * sum + beta * C in C's type.
+
 fprop and dgrad write through the
 ``TmaWarpSpecialized`` epilogue (im2col TMA store; ``TmaWarpSpecializedCooperative`` with the cooperative schedule)
 with a linear combination, any of the activations, and with
@@ -50,7 +56,7 @@ from ..families.sm90 import (NVRTC_SHIM, Sm90Operation, check_cluster_shape, che
                              check_epilogue_types, check_explicit_stages, check_schedule_tile_m, check_tensor_op,
                              check_tile_k, check_tile_n, check_tma_alignment, derived_warp_count,
                              epilogue_smem_bytes)
-from .abi import Sm90Conv2dArgs, Sm90Conv2dPersistentArgs, Sm90ConvSlices
+from .abi import Sm90Conv2dArgs, Sm90Conv2dPersistentArgs, Sm90ConvSlices, Sm90WgradTapsArgs
 
 _F16, _BF16, _F32 = DataType.float16, DataType.bfloat16, DataType.float32
 _NHWC = LayoutType.TensorNHWC
@@ -67,6 +73,37 @@ _SM_SMEM_BYTES = 228 * 1024
 _CTA_RESERVED_BYTES = 1024
 _BARRIER_BYTES = 1024  # the barriers, rounded up
 _TWO_CTA_OUTPUTS = 128 * 64
+
+
+# The filter-tap-reuse wgrad (filter_taps_wgrad.cuh): tile 64 x 9*64 (64 output channels x the nine taps of a 3x3
+# filter x 64 input channels), a stage of 1 or 2 output-row segments of 64 pixels (tile K 64 or 128), 64x64x16 wgmma
+# per tap, three consumer warpgroups and a producer warpgroup.
+FILTER_TAPS_TILE_N = 9 * 64
+_TAPS_SEGMENT = 64  # output pixels of a row segment (the kernel's kQ)
+_TAPS_MAX_SMEM = 227 * 1024  # an SM90 CTA's dynamic shared memory
+
+
+def filter_taps_stage_bytes(rows: int) -> int:
+    """One stage of the filter-tap-reuse kernel: ``rows`` segments of output gradient and their activation halo
+    ((rows + 2) x 66 pixels), 128-byte lines of 64 channels, each buffer on a 1024-byte boundary."""
+    def padded(size):
+        return -(-size // 1024) * 1024
+    return padded(rows * _TAPS_SEGMENT * 128) + padded((rows + 2) * (_TAPS_SEGMENT + 2) * 128)
+
+
+def filter_taps_max_stages(rows: int) -> int:
+    """The most stages that fit a CTA (with the barriers and 1 KiB of alignment slack)."""
+    stage = filter_taps_stage_bytes(rows)
+    return (_TAPS_MAX_SMEM - 1024) // (stage + 16)
+
+
+def filter_taps_kernel() -> str:
+    """pycutlass's filter-tap-reuse wgrad kernel (include-guarded)."""
+    return resources.files(__package__).joinpath("filter_taps_wgrad.cuh").read_text()
+
+
+def _is_filter_taps(conv_kind, tile: TileDescription) -> bool:
+    return conv_kind is Operator.wgrad and tile.threadblock_shape[1] == FILTER_TAPS_TILE_N
 
 
 def overlay() -> str:
@@ -129,10 +166,19 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
         self.stride_support = stride_support
         self._describe(90, tile_description, A, B, C, epilogue_functor, swizzling_functor)
         self.bias = bias
-        self.kernel_schedule = _KS.TmaWarpSpecializedCooperative if _is_cooperative(tile_description) else \
-            _KS.TmaWarpSpecialized
-        _check(what, conv_kind, tile_description, A, B, C, epilogue_functor, bias, self.kernel_schedule)
+        if self.filter_taps:
+            self.kernel_schedule = _KS.TmaWarpSpecialized
+            _check_filter_taps(what, tile_description, A, B, C, epilogue_functor)
+        else:
+            self.kernel_schedule = _KS.TmaWarpSpecializedCooperative if _is_cooperative(tile_description) else \
+                _KS.TmaWarpSpecialized
+            _check(what, conv_kind, tile_description, A, B, C, epilogue_functor, bias, self.kernel_schedule)
         self.epilogue_schedule = _epilogue_schedule(conv_kind, self.cooperative)
+
+    @property
+    def filter_taps(self) -> bool:
+        """Built as pycutlass's filter-tap-reuse wgrad (tile N = 9*64: all taps of a 3x3 filter in one CTA)."""
+        return _is_filter_taps(self.conv_kind, self.tile_description)
 
     @property
     def cooperative(self) -> bool:
@@ -141,8 +187,21 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
 
     @property
     def abi_struct_type(self):
-        """The cooperative kernel's builder also takes the SM count its persistent grid may use."""
+        """The cooperative kernel's builder also takes the SM count its persistent grid may use; the filter-tap-reuse
+        kernel's, its split-K slice count."""
+        if self.filter_taps:
+            return Sm90WgradTapsArgs
         return Sm90Conv2dPersistentArgs if self.cooperative else Sm90Conv2dArgs
+
+    @property
+    def filter_taps_rows(self) -> int:
+        """Output-row segments of 64 pixels a stage of the filter-tap-reuse kernel holds (tile K / 64)."""
+        return self.tile_description.threadblock_shape[2] // _TAPS_SEGMENT
+
+    @property
+    def filter_taps_stages(self) -> int:
+        """The filter-tap-reuse kernel's stages: as given, or as many as fit (stages=0)."""
+        return self.tile_description.stages or filter_taps_max_stages(self.filter_taps_rows)
 
     @property
     def ctas_per_sm(self) -> int:
@@ -150,7 +209,7 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
         SM and the tile has at most 128x64 outputs (the kernel is built with ``__launch_bounds__(256, 2)``); else 1
         (``stages=0``: CUTLASS fills the SM's shared memory with stages)."""
         tile = self.tile_description
-        if not tile.stages or self.cooperative:
+        if not tile.stages or self.cooperative or self.filter_taps:
             return 1
         m, n, k = tile.threadblock_shape
         mainloop = tile.stages * (m + n) * k * self.A.element.bits // 8
@@ -177,9 +236,11 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
         s = names.SHORT
         m, n, k = tile.threadblock_shape
         cm, cn, _ = tile.cluster_shape
+        cluster = f"c{cm}x{cn}x{tile.cluster_shape[2]}" if self.filter_taps else f"c{cm}x{cn}"
         return (f"conv2d_sm90_{self.conv_kind.name}_{s[self.A.element]}{s[self.C.element]}"
-                f"{s[tile.math_instruction.element_accumulator]}_nhwc_{m}x{n}x{k}_c{cm}x{cn}_"
-                + (f"s{tile.stages}_" if tile.stages else "") + ("coop_" if self.cooperative else "ws_")
+                f"{s[tile.math_instruction.element_accumulator]}_nhwc_{m}x{n}x{k}_{cluster}_"
+                + (f"s{tile.stages}_" if tile.stages else "")
+                + ("coop_" if self.cooperative else "taps_" if self.filter_taps else "ws_")
                 + f"a{self.A.alignment}{self.B.alignment}{self.C.alignment}"
                 + ("_bias" if self.bias else "")
                 + (f"_{self.epilogue_functor.activation.name}" if self.epilogue_functor.activation else ""))
@@ -193,6 +254,8 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
         ps = problem_size
         kind = self.conv_kind
         where = f"{self.name} (SM90 {kind.name})"
+        if self.filter_taps:
+            return _check_filter_taps_problem(where, ps, self.tile_description.cluster_shape[2])
         if ps.split_k_slices != 1 and kind is not Operator.wgrad:
             raise ArgumentError(f"{where}: CUTLASS 4.2's SM90 convolution has no split-K; split_k_slices must be 1, "
                                 f"got {ps.split_k_slices} (SM90 splits only wgrad, by images; use an Sm80-family "
@@ -245,6 +308,8 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
         single-consumer kernel, whose grid is one CTA per tile)."""
         ps = problem_size
         args = self.abi_struct_type()
+        if self.filter_taps:
+            args.splits = ps.split_k_slices  # parallel split-K: one launch, a z layer per slice
         if self.cooperative:
             cluster = self.cluster_shape[0] * self.cluster_shape[1]
             if sm_count < cluster:
@@ -275,7 +340,7 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
 
     def abi_structs(self) -> tuple:
         """wgrad units also declare their slices kernel's argument (fprop and dgrad units are unchanged)."""
-        extra = (Sm90ConvSlices,) if self.conv_kind is Operator.wgrad else ()
+        extra = (Sm90ConvSlices,) if self.conv_kind is Operator.wgrad and not self.filter_taps else ()
         return (*super().abi_structs(), *extra)
 
     # --- emission -------------------------------------------------------------------------------------------
@@ -284,6 +349,10 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
         return preambles()
 
     def headers(self) -> list[str]:
+        if self.filter_taps:
+            return ["cute/tensor.hpp", "cute/arch/copy_sm90_tma.hpp", "cute/arch/mma_sm90_gmma.hpp",
+                    "cute/atom/mma_traits_sm90_gmma.hpp", "cutlass/arch/barrier.h", "cutlass/arch/reg_reconfig.h",
+                    "cutlass/numeric_conversion.h"]
         return ["cute/tensor.hpp", "cutlass/conv/collective/collective_builder.hpp",
                 "cutlass/epilogue/collective/collective_builder.hpp", "cutlass/epilogue/thread/activation.h",
                 "cutlass/conv/convnd_problem_shape.hpp", "cutlass/util/packed_stride.hpp"]
@@ -291,6 +360,11 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
     def emit_body(self) -> str:
         tile = self.tile_description
         functor = self.epilogue_functor
+        if self.filter_taps:
+            return self.render("wgrad_taps.cu.j2", name=self.name, summary=self.describe(),
+                               filter_taps_kernel=filter_taps_kernel(), element=names.ELEMENT[self.A.element],
+                               element_c=names.ELEMENT[self.C.element], rows=self.filter_taps_rows,
+                               stages=self.filter_taps_stages, cluster_z=tile.cluster_shape[2])
         return self.render(
             "conv2d_sm90.cu.j2", name=self.name, summary=self.describe(), cooperative=self.cooperative,
             abi_struct=self.abi_struct_type.__name__,
@@ -311,10 +385,17 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
                 f"B={self.B.element.label}/nhwc/{self.B.alignment} C={self.C.element.label}/nhwc/{self.C.alignment} "
                 f"acc={tile.math_instruction.element_accumulator.label} tile={list(tile.threadblock_shape)} "
                 f"cluster={list(tile.cluster_shape)} kernel="
-                f"{'pycutlass PersistentCooperative' if self.cooperative else 'KernelImplicitTmaWarpSpecializedSm90'} "
+                f"{self._kernel_label()} "
                 f"epilogue={self.epilogue_schedule.value} epilogue_op={self.epilogue_functor.describe()}"
                 f"{' bias=per-channel' if self.bias else ''}"
                 + (f" stages={tile.stages} ctas_per_sm={self.ctas_per_sm}" if tile.stages else ""))
+
+
+    def _kernel_label(self) -> str:
+        if self.filter_taps:
+            return (f"pycutlass FilterTapsWgrad(rows={self.filter_taps_rows}, stages={self.filter_taps_stages}, "
+                    f"cluster_z={self.tile_description.cluster_shape[2]})")
+        return "pycutlass PersistentCooperative" if self.cooperative else "KernelImplicitTmaWarpSpecializedSm90"
 
 
 _CONV_OPS = {Operator.fprop: "kFprop", Operator.dgrad: "kDgrad", Operator.wgrad: "kWgrad"}
@@ -346,7 +427,8 @@ def _epilogue_schedule(conv_kind, cooperative: bool) -> EpilogueScheduleType:
     return _ES.TmaWarpSpecializedCooperative if cooperative else _ES.TmaWarpSpecialized
 
 
-def _check(what, conv_kind, tile: TileDescription, A, B, C, functor, bias, schedule: KernelScheduleType) -> None:
+def _check_types(what, conv_kind, tile: TileDescription, A, B, C, functor) -> None:
+    """Operand, accumulator, layout and epilogue types (every SM90 conv kernel)."""
     math = tile.math_instruction
     check_tensor_op(what, math, "the SM90 convolution")
     element = math.element_a
@@ -378,6 +460,11 @@ def _check(what, conv_kind, tile: TileDescription, A, B, C, functor, bias, sched
                             "LinearCombination or LinearCombinationGeneric (any activation), optionally with bias=True")
     # The convolution's epilogue has always taken a functor of any accumulator type (it reads float32).
     check_epilogue_types(what, functor, C, accumulator=None)
+
+
+def _check(what, conv_kind, tile: TileDescription, A, B, C, functor, bias, schedule: KernelScheduleType) -> None:
+    _check_types(what, conv_kind, tile, A, B, C, functor)
+    element = tile.math_instruction.element_a
     m, n, k = tile.threadblock_shape
     cooperative = schedule is _KS.TmaWarpSpecializedCooperative
     if tile.kernel_schedule not in (_KS.Auto, _KS.TmaWarpSpecialized, _KS.TmaWarpSpecializedCooperative):
@@ -398,3 +485,64 @@ def _check(what, conv_kind, tile: TileDescription, A, B, C, functor, bias, sched
     if tile.stages:  # StageCount<S>: 2 or more stages that fit one CTA beside the epilogue's buffers
         check_explicit_stages(what, tile, cooperative, wanted, C.element, element.bits)
     check_derived_warp_count(what, tile, schedule)
+
+
+def _check_filter_taps(what, tile: TileDescription, A, B, C, functor) -> None:
+    """The filter-tap-reuse wgrad (tile N = 9*64): what its one kernel is built for."""
+    _check_types(what, Operator.wgrad, tile, A, B, C, functor)
+    m, n, k = tile.threadblock_shape
+    if m != 64 or k not in (64, 128):
+        raise DescriptionError(f"{what}: the filter-tap-reuse wgrad (tile N = {FILTER_TAPS_TILE_N}: 64 input "
+                               f"channels x the nine taps of a 3x3 filter) computes 64 output channels a CTA over "
+                               f"stages of one or two 64-pixel output-row segments: tile [64, {FILTER_TAPS_TILE_N}, "
+                               f"64] or [64, {FILTER_TAPS_TILE_N}, 128], got {list(tile.threadblock_shape)}",
+                               rule="conv2d_sm90.filter_taps_tile")
+    if tuple(tile.math_instruction.instruction_shape) != (64, 64, 16):
+        raise DescriptionError(f"{what}: the filter-tap-reuse wgrad issues one 64x64x16 wgmma per filter tap: "
+                               f"instruction_shape must be [64, 64, 16], got "
+                               f"{list(tile.math_instruction.instruction_shape)}", rule="conv2d_sm90.filter_taps_tile")
+    if tuple(tile.cluster_shape) not in ((1, 1, 1), (1, 1, 2), (1, 1, 4)):
+        raise DescriptionError(f"{what}: the filter-tap-reuse wgrad's clusters lie along z: cluster_shape [1, 1, Z] "
+                               f"with Z in 1, 2, 4 CTAs that split a slice's pixels and add their sums through "
+                               f"distributed shared memory, got {list(tile.cluster_shape)}", rule="sm90.cluster_shape")
+    if tile.kernel_schedule not in (_KS.Auto, _KS.TmaWarpSpecialized):
+        raise DescriptionError(f"{what}: the filter-tap-reuse wgrad is its own warp-specialized kernel (a producer "
+                               f"and one consumer warpgroup per filter row): kernel_schedule must be Auto or "
+                               f"TmaWarpSpecialized, got {tile.kernel_schedule.value}", rule="sm90.kernel_schedule")
+    check_epilogue_schedule(what, tile, _ES.NoSmemWarpSpecialized, "for the filter-tap-reuse wgrad")
+    check_default_tile_scheduler(what, tile, "the filter-tap-reuse wgrad splits K over its grid itself")
+    if tile.warp_count is not None and tuple(tile.warp_count) != (12, 1, 1):
+        raise DescriptionError(f"{what}: the filter-tap-reuse wgrad's warps are fixed (three consumer warpgroups): "
+                               f"pass warp_count None or [12, 1, 1], got {list(tile.warp_count)}",
+                               rule="sm90.warp_count_derived")
+    most = filter_taps_max_stages(k // _TAPS_SEGMENT)
+    if tile.stages and not 2 <= tile.stages <= most:
+        raise DescriptionError(f"{what}: the filter-tap-reuse wgrad's stages of tile K {k} are "
+                               f"{filter_taps_stage_bytes(k // _TAPS_SEGMENT)} bytes each: stages must be 0 (as many "
+                               f"as fit, {most}) or 2..{most}, got {tile.stages}", rule="smem.capacity")
+
+
+def _check_filter_taps_problem(where: str, ps: Conv2dProblemSize, cluster_z: int) -> None:
+    """What the filter-tap-reuse kernel computes: 3x3 filters, stride and dilation 1, channels in 64s."""
+    if (ps.R, ps.S) != (3, 3):
+        raise ArgumentError(f"{where}: the filter-tap-reuse wgrad (tile N = {FILTER_TAPS_TILE_N}) is built for 3x3 "
+                            f"filters, got {ps.R}x{ps.S}; use an implicit-GEMM wgrad tile (N 64..256)")
+    if (ps.stride_h, ps.stride_w) != (1, 1) or (ps.dilation_h, ps.dilation_w) != (1, 1):
+        raise ArgumentError(f"{where}: the filter-tap-reuse wgrad reads neighbouring pixels as the taps' shifts: "
+                            f"stride and dilation must be (1, 1), got stride ({ps.stride_h}, {ps.stride_w}), "
+                            f"dilation ({ps.dilation_h}, {ps.dilation_w}); use an implicit-GEMM wgrad tile")
+    if ps.groups != 1:
+        raise ArgumentError(f"{where}: grouped convolution is not built for SM90 (groups={ps.groups})")
+    if Mode(ps.mode) is not Mode.cross_correlation:
+        raise ArgumentError(f"{where}: only Mode.cross_correlation is built for SM90, got {Mode(ps.mode).name}")
+    for label, extent in (("C (input channels)", ps.C), ("K (output channels)", ps.K)):
+        if extent % 64:
+            raise ArgumentError(f"{where}: a CTA of the filter-tap-reuse wgrad covers 64 input and 64 output "
+                                f"channels, so {label} must be a multiple of 64; the problem has {extent}")
+    if not 1 <= ps.split_k_slices * cluster_z <= 65535:
+        raise ArgumentError(f"{where}: split_k_slices clusters of {cluster_z} CTAs make the launch's grid z "
+                            f"(at most 65535): at most {65535 // cluster_z} slices, got {ps.split_k_slices}")
+    for label, count in (("A", ps.N * ps.H * ps.W * ps.C), ("B", ps.K * ps.R * ps.S * ps.C),
+                         ("C/D", ps.N * ps.P * ps.Q * ps.K)):
+        if count >= _MAX_TENSOR_ELEMENTS:
+            raise ArgumentError(f"{where}: tensor {label} has {count} elements; at most 2^31 - 1 here")
