@@ -267,10 +267,7 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
                                 f"at most the batch N = {ps.N} (runs of images) or a multiple of N up to N*P = "
                                 f"{ps.N * ps.P} (every image cut into that many / N runs of rows), got "
                                 f"{ps.split_k_slices}")
-        if ps.groups != 1:
-            raise ArgumentError(f"{where}: grouped convolution is not built for SM90 (groups={ps.groups})")
-        if Mode(ps.mode) is not Mode.cross_correlation:
-            raise ArgumentError(f"{where}: only Mode.cross_correlation is built for SM90, got {Mode(ps.mode).name}")
+        _check_sm90_problem(where, ps)
         if kind is Operator.dgrad and (ps.stride_h, ps.stride_w) != (1, 1):
             # CUTLASS 4.2's SM90 dgrad maps the stride phases to the GEMM's L mode, which its im2col TMA epilogue
             # ignores ("ignore L stride for implicit gemm"): every phase would store to the same pixels.
@@ -297,10 +294,6 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
             if not (-128 <= lower < 128 and -128 <= upper < 128):
                 raise ArgumentError(f"{where}: the im2col TMA box corners along {label} ({lower}, {upper}) must lie in "
                                     f"[-128, 128) (padding {pad}, filter {r}, dilation {dilation})")
-        for label, count in (("A", ps.N * ps.H * ps.W * ps.C), ("B", ps.K * ps.R * ps.S * ps.C),
-                             ("C/D", ps.N * ps.P * ps.Q * ps.K)):
-            if count >= _MAX_TENSOR_ELEMENTS:
-                raise ArgumentError(f"{where}: tensor {label} has {count} elements; at most 2^31 - 1 here")
 
     def make_abi_arguments(self, problem_size: Conv2dProblemSize, ptr_A: int, ptr_B: int, ptr_C: int, ptr_D: int,
                            output_op, *unused, sm_count: int = 0, **unused_keywords) -> Sm90Conv2dArgs:
@@ -531,10 +524,7 @@ def _check_filter_taps_problem(where: str, ps: Conv2dProblemSize, cluster_z: int
         raise ArgumentError(f"{where}: the filter-tap-reuse wgrad reads neighbouring pixels as the taps' shifts: "
                             f"stride and dilation must be (1, 1), got stride ({ps.stride_h}, {ps.stride_w}), "
                             f"dilation ({ps.dilation_h}, {ps.dilation_w}); use an implicit-GEMM wgrad tile")
-    if ps.groups != 1:
-        raise ArgumentError(f"{where}: grouped convolution is not built for SM90 (groups={ps.groups})")
-    if Mode(ps.mode) is not Mode.cross_correlation:
-        raise ArgumentError(f"{where}: only Mode.cross_correlation is built for SM90, got {Mode(ps.mode).name}")
+    _check_sm90_problem(where, ps)
     for label, extent in (("C (input channels)", ps.C), ("K (output channels)", ps.K)):
         if extent % 64:
             raise ArgumentError(f"{where}: a CTA of the filter-tap-reuse wgrad covers 64 input and 64 output "
@@ -542,6 +532,14 @@ def _check_filter_taps_problem(where: str, ps: Conv2dProblemSize, cluster_z: int
     if not 1 <= ps.split_k_slices * cluster_z <= 65535:
         raise ArgumentError(f"{where}: split_k_slices clusters of {cluster_z} CTAs make the launch's grid z "
                             f"(at most 65535): at most {65535 // cluster_z} slices, got {ps.split_k_slices}")
+
+
+def _check_sm90_problem(where: str, ps: Conv2dProblemSize) -> None:
+    """What every SM90 conv kernel refuses: groups, true convolution, tensors of 2^31 elements or more."""
+    if ps.groups != 1:
+        raise ArgumentError(f"{where}: grouped convolution is not built for SM90 (groups={ps.groups})")
+    if Mode(ps.mode) is not Mode.cross_correlation:
+        raise ArgumentError(f"{where}: only Mode.cross_correlation is built for SM90, got {Mode(ps.mode).name}")
     for label, count in (("A", ps.N * ps.H * ps.W * ps.C), ("B", ps.K * ps.R * ps.S * ps.C),
                          ("C/D", ps.N * ps.P * ps.Q * ps.K)):
         if count >= _MAX_TENSOR_ELEMENTS:
