@@ -285,6 +285,19 @@ def test_sm90_grouped_and_conv_points_take_clusters_schedules_and_stages():
     assert "cooperative 256x256 tile, 256 per consumer thread" in " ".join(spills.pruned_by_reason)
 
 
+def test_conv_spaces_build_the_filter_taps_wgrad():
+    """A wgrad tile of N = 9*64 in a space builds the filter-tap-reuse kernel: its instruction is one 64-wide wgmma
+    per filter tap, its clusters lie along z, and the spill filter counts its three consumer warpgroups (96
+    accumulators each)."""
+    space = SearchSpace(kind=["conv2d"], compute_capability=[90], conv_kind=["wgrad"], dtypes=["f16_f32acc"],
+                        threadblock_shape=[[64, 576, 64], [64, 576, 128]], cluster_shape=[[1, 1, 1], [1, 1, 2]],
+                        filters=["no_register_spills"]).build()
+    assert len(space.operations) == 4 and all(op.filter_taps for op in space.operations)
+    assert {tuple(op.tile_description.math_instruction.instruction_shape) for op in space.operations} == {(64, 64, 16)}
+    for op in space.operations:
+        assert build_operation(space.params_of(op)).name == op.name
+
+
 def test_a_space_is_immutable_and_its_built_form_checks_lookups():
     space = SearchSpace(**SMALL)
     with pytest.raises(AttributeError):
