@@ -653,10 +653,10 @@ def test_a_wgrad_tile_over_all_nine_taps_builds_the_filter_taps_kernel():
 
     op = _taps()
     assert isinstance(op, Conv2dOperationSm90) and op.filter_taps and not op.cooperative and op.ctas_per_sm == 1
-    assert "_64x576x64_c1x1x1_taps_" in op.name and "FilterTapsWgrad(rows=1, stages=6, cluster_z=1)" in op.describe()
+    assert "_64x576x64_c1x1x1_taps_" in op.name and "FilterTapsWgrad(stage_k=64, stages=6, cluster_z=1)" in op.describe()
     assert op.abi_struct_type is Sm90WgradTapsArgs and op.filter_taps_stages == filter_taps_max_stages(1) == 6
     wide = _taps(_D.bfloat16, _D.bfloat16, k=128, cluster_z=4)
-    assert (wide.filter_taps_rows, wide.filter_taps_stages) == (2, 4) and "_c1x1x4_taps_" in wide.name
+    assert wide.filter_taps_stages == 4 and "_c1x1x4_taps_" in wide.name
     assert len({op.name, _taps(cluster_z=2).name, _taps(stages=3).name, wide.name}) == 4
     # 192- and 128-wide wgrad tiles keep the implicit-GEMM kernel
     assert not sm90_conv(kind=pconv.Operator.wgrad, tile=(64, 192, 64)).filter_taps
@@ -710,8 +710,9 @@ def test_filter_taps_emission_and_abi():
     ops = [_taps(), _taps(_D.bfloat16, _D.bfloat16, k=128, stages=3, cluster_z=2)]
     unit = emitter.translation_unit(ops)
     assert unit.count("#ifndef PYCUTLASS_FILTER_TAPS_WGRAD") == 2  # the kernel's text is include-guarded
-    assert "FilterTapsWgrad<cutlass::half_t, float, 1, 6,\n" in unit
-    assert "FilterTapsWgrad<cutlass::bfloat16_t, cutlass::bfloat16_t, 2, 3,\n" in unit
+    assert "FilterTapsWgrad<cutlass::half_t, float, 64, 6,\n" in unit
+    assert "FilterTapsWgrad<cutlass::bfloat16_t, cutlass::bfloat16_t, 128, 3,\n" in unit
+    assert "a.q > 32 ? 64 : a.q > 16 ? 32 : 16" in unit  # the row segment follows the problem's width
     assert "__cluster_dims__(1, 1, 1)" in unit and "__cluster_dims__(1, 1, 2)" in unit
     for op in ops:
         assert f"{op.name}_build(pycutlass_abi::Sm90WgradTapsArgs a" in unit

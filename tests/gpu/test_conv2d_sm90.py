@@ -103,8 +103,9 @@ REDUCTIONS = {element: cutlass.ReductionOperation(cutlass.MatrixCoord(4, 32 * 8)
 
 
 def taps_op(element, out, rows=1, stages=0, cluster_z=1):
-    """The filter-tap-reuse wgrad (tile N = 9*64: all taps of a 3x3 filter, 64 input channels, in one CTA;
-    clusters of ``cluster_z`` CTAs along z add their sums through distributed shared memory)."""
+    """The filter-tap-reuse wgrad (tile N = 9*64: all taps of a 3x3 filter, 64 input channels, in one CTA; a stage of
+    64 * ``rows`` output pixels; clusters of ``cluster_z`` CTAs along z add their sums through distributed shared
+    memory). Rows of the shapes below take 64-, 32- and 16-pixel segments."""
     math = cutlass.MathInstruction([64, 64, 16], element, element, D.float32, cutlass.OpClass.TensorOp)
     tile_d = cutlass.TileDescription([64, 9 * 64, 64 * rows], stages, None, math, cluster_shape=[1, 1, cluster_z])
     operand = cutlass.TensorDescription(element, NHWC, 8)
@@ -591,6 +592,8 @@ TAPS_SHAPES = [  # n, h, w, c, k, r, s, pad (t, b, l, r), stride, dilation
     (1, 11, 67, 192, 64, 3, 3, (2, 1, 0, 2), (1, 1), (1, 1)),       # asymmetric padding
     (2, 5, 5, 64, 64, 3, 3, (3, 3, 3, 3), (1, 1), (1, 1)),          # output rows that read only padding
     (4, 56, 56, 64, 64, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1)),        # a ResNet-50 conv2_x layer
+    (3, 15, 28, 128, 64, 3, 3, (1, 1, 1, 1), (1, 1), (1, 1)),       # 32-pixel segments (a conv3_x row)
+    (1, 30, 17, 64, 128, 3, 3, (0, 2, 1, 1), (1, 1), (1, 1)),       # 32-pixel segments, 15 of them padding
 ]
 
 

@@ -5,9 +5,10 @@
 // The implicit-GEMM wgrad (dW[K, R*S*C] = dY^T[K, N*P*Q] x im2col(X)[N*P*Q, R*S*C]) loads the activation once per
 // filter tap: nine shifted copies of the same pixels pass from L2 into shared memory. With 64 output channels (a
 // 64-row filter gradient) that traffic, not the tensor cores, bounds the kernel. Here a CTA owns 64 output channels
-// x all nine taps x 64 input channels (tile 64 x 576), and a stage holds kRows output-row segments of 64 pixels:
-// their output gradient (kRows x 64 pixels x 64 channels) and the activation halo they read ((kRows + 2) rows x 66
-// pixels x 64 channels), both by tiled TMA whose out-of-bounds zero fill is the convolution's padding. Tap (r, s)
+// x all nine taps x 64 input channels (tile 64 x 576), and a stage holds kStageK output pixels: kStageK / Q
+// output-row segments of Q pixels (Q = 64, 32 or 16, the narrowest that spans an output row, chosen per problem by
+// the builder), their output gradient and the activation halo they read ((rows + 2) x (Q + 2) pixels x 64
+// channels), both by tiled TMA whose out-of-bounds zero fill is the convolution's padding. Tap (r, s)
 // is the halo seen through a wgmma descriptor moved down r rows and s pixels: one 128-byte swizzled line a pixel,
 // and the swizzle follows the shared-memory address, so a view that starts mid-pattern reads the right bytes.
 //
@@ -34,19 +35,23 @@ template <> struct FilterTapsMma<cutlass::bfloat16_t> {
   using Op = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<cute::GMMA::Major::MN, cute::GMMA::Major::MN>;
 };
 
-template <class Element_, class ElementC_, int kRows_, int kStages_, int kClusterZ_>
+template <class Element_, class ElementC_, int kStageK_, int kStages_, int kClusterZ_>
 struct FilterTapsWgrad {
   using Element = Element_;
   using ElementC = ElementC_;
-  static constexpr int kQ = 64;  // output pixels of a row segment: 16-byte aligned 128-byte lines of 64 channels
-  static constexpr int kRows = kRows_;
+  static constexpr int kStageK = kStageK_;  // output pixels a stage: 64 or 128
   static constexpr int kStages = kStages_;
-  static constexpr int kHaloLines = (kRows + 2) * (kQ + 2);
-  static constexpr int kDyBytes = kRows * kQ * 128;
-  static constexpr int kXBytes = kHaloLines * 128;
-  // each buffer starts on a 1024-byte swizzle pattern, as TMA's 128-byte swizzle requires
-  static constexpr int kDyStride = (kDyBytes + 1023) / 1024 * 1024;
-  static constexpr int kXStride = (kXBytes + 1023) / 1024 * 1024;
+  // A segment of Q pixels (128-byte lines of 64 channels), kStageK / Q rows of them a stage. The 64-pixel segment
+  // has the largest halo, so its buffers fit the narrower ones; each buffer starts on a 1024-byte swizzle pattern,
+  // as TMA's 128-byte swizzle requires.
+  template <int kQ>
+  struct Segment {
+    static constexpr int kRows = kStageK / kQ;
+    static constexpr int kDyBytes = kStageK * 128;
+    static constexpr int kXBytes = (kRows + 2) * (kQ + 2) * 128;
+  };
+  static constexpr int kDyStride = (Segment<64>::kDyBytes + 1023) / 1024 * 1024;
+  static constexpr int kXStride = (Segment<64>::kXBytes + 1023) / 1024 * 1024;
   static constexpr int kStageBytes = kDyStride + kXStride;
   static constexpr int kClusterZ = kClusterZ_;
   // The epilogue's staging of the nine 64 x 64 float32 tiles over the stages ([tap][k][c], rows padded by 4 floats:
@@ -63,13 +68,14 @@ struct FilterTapsWgrad {
   };
 
   struct Params {
-    cute::TmaDescriptor tma_dy;  // (K, Q, P, N) output gradient, box (64, 64, kRows, 1)
-    cute::TmaDescriptor tma_x;   // (C, W, H, N) activation, box (64, 66, kRows + 2, 1)
+    cute::TmaDescriptor tma_dy;  // (K, Q, P, N) output gradient, box (64, segment, rows, 1)
+    cute::TmaDescriptor tma_x;   // (C, W, H, N) activation, box (64, segment + 2, rows + 2, 1)
     ElementC *ptr_D;
     ElementC const *ptr_C;
     long long split_stride;  // elements from one slice's output to the next's
     float alpha, beta;
     int k, c, pad_h, pad_w, q_chunks, row_steps, total_units;
+    int segment;  // Q: 64, 32 or 16 output pixels
   };
 
   using Op = typename FilterTapsMma<Element>::Op;
@@ -108,14 +114,28 @@ struct FilterTapsWgrad {
     int const begin = int((long long)params.total_units * split / gridDim.z);
     int const end = int((long long)params.total_units * (split + 1) / gridDim.z);
 
+    switch (params.segment) {
+      case 16: mainloop<16>(params, smem, full, empty, begin, end, c0, k0, warp_group, thread_in_group); break;
+      case 32: mainloop<32>(params, smem, full, empty, begin, end, c0, k0, warp_group, thread_in_group); break;
+      default: mainloop<64>(params, smem, full, empty, begin, end, c0, k0, warp_group, thread_in_group); break;
+    }
+    reduce_cluster(params, smem, c0, k0);
+#endif
+  }
+
+  template <int kQ>
+  CUTLASS_DEVICE void mainloop(Params const &params, char *smem, uint64_t *full, uint64_t *empty, int begin, int end,
+                               int c0, int k0, int warp_group, int thread_in_group) {
+    using namespace cute;
+    using S = Segment<kQ>;
     if (warp_group == 0) {  // the producer
       if (thread_in_group == 0) {
         int stage = 0, phase = 0;
         for (int unit = begin; unit < end; ++unit) {
           cutlass::arch::ClusterBarrier::wait(&empty[stage], phase ^ 1);
-          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage], kDyBytes + kXBytes);
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[stage], S::kDyBytes + S::kXBytes);
           int const chunk = unit % params.q_chunks, rest = unit / params.q_chunks;
-          int const q0 = chunk * kQ, p0 = (rest % params.row_steps) * kRows, n = rest / params.row_steps;
+          int const q0 = chunk * kQ, p0 = (rest % params.row_steps) * S::kRows, n = rest / params.row_steps;
           char *buffer = smem + stage * kStageBytes;
           uint64_t const hint = uint64_t(TMA::CacheHintSm90::EVICT_NORMAL);
           SM90_TMA_LOAD_4D::copy(&params.tma_dy, &full[stage], hint, buffer, k0, q0, p0, n);
@@ -128,16 +148,16 @@ struct FilterTapsWgrad {
         }
       }
     } else {
-      consume(params, smem, full, empty, begin, end, warp_group - 1, thread_in_group);
+      consume<kQ>(full, empty, smem, begin, end, warp_group - 1, thread_in_group);
     }
-    reduce_cluster(params, smem, c0, k0);
-#endif
   }
 
   // A consumer warpgroup: the main loop of filter row r, then its accumulators staged in shared memory.
-  CUTLASS_DEVICE void consume(Params const &params, char *smem, uint64_t *full, uint64_t *empty, int begin, int end,
-                              int r, int thread_in_group) {
+  template <int kQ>
+  CUTLASS_DEVICE void consume(uint64_t *full, uint64_t *empty, char *smem, int begin, int end, int r,
+                              int thread_in_group) {
     using namespace cute;
+    constexpr int kRows = Segment<kQ>::kRows;
     float acc[3][32];
     CUTLASS_PRAGMA_UNROLL
     for (int s = 0; s < 3; ++s) {

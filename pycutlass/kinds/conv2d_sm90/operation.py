@@ -22,9 +22,9 @@ parallel split-K by images, ``arguments.py``), f32 accumulation, NHWC, 16-byte a
   CUTLASS's own builder refuses this schedule for conv ("Persistent schedules not support for conv yet").
 
 wgrad has a third kernel, pycutlass's filter-tap-reuse wgrad (``filter_taps_wgrad.cuh``), built for a tile of N =
-9*64 (``[64, 576, 64]`` or ``[64, 576, 128]``, a ``[64, 64, 16]`` instruction, cluster ``[1, 1, Z]`` with Z 1, 2
-or 4): a CTA covers 64 output channels x all nine taps of a 3x3 filter x 64 input channels and reads each activation
-pixel once for the nine taps. It computes 3x3, stride-1, dilation-1 problems with C and K multiples of 64, splits K
+9*64 (``[64, 576, 64]`` or ``[64, 576, 128]``: 64 or 128 output pixels a stage, a ``[64, 64, 16]`` instruction,
+cluster ``[1, 1, Z]`` with Z 1, 2 or 4): a CTA covers 64 output channels x all nine taps of a 3x3 filter x 64 input
+channels and reads each activation pixel once for the nine taps. It computes 3x3, stride-1, dilation-1 problems with C and K multiples of 64, splits K
 over its own grid (parallel split-K in one launch) and writes alpha * sum + beta * C in C's type.
 
 fprop and dgrad write through the
@@ -76,8 +76,9 @@ _TWO_CTA_OUTPUTS = 128 * 64
 
 
 # The filter-tap-reuse wgrad (filter_taps_wgrad.cuh): tile 64 x 9*64 (64 output channels x the nine taps of a 3x3
-# filter x 64 input channels), a stage of 1 or 2 output-row segments of 64 pixels (tile K 64 or 128), 64x64x16 wgmma
-# per tap, three consumer warpgroups and a producer warpgroup.
+# filter x 64 input channels), a stage of 64 or 128 output pixels (tile K) in output-row segments of 64, 32 or 16
+# pixels (the builder picks the narrowest that spans a row), 64x64x16 wgmma per tap, three consumer warpgroups and a
+# producer warpgroup. The 64-pixel segment's buffers are the largest, and fit the others.
 FILTER_TAPS_TILE_N = 9 * 64
 _TAPS_SEGMENT = 64  # output pixels of a row segment (the kernel's kQ)
 _TAPS_MAX_SMEM = 227 * 1024  # an SM90 CTA's dynamic shared memory
@@ -194,14 +195,10 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
         return Sm90Conv2dPersistentArgs if self.cooperative else Sm90Conv2dArgs
 
     @property
-    def filter_taps_rows(self) -> int:
-        """Output-row segments of 64 pixels a stage of the filter-tap-reuse kernel holds (tile K / 64)."""
-        return self.tile_description.threadblock_shape[2] // _TAPS_SEGMENT
-
-    @property
     def filter_taps_stages(self) -> int:
         """The filter-tap-reuse kernel's stages: as given, or as many as fit (stages=0)."""
-        return self.tile_description.stages or filter_taps_max_stages(self.filter_taps_rows)
+        return self.tile_description.stages or \
+            filter_taps_max_stages(self.tile_description.threadblock_shape[2] // _TAPS_SEGMENT)
 
     @property
     def ctas_per_sm(self) -> int:
@@ -356,7 +353,7 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
         if self.filter_taps:
             return self.render("wgrad_taps.cu.j2", name=self.name, summary=self.describe(),
                                filter_taps_kernel=filter_taps_kernel(), element=names.ELEMENT[self.A.element],
-                               element_c=names.ELEMENT[self.C.element], rows=self.filter_taps_rows,
+                               element_c=names.ELEMENT[self.C.element], stage_k=tile.threadblock_shape[2],
                                stages=self.filter_taps_stages, cluster_z=tile.cluster_shape[2])
         return self.render(
             "conv2d_sm90.cu.j2", name=self.name, summary=self.describe(), cooperative=self.cooperative,
@@ -386,7 +383,8 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
 
     def _kernel_label(self) -> str:
         if self.filter_taps:
-            return (f"pycutlass FilterTapsWgrad(rows={self.filter_taps_rows}, stages={self.filter_taps_stages}, "
+            return (f"pycutlass FilterTapsWgrad(stage_k={self.tile_description.threadblock_shape[2]}, "
+                    f"stages={self.filter_taps_stages}, "
                     f"cluster_z={self.tile_description.cluster_shape[2]})")
         return "pycutlass PersistentCooperative" if self.cooperative else "KernelImplicitTmaWarpSpecializedSm90"
 
@@ -487,7 +485,7 @@ def _check_filter_taps(what, tile: TileDescription, A, B, C, functor) -> None:
     if m != 64 or k not in (64, 128):
         raise DescriptionError(f"{what}: the filter-tap-reuse wgrad (tile N = {FILTER_TAPS_TILE_N}: 64 input "
                                f"channels x the nine taps of a 3x3 filter) computes 64 output channels a CTA over "
-                               f"stages of one or two 64-pixel output-row segments: tile [64, {FILTER_TAPS_TILE_N}, "
+                               f"stages of 64 or 128 output pixels: tile [64, {FILTER_TAPS_TILE_N}, "
                                f"64] or [64, {FILTER_TAPS_TILE_N}, 128], got {list(tile.threadblock_shape)}",
                                rule="conv2d_sm90.filter_taps_tile")
     if tuple(tile.math_instruction.instruction_shape) != (64, 64, 16):
