@@ -458,7 +458,8 @@ def draw_problem(cfg, op, rng, attempt):
     if getattr(op, "filter_taps", False) and (safe or rng.random() < 0.8):
         # the filter-tap-reuse wgrad computes 3x3, stride-1 problems with channels in 64s: mostly draw those
         c, k, r, s, stride, dilation = 64 * rng.randint(1, 3), 64 * rng.randint(1, 3), 3, 3, [1, 1], [1, 1]
-        pad = [rng.randint(0, 3) for _ in range(4)]
+        ph, pw = rng.randint(0, 3), rng.randint(0, 3)
+        pad = [ph, ph, pw, pw]  # the reference (tests/gpu/test_conv2d.py) pads dgrad and wgrad symmetrically
         w = rng.choice([rng.randint(1, 20), rng.randint(50, 140)])  # rows of one and of several 64-pixel segments
         h = rng.randint(1, 24)
         h, w = max(h, 3 - pad[0] - pad[1]), max(w, 3 - pad[2] - pad[3])
