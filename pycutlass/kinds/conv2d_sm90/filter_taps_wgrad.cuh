@@ -53,6 +53,7 @@ struct FilterTapsWgrad {
   static constexpr int kDyStride = (Segment<64>::kDyBytes + 1023) / 1024 * 1024;
   static constexpr int kXStride = (Segment<64>::kXBytes + 1023) / 1024 * 1024;
   static constexpr int kStageBytes = kDyStride + kXStride;
+  static_assert(Segment<32>::kXBytes <= kXStride && Segment<16>::kXBytes <= kXStride, "a halo outgrows its buffer");
   static constexpr int kClusterZ = kClusterZ_;
   // The epilogue's staging of the nine 64 x 64 float32 tiles over the stages ([tap][k][c], rows padded by 4 floats:
   // the accumulator fragments' float2 stores land in distinct banks)
@@ -74,7 +75,7 @@ struct FilterTapsWgrad {
     ElementC const *ptr_C;
     long long split_stride;  // elements from one slice's output to the next's
     float alpha, beta;
-    int k, c, pad_h, pad_w, q_chunks, row_steps, total_units;
+    int c, pad_h, pad_w, q_chunks, row_steps, total_units;
     int segment;  // Q: 64, 32 or 16 output pixels
   };
 
