@@ -75,7 +75,7 @@ struct FilterTapsWgrad {
     ElementC const *ptr_C;
     long long split_stride;  // elements from one slice's output to the next's
     float alpha, beta;
-    int c, pad_h, pad_w, q_chunks, row_steps, total_units;
+    int k, c, pad_h, pad_w, q_chunks, row_steps, total_units;  // k: the output channels (the grid's y covers them)
     int segment;  // Q: 64, 32 or 16 output pixels
   };
 
