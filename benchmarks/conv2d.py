@@ -42,6 +42,7 @@ import pycutlass as cutlass  # noqa: E402
 from common import device_name, print_table, write_json  # noqa: E402
 from pycutlass.conv import Conv2dProblemSize, IteratorAlgorithm, Mode, Operator, SplitKMode, StrideSupport  # noqa: E402
 from pycutlass.kinds.conv2d.operation import Conv2dOperation  # noqa: E402
+from pycutlass.kinds.conv2d_sm90.operation import FILTER_TAPS_TILE_N as FILTER_TAPS_N  # noqa: E402
 
 D = cutlass.DataType
 KINDS = ("fprop", "dgrad", "wgrad")
@@ -97,7 +98,6 @@ SM90_TILES = {
               # 128x192 tiles, one wave, where 128x128 is 144 tiles on 132 SMs)
               ((64, 192, 64), (1, 1, 1), 0), ((128, 192, 64), (1, 1, 1), 0, COOP)],
 }
-FILTER_TAPS_N = 9 * 64  # the filter-tap-reuse wgrad's tile N (Conv2dOperationSm90.filter_taps)
 # SM90 wgrad as parallel split-K by images: float32 partials, then the reduction. A wgrad's output (K x R*S*C) is
 # often a handful of tiles (conv2_x 3x3: 64 x 576, five 64x128 tiles for 132 SMs) while its GEMM K (N*P*Q) is long.
 SM90_WGRAD_PARALLEL = [((64, 128, 64), (1, 1, 1), 0), ((128, 128, 64), (1, 1, 1), 0), ((64, 256, 64), (1, 1, 1), 0),

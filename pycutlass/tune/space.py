@@ -302,8 +302,9 @@ def _auto_warps(tile) -> list[int]:
 def _auto_instruction(sm90: bool, combo: DtypeCombo, tile) -> list[int]:
     k = WARPGROUP_MATH_INSTRUCTIONS.get((combo.element_a, combo.element_accumulator))
     if sm90 and k is not None:
-        # one wgmma spans the tile's N; the filter-tap-reuse wgrad's 9*64 is one 64-wide wgmma per filter tap
-        return [64, 64 if tile[1] == 9 * 64 else tile[1], k]
+        from ..kinds.conv2d_sm90.operation import FILTER_TAPS_TILE_N
+        # one wgmma spans the tile's N; the filter-tap-reuse wgrad's N is one 64-wide wgmma per filter tap
+        return [64, 64 if tile[1] == FILTER_TAPS_TILE_N else tile[1], k]
     return list(_SM80_INSTRUCTIONS[combo.element_a.bits])
 
 
@@ -473,8 +474,9 @@ def _no_register_spills(params: Mapping):
     if cooperative and tile_m % 128 or not cooperative and (tile_m not in (64, 128) or
                                                              p.get("tile_scheduler") == "StreamK"):
         return True  # the descriptions reject it, with their own reason
-    # cooperative splits the tile over two consumer warpgroups; the filter-tap-reuse wgrad (N = 9*64) over three
-    consumers = 3 if p["kind"] == "conv2d" and tile_n == 9 * 64 else 2 if cooperative else 1
+    from ..kinds.conv2d_sm90.operation import FILTER_TAPS_TILE_N
+    # cooperative splits the tile over two consumer warpgroups; the filter-tap-reuse wgrad over three
+    consumers = 3 if p["kind"] == "conv2d" and tile_n == FILTER_TAPS_TILE_N else 2 if cooperative else 1
     registers = tile_m * tile_n * DataType[str(p["element_accumulator"])].bits // 32 // (128 * consumers)
     if registers > ACCUMULATOR_REGISTER_LIMIT:
         return (f"cannot win: accumulators spill registers ({schedule} {tile_m}x{tile_n} tile, {registers} per "

@@ -109,7 +109,7 @@ class Conv2dArgumentsSm90(Conv2dArguments):
     def _materialize(self) -> None:
         # What C may be, checked after the base class validated the tensors and before anything reaches a device.
         operation = self.operation
-        if self.parallel and self.split_k_slices > 1 and not operation.filter_taps:
+        if self._split_by_images:
             self._slices = wgrad_slices(self.problem_size, self.split_k_slices)
             for part, _, _ in self._slices:
                 operation.check_problem_size(part)
@@ -144,8 +144,13 @@ class Conv2dArgumentsSm90(Conv2dArguments):
         return None if found is None else found[1]
 
     # --- parallel split-K by images --------------------------------------------------------------------------
+    @property
+    def _split_by_images(self) -> bool:
+        """Parallel split-K as one problem per slice (the filter-tap-reuse kernel splits K over its own grid)."""
+        return self.parallel and self.split_k_slices > 1 and not self.operation.filter_taps
+
     def _prepare(self) -> PreparedLaunch:
-        if self._prepared is None and self.parallel and self.split_k_slices > 1 and not self.operation.filter_taps:
+        if self._prepared is None and self._split_by_images:
             self._prepared = self._prepare_slices()
         return super()._prepare()
 

@@ -24,8 +24,9 @@ parallel split-K by images, ``arguments.py``), f32 accumulation, NHWC, 16-byte a
 wgrad has a third kernel, pycutlass's filter-tap-reuse wgrad (``filter_taps_wgrad.cuh``), built for a tile of N =
 9*64 (``[64, 576, 64]`` or ``[64, 576, 128]``: 64 or 128 output pixels a stage, a ``[64, 64, 16]`` instruction,
 cluster ``[1, 1, Z]`` with Z 1, 2 or 4): a CTA covers 64 output channels x all nine taps of a 3x3 filter x 64 input
-channels and reads each activation pixel once for the nine taps. It computes 3x3, stride-1, dilation-1 problems with C and K multiples of 64, splits K
-over its own grid (parallel split-K in one launch) and writes alpha * sum + beta * C in C's type.
+channels and reads each activation pixel once for the nine taps. It computes 3x3, stride-1, dilation-1 problems
+with C and K multiples of 64, splits K over its own grid (parallel split-K in one launch) and writes
+alpha * sum + beta * C in C's type.
 
 fprop and dgrad write through the
 ``TmaWarpSpecialized`` epilogue (im2col TMA store; ``TmaWarpSpecializedCooperative`` with the cooperative schedule)
@@ -80,7 +81,7 @@ _TWO_CTA_OUTPUTS = 128 * 64
 # pixels (the builder picks the narrowest that spans a row), 64x64x16 wgmma per tap, three consumer warpgroups and a
 # producer warpgroup. The 64-pixel segment's buffers are the largest, and fit the others.
 FILTER_TAPS_TILE_N = 9 * 64
-_TAPS_SEGMENT = 64  # output pixels of a row segment (the kernel's kQ)
+_TAPS_SEGMENT = 64  # output pixels of the widest row segment, whose buffers the kernel allocates
 _TAPS_MAX_SMEM = 227 * 1024  # an SM90 CTA's dynamic shared memory
 
 
@@ -341,8 +342,7 @@ class Conv2dOperationSm90(Sm90Operation, Conv2dOperation):
     def headers(self) -> list[str]:
         if self.filter_taps:
             return ["cute/tensor.hpp", "cute/arch/copy_sm90_tma.hpp", "cute/arch/mma_sm90_gmma.hpp",
-                    "cute/atom/mma_traits_sm90_gmma.hpp", "cutlass/arch/barrier.h", "cutlass/arch/reg_reconfig.h",
-                    "cutlass/numeric_conversion.h"]
+                    "cute/atom/mma_traits_sm90_gmma.hpp", "cutlass/arch/barrier.h", "cutlass/numeric_conversion.h"]
         return ["cute/tensor.hpp", "cutlass/conv/collective/collective_builder.hpp",
                 "cutlass/epilogue/collective/collective_builder.hpp", "cutlass/epilogue/thread/activation.h",
                 "cutlass/conv/convnd_problem_shape.hpp", "cutlass/util/packed_stride.hpp"]
