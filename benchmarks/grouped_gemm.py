@@ -139,7 +139,9 @@ def _tile_name(op) -> str:
     tile = op.tile_description
     schedule = "coop" if op.kernel_schedule.base.name.endswith("Cooperative") else "pp"
     schedule += "fa" if op.kernel_schedule.is_fp8_fast_accum else ""
-    return f"{'x'.join(map(str, tile.threadblock_shape))}_c{tile.cluster_shape[0]}x{tile.cluster_shape[1]}_{schedule}"
+    epilogue = f"_e{tile.epilogue_tile[0]}x{tile.epilogue_tile[1]}" if tile.epilogue_tile else ""
+    return (f"{'x'.join(map(str, tile.threadblock_shape))}_c{tile.cluster_shape[0]}x{tile.cluster_shape[1]}_{schedule}"
+            f"{epilogue}")
 
 
 def _torch_dtype(element):

@@ -100,6 +100,7 @@ RULES = MappingProxyType({
     "sm90.tile_scheduler": "tile scheduler must be Default",
     "sm90.kernel_schedule": "kernel schedule not built for the kind",
     "sm90.epilogue_schedule": "epilogue schedule does not fit the kernel schedule",
+    "sm90.epilogue_tile": "epilogue tile outside what the SM90 kind builds",
     "sm90.nosmem_epilogue": "NoSmemWarpSpecialized epilogue with activation, clamp or bias",
     "sm90.warp_count_derived": "SM90 warp_count must be derived",
     # ---- kinds --------------------------------------------------------------------------------------------------

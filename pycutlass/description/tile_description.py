@@ -1,7 +1,7 @@
 """TileDescription: threadblock tile, warp arrangement and pipeline depth, checked against the instruction."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from ..errors import DescriptionError
 from .math_instruction import MathInstruction
@@ -30,15 +30,32 @@ def _triple(name: str, value) -> tuple[int, int, int]:
     return triple
 
 
+def _pair(name: str, value) -> tuple[int, int]:
+    try:
+        if isinstance(value, (str, bytes)) or any(isinstance(v, (str, bytes, float, bool)) for v in value):
+            raise TypeError
+        pair = tuple(int(v) for v in value)
+    except TypeError:
+        raise DescriptionError(f"TileDescription.{name} must be 2 integers (rows, columns) or None, got {value!r}",
+                               rule="description.field_type") from None
+    if len(pair) != 2 or any(v <= 0 for v in pair):
+        raise DescriptionError(f"TileDescription.{name} must be 2 positive integers (rows, columns) or None, got "
+                               f"{value!r}", rule="description.field_type")
+    return pair
+
+
 @dataclass(frozen=True)
 class TileDescription:
     """The tile of one thread block (CTA) and how it is computed.
 
     CUTLASS 2.x (Sm80 family) reads ``threadblock_shape``, ``stages`` (2..10) and ``warp_count``. The SM90 family
-    (CUTLASS 3.x, compute capability 90) also reads ``cluster_shape``, ``kernel_schedule``, ``epilogue_schedule`` and
-    ``tile_scheduler``; there ``stages=0`` means CUTLASS's automatic stage count and ``warp_count`` may be None (it
-    is derived from the schedule). A description that uses any SM90-only value is checked by the SM90 operation;
-    the others are checked against the Sm80 rules here, as PyCUTLASS did.
+    (CUTLASS 3.x, compute capability 90) also reads ``cluster_shape``, ``kernel_schedule``, ``epilogue_schedule``,
+    ``tile_scheduler`` and ``epilogue_tile``; there ``stages=0`` means CUTLASS's automatic stage count and
+    ``warp_count`` may be None (it is derived from the schedule). ``epilogue_tile=(rows, columns)`` is the sub-tile
+    the TMA epilogue writes at a time (None: the one CUTLASS's builder picks, 32 columns wide for 16- and 32-bit
+    outputs); wider ones suit store-bound GEMMs such as weight gradients over few tokens. A description that uses any
+    SM90-only value is checked by the SM90 operation; the others are checked against the Sm80 rules here, as
+    PyCUTLASS did.
     """
 
     threadblock_shape: tuple[int, int, int]
@@ -49,6 +66,7 @@ class TileDescription:
     kernel_schedule: KernelScheduleType = KernelScheduleType.Auto
     epilogue_schedule: EpilogueScheduleType = EpilogueScheduleType.Auto
     tile_scheduler: TileSchedulerType = TileSchedulerType.Default
+    epilogue_tile: tuple[int, int] | None = None
 
     def __post_init__(self):
         tb = _triple("threadblock_shape", self.threadblock_shape)
@@ -68,9 +86,16 @@ class TileDescription:
                                    f"count, SM90 family), got {self.stages!r}", rule="tile.stages")
         if self.warp_count is not None:
             object.__setattr__(self, "warp_count", _triple("warp_count", self.warp_count))
+        if self.epilogue_tile is not None:
+            object.__setattr__(self, "epilogue_tile", _pair("epilogue_tile", self.epilogue_tile))
         if self.sm90_only or self.warp_count in SM90_WARP_COUNTS:
             return  # the operation checks it: the SM90 rules differ from the warp-level Sm80 ones below
         self._check_sm80_rules()
+
+    def __repr__(self) -> str:
+        # without epilogue_tile when it is None: the Sm80 kinds hash this text into their kernels' names
+        shown = (f for f in fields(self) if f.name != "epilogue_tile" or self.epilogue_tile is not None)
+        return f"{type(self).__qualname__}({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in shown)})"
 
     def _check_sm80_rules(self) -> None:
         tb = self.threadblock_shape
@@ -125,16 +150,16 @@ class TileDescription:
                 or self.math_instruction.element_a.is_fp8 or self.cluster_shape != (1, 1, 1)
                 or self.kernel_schedule is not KernelScheduleType.Auto
                 or self.epilogue_schedule is not EpilogueScheduleType.Auto
-                or self.tile_scheduler is not TileSchedulerType.Default)
+                or self.tile_scheduler is not TileSchedulerType.Default or self.epilogue_tile is not None)
 
     def check_sm80(self, what: str) -> None:
         """Sm80-family operations call this: SM90-only values have no meaning there."""
         if self.sm90_only:
             raise DescriptionError(
                 f"{what}: this TileDescription uses SM90-only values (warp_count=None, stages=0, a warpgroup or fp8 "
-                f"instruction, a cluster, or a kernel/epilogue/tile schedule), which the CUTLASS 2.x Sm80 family "
-                f"this operation builds does not have; build it with compute capability 90 (the SM90 GEMM, grouped "
-                f"GEMM or convolution), or give warp_count, stages >= 2 and an Sm80 instruction shape",
+                f"instruction, a cluster, a kernel/epilogue/tile schedule, or an epilogue tile), which the CUTLASS "
+                f"2.x Sm80 family this operation builds does not have; build it with compute capability 90 (the "
+                f"SM90 GEMM, grouped GEMM or convolution), or give warp_count, stages >= 2 and an Sm80 instruction shape",
                 rule="tile.sm90_only_values")
         if self.warp_count in SM90_WARP_COUNTS:
             self._check_sm80_rules()  # deferred in __post_init__: the SM90 family may have meant these warps

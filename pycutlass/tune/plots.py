@@ -107,18 +107,20 @@ def _finite_positive(value: Any, what: str) -> float:
 # Space parameters that tell kernels of one class apart, in label order, with their short forms; the derived ones
 # (warps, instruction shape: they follow from the tile) are added only when the others leave labels equal.
 _LABEL_FIELDS = ("threadblock_shape", "cluster_shape", "kernel_schedule", "epilogue_schedule", "tile_scheduler",
-                 "stages", "swizzle")
+                 "epilogue_tile", "stages", "swizzle")
 _DERIVED_FIELDS = ("warp_count", "instruction_shape")
 _CLASS_FIELDS = {"kind", "compute_capability", "dtypes", "element_a", "element_b", "element_accumulator", "element_c",
                  "element_epilogue", "math_operation", "layouts", "alignment", "epilogue", "name", "op_class"}
 _PREFIXES = {"cluster_shape": "c", "stages": "s", "epilogue_schedule": "epi:", "warp_count": "w",
-             "instruction_shape": "mma", "tile_scheduler": "sched:"}
+             "instruction_shape": "mma", "tile_scheduler": "sched:", "epilogue_tile": "etile:"}
 _ABBREVIATIONS = (("TmaWarpSpecialized", "ws"), ("Cooperative", "-coop"), ("Pingpong", "-pingpong"),
                   ("NoSmemWarpSpecialized", "nosmem"), ("IdentitySwizzle", "swz"), ("StreamK", "streamk"),
                   ("FP8FastAccum", "-fp8fast"))
 
 
 def _value_text(field: str, value: Any) -> str:
+    if value is None and field == "epilogue_tile":  # left out of params at its default
+        value = "auto"
     if isinstance(value, (list, tuple)):
         text = "x".join(str(v) for v in value)
     else:

@@ -210,6 +210,15 @@ def _parse_stages(field: str, value):
                         f"automatic count on SM90) or \"auto\"")
 
 
+def _parse_epilogue_tile(field: str, value):
+    if value == AUTO or value is None:
+        return AUTO
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_int(v) and v > 0 for v in value):
+        return list(value)
+    raise ArgumentError(f"{field}: {value!r} is not allowed; give [rows, columns] (the SM90 TMA epilogue's sub-tile) "
+                        f"or \"auto\" (CUTLASS's choice)")
+
+
 @dataclass(frozen=True)
 class Dimension:
     name: str
@@ -217,11 +226,16 @@ class Dimension:
     default: tuple
     parse: Callable[[str, Any], Any]
     triple: bool = False  # values are [a, b, c]: a bare list of three integers is one value
+    pair: bool = False  # values are [a, b]: a bare list of two integers is one value
+    # Left out of spaces and params while at its default, so that adding the dimension changed no existing space's
+    # fingerprint, point or results row.
+    omit_default: bool = False
 
     def values(self, raw) -> tuple:
         """A dimension's value list, each value checked and canonical."""
         if isinstance(raw, (list, tuple)):
-            one_triple = self.triple and len(raw) == 3 and all(_is_int(v) for v in raw)
+            one_triple = (self.triple and len(raw) == 3 or self.pair and len(raw) == 2) and \
+                all(_is_int(v) for v in raw)
             items = [raw] if one_triple else list(raw)
         else:
             items = [raw]
@@ -257,6 +271,7 @@ DIMENSIONS = tuple(Dimension(*spec) for spec in (
     ("epilogue_schedule", _GEMM, ("Auto",), _enum_choice(EpilogueScheduleType)),
     ("tile_scheduler", _GEMM, ("Default",), _enum_choice(TileSchedulerType)),
     ("swizzle", _ALL, ("IdentitySwizzle1",), _choice(tuple(SWIZZLES))),
+    ("epilogue_tile", _GEMMS, (AUTO,), _parse_epilogue_tile, False, True, True),  # SM90 GEMM kinds
 ))
 DIMENSIONS_BY_NAME = MappingProxyType({d.name: d for d in DIMENSIONS})
 
@@ -328,6 +343,9 @@ def resolve_params(params: Mapping) -> dict:
     label, combo = _combo_of(params)  # "dtypes" may be the label "custom" here: the element fields tell
     value = {d.name: d.parse(d.name, params[d.name] if d.name in params else d.default[0])
              for d in dims if d.name != "dtypes"}
+    for d in dims:
+        if d.omit_default and value[d.name] == d.default[0]:
+            del value[d.name]
     cc = value["compute_capability"]
     sm90 = _is_sm90(cc, value["warp_count"])
     if value["threadblock_shape"] == AUTO:
@@ -346,7 +364,7 @@ def resolve_params(params: Mapping) -> dict:
         if d.name == "dtypes":
             resolved["dtypes"] = label
             resolved.update(combo.to_params())
-        else:
+        elif d.name in value:
             resolved[d.name] = value[d.name]
     return resolved
 
@@ -376,6 +394,8 @@ def build_operation(params: Mapping):
     math_instruction = MathInstruction(inst, combo.element_a, combo.element_b, combo.element_accumulator, opclass,
                                        combo.math_operation)
     extras = {"cluster_shape": p["cluster_shape"], "kernel_schedule": KernelScheduleType[p["kernel_schedule"]]}
+    if p.get("epilogue_tile", AUTO) != AUTO:
+        extras["epilogue_tile"] = tuple(p["epilogue_tile"])
     if kind == "gemm":
         extras.update(epilogue_schedule=EpilogueScheduleType[p["epilogue_schedule"]],
                       tile_scheduler=TileSchedulerType[p["tile_scheduler"]])
@@ -588,7 +608,9 @@ class SearchSpace:
                     raise ArgumentError(f"SearchSpace: {d.name} applies to kind {list(d.kinds)} only; this space's "
                                         f"kinds are {list(kinds)}")
                 continue
-            dims[d.name] = d.values(dimensions[d.name] if d.name in dimensions else d.default)
+            values = d.values(dimensions[d.name] if d.name in dimensions else d.default)
+            if not (d.omit_default and values == d.values(d.default)):
+                dims[d.name] = values
         object.__setattr__(self, "_dims", dims)
         object.__setattr__(self, "_name", name)
         object.__setattr__(self, "_filters", self._check_filters(filters))
@@ -684,8 +706,8 @@ class SearchSpace:
     @property
     def size(self) -> int:
         """Raw points before pruning: per kind, the product of its dimensions' lengths."""
-        return sum(math.prod(len(self._dims[d.name]) for d in dimensions_of(kind) if d.name != "kind")
-                   for kind in self.kinds)
+        return sum(math.prod(len(self._dims[d.name]) for d in dimensions_of(kind)
+                             if d.name != "kind" and d.name in self._dims) for kind in self.kinds)
 
     def to_dict(self) -> dict:
         """Every dimension (defaults included) with canonical values, the name, and the named filters (custom
@@ -722,7 +744,7 @@ class SearchSpace:
     def raw_points(self) -> Iterator[dict]:
         """The grid's combinations before resolution, in enumeration order."""
         for kind in self.kinds:
-            dims = [d for d in dimensions_of(kind) if d.name != "kind"]
+            dims = [d for d in dimensions_of(kind) if d.name != "kind" and d.name in self._dims]
             for combination in itertools.product(*(self._dims[d.name] for d in dims)):
                 raw = {"kind": kind}
                 raw.update({d.name: copy.deepcopy(v) for d, v in zip(dims, combination)})

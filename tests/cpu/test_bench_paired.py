@@ -57,3 +57,23 @@ def test_paired_with_one_candidate_skips_the_selection(monkeypatch):
     monkeypatch.setattr(gemm_sm90, "bench_ms", clock)
     winner, ratio, selection = gemm_sm90.paired(torch_fn, [("only", only)], confirm_rounds=3)
     assert winner == 0 and ratio == 2.0 / 2.5 and len(clock.calls) == 6
+
+
+def test_moe_paired_ratio_alternates_so_a_heating_gpu_favours_neither_side():
+    """benchmarks/moe.py's confirmation of the tuned choice: with both sides equally fast and a clock that slows by
+    5% per timing, timing torch first every round would read 1.05; alternating reads the median of 1.05 and 0.95."""
+    import moe
+
+    calls = []
+
+    def timed(name):
+        def run():
+            calls.append(name)
+            return 1.0 * (1 + 0.05 * len(calls))
+        return run
+
+    ratio = moe.paired_ratio(timed("torch"), timed("ours"), rounds=4)
+    assert calls == ["torch", "ours", "ours", "torch", "torch", "ours", "ours", "torch"]
+    assert 0.99 < ratio < 1.01
+    calls.clear()
+    assert moe.paired_ratio(lambda: 2.0, lambda: 1.6, rounds=3) == 1.25

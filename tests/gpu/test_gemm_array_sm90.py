@@ -29,8 +29,8 @@ TOLERANCE = {D.float16: 2e-3, D.bfloat16: 1.5e-2, D.float32: 1e-5}
 
 
 def array90(element, layouts, tile=(128, 128, 64), cluster=(1, 1, 1), kernel=KS.Auto, out=None, activation=None,
-            clamp=False):
-    parts = ptr_array_parts(element, layouts, tile, cluster, kernel, out, activation, clamp)
+            clamp=False, epilogue_tile=None):
+    parts = ptr_array_parts(element, layouts, tile, cluster, kernel, out, activation, clamp, epilogue_tile)
     return cutlass.GemmOperationUniversal(90, *parts, array=True)
 
 

@@ -23,18 +23,19 @@ pytestmark = pytest.mark.gpu
 
 
 def grouped90(element, layouts, tile=(128, 128, 64), cluster=(1, 1, 1), kernel=KS.Auto, out=None, activation=None,
-              bias=None, clamp=False):
+              bias=None, clamp=False, epilogue_tile=None):
     """A GemmOperationGrouped(90, ...) with an SM90 tile (the pointer-array kernel)."""
-    parts = ptr_array_parts(element, layouts, tile, cluster, kernel, out, activation, clamp)
+    parts = ptr_array_parts(element, layouts, tile, cluster, kernel, out, activation, clamp, epilogue_tile)
     return cutlass.GemmOperationGrouped(90, *parts, bias=bias)
 
 
-def ptr_array_parts(element, layouts, tile, cluster, kernel, out, activation, clamp):
+def ptr_array_parts(element, layouts, tile, cluster, kernel, out, activation, clamp, epilogue_tile=None):
     """(tile description, A, B, C, epilogue) of an SM90 pointer-array operation (grouped, or Array-mode GEMM)."""
     out = out or element
     math = cutlass.MathInstruction([64, tile[1], 16], element, element, D.float32, cutlass.OpClass.TensorOp)
     description = cutlass.TileDescription(list(tile), 0, None, math, cluster_shape=list(cluster),
-                                          kernel_schedule=kernel, epilogue_schedule=ES.Auto)
+                                          kernel_schedule=kernel, epilogue_schedule=ES.Auto,
+                                          epilogue_tile=epilogue_tile)
     A = cutlass.TensorDescription(element, layouts[0], 8)
     B = cutlass.TensorDescription(element, layouts[1], 8)
     C = cutlass.TensorDescription(out, layouts[2], 128 // out.bits)

@@ -29,7 +29,7 @@ TOLERANCE = {D.float16: 2e-3, D.bfloat16: 1.5e-2, D.float32: 1e-5, D.float8_e4m3
 
 def sm90_op(element=D.float16, layouts=(R, CM, R), out=None, acc=None, tile=(128, 128, 64), cluster=(1, 1, 1),
             kernel=KS.Auto, epilogue_schedule=ES.Auto, scheduler=TS.Default, stages=0, activation=None, bias=None,
-            element_b=None, clamp=None):
+            element_b=None, clamp=None, epilogue_tile=None):
     out = out or (D.int32 if element is D.int8 else element if element.bits == 16 else D.float32)
     acc = acc or (D.int32 if element is D.int8 else D.float32)
     element_b = element_b or element
@@ -38,7 +38,7 @@ def sm90_op(element=D.float16, layouts=(R, CM, R), out=None, acc=None, tile=(128
     math = cutlass.MathInstruction([64, tile[1], k], element, element_b, acc, cutlass.OpClass.TensorOp)
     tile_description = cutlass.TileDescription(list(tile), stages, None, math, cluster_shape=list(cluster),
                                                kernel_schedule=kernel, epilogue_schedule=epilogue_schedule,
-                                               tile_scheduler=scheduler)
+                                               tile_scheduler=scheduler, epilogue_tile=epilogue_tile)
     a = cutlass.TensorDescription(memory, layouts[0], 128 // memory.bits)
     b = cutlass.TensorDescription(D.float32 if element_b is D.tfloat32 else element_b, layouts[1],
                                   128 // (32 if element_b is D.tfloat32 else element_b.bits))

@@ -453,6 +453,13 @@ def _check_types(what, conv_kind, tile: TileDescription, A, B, C, functor) -> No
     check_epilogue_types(what, functor, C, accumulator=None)
 
 
+def _check_no_epilogue_tile(what: str, tile: TileDescription) -> None:
+    if tile.epilogue_tile is not None:
+        raise DescriptionError(f"{what}: SM90 convolutions write with CUTLASS's automatic epilogue tile; leave "
+                               f"epilogue_tile=None (an explicit one is built for the SM90 GEMM kinds), got "
+                               f"{tuple(tile.epilogue_tile)}", rule="sm90.epilogue_tile")
+
+
 def _check(what, conv_kind, tile: TileDescription, A, B, C, functor, bias, schedule: KernelScheduleType) -> None:
     _check_types(what, conv_kind, tile, A, B, C, functor)
     element = tile.math_instruction.element_a
@@ -473,6 +480,7 @@ def _check(what, conv_kind, tile: TileDescription, A, B, C, functor, bias, sched
     wanted = _epilogue_schedule(conv_kind, cooperative)
     check_epilogue_schedule(what, tile, wanted, f"for SM90 {conv_kind.name}")
     check_default_tile_scheduler(what, tile, "SM90 convolutions have no stream-K (CUTLASS 4.2)")
+    _check_no_epilogue_tile(what, tile)
     if tile.stages:  # StageCount<S>: 2 or more stages that fit one CTA beside the epilogue's buffers
         check_explicit_stages(what, tile, cooperative, wanted, C.element, element.bits)
     check_derived_warp_count(what, tile, schedule)
@@ -502,6 +510,7 @@ def _check_filter_taps(what, tile: TileDescription, A, B, C, functor) -> None:
                                f"TmaWarpSpecialized, got {tile.kernel_schedule.value}", rule="sm90.kernel_schedule")
     check_epilogue_schedule(what, tile, _ES.NoSmemWarpSpecialized, "for the filter-tap-reuse wgrad")
     check_default_tile_scheduler(what, tile, "the filter-tap-reuse wgrad splits K over its grid itself")
+    _check_no_epilogue_tile(what, tile)
     if tile.warp_count is not None and tuple(tile.warp_count) != (12, 1, 1):
         raise DescriptionError(f"{what}: the filter-tap-reuse wgrad's warps are fixed (three consumer warpgroups): "
                                f"pass warp_count None or [12, 1, 1], got {list(tile.warp_count)}",

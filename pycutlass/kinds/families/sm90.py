@@ -34,23 +34,62 @@ _SMEM_BYTES = 227 * 1024
 _SMEM_MARGIN = 2 * 1024  # barriers, bias vectors, tensormaps: under 2 KiB (GPU-run tiles at 224 KiB + epilogue fit)
 
 
-def epilogue_smem_bytes(tile_shape, cooperative: bool, epilogue: EpilogueScheduleType, element_c) -> int:
-    """Shared memory of CUTLASS's SM90 TMA epilogue with ``EpilogueTileAuto`` (its builder's rule, for explicit stage
-    counts; stages=0 leaves the carve-out to CUTLASS): an epilogue tile of 128 (cooperative) or 64 rows by 32
-    columns (64 for an 8-bit D of N a multiple of 64 without the cooperative schedule); up to 2 stages of D and 4 of
-    C, one buffer when C and D are the same type wider than 8 bits (C's stages are then at least D's + 1).
-    NoSmemWarpSpecialized has none."""
-    if epilogue is EpilogueScheduleType.NoSmemWarpSpecialized:
-        return 0
+def epilogue_tile_shape(tile_shape, cooperative: bool, element_c, epilogue_tile=None) -> tuple[int, int]:
+    """The sub-tile CUTLASS's SM90 TMA epilogue writes at a time: ``epilogue_tile`` when given, else its builder's
+    rule for ``EpilogueTileAuto``: 128 (cooperative) or 64 rows by 32 columns (64 for an 8-bit D of N a multiple of
+    64 without the cooperative schedule)."""
+    if epilogue_tile is not None:
+        return tuple(epilogue_tile)
     m, n = tile_shape[0], tile_shape[1]
     epi_m = min(128 if cooperative else 64, m)
     epi_n = math.gcd(min(64 if element_c.bits == 8 and n % 64 == 0 and not cooperative else 32, n), n)
+    return epi_m, epi_n
+
+
+def epilogue_smem_bytes(tile_shape, cooperative: bool, epilogue: EpilogueScheduleType, element_c,
+                        epilogue_tile=None) -> int:
+    """Shared memory of CUTLASS's SM90 TMA epilogue (its builder's rule, for explicit stage counts; stages=0 leaves
+    the carve-out to CUTLASS): up to 2 stages of D's epilogue tile and 4 of C's, one buffer when C and D are the same
+    type wider than 8 bits (C's stages are then at least D's + 1). NoSmemWarpSpecialized has none."""
+    if epilogue is EpilogueScheduleType.NoSmemWarpSpecialized:
+        return 0
+    m, n = tile_shape[0], tile_shape[1]
+    epi_m, epi_n = epilogue_tile_shape(tile_shape, cooperative, element_c, epilogue_tile)
     tiles = (m // epi_m) * (n // epi_n)
     stages_d = min(tiles, 2)
     reuse = element_c.bits > 8  # C and D share the element type in pycutlass's templates
     stages_c = max(min(tiles, 4), stages_d + 1) if reuse else min(tiles, 4)
     stage = epi_m * epi_n * element_c.bits // 8
     return max(stages_c, stages_d) * stage if reuse else (stages_c + stages_d) * stage
+
+
+# Epilogue tile widths the GPU suite runs (16-, 32-bit outputs); the rows are the builder's (see check_epilogue_tile).
+EPILOGUE_TILE_N = (32, 64, 128)
+_EPILOGUE_TILE_OUTPUTS = (DataType.float16, DataType.bfloat16, DataType.float32)
+
+
+def check_epilogue_tile(what: str, tile: TileDescription, cooperative: bool, epilogue: EpilogueScheduleType,
+                        element_c) -> None:
+    """An explicit ``epilogue_tile`` (rows, columns): the rows CUTLASS's builder gives the schedule (both consumer
+    warpgroups' 128 rows for the cooperative kernel, one warpgroup's 64 otherwise; the tile's M when smaller), columns
+    32, 64 or 128 that divide the tile's N, a TMA epilogue and a 16- or 32-bit floating-point output: what the GPU
+    suite has run. None (CUTLASS's automatic tile) is always accepted."""
+    if tile.epilogue_tile is None:
+        return
+    rows, columns = tile.epilogue_tile
+    m, n = tile.threadblock_shape[0], tile.threadblock_shape[1]
+    if epilogue is EpilogueScheduleType.NoSmemWarpSpecialized:
+        raise DescriptionError(f"{what}: epilogue_tile is the TMA epilogue's sub-tile; NoSmemWarpSpecialized stores "
+                               f"from registers and has none (leave epilogue_tile=None)", rule="sm90.epilogue_tile")
+    if element_c not in _EPILOGUE_TILE_OUTPUTS:
+        raise DescriptionError(f"{what}: an explicit epilogue_tile is built for float16, bfloat16 and float32 "
+                               f"outputs, got {element_c.label} (leave epilogue_tile=None)", rule="sm90.epilogue_tile")
+    wanted = min(128 if cooperative else 64, m)
+    allowed = [c for c in EPILOGUE_TILE_N if c <= n and n % c == 0]
+    if rows != wanted or columns not in allowed:
+        schedule = "cooperative kernel (both consumer warpgroups)" if cooperative else "kernel (one warpgroup)"
+        raise DescriptionError(f"{what}: epilogue_tile must be ({wanted}, N) for a {m}x{n} tile of the {schedule}, "
+                               f"with N one of {allowed}; got {tuple(tile.epilogue_tile)}", rule="sm90.epilogue_tile")
 
 
 def check_explicit_stages(what: str, tile: TileDescription, cooperative: bool, epilogue: EpilogueScheduleType,
@@ -60,7 +99,7 @@ def check_explicit_stages(what: str, tile: TileDescription, cooperative: bool, e
     m, n, k = tile.threadblock_shape
     stage = (m * k + n * k) * operand_bits // 8
     mainloop = tile.stages * stage
-    epilogue_bytes = epilogue_smem_bytes(tile.threadblock_shape, cooperative, epilogue, element_c)
+    epilogue_bytes = epilogue_smem_bytes(tile.threadblock_shape, cooperative, epilogue, element_c, tile.epilogue_tile)
     if tile.stages < 2 or mainloop + epilogue_bytes + _SMEM_MARGIN > _SMEM_BYTES:
         most = (_SMEM_BYTES - epilogue_bytes - _SMEM_MARGIN) // stage
         allowed = f"2 to {most} stages" if most >= 2 else "no explicit count fits this tile"
@@ -97,6 +136,11 @@ def epilogue_suffix(functor: EpilogueFunctor) -> str:
     if functor.kind == "FastLinearCombinationClamp":
         return "_fastclamp"
     return f"_{functor.activation.name}" if functor.activation else ""
+
+
+def epilogue_tile_suffix(tile: TileDescription) -> str:
+    """What a readable operation name says about an explicit epilogue tile (nothing for CUTLASS's automatic one)."""
+    return f"_e{tile.epilogue_tile[0]}x{tile.epilogue_tile[1]}" if tile.epilogue_tile else ""
 
 
 def derived_warp_count(tile_shape, kernel_schedule: KernelScheduleType) -> tuple[int, int, int]:

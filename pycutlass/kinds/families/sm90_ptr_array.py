@@ -14,9 +14,10 @@ from ...emit.emitter import render
 from ...errors import DescriptionError
 from ..base import check_description_types
 from .sm90 import (BLOCK_SCALE, check_cluster_shape, check_default_tile_scheduler, check_derived_warp_count,
-                   check_epilogue_kind, check_epilogue_schedule, check_epilogue_types, check_explicit_stages,
-                   check_fast_accum, check_k_major, check_operand_element, check_schedule_tile_m, check_tensor_op,
-                   check_tile_k, check_tile_n, check_tma_operand, epilogue_suffix, fusion_activation)
+                   check_epilogue_kind, check_epilogue_schedule, check_epilogue_tile, check_epilogue_types,
+                   check_explicit_stages, check_fast_accum, check_k_major, check_operand_element,
+                   check_schedule_tile_m, check_tensor_op, check_tile_k, check_tile_n, check_tma_operand,
+                   epilogue_suffix, epilogue_tile_suffix, fusion_activation)
 
 _KS, _ES = KernelScheduleType, EpilogueScheduleType
 GROUPED_WHAT = "GemmOperationGrouped(90)"
@@ -79,7 +80,9 @@ def ptr_array_description(op, kind: str) -> str:
             f"C={op.C.element.label}/{op.C.layout.value}/{op.C.alignment} "
             f"acc={op.element_accumulator.label} tile={list(tile.threadblock_shape)} "
             f"cluster={list(tile.cluster_shape)} stages={tile.stages or 'auto'} "
-            f"kernel=PtrArray{op.kernel_schedule.value} epilogue_op={op.epilogue_functor.describe()}")
+            f"kernel=PtrArray{op.kernel_schedule.value} "
+            f"{'epilogue_tile=' + 'x'.join(map(str, tile.epilogue_tile)) + ' ' if tile.epilogue_tile else ''}"
+            f"epilogue_op={op.epilogue_functor.describe()}")
 
 
 def ptr_array_readable_name(op, kind: str) -> str:
@@ -93,7 +96,8 @@ def ptr_array_readable_name(op, kind: str) -> str:
     schedule += "fa" if op.kernel_schedule.is_fp8_fast_accum else ""
     b = s[op.B.element] if op.B.element is not op.A.element else ""
     return (f"{kind}_{s[op.A.element]}{b}{s[op.C.element]}{s[op.element_accumulator]}_{layouts}_"
-            f"{m}x{n}x{k}_c{cm}x{cn}_s{tile.stages}_{schedule}{epilogue_suffix(op.epilogue_functor)}")
+            f"{m}x{n}x{k}_c{cm}x{cn}_s{tile.stages}_{schedule}{epilogue_tile_suffix(tile)}"
+            f"{epilogue_suffix(op.epilogue_functor)}")
 
 
 def render_ptr_array_kernel(op, template: Path, bias: str | None = None, sizes_kernel: bool = False,
@@ -130,6 +134,7 @@ def render_ptr_array_kernel(op, template: Path, bias: str | None = None, sizes_k
         element_accumulator=names.ELEMENT[op.element_accumulator],
         element_compute=names.ELEMENT[functor.element_epilogue],
         tile_shape=tile.threadblock_shape, cluster_shape=tile.cluster_shape, stages=tile.stages,
+        epilogue_tile=tile.epilogue_tile,
         kernel_schedule=(BLOCKWISE_SCHEDULES if blockwise else _KERNEL_SCHEDULES)[op.kernel_schedule],
         epilogue_schedule=_EPILOGUE_SCHEDULES[op.kernel_schedule.base],
         activation=activation, activation_args=activation_args, clamp=clamp, bias=bias, sizes_kernel=sizes_kernel,
@@ -194,6 +199,7 @@ def check_ptr_array(tile: TileDescription, A, B, C, functor, what: str = GROUPED
     check_epilogue_schedule(what, tile, expected_epilogue,
                             f"with {schedule.value} (CUTLASS's pointer-array TMA epilogue)")
     check_derived_warp_count(what, tile, schedule)
+    check_epilogue_tile(what, tile, base is _KS.TmaWarpSpecializedCooperative, expected_epilogue, C.element)
     if tile.stages:
         check_explicit_stages(what, tile, base is _KS.TmaWarpSpecializedCooperative, expected_epilogue,
                               C.element, operand.bits)

@@ -84,7 +84,8 @@ class GemmOperationArraySm90(GemmOperationSm90):
     def _signature(self) -> tuple:
         tile = self.tile_description
         return ("gemm_array_sm90", tile.threadblock_shape, tile.stages, tile.math_instruction, tile.cluster_shape,
-                self.kernel_schedule, self.A, self.B, self.C, self.epilogue_functor)
+                self.kernel_schedule, self.A, self.B, self.C, self.epilogue_functor) + \
+            ((("epilogue_tile", tile.epilogue_tile),) if tile.epilogue_tile else ())  # (None keeps the names)
 
     def _readable_name(self) -> str:
         return ptr_array_readable_name(self, "gemm_array_sm90")

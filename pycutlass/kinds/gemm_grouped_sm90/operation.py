@@ -107,7 +107,8 @@ class GemmOperationGroupedSm90(Sm90Operation, GemmOperationGrouped):
         tile = self.tile_description
         return ("gemm_grouped_sm90", tile.threadblock_shape, tile.stages, tile.math_instruction, tile.cluster_shape,
                 self.kernel_schedule, self.A, self.B, self.C, self.epilogue_functor, self.bias) + \
-            ((self.scales,) if self.scales else ())  # (operations without scales keep their names)
+            ((self.scales,) if self.scales else ()) + \
+            ((("epilogue_tile", tile.epilogue_tile),) if tile.epilogue_tile else ())  # (None/no scales keep names)
 
     def _readable_name(self) -> str:
         return ptr_array_readable_name(self, "gemm_grouped_sm90") + ("_biasc" if self.bias else "") + \

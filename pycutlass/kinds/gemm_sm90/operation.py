@@ -26,9 +26,11 @@ from ...errors import DescriptionError
 from .. import registry
 from ..families.sm90 import (  # noqa: F401  (their names as this module had them)
     CLAMP_ACTIVATION, CLAMP_KINDS, EPILOGUE_KINDS, NVRTC_SHIM, Sm90Operation, check_explicit_stages, check_tma_operand,
-    derived_warp_count, epilogue_smem_bytes, epilogue_suffix, fusion_activation, resolve_kernel_schedule)
+    derived_warp_count, epilogue_smem_bytes, epilogue_suffix, epilogue_tile_suffix, fusion_activation,
+    resolve_kernel_schedule)
 from ..families.sm90 import (BLOCK_SCALE, check_block_scale_tile, check_cluster_shape, check_derived_warp_count,
-                             check_epilogue_kind, check_epilogue_types, check_fast_accum, check_k_major,
+                             check_epilogue_kind, check_epilogue_tile, check_epilogue_types, check_fast_accum,
+                             check_k_major,
                              check_operand_element, check_schedule_tile_m, check_tensor_op, check_tile_k, check_tile_n)
 from ..base import check_description_types
 from ..gemm.operation import GemmOperationUniversal
@@ -161,7 +163,8 @@ class GemmOperationSm90(Sm90Operation, GemmOperationUniversal):
         tile = self.tile_description
         return ("gemm_sm90", tile.threadblock_shape, tile.stages, tile.math_instruction, tile.cluster_shape,
                 self.kernel_schedule, self.epilogue_schedule, self.tile_scheduler, self.A, self.B, self.C,
-                self.epilogue_functor, self.bias) + ((self.scales,) if self.scales else ())
+                self.epilogue_functor, self.bias) + ((self.scales,) if self.scales else ()) + \
+            ((("epilogue_tile", tile.epilogue_tile),) if tile.epilogue_tile else ())  # (None keeps the names)
 
     def _readable_name(self) -> str:
         tile = self.tile_description
@@ -176,7 +179,7 @@ class GemmOperationSm90(Sm90Operation, GemmOperationUniversal):
             schedule += "fa"
         if self.scales:
             schedule += "_bw"
-        extra = ("_sk" if self.tile_scheduler is _TS.StreamK else "") + \
+        extra = ("_sk" if self.tile_scheduler is _TS.StreamK else "") + epilogue_tile_suffix(tile) + \
             ("_nosmem" if self.epilogue_schedule is _ES.NoSmemWarpSpecialized else "") + \
             (f"_bias{self.bias[0]}" if self.bias else "") + epilogue_suffix(self.epilogue_functor)
         return (f"gemm_sm90_{s[self.A.element]}{s[self.B.element]}{s[self.C.element]}{s[math.element_accumulator]}_"
@@ -234,6 +237,7 @@ class GemmOperationSm90(Sm90Operation, GemmOperationUniversal):
             element_accumulator=names.ELEMENT[math.element_accumulator],
             element_compute=names.ELEMENT[self.epilogue_functor.element_epilogue],
             tile_shape=tile.threadblock_shape, cluster_shape=tile.cluster_shape, stages=tile.stages,
+            epilogue_tile=tile.epilogue_tile,
             kernel_schedule=(_BLOCKWISE_SCHEDULES if self.scales else _KERNEL_SCHEDULES)[self.kernel_schedule],
             kernel_family=self.kernel_schedule.base.value,
             epilogue_schedule=_EPILOGUE_SCHEDULES[self.epilogue_schedule],
@@ -251,6 +255,7 @@ class GemmOperationSm90(Sm90Operation, GemmOperationUniversal):
                 f"acc={math.element_accumulator.label} tile={list(tile.threadblock_shape)} "
                 f"cluster={list(tile.cluster_shape)} stages={tile.stages or 'auto'} "
                 f"kernel={self.kernel_schedule.value} epilogue={self.epilogue_schedule.value} "
+                f"{'epilogue_tile=' + 'x'.join(map(str, tile.epilogue_tile)) + ' ' if tile.epilogue_tile else ''}"
                 f"scheduler={self.tile_scheduler.name} epilogue_op={self.epilogue_functor.describe()}"
                 f"{' bias=' + self.bias if self.bias else ''}{' scales=' + self.scales if self.scales else ''}")
 
@@ -359,6 +364,7 @@ def _check(tile: TileDescription, A, B, C, functor, bias) -> tuple[KernelSchedul
                                f"activations, clamps and bias need a TMA epilogue schedule",
                                rule="sm90.nosmem_epilogue")
     check_derived_warp_count(what, tile, schedule)
+    check_epilogue_tile(what, tile, base is _KS.TmaWarpSpecializedCooperative, epilogue, C.element)
     if tile.stages:
         check_explicit_stages(what, tile, base is _KS.TmaWarpSpecializedCooperative, epilogue, C.element,
                               operand.bits)
