@@ -656,7 +656,14 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "moe.json"))
     parser.add_argument("--parts", default="forward,wgrad,masked,fp8,blockwise")
     args = parser.parse_args()
-    ops = operations() + wgrad_operations() + fp8_operations() + blockwise_operations()
+    parts = args.parts.split(",")
+    # the operations of the parts asked for (forward and masked share the bf16 tiles)
+    of_part = {"forward": operations, "masked": operations, "wgrad": wgrad_operations, "fp8": fp8_operations,
+               "blockwise": blockwise_operations}
+    unknown = sorted(set(parts) - set(of_part))
+    if unknown:
+        parser.error(f"--parts: unknown {unknown}; choose from {sorted(of_part)}")
+    ops = list(dict.fromkeys(op for builder in dict.fromkeys(of_part[part] for part in parts) for op in builder()))
     if args.compile_only:
         from common import compile_only
 
@@ -672,7 +679,6 @@ def main() -> None:
     pycutlass.compiler.add_module(ops)
     bench = GemmBench(BenchConfig())
     tokens = [int(t) for t in args.tokens.split(",")]
-    parts = args.parts.split(",")
     payload = {"device": device_name(), "torch": torch.__version__}
     if "wgrad" in parts:
         wgrad = run_sets(problem_sets(tokens, pass_="wgrad"), tokens, run_wgrad, wgrad_operations, bench)
