@@ -166,6 +166,15 @@ def draw_gemm90(rng):
     cfg["bias"] = rng.choice([None, None, "row", "column"])
     if cfg["element_epilogue"] not in (None, "float32"):
         cfg["element_epilogue"] = None if rng.random() < 0.8 else cfg["element_epilogue"]
+    return draw_epilogue_tile(cfg)
+
+
+def draw_epilogue_tile(cfg, chance=0.4):
+    """An explicit SM90 epilogue tile now and then (None otherwise), drawn from the configuration itself rather than
+    the family's stream, so that every seed still draws the configurations it drew before the field existed."""
+    sub = random.Random(json.dumps(cfg, sort_keys=True))
+    cfg["epilogue_tile"] = [sub.choice([64, 128, 128]), sub.choice([32, 64, 64, 128, 128, 256])] \
+        if sub.random() < chance else None
     return cfg
 
 
@@ -222,7 +231,7 @@ def draw_grouped90(rng):
         cfg["epilogue_schedule"] = "Auto"
     cfg["precompute_mode"] = "Device"
     cfg["bias"] = rng.choice([None, None, "column", "row"])
-    return cfg
+    return draw_epilogue_tile(cfg)
 
 
 def draw_gemmarray90(rng):
@@ -431,7 +440,8 @@ def build(cfg):
         extra = dict(cluster_shape=cfg["cluster"],
                      kernel_schedule=_types.KernelScheduleType[cfg["kernel_schedule"]],
                      epilogue_schedule=_types.EpilogueScheduleType[cfg["epilogue_schedule"]],
-                     tile_scheduler=_types.TileSchedulerType[cfg["tile_scheduler"]])
+                     tile_scheduler=_types.TileSchedulerType[cfg["tile_scheduler"]],
+                     epilogue_tile=tuple(cfg["epilogue_tile"]) if cfg.get("epilogue_tile") else None)
     tile = cutlass.TileDescription(cfg["tb"], cfg["stages"], cfg["warps"], math, **extra)
     la, lb, lc = (L[x] for x in cfg["layouts"])
     A = cutlass.TensorDescription(D[cfg["a_elem"]], la, cfg["a_align"])
