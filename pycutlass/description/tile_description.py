@@ -16,32 +16,24 @@ SM90_WARP_COUNTS = ((4, 1, 1), (8, 1, 1))
 WARP_N_TENSOR_OP = (16, 32, 64, 128)  # 128: float32 output from float32 accumulators only (the operations check)
 
 
-def _triple(name: str, value) -> tuple[int, int, int]:
+def _positive_ints(name: str, value, count: int, spelled: str = "") -> tuple[int, ...]:
+    """``value`` as ``count`` positive integers, or a DescriptionError naming the field (``spelled``: how the
+    message describes the values, e.g. " (rows, columns) or None")."""
     try:
         if isinstance(value, (str, bytes)) or any(isinstance(v, (str, bytes, float, bool)) for v in value):
             raise TypeError
-        triple = tuple(int(v) for v in value)
+        ints = tuple(int(v) for v in value)
     except TypeError:
-        raise DescriptionError(f"TileDescription.{name} must be 3 integers, got {value!r}",
+        raise DescriptionError(f"TileDescription.{name} must be {count} integers{spelled}, got {value!r}",
                                rule="description.field_type") from None
-    if len(triple) != 3 or any(v <= 0 for v in triple):
-        raise DescriptionError(f"TileDescription.{name} must be 3 positive integers, got {value!r}",
+    if len(ints) != count or any(v <= 0 for v in ints):
+        raise DescriptionError(f"TileDescription.{name} must be {count} positive integers{spelled}, got {value!r}",
                                rule="description.field_type")
-    return triple
+    return ints
 
 
-def _pair(name: str, value) -> tuple[int, int]:
-    try:
-        if isinstance(value, (str, bytes)) or any(isinstance(v, (str, bytes, float, bool)) for v in value):
-            raise TypeError
-        pair = tuple(int(v) for v in value)
-    except TypeError:
-        raise DescriptionError(f"TileDescription.{name} must be 2 integers (rows, columns) or None, got {value!r}",
-                               rule="description.field_type") from None
-    if len(pair) != 2 or any(v <= 0 for v in pair):
-        raise DescriptionError(f"TileDescription.{name} must be 2 positive integers (rows, columns) or None, got "
-                               f"{value!r}", rule="description.field_type")
-    return pair
+def _triple(name: str, value) -> tuple[int, int, int]:
+    return _positive_ints(name, value, 3)
 
 
 @dataclass(frozen=True)
@@ -87,7 +79,8 @@ class TileDescription:
         if self.warp_count is not None:
             object.__setattr__(self, "warp_count", _triple("warp_count", self.warp_count))
         if self.epilogue_tile is not None:
-            object.__setattr__(self, "epilogue_tile", _pair("epilogue_tile", self.epilogue_tile))
+            object.__setattr__(self, "epilogue_tile",
+                               _positive_ints("epilogue_tile", self.epilogue_tile, 2, " (rows, columns) or None"))
         if self.sm90_only or self.warp_count in SM90_WARP_COUNTS:
             return  # the operation checks it: the SM90 rules differ from the warp-level Sm80 ones below
         self._check_sm80_rules()
