@@ -271,8 +271,7 @@ DIMENSIONS = tuple(Dimension(*spec) for spec in (
     ("epilogue_schedule", _GEMM, ("Auto",), _enum_choice(EpilogueScheduleType)),
     ("tile_scheduler", _GEMM, ("Default",), _enum_choice(TileSchedulerType)),
     ("swizzle", _ALL, ("IdentitySwizzle1",), _choice(tuple(SWIZZLES))),
-    ("epilogue_tile", _GEMMS, (AUTO,), _parse_epilogue_tile, False, True, True),  # SM90 GEMM kinds
-))
+)) + (Dimension("epilogue_tile", _GEMMS, (AUTO,), _parse_epilogue_tile, pair=True, omit_default=True),)  # SM90
 DIMENSIONS_BY_NAME = MappingProxyType({d.name: d for d in DIMENSIONS})
 
 
@@ -710,8 +709,9 @@ class SearchSpace:
                              if d.name != "kind" and d.name in self._dims) for kind in self.kinds)
 
     def to_dict(self) -> dict:
-        """Every dimension (defaults included) with canonical values, the name, and the named filters (custom
-        callables cannot be written down; ``fingerprint`` still tells them apart)."""
+        """Every dimension (defaults included, but not those left out at their default) with canonical values, the
+        name, and the named filters (custom callables cannot be written down; ``fingerprint`` still tells them
+        apart)."""
         d = {"name": self._name} if self._name else {}
         d.update({name: list(copy.deepcopy(values)) for name, values in self._dims.items()})
         named = [f for f in self._filters if isinstance(f, str)]
