@@ -99,6 +99,9 @@ def test_accepted_tiles_name_and_emit_their_shape(build, kwargs):
      "float8_e4m3"),
     (grouped, dict(kernel=PP, shape=(64, 128, 64), epilogue_tile=(64, 256)), r"N one of \[32, 64, 128\]"),
     (array, dict(kernel=COOP, epilogue_tile=(64, 64)), r"must be \(128, N\)"),
+    # stages=0: the buffers leave the main loop fewer than the 2 stages CUTLASS's main loops static_assert
+    (gemm, dict(out=D.float32, shape=(128, 256, 64), kernel=COOP, epilogue_tile=(128, 128)), "192 KiB.*0 stage"),
+    (grouped, dict(shape=(256, 256, 64), kernel=COOP, epilogue_tile=(128, 128)), "128 KiB.*1 stage"),
 ], ids=lambda v: getattr(v, "__name__", None) or (str(v.get("epilogue_tile")) if isinstance(v, dict) else "m"))
 def test_refused_tiles_say_what_is_built(build, kwargs, message):
     with pytest.raises(DescriptionError, match=message) as error:
@@ -115,6 +118,14 @@ def test_convolutions_keep_the_automatic_tile():
         cutlass.Conv2dOperation(Operator.fprop, IteratorAlgorithm.optimized, 90, tile(epilogue_tile=(128, 64)),
                                 A, A, A, StrideSupport.Strided, functor)
     assert error.value.rule == "sm90.epilogue_tile"
+
+
+def test_automatic_stages_beside_a_wide_epilogue_tile_are_checked_at_the_boundary():
+    """f32 out of a 256x128 cooperative tile: 128x64 (4 buffers of 32 KiB) leaves two 48 KiB stages, accepted (the
+    GPU suite runs it); 128x128 (3 of 64 KiB) leaves none."""
+    gemm(out=D.float32, shape=(256, 128, 64), kernel=COOP, epilogue_tile=(128, 64))
+    with pytest.raises(DescriptionError, match="0 stage"):
+        gemm(out=D.float32, shape=(256, 128, 64), kernel=COOP, epilogue_tile=(128, 128))
 
 
 def test_explicit_stages_count_the_epilogue_tile():

@@ -69,11 +69,13 @@ _EPILOGUE_TILE_OUTPUTS = (DataType.float16, DataType.bfloat16, DataType.float32)
 
 
 def check_epilogue_tile(what: str, tile: TileDescription, cooperative: bool, epilogue: EpilogueScheduleType,
-                        element_c) -> None:
+                        element_c, operand_bits: int) -> None:
     """An explicit ``epilogue_tile`` (rows, columns): the rows CUTLASS's builder gives the schedule (both consumer
     warpgroups' 128 rows for the cooperative kernel, one warpgroup's 64 otherwise; the tile's M when smaller), columns
     32, 64 or 128 that divide the tile's N, a TMA epilogue and a 16- or 32-bit floating-point output: what the GPU
-    suite has run. None (CUTLASS's automatic tile) is always accepted."""
+    suite has run. With ``stages=0`` the main loop gets what the epilogue's buffers leave of the SM, and CUTLASS's main
+    loops static_assert at least 2 stages (explicit counts are checked by check_explicit_stages). None (CUTLASS's
+    automatic tile) is always accepted."""
     if tile.epilogue_tile is None:
         return
     rows, columns = tile.epilogue_tile
@@ -90,6 +92,15 @@ def check_epilogue_tile(what: str, tile: TileDescription, cooperative: bool, epi
         schedule = "cooperative kernel (both consumer warpgroups)" if cooperative else "kernel (one warpgroup)"
         raise DescriptionError(f"{what}: epilogue_tile must be ({wanted}, N) for a {m}x{n} tile of the {schedule}, "
                                f"with N one of {allowed}; got {tuple(tile.epilogue_tile)}", rule="sm90.epilogue_tile")
+    if not tile.stages:
+        buffers = epilogue_smem_bytes(tile.threadblock_shape, cooperative, epilogue, element_c, tile.epilogue_tile)
+        stage = (m + n) * tile.threadblock_shape[2] * operand_bits // 8
+        stages = (_SMEM_BYTES - buffers - _SMEM_MARGIN) // stage
+        if stages < 2:
+            raise DescriptionError(f"{what}: the {rows}x{columns} epilogue tile's {element_c.label} buffers take "
+                                   f"{buffers // 1024} KiB of shared memory, which leaves a {m}x{n}x"
+                                   f"{tile.threadblock_shape[2]} main loop {stages} stage(s) of the 2 CUTLASS needs; "
+                                   f"use fewer columns, a smaller tile or a 16-bit output", rule="sm90.epilogue_tile")
 
 
 def check_explicit_stages(what: str, tile: TileDescription, cooperative: bool, epilogue: EpilogueScheduleType,

@@ -199,7 +199,8 @@ def check_ptr_array(tile: TileDescription, A, B, C, functor, what: str = GROUPED
     check_epilogue_schedule(what, tile, expected_epilogue,
                             f"with {schedule.value} (CUTLASS's pointer-array TMA epilogue)")
     check_derived_warp_count(what, tile, schedule)
-    check_epilogue_tile(what, tile, base is _KS.TmaWarpSpecializedCooperative, expected_epilogue, C.element)
+    check_epilogue_tile(what, tile, base is _KS.TmaWarpSpecializedCooperative, expected_epilogue, C.element,
+                        operand.bits)
     if tile.stages:
         check_explicit_stages(what, tile, base is _KS.TmaWarpSpecializedCooperative, expected_epilogue,
                               C.element, operand.bits)

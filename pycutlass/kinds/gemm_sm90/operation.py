@@ -364,7 +364,7 @@ def _check(tile: TileDescription, A, B, C, functor, bias) -> tuple[KernelSchedul
                                f"activations, clamps and bias need a TMA epilogue schedule",
                                rule="sm90.nosmem_epilogue")
     check_derived_warp_count(what, tile, schedule)
-    check_epilogue_tile(what, tile, base is _KS.TmaWarpSpecializedCooperative, epilogue, C.element)
+    check_epilogue_tile(what, tile, base is _KS.TmaWarpSpecializedCooperative, epilogue, C.element, operand.bits)
     if tile.stages:
         check_explicit_stages(what, tile, base is _KS.TmaWarpSpecializedCooperative, epilogue, C.element,
                               operand.bits)
