@@ -165,7 +165,7 @@ def tune_knobs(ops, timed: dict, bench, make_arguments, out, error_of, time_us=N
     """The group scheduler's runtime knobs (no recompiling): raster order and swizzle for the two best tiles of
     ``timed`` (tile name -> us); checked (``error_of()`` after a NaN-poisoned run), then timed (``time_us(op,
     arguments)``, by default the harness's ``bench.time``): {label: us}. ``configs`` (a dict) receives each label's
-    (operation, knobs)."""
+    (operation, knobs), and each of the two tiles' own name with its default knobs."""
     import torch
 
     from pycutlass.tune.bench import summarize
@@ -178,6 +178,8 @@ def tune_knobs(ops, timed: dict, bench, make_arguments, out, error_of, time_us=N
     by_name = {tile_name(op): op for op in ops}
     for tile in sorted(timed, key=timed.get)[:2]:
         op = by_name[tile]
+        if configs is not None:
+            configs[tile] = (op, {})  # the tile at its default knobs
         for raster, swizzle in KNOBS:
             arguments = make_arguments(op, raster_order=raster, swizzle=swizzle)
             out.fill_(float("nan"))
@@ -266,7 +268,7 @@ def run_problem(name: str, problem, ops, bench) -> dict:
                     "TFLOP/s": round(flops / timed[best] / 1e6, 0),
                     "_grouped_mm TFLOP/s": round(flops / torch_s / 1e12, 0),
                     "best vs _grouped_mm": round(torch_s * 1e6 / timed[best], 3)})
-        configs = {best: (next(op for op in ops if tile_name(op) == best), {})}
+        configs = {}
         knobbed = tune_knobs(ops, timed, bench, lambda op, **knobs: GemmGroupedArguments(
             op, device_counts, A, B3, None, out, **knobs), out, lambda: error_of(out), configs=configs)
         if knobbed and min(knobbed.values()) < timed[best]:
@@ -351,7 +353,7 @@ def run_wgrad(name: str, problem, ops, bench) -> dict:
                     "best vs loop": round(loop_s / timed[best], 3)})
         if grouped_s:
             row["best vs _grouped_mm"] = round(grouped_s / timed[best], 3)
-        configs = {best: (next(op for op in ops if tile_name(op) == best), {})}
+        configs = {}
         knobbed = tune_knobs(ops, {tile: s * 1e6 for tile, s in timed.items()}, bench,
                              lambda op, **knobs: GemmGroupedArguments(op, problems, As, Bs, None, Ds, **knobs),
                              dW, lambda: error_of(dW), configs=configs)
@@ -598,7 +600,7 @@ def run_masked(name: str, problem, ops, bench) -> dict:
             error = sampled_grouped_error(bench, As, Bs, [D[e, :counts[e]] for e in busy])
             return error if untouched else float("inf")
 
-        configs = {best: (next(op for op in ops if tile_name(op) == best), {})}
+        configs = {}
         knobbed = tune_knobs(ops, {tile: s * 1e6 for tile, s in timed.items()}, bench,
                              lambda op, **knobs: GemmGroupedArguments(op, device_counts, A, B3, None, D, stream=stream,
                                                                       **knobs), D, error_of,

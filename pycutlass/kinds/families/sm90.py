@@ -63,6 +63,12 @@ def epilogue_smem_bytes(tile_shape, cooperative: bool, epilogue: EpilogueSchedul
     return max(stages_c, stages_d) * stage if reuse else (stages_c + stages_d) * stage
 
 
+def _stage_bytes(tile: TileDescription, operand_bits: int) -> int:
+    """One main-loop stage: an A and a B tile."""
+    m, n, k = tile.threadblock_shape
+    return (m + n) * k * operand_bits // 8
+
+
 # Epilogue tile widths the GPU suite runs (16-, 32-bit outputs); the rows are the builder's (see check_epilogue_tile).
 EPILOGUE_TILE_N = (32, 64, 128)
 _EPILOGUE_TILE_OUTPUTS = (DataType.float16, DataType.bfloat16, DataType.float32)
@@ -94,7 +100,7 @@ def check_epilogue_tile(what: str, tile: TileDescription, cooperative: bool, epi
                                f"with N one of {allowed}; got {tuple(tile.epilogue_tile)}", rule="sm90.epilogue_tile")
     if not tile.stages:
         buffers = epilogue_smem_bytes(tile.threadblock_shape, cooperative, epilogue, element_c, tile.epilogue_tile)
-        stage = (m + n) * tile.threadblock_shape[2] * operand_bits // 8
+        stage = _stage_bytes(tile, operand_bits)
         stages = (_SMEM_BYTES - buffers - _SMEM_MARGIN) // stage
         if stages < 2:
             raise DescriptionError(f"{what}: the {rows}x{columns} epilogue tile's {element_c.label} buffers take "
@@ -108,7 +114,7 @@ def check_explicit_stages(what: str, tile: TileDescription, cooperative: bool, e
     """Explicit stage counts must fit the SM's 227 KiB beside the epilogue's buffers (CUTLASS would fail the launch
     with an invalid shared-memory size)."""
     m, n, k = tile.threadblock_shape
-    stage = (m * k + n * k) * operand_bits // 8
+    stage = _stage_bytes(tile, operand_bits)
     mainloop = tile.stages * stage
     epilogue_bytes = epilogue_smem_bytes(tile.threadblock_shape, cooperative, epilogue, element_c, tile.epilogue_tile)
     if tile.stages < 2 or mainloop + epilogue_bytes + _SMEM_MARGIN > _SMEM_BYTES:
@@ -152,6 +158,16 @@ def epilogue_suffix(functor: EpilogueFunctor) -> str:
 def epilogue_tile_suffix(tile: TileDescription) -> str:
     """What a readable operation name says about an explicit epilogue tile (nothing for CUTLASS's automatic one)."""
     return f"_e{tile.epilogue_tile[0]}x{tile.epilogue_tile[1]}" if tile.epilogue_tile else ""
+
+
+def epilogue_tile_signature(tile: TileDescription) -> tuple:
+    """The signature entry of an explicit epilogue tile; none for the automatic one, so its names stay as they were."""
+    return (("epilogue_tile", tile.epilogue_tile),) if tile.epilogue_tile else ()
+
+
+def epilogue_tile_text(tile: TileDescription) -> str:
+    """What ``describe()`` says about an explicit epilogue tile (nothing for the automatic one)."""
+    return f"epilogue_tile={tile.epilogue_tile[0]}x{tile.epilogue_tile[1]} " if tile.epilogue_tile else ""
 
 
 def derived_warp_count(tile_shape, kernel_schedule: KernelScheduleType) -> tuple[int, int, int]:

@@ -17,7 +17,7 @@ from .sm90 import (BLOCK_SCALE, check_cluster_shape, check_default_tile_schedule
                    check_epilogue_kind, check_epilogue_schedule, check_epilogue_tile, check_epilogue_types,
                    check_explicit_stages, check_fast_accum, check_k_major, check_operand_element,
                    check_schedule_tile_m, check_tensor_op, check_tile_k, check_tile_n, check_tma_operand,
-                   epilogue_suffix, epilogue_tile_suffix, fusion_activation)
+                   epilogue_suffix, epilogue_tile_suffix, epilogue_tile_text, fusion_activation)
 
 _KS, _ES = KernelScheduleType, EpilogueScheduleType
 GROUPED_WHAT = "GemmOperationGrouped(90)"
@@ -81,7 +81,7 @@ def ptr_array_description(op, kind: str) -> str:
             f"acc={op.element_accumulator.label} tile={list(tile.threadblock_shape)} "
             f"cluster={list(tile.cluster_shape)} stages={tile.stages or 'auto'} "
             f"kernel=PtrArray{op.kernel_schedule.value} "
-            f"{'epilogue_tile=' + 'x'.join(map(str, tile.epilogue_tile)) + ' ' if tile.epilogue_tile else ''}"
+            f"{epilogue_tile_text(tile)}"
             f"epilogue_op={op.epilogue_functor.describe()}")
 
 

@@ -23,6 +23,7 @@ from ...description.types import (GEMM_SWIZZLES, EpilogueScheduleType, IdentityS
                                   SwizzlingFunctor, TileSchedulerType)
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import DescriptionError
+from ..families.sm90 import epilogue_tile_signature
 from ..families.sm90_ptr_array import (PTR_ARRAY_HEADERS, check_ptr_array, ptr_array_description,
                                        ptr_array_readable_name, render_ptr_array_kernel, tensormap_workspace_bytes)
 from ..gemm_sm90.operation import GemmOperationSm90
@@ -85,7 +86,7 @@ class GemmOperationArraySm90(GemmOperationSm90):
         tile = self.tile_description
         return ("gemm_array_sm90", tile.threadblock_shape, tile.stages, tile.math_instruction, tile.cluster_shape,
                 self.kernel_schedule, self.A, self.B, self.C, self.epilogue_functor) + \
-            ((("epilogue_tile", tile.epilogue_tile),) if tile.epilogue_tile else ())  # (None keeps the names)
+            epilogue_tile_signature(tile)  # (the automatic tile keeps the names)
 
     def _readable_name(self) -> str:
         return ptr_array_readable_name(self, "gemm_array_sm90")

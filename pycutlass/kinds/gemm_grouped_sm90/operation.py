@@ -23,7 +23,8 @@ from ...description.types import EpilogueScheduleType, IdentitySwizzle1, KernelS
 from ...epilogue.functors import EpilogueFunctor
 from ...errors import DescriptionError
 from ..families.grouped import GROUPED_SWIZZLES, SchedulerMode
-from ..families.sm90 import CLAMP_KINDS, Sm90Operation, check_block_scale_tile, derived_warp_count
+from ..families.sm90 import (CLAMP_KINDS, Sm90Operation, check_block_scale_tile, derived_warp_count,
+                             epilogue_tile_signature)
 from ..families.sm90_ptr_array import (  # noqa: F401  (their names as this module had them)
     BLOCK_SCALE, BLOCKWISE_SCHEDULES, EPILOGUE_WARP_GROUPS, GROUPED_EPILOGUES, PTR_ARRAY_HEADERS, TMA_DESCRIPTOR_BYTES,
     check_ptr_array, ptr_array_description, ptr_array_readable_name, render_ptr_array_kernel, tensormap_workspace_bytes)
@@ -107,8 +108,7 @@ class GemmOperationGroupedSm90(Sm90Operation, GemmOperationGrouped):
         tile = self.tile_description
         return ("gemm_grouped_sm90", tile.threadblock_shape, tile.stages, tile.math_instruction, tile.cluster_shape,
                 self.kernel_schedule, self.A, self.B, self.C, self.epilogue_functor, self.bias) + \
-            ((self.scales,) if self.scales else ()) + \
-            ((("epilogue_tile", tile.epilogue_tile),) if tile.epilogue_tile else ())  # (None/no scales keep names)
+            ((self.scales,) if self.scales else ()) + epilogue_tile_signature(tile)  # (new fields keep old names)
 
     def _readable_name(self) -> str:
         return ptr_array_readable_name(self, "gemm_grouped_sm90") + ("_biasc" if self.bias else "") + \

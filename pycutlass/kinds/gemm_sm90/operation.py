@@ -26,12 +26,11 @@ from ...errors import DescriptionError
 from .. import registry
 from ..families.sm90 import (  # noqa: F401  (their names as this module had them)
     CLAMP_ACTIVATION, CLAMP_KINDS, EPILOGUE_KINDS, NVRTC_SHIM, Sm90Operation, check_explicit_stages, check_tma_operand,
-    derived_warp_count, epilogue_smem_bytes, epilogue_suffix, epilogue_tile_suffix, fusion_activation,
-    resolve_kernel_schedule)
+    derived_warp_count, epilogue_smem_bytes, epilogue_suffix, epilogue_tile_signature, epilogue_tile_suffix,
+    epilogue_tile_text, fusion_activation, resolve_kernel_schedule)
 from ..families.sm90 import (BLOCK_SCALE, check_block_scale_tile, check_cluster_shape, check_derived_warp_count,
                              check_epilogue_kind, check_epilogue_tile, check_epilogue_types, check_fast_accum,
-                             check_k_major,
-                             check_operand_element, check_schedule_tile_m, check_tensor_op, check_tile_k, check_tile_n)
+                             check_k_major, check_operand_element, check_schedule_tile_m, check_tensor_op, check_tile_k, check_tile_n)
 from ..base import check_description_types
 from ..gemm.operation import GemmOperationUniversal
 from .abi import Sm90BlockwiseGemmArgs, Sm90GemmArgs
@@ -164,7 +163,7 @@ class GemmOperationSm90(Sm90Operation, GemmOperationUniversal):
         return ("gemm_sm90", tile.threadblock_shape, tile.stages, tile.math_instruction, tile.cluster_shape,
                 self.kernel_schedule, self.epilogue_schedule, self.tile_scheduler, self.A, self.B, self.C,
                 self.epilogue_functor, self.bias) + ((self.scales,) if self.scales else ()) + \
-            ((("epilogue_tile", tile.epilogue_tile),) if tile.epilogue_tile else ())  # (None keeps the names)
+            epilogue_tile_signature(tile)
 
     def _readable_name(self) -> str:
         tile = self.tile_description
@@ -255,7 +254,7 @@ class GemmOperationSm90(Sm90Operation, GemmOperationUniversal):
                 f"acc={math.element_accumulator.label} tile={list(tile.threadblock_shape)} "
                 f"cluster={list(tile.cluster_shape)} stages={tile.stages or 'auto'} "
                 f"kernel={self.kernel_schedule.value} epilogue={self.epilogue_schedule.value} "
-                f"{'epilogue_tile=' + 'x'.join(map(str, tile.epilogue_tile)) + ' ' if tile.epilogue_tile else ''}"
+                f"{epilogue_tile_text(tile)}"
                 f"scheduler={self.tile_scheduler.name} epilogue_op={self.epilogue_functor.describe()}"
                 f"{' bias=' + self.bias if self.bias else ''}{' scales=' + self.scales if self.scales else ''}")
 
