@@ -69,6 +69,14 @@ def _stage_bytes(tile: TileDescription, operand_bits: int) -> int:
     return (m + n) * k * operand_bits // 8
 
 
+def automatic_stages(tile_shape, operand_bits: int, cooperative: bool, element_c, epilogue_tile=None) -> int:
+    """The main-loop stages of ``stages=0`` beside a TMA epilogue's buffers: what its buffers leave of the SM."""
+    m, n, k = tile_shape
+    buffers = epilogue_smem_bytes(tile_shape, cooperative, EpilogueScheduleType.TmaWarpSpecialized, element_c,
+                                  epilogue_tile)
+    return (_SMEM_BYTES - buffers - _SMEM_MARGIN) // ((m + n) * k * operand_bits // 8)
+
+
 # Epilogue tile widths the GPU suite runs (16-, 32-bit outputs); the rows are the builder's (see check_epilogue_tile).
 EPILOGUE_TILE_N = (32, 64, 128)
 _EPILOGUE_TILE_OUTPUTS = (DataType.float16, DataType.bfloat16, DataType.float32)
@@ -100,8 +108,7 @@ def check_epilogue_tile(what: str, tile: TileDescription, cooperative: bool, epi
                                f"with N one of {allowed}; got {tuple(tile.epilogue_tile)}", rule="sm90.epilogue_tile")
     if not tile.stages:
         buffers = epilogue_smem_bytes(tile.threadblock_shape, cooperative, epilogue, element_c, tile.epilogue_tile)
-        stage = _stage_bytes(tile, operand_bits)
-        stages = (_SMEM_BYTES - buffers - _SMEM_MARGIN) // stage
+        stages = automatic_stages(tile.threadblock_shape, operand_bits, cooperative, element_c, tile.epilogue_tile)
         if stages < 2:
             raise DescriptionError(f"{what}: the {rows}x{columns} epilogue tile's {element_c.label} buffers take "
                                    f"{buffers // 1024} KiB of shared memory, which leaves a {m}x{n}x"
