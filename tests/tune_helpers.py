@@ -115,6 +115,9 @@ def fake_worker_main(conn, ordinal, session_options, config_json, prepare_sessio
             conn.send({"adopted": message[1].name})
             continue
         if message[0] == "baseline":
+            if os.environ.get("FAKE_WORKER_LOG"):
+                with open(os.environ["FAKE_WORKER_LOG"], "a") as log:
+                    log.write(f"baseline {message[1].get('kind', 'gemm')} {' '.join(map(str, message[2:]))}\n")
             conn.send({"measurement": {"status": "ok", "seconds": 1e-4, "repetitions": 50}})
             continue
         _, operation, problem = message
@@ -130,10 +133,12 @@ def fake_worker_main(conn, ordinal, session_options, config_json, prepare_sessio
             loaded.add(operation.name)
         with clock.phase("timing"):
             time.sleep(float(os.environ.get("FAKE_WORKER_DELAY", "0")))
+        # a GEMM problem's m, n and k; grouped and conv problems are timed as one 256^3 GEMM
+        m, n, k = (problem["m"], problem["n"], problem["k"]) if problem.get("kind", "gemm") == "gemm" else (256,) * 3
         if os.environ.get("FAKE_WORKER_LOG"):  # every measurement, to count repeats
             with open(os.environ["FAKE_WORKER_LOG"], "a") as log:
-                log.write(f"{operation.name} {problem['m']}x{problem['n']}x{problem['k']}\n")
-        seconds = 1e-6 * (problem["m"] * problem["n"] * problem["k"]) ** (1 / 3) / tile[0] * 64
+                log.write(f"{operation.name} {m}x{n}x{k}\n")
+        seconds = 1e-6 * (m * n * k) ** (1 / 3) / tile[0] * 64
         conn.send({"measurement": {"status": "ok", "seconds": seconds, "seconds_min": seconds * 0.98,
                                    "seconds_iqr": seconds * 0.01, "repetitions": 50, "rel_error": 1e-4},
                    "resources": {"registers": tile[0], "threads": 128}, "phases": clock.take()})

@@ -147,7 +147,7 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
             with DaskExecutor(scheduler) as executor:
                 click.echo(f"compile (dask): {executor.compile(job)}")
                 if not compile_only:
-                    summary = executor.benchmark(job, config=config, timeout=timeout)
+                    summary = executor.benchmark(job, config=config, timeout=timeout, baseline=not no_baseline)
                     click.echo(f"benchmark (dask): {summary}")
                     _echo_breakdown(summary, breakdown)
             return

@@ -85,6 +85,76 @@ def _worker_slots() -> GpuSlots | None:
     return worker_slots()
 
 
+@contextlib.contextmanager
+def _task_slots():
+    """This Dask worker's GPU slots, or (outside a worker with them) slots of this task's own on the first visible
+    GPU, closed when the task ends."""
+    slots = _worker_slots()
+    if slots is not None:
+        yield slots
+        return
+    slots = GpuSlots("local", 1)
+    try:
+        yield slots
+    finally:
+        slots.close()
+
+
+@contextlib.contextmanager
+def _gpu_runner(slots: GpuSlots, config_json: str, worker_main, session_options: dict | None, timeout: float, stop,
+                times: dict):
+    """One of ``slots``' GPUs and its benchmark process (kept between tasks; a process that died since the last task
+    is replaced now, not mid-request), with the GPU's facts asked once per process. Yields (runner, ordinal);
+    ``times`` collects request seconds and the worker's phases."""
+    import time as clock
+
+    from .bench import BenchConfig
+    from .runner import Worker
+
+    config = BenchConfig.from_json(config_json)
+    options = dict(session_options or {})
+    signature = (config_json, worker_main, tuple(sorted(options.items())))
+    with slots.gpu() as ordinal:
+        runner = slots.runner(ordinal, signature, lambda: Worker(ordinal, options, config, None, worker_main))
+        runner.worker.start()
+        if runner.fresh_process() or runner.facts is None:
+            began = clock.perf_counter()
+            facts = runner.worker.request(("facts",), timeout, stop)
+            times["requests"] += clock.perf_counter() - began
+            _add_phases(times, facts.pop("phases", None))
+            runner.facts = facts
+        yield runner, ordinal
+
+
+def _add_phases(times: dict, phases: dict | None) -> None:
+    for name, seconds in (phases or {}).items():
+        times["phases"][name] = times["phases"].get(name, 0.0) + seconds
+
+
+def _measured(runner, request, timeout: float, stop, times: dict) -> dict:
+    """``request(runner)`` (the worker's reply) as a row's measurement fields: a lost or failing worker process
+    becomes a failed (or timed-out) measurement, and a replacement process starts for the next request."""
+    import time as clock
+
+    from .runner import WorkerLost
+
+    began = clock.perf_counter()
+    try:
+        runner.worker.start()
+        runner.fresh_process()  # a new process (after a fault) has adopted nothing yet
+        reply = request(runner)
+        _add_phases(times, reply.get("phases"))
+    except WorkerLost as lost:
+        _add_phases(times, {"lost": clock.perf_counter() - began})
+        status = "timeout" if "timed out" in str(lost) else "failed"
+        reply = {"measurement": {"status": status, "message": str(lost)}}
+    times["requests"] += clock.perf_counter() - began
+    times["tasks"] += 1
+    if "error" in reply:
+        reply = {"measurement": {"status": "failed", "message": reply["error"]}}
+    return reply
+
+
 def benchmark_task(kernels: list[dict], problems: list[dict], config_json: str, timeout: float,
                    worker_main=None, session_options: dict | None = None) -> dict:
     """Time kernels on problems on one of this Dask worker's GPUs, in that GPU's benchmark process (kept between
@@ -93,72 +163,55 @@ def benchmark_task(kernels: list[dict], problems: list[dict], config_json: str, 
 
     Returns ``{"missing": [names]}`` when some binary is neither sent nor held (the client sends the task again with
     them), else ``{"rows", "worker", "gpu", "times", "held"}``: one row per pair, kernel by kernel."""
-    import time as clock
-
-    from .bench import BenchConfig
-    from .runner import Worker, WorkerLost
-
-    slots = _worker_slots()
-    standalone = slots is None
-    if standalone:  # outside a Dask worker with the slots: a process of our own on the first visible GPU
-        slots = GpuSlots("local", 1)
-    for kernel in kernels:
-        if kernel.get("binary") is not None:
-            slots.hold(kernel["key"], kernel)
-    missing = [k["name"] for k in kernels if slots.held(k["key"]) is None]
-    if missing:
-        return {"missing": missing, "worker": slots.address}
-    config = BenchConfig.from_json(config_json)
-    options = dict(session_options or {})
-    signature = (config_json, worker_main, tuple(sorted(options.items())))
     stop = threading.Event()
     rows = []
     times = {"requests": 0.0, "phases": {}, "tasks": 0, "kernels": len(kernels)}
-
-    def add(phases: dict | None) -> None:
-        for name, seconds in (phases or {}).items():
-            times["phases"][name] = times["phases"].get(name, 0.0) + seconds
-
-    try:
-        with slots.gpu() as ordinal:
-            runner = slots.runner(ordinal, signature, lambda: Worker(ordinal, options, config, None, worker_main))
-            runner.worker.start()  # a process that died since the last task is replaced now, not mid-request
-            if runner.fresh_process() or runner.facts is None:
-                began = clock.perf_counter()
-                facts = runner.worker.request(("facts",), timeout, stop)
-                times["requests"] += clock.perf_counter() - began
-                add(facts.pop("phases", None))
-                runner.facts = facts
+    with _task_slots() as slots:
+        for kernel in kernels:
+            if kernel.get("binary") is not None:
+                slots.hold(kernel["key"], kernel)
+        missing = [k["name"] for k in kernels if slots.held(k["key"]) is None]
+        if missing:
+            return {"missing": missing, "worker": slots.address}
+        with _gpu_runner(slots, config_json, worker_main, session_options, timeout, stop, times) as (runner, ordinal):
             for kernel in kernels:
                 held = slots.held(kernel["key"])
                 for problem in problems:
-                    began = clock.perf_counter()
-                    try:
-                        runner.worker.start()
-                        runner.fresh_process()  # a new process (after a fault) has adopted nothing yet
-                        if kernel["name"] not in runner.adopted:
-                            reply = runner.worker.request(("adopt", held["operation"], held["target"], held["binary"],
-                                                           held["backend"], held["kernel_symbol"],
+                    def request(runner, held=held, problem=problem, name=kernel["name"]):
+                        if name not in runner.adopted:
+                            reply = runner.worker.request(("adopt", held["operation"], held["target"],
+                                                           held["binary"], held["backend"], held["kernel_symbol"],
                                                            held["builder_symbol"]), timeout, stop)
-                            add(reply.get("phases"))
-                            runner.adopted.add(kernel["name"])
-                        reply = runner.worker.request(("kernel", held["operation"], problem), timeout, stop)
-                        add(reply.get("phases"))
-                    except WorkerLost as lost:
-                        add({"lost": clock.perf_counter() - began})
-                        status = "timeout" if "timed out" in str(lost) else "failed"
-                        reply = {"measurement": {"status": status, "message": str(lost)}}
-                    times["requests"] += clock.perf_counter() - began
-                    times["tasks"] += 1
-                    if "error" in reply:
-                        reply = {"measurement": {"status": "failed", "message": reply["error"]}}
+                            _add_phases(times, reply.get("phases"))
+                            runner.adopted.add(name)
+                        return runner.worker.request(("kernel", held["operation"], problem), timeout, stop)
+
+                    reply = _measured(runner, request, timeout, stop, times)
                     rows.append({"kernel": kernel["name"], "problem": problem, "facts": runner.facts,
                                  "measurement": reply["measurement"], "resources": reply.get("resources")})
-    finally:
-        if standalone:
-            slots.close()
-    return {"rows": rows, "worker": slots.address, "gpu": ordinal, "times": times,
-            "held": [k["name"] for k in kernels]}
+        return {"rows": rows, "worker": slots.address, "gpu": ordinal, "times": times,
+                "held": [k["name"] for k in kernels]}
+
+
+def baseline_task(baselines: list[dict], config_json: str, timeout: float, worker_main=None,
+                  session_options: dict | None = None) -> dict:
+    """Time torch's own computation of problems (the baseline rows: cuBLAS, ``torch._grouped_mm``, cuDNN) on one of
+    this Dask worker's GPUs, in the same benchmark process and harness as the kernels. ``baselines``: dicts with the
+    baseline's row name, the problem and the request's labels (A type, C type, and a convolution's kind). Returns
+    what ``benchmark_task`` returns, with nothing held."""
+    stop = threading.Event()
+    rows = []
+    times = {"requests": 0.0, "phases": {}, "tasks": 0, "kernels": 0}
+    with _task_slots() as slots, \
+            _gpu_runner(slots, config_json, worker_main, session_options, timeout, stop, times) as (runner, ordinal):
+        for baseline in baselines:
+            def request(runner, baseline=baseline):
+                return runner.worker.request(("baseline", baseline["problem"], *baseline["labels"]), timeout, stop)
+
+            reply = _measured(runner, request, timeout, stop, times)
+            rows.append({"kernel": baseline["name"], "problem": baseline["problem"], "facts": runner.facts,
+                         "measurement": reply["measurement"], "resources": None})
+        return {"rows": rows, "worker": slots.address, "gpu": ordinal, "times": times, "held": []}
 
 
 # --- the client -------------------------------------------------------------------------------------------------
@@ -352,10 +405,8 @@ class DaskExecutor:
         from ..compiler.manager import Compiler
         from .bench import BenchConfig
         from .progress import progress_bar as _progress
-        from .runner import _times_as_gemm
+        from .runner import baseline_labels, baseline_request, problem_kinds
 
-        if baseline:
-            raise ArgumentError("distributed sweeps record no torch baseline yet; run one with Sweep.benchmark")
         for name, value in (("kernels_per_task", kernels_per_task), ("problems_per_task", problems_per_task)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ArgumentError(f"{name} must be a positive integer, got {value!r}")
@@ -368,15 +419,16 @@ class DaskExecutor:
         compiler = Compiler.of(sweep.session)
         cache = CacheState.of(sweep.session).cache
         kernels = []
-        for op in sweep.ready_operations():
-            if not _times_as_gemm(op):
+        operations = sweep.ready_operations()
+        for op in operations:
+            if not problem_kinds(op):
                 continue
             key, resolved = compiler.key_and_target(op, sweep._target())
             if cache.lookup(key) is None:
                 continue
             kernels.append({"name": op.name, "key": key, "operation": op, "target": resolved.name,
                             "backend": compiler.backend_for(op).name, "kernel_symbol": op.kernel_symbol,
-                            "builder_symbol": op.builder_symbol})
+                            "builder_symbol": op.builder_symbol, "kinds": problem_kinds(op)})
         harness = config.fingerprint
         done = {(r["kernel"], r["problem"]) for r in sweep.db.query(
             "select kernel, problem from runs where sweep = ? and harness = ?", [sweep.name, harness])}
@@ -385,9 +437,8 @@ class DaskExecutor:
         workers = self.client.scheduler_info().get("workers", {})
         gpu_workers = {address for address, info in workers.items() if GPU_RESOURCE in (info.get("resources") or {})}
         gpus = sum(int((info.get("resources") or {}).get(GPU_RESOURCE, 0)) for info in workers.values())
-        problems = [p for p in sweep.problems if p.kind == "gemm"]
-        by_key = {p.key: p for p in problems}
-        futures: dict = {}
+        by_key = {p.key: p for p in sweep.problems}
+        futures: dict = {}  # future -> (kernel block, problem part, place, carried, the rows it owes)
 
         # Kernels no worker holds (compiled before, e.g. by a local sweep) go round robin over the GPUs: the first
         # task of such a block carries the binaries to the chosen worker; its other tasks are submitted when that one
@@ -416,31 +467,57 @@ class DaskExecutor:
             future = self.client.submit(benchmark_task, payload, [p.to_dict() for p in part], harness, timeout,
                                         worker_main, resources=resources, retries=self.retries, pure=False,
                                         workers=[place] if place else None, allow_other_workers=place is not None)
-            futures[future] = (block, part, place, carry)
+            futures[future] = (block, part, place, carry, [(k["name"], p.to_dict()) for k in block for p in part])
             return future
 
-        if problems_per_task is None:  # enough tasks that the last ones are short: at least TASKS_PER_GPU per GPU
-            kernel_blocks = max(1, math.ceil(len(kernels) / kernels_per_task))
-            blocks = min(len(problems), max(1, math.ceil(TASKS_PER_GPU * max(1, gpus) / kernel_blocks)))
-            problems_per_task = max(1, math.ceil(len(problems) / max(1, blocks)))
-        step = problems_per_task
-        for first in range(0, len(kernels), kernels_per_task):
-            block = kernels[first:first + kernels_per_task]
-            for begin in range(0, len(problems), step):
-                part = problems[begin:begin + step]
-                todo = [k for k in block if any((k["name"], p.key) not in done for p in part)]
-                summary.skipped += sum((k["name"], p.key) in done for k in block for p in part)
-                if not todo:
-                    continue
-                summary.submitted += len(todo) * len(part)
+        # The torch baselines first (they need no binary; any GPU takes them), a problem block per task.
+        if baseline:
+            owed = []
+            for problem in sweep.problems:
+                for labels in baseline_labels(problem, operations):
+                    name, request = baseline_request(sweep, problem, *labels)
+                    if (name, problem.key) in done:
+                        summary.skipped += 1
+                        continue
+                    owed.append({"name": name, "problem": request[1], "labels": list(request[2:])})
+            per_task = max(1, math.ceil(len(owed) / max(1, TASKS_PER_GPU * max(1, gpus))))
+            for first in range(0, len(owed), per_task):
+                chunk = owed[first:first + per_task]
+                future = self.client.submit(baseline_task, chunk, harness, timeout, worker_main,
+                                            resources=resources, retries=self.retries, pure=False)
+                futures[future] = ([], [], None, False, [(b["name"], b["problem"]) for b in chunk])
+                summary.submitted += len(chunk)
                 summary.tasks += 1
-                names = tuple(k["name"] for k in todo)
-                if holder_of(todo) is None and names in deferred:
-                    deferred[names].append((todo, part))  # after the task that brings the binaries
-                    continue
-                if holder_of(todo) is None:
-                    deferred[names] = []
-                submit(todo, part, carry=False)
+
+        # Each operation is timed on the problems of its kinds (GEMM, grouped, masked, Conv2d): kernels that pair
+        # with the same kinds share the problem blocks.
+        groups: dict[tuple, list] = {}
+        for kernel in kernels:
+            groups.setdefault(kernel["kinds"], []).append(kernel)
+        for kinds, group in groups.items():
+            problems = [p for p in sweep.problems if p.kind in kinds]
+            step = problems_per_task
+            if step is None:  # enough tasks that the last ones are short: at least TASKS_PER_GPU per GPU
+                kernel_blocks = max(1, math.ceil(len(kernels) / kernels_per_task))
+                blocks = min(len(problems), max(1, math.ceil(TASKS_PER_GPU * max(1, gpus) / kernel_blocks)))
+                step = max(1, math.ceil(len(problems) / max(1, blocks)))
+            for first in range(0, len(group), kernels_per_task):
+                block = group[first:first + kernels_per_task]
+                for begin in range(0, len(problems), step):
+                    part = problems[begin:begin + step]
+                    todo = [k for k in block if any((k["name"], p.key) not in done for p in part)]
+                    summary.skipped += sum((k["name"], p.key) in done for k in block for p in part)
+                    if not todo:
+                        continue
+                    summary.submitted += len(todo) * len(part)
+                    summary.tasks += 1
+                    names = tuple(k["name"] for k in todo)
+                    if holder_of(todo) is None and names in deferred:
+                        deferred[names].append((todo, part))  # after the task that brings the binaries
+                        continue
+                    if holder_of(todo) is None:
+                        deferred[names] = []
+                    submit(todo, part, carry=False)
         breakdown.setup = time.perf_counter() - start
         bar = _progress(summary.submitted, "benchmark (dask)", progress)
         devices: dict[str, str] = {}
@@ -448,14 +525,14 @@ class DaskExecutor:
         last_seen: dict[str, float] = {}
         with _collecting(self.client, futures, bar, summary, start) as finished:
             for future in finished:
-                block, part, place, carried = futures.pop(future)
+                block, part, place, carried, owed = futures.pop(future)
                 try:
                     result = future.result()
                 except Exception as exc:  # e.g. KilledWorker: the task took down workers repeatedly
                     result = {"worker": "?", "rows": [
-                        {"kernel": k["name"], "problem": p.to_dict(), "facts": {"host": "?", "uuid": ""},
+                        {"kernel": name, "problem": problem, "facts": {"host": "?", "uuid": ""},
                          "measurement": {"status": "failed", "message": f"{type(exc).__name__}: {exc}"}}
-                        for k in block for p in part]}
+                        for name, problem in owed]}
                 if "missing" in result:  # it ran where the binaries are not (stolen, or its worker was lost):
                     summary.resent += 1  # send it again with them, to the worker that asked
                     finished.add(submit(block, part, carry=True, place=result["worker"]))

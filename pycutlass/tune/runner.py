@@ -618,29 +618,51 @@ def _baseline_row(kind: str, a_label: str, c_label: str, conv_kind: str | None) 
     return baseline_name(a_label, c_label), f"torch (cuBLAS) {a_label} -> {c_label}, A row-major, B column-major"
 
 
+def problem_kinds(operation) -> tuple[str, ...]:
+    """The kinds of problem an operation is timed on: GEMM operations GEMM problems, grouped operations grouped
+    problems (and masked ones, the SM90 grouped operations that can take the layout), Conv2d operations Conv2d
+    problems (each computing its own kind of convolution)."""
+    if _times_as_gemm(operation):
+        return ("gemm",)
+    if _times_as_grouped(operation):
+        return ("grouped_gemm", "masked_grouped_gemm") if _times_as_masked(operation) else ("grouped_gemm",)
+    if _times_as_conv(operation):
+        return ("conv2d",)
+    return ()
+
+
+def baseline_labels(problem, operations) -> list[tuple[str, str, str | None]]:
+    """(A type, C type, convolution kind or None) of the baselines a problem needs: one per such triple among the
+    operations timed on it."""
+    labels = []
+    for op in operations:
+        if problem.kind not in problem_kinds(op):
+            continue
+        math_inst = op.tile_description.math_instruction
+        label = (element_label(math_inst.element_a), element_label(op.C.element),
+                 op.conv_kind.name if problem.kind == "conv2d" else None)
+        if label not in labels:
+            labels.append(label)
+    return labels
+
+
+def baseline_request(sweep, problem, a_label: str, c_label: str, conv_kind: str | None) -> tuple[str, tuple]:
+    """The baseline's row name (registered in the sweep's DB) and the worker's request for it."""
+    name = sweep.db.add_baseline(*_baseline_row(problem.kind, a_label, c_label, conv_kind))
+    extra = (conv_kind,) if conv_kind else ()
+    return name, ("baseline", problem.to_dict(), a_label, c_label, *extra)
+
+
 def _tasks(sweep, operations, baseline: bool) -> list:
-    """Problem-major order (inputs are reused across kernels), each problem's baseline first. GEMM problems pair with
-    GEMM operations, grouped problems with grouped operations (masked ones with the SM90 grouped operations that can
-    take the layout) and Conv2d problems with Conv2d operations (each kind of convolution beside torch's own)."""
+    """Problem-major order (inputs are reused across kernels), each problem's baseline first (``problem_kinds``
+    pairs operations with problems; each kind of convolution beside torch's own)."""
     tasks = []
-    by_kind = {"gemm": [op for op in operations if _times_as_gemm(op)],
-               "grouped_gemm": [op for op in operations if _times_as_grouped(op)],
-               "masked_grouped_gemm": [op for op in operations if _times_as_masked(op)],
-               "conv2d": [op for op in operations if _times_as_conv(op)]}
     for problem in sweep.problems:
-        kind_operations = by_kind.get(problem.kind, [])
-        labels = []  # (A type, C type, convolution kind or None): one baseline each
-        for op in kind_operations:
-            math_inst = op.tile_description.math_instruction
-            label = (element_label(math_inst.element_a), element_label(op.C.element),
-                     op.conv_kind.name if problem.kind == "conv2d" else None)
-            if label not in labels:
-                labels.append(label)
         if baseline:
-            for a_label, c_label, conv_kind in labels:
-                name = sweep.db.add_baseline(*_baseline_row(problem.kind, a_label, c_label, conv_kind))
-                extra = (conv_kind,) if conv_kind else ()
-                tasks.append((name, problem, ("baseline", problem.to_dict(), a_label, c_label, *extra)))
-        for op in kind_operations:
-            tasks.append((op.name, problem, ("kernel", op, problem.to_dict())))
+            for labels in baseline_labels(problem, operations):
+                name, request = baseline_request(sweep, problem, *labels)
+                tasks.append((name, problem, request))
+        for op in operations:
+            if problem.kind in problem_kinds(op):
+                tasks.append((op.name, problem, ("kernel", op, problem.to_dict())))
     return tasks

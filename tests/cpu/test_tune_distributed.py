@@ -107,6 +107,60 @@ def test_dask_benchmark_partitions_isolates_faults_and_resumes(tmp_path, monkeyp
     cluster.close()
 
 
+def _conv_fprop():
+    from pycutlass.conv import IteratorAlgorithm, Operator, StrideSupport
+
+    f16 = cutlass.float16
+    math = cutlass.MathInstruction([16, 8, 16], f16, f16, cutlass.float32, cutlass.OpClass.TensorOp,
+                                   cutlass.MathOperation.multiply_add)
+    tile = cutlass.TileDescription([64, 64, 32], 3, [2, 2, 1], math)
+    nhwc = cutlass.TensorDescription(f16, cutlass.LayoutType.TensorNHWC, 8)
+    return cutlass.Conv2dOperation(Operator.fprop, IteratorAlgorithm.analytic, 80, tile, nhwc, nhwc, nhwc,
+                                   StrideSupport.Strided, cutlass.LinearCombination(f16, 8, cutlass.float32),
+                                   cutlass.IdentitySwizzle1)
+
+
+@pytest.mark.slow
+def test_dask_benchmark_times_every_kind_beside_its_torch_baseline_and_resumes(tmp_path, monkeypatch):
+    """GEMM, grouped and Conv2d operations each on the problems of their kind (nothing crosses kinds), and with
+    baseline=True one torch row per problem and class, in tasks any GPU takes; a second run submits nothing."""
+    from pycutlass.tune.problems import Conv2dProblem, GroupedGemmProblem
+    from pycutlass.tune.runner import baseline_name, conv_baseline_name, grouped_baseline_name
+
+    log = tmp_path / "measured.log"
+    monkeypatch.setenv("FAKE_WORKER_LOG", str(log))
+    plain = OPS[1]
+    grouped = cutlass.GemmOperationGrouped(80, plain.tile_description, plain.A, plain.B, plain.C,
+                                           plain.epilogue_functor, cutlass.IdentitySwizzle1)
+    conv = _conv_fprop()
+    problems = [GemmProblem(256, 512, 128), GroupedGemmProblem(((64, 128, 256), (32, 128, 256))),
+                Conv2dProblem(2, 8, 8, 64, 64, 3, 3, pad=(1, 1)), GemmProblem(64, 64, 64)]
+    sweep = Sweep([plain, grouped, conv], problems, db=tmp_path / "r.db", name="kinds",
+                  session=session(tmp_path / "cache.db"))
+    sweep.compile(jobs=2, progress=False)
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                       resources={"GPU": 1})
+    with distributed.Client(cluster) as client, DaskExecutor(client) as executor:
+        summary = executor.benchmark(sweep, timeout=30, baseline=True, worker_main=fake_worker_main, progress=False)
+        rows = sweep.db.query("select kernel, problem, status from runs")
+        pairs = {(r["kernel"], r["problem"]) for r in rows}
+        keys = [p.key for p in problems]
+        expected = {(plain.name, keys[0]), (plain.name, keys[3]), (grouped.name, keys[1]), (conv.name, keys[2]),
+                    (baseline_name("float16", "float16"), keys[0]), (baseline_name("float16", "float16"), keys[3]),
+                    (grouped_baseline_name("float16", "float16"), keys[1]),
+                    (conv_baseline_name("fprop", "float16", "float16"), keys[2])}
+        assert pairs == expected and len(rows) == len(expected), sorted(pairs ^ expected)
+        assert all(r["status"] == "ok" for r in rows)
+        assert summary.done == summary.submitted == len(expected), str(summary)
+        measured = log.read_text().splitlines()
+        assert sorted(line for line in measured if line.startswith("baseline")) == [
+            "baseline conv2d float16 float16 fprop", "baseline gemm float16 float16", "baseline gemm float16 float16",
+            "baseline grouped_gemm float16 float16"]
+        again = executor.benchmark(sweep, timeout=30, baseline=True, worker_main=fake_worker_main, progress=False)
+        assert again.submitted == 0 and again.skipped == len(expected), str(again)
+    cluster.close()
+
+
 def test_executor_rejects_bad_schedulers_and_gpu_less_clusters(tmp_path):
     with pytest.raises(cutlass.ArgumentError, match="local:N"):
         DaskExecutor("local:many")
