@@ -94,7 +94,8 @@ def _with_harness(function):
 @click.option("--gpus", "--devices", "devices", default=None,
               help="GPU ordinals, e.g. 0,1, or all (default): one pinned benchmark worker per GPU.")
 @click.option("--scheduler", default=None,
-              help="Run through Dask: local:N (a local cluster of N workers) or a scheduler address tcp://host:8786.")
+              help="Run through Dask: local:N (a local cluster: N compile workers and one benchmark worker for this "
+                   "host's GPUs) or a scheduler address tcp://host:8786.")
 @click.option("--timeout", default=120.0, show_default=True, help="Seconds per measurement before the worker is killed.")
 @click.option("--no-baseline", is_flag=True, help="Skip the torch (cuBLAS) baseline rows.")
 @click.option("--top-k", "top_k", type=click.IntRange(min=1), default=None,

@@ -277,16 +277,32 @@ def parse_scheduler(scheduler) -> tuple[str, object]:
     raise ArgumentError(f"scheduler {scheduler!r} is neither a local cluster nor a scheduler address; {allowed}")
 
 
+def local_cluster(compile_workers: int, gpus: int):
+    """A cluster of this host's processes: ``compile_workers`` single-threaded compile workers and, where the host has
+    GPUs, one benchmark worker declaring them all (a task per GPU at a time; its GPU slots give each task its own)."""
+    from distributed import Nanny, Scheduler, SpecCluster
+
+    workers = {f"compile-{i}": {"cls": Nanny, "options": {"nthreads": 1, "resources":
+                                                          {COMPILE_RESOURCE: COMPILE_MEMORY_GB}}}
+               for i in range(compile_workers)}
+    if gpus:
+        workers["gpus"] = {"cls": Nanny, "options": {"nthreads": gpus, "resources": {GPU_RESOURCE: gpus}}}
+    return SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {"dashboard_address": None}},
+                       silence_logs=logging.WARNING)
+
+
 def _client_for(scheduler):
-    """A Client from "local:N" (a LocalCluster of N single-threaded worker processes), an address, or a Client."""
+    """A Client from "local:N" (``local_cluster``: N compile workers, and a benchmark worker for this host's GPUs),
+    an address, or a Client."""
     kind, value = parse_scheduler(scheduler)
     if kind == "client":
         return value, None
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     if kind == "local":
-        cluster = LocalCluster(n_workers=value, threads_per_worker=1, processes=True, dashboard_address=None,
-                               resources={COMPILE_RESOURCE: COMPILE_MEMORY_GB})
+        from .runner import visible_gpus
+
+        cluster = local_cluster(value, len(visible_gpus()))
         return Client(cluster), cluster
     return Client(value), None
 

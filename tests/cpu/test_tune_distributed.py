@@ -161,6 +161,29 @@ def test_dask_benchmark_times_every_kind_beside_its_torch_baseline_and_resumes(t
     cluster.close()
 
 
+@pytest.mark.slow
+def test_a_local_cluster_benchmarks_on_this_hosts_gpus(tmp_path, monkeypatch):
+    """"local:N" is N compile workers plus, where GPUs are visible, one benchmark worker declaring them all; without
+    GPUs the benchmark phase says that no worker declares one."""
+    from pycutlass.tune import runner
+
+    sweep = Sweep(OPS[:2], [GemmProblem(64, 64, 64), GemmProblem(128, 256, 64)], db=tmp_path / "r.db", name="l",
+                  session=session(tmp_path / "cache.db"))
+    sweep.compile(jobs=2, progress=False)
+    monkeypatch.setattr(runner, "visible_gpus", lambda: [])
+    with DaskExecutor("local:1") as executor:
+        assert not executor._resources("GPU", 1)
+        with pytest.raises(cutlass.ArgumentError, match="GPU resource"):
+            executor.benchmark(sweep, worker_main=fake_worker_main, progress=False)
+    monkeypatch.setattr(runner, "visible_gpus", lambda: [0, 1])
+    with DaskExecutor("local:1") as executor:
+        workers = executor.client.scheduler_info()["workers"].values()
+        assert sorted(sorted((w.get("resources") or {}).items()) for w in workers) == [[("GPU", 2)],
+                                                                                       [("MEMORY_GB", 3)]]
+        summary = executor.benchmark(sweep, timeout=30, baseline=True, worker_main=fake_worker_main, progress=False)
+        assert summary.done == summary.submitted == 4 + 2 and summary.statuses["ok"] == 6, str(summary)
+
+
 def test_executor_rejects_bad_schedulers_and_gpu_less_clusters(tmp_path):
     with pytest.raises(cutlass.ArgumentError, match="local:N"):
         DaskExecutor("local:many")
