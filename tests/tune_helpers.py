@@ -82,6 +82,21 @@ class HangingGemm(_SabotagedGemm):
     PREFIX = "  if (threadIdx.x == 0) { while (clock64() >= 0) { __nanosleep(1000); } }  // never returns\n"
 
 
+def f16_conv(kind, tile=(128, 128, 32)):
+    """An Sm80-family f16 NHWC convolution (optimized iterators, f32 accumulation) of ``kind``
+    (``pycutlass.conv.Operator``)."""
+    from pycutlass.conv import IteratorAlgorithm, StrideSupport
+
+    f16 = cutlass.float16
+    math = cutlass.MathInstruction([16, 8, 16], f16, f16, cutlass.float32, cutlass.OpClass.TensorOp,
+                                   cutlass.MathOperation.multiply_add)
+    nhwc = cutlass.TensorDescription(f16, cutlass.LayoutType.TensorNHWC, 8)
+    return cutlass.Conv2dOperation(kind, IteratorAlgorithm.optimized, 80,
+                                   cutlass.TileDescription(list(tile), 3, [2, 2, 1], math), nhwc, nhwc, nhwc,
+                                   StrideSupport.Strided, cutlass.LinearCombination(f16, 8, cutlass.float32),
+                                   cutlass.IdentitySwizzle1)
+
+
 def broken_gemm():
     return f16_gemm((64, 64, 32), cls=BrokenGemm)
 

@@ -14,7 +14,7 @@ import pycutlass as cutlass
 from pycutlass.tune.db import ResultsDB
 from pycutlass.tune.problems import GemmProblem
 from pycutlass.tune.sweep import Sweep
-from tests.tune_helpers import broken_gemm, f16_gemm as gemm, fake_worker_main
+from tests.tune_helpers import broken_gemm, f16_conv, f16_gemm as gemm, fake_worker_main
 
 distributed = pytest.importorskip("distributed")
 from pycutlass.tune.distributed import DaskExecutor  # noqa: E402
@@ -107,23 +107,11 @@ def test_dask_benchmark_partitions_isolates_faults_and_resumes(tmp_path, monkeyp
     cluster.close()
 
 
-def _conv_fprop():
-    from pycutlass.conv import IteratorAlgorithm, Operator, StrideSupport
-
-    f16 = cutlass.float16
-    math = cutlass.MathInstruction([16, 8, 16], f16, f16, cutlass.float32, cutlass.OpClass.TensorOp,
-                                   cutlass.MathOperation.multiply_add)
-    tile = cutlass.TileDescription([64, 64, 32], 3, [2, 2, 1], math)
-    nhwc = cutlass.TensorDescription(f16, cutlass.LayoutType.TensorNHWC, 8)
-    return cutlass.Conv2dOperation(Operator.fprop, IteratorAlgorithm.analytic, 80, tile, nhwc, nhwc, nhwc,
-                                   StrideSupport.Strided, cutlass.LinearCombination(f16, 8, cutlass.float32),
-                                   cutlass.IdentitySwizzle1)
-
-
 @pytest.mark.slow
 def test_dask_benchmark_times_every_kind_beside_its_torch_baseline_and_resumes(tmp_path, monkeypatch):
     """GEMM, grouped and Conv2d operations each on the problems of their kind (nothing crosses kinds), and with
     baseline=True one torch row per problem and class, in tasks any GPU takes; a second run submits nothing."""
+    from pycutlass.conv import Operator
     from pycutlass.tune.problems import Conv2dProblem, GroupedGemmProblem
     from pycutlass.tune.runner import baseline_name, conv_baseline_name, grouped_baseline_name
 
@@ -132,7 +120,7 @@ def test_dask_benchmark_times_every_kind_beside_its_torch_baseline_and_resumes(t
     plain = OPS[1]
     grouped = cutlass.GemmOperationGrouped(80, plain.tile_description, plain.A, plain.B, plain.C,
                                            plain.epilogue_functor, cutlass.IdentitySwizzle1)
-    conv = _conv_fprop()
+    conv = f16_conv(Operator.fprop)
     problems = [GemmProblem(256, 512, 128), GroupedGemmProblem(((64, 128, 256), (32, 128, 256))),
                 Conv2dProblem(2, 8, 8, 64, 64, 3, 3, pad=(1, 1)), GemmProblem(64, 64, 64)]
     sweep = Sweep([plain, grouped, conv], problems, db=tmp_path / "r.db", name="kinds",

@@ -16,7 +16,7 @@ from pycutlass.tune.db import ResultsDB
 from pycutlass.tune.problems import GemmProblem
 from pycutlass.tune.space import SearchSpace
 from pycutlass.tune.sweep import Sweep
-from tests.tune_helpers import FaultingGemm, HangingGemm, f16_gemm as gemm
+from tests.tune_helpers import FaultingGemm, HangingGemm, f16_conv, f16_gemm as gemm
 
 try:
     import torch
@@ -122,17 +122,9 @@ def test_sweep_times_masked_problems_against_the_packed_baseline(tmp_path):
 
 
 def _conv_ops():
-    from pycutlass.conv import IteratorAlgorithm, Operator, StrideSupport
+    from pycutlass.conv import Operator
 
-    f16 = cutlass.float16
-    math = cutlass.MathInstruction([16, 8, 16], f16, f16, cutlass.float32, cutlass.OpClass.TensorOp,
-                                   cutlass.MathOperation.multiply_add)
-    tile = cutlass.TileDescription([128, 128, 32], 3, [2, 2, 1], math)
-    nhwc = cutlass.TensorDescription(f16, cutlass.LayoutType.TensorNHWC, 8)
-    return [cutlass.Conv2dOperation(kind, IteratorAlgorithm.optimized, 80, tile, nhwc, nhwc, nhwc,
-                                    StrideSupport.Strided, cutlass.LinearCombination(f16, 8, cutlass.float32),
-                                    cutlass.IdentitySwizzle1)
-            for kind in (Operator.fprop, Operator.wgrad)]
+    return [f16_conv(kind) for kind in (Operator.fprop, Operator.wgrad)]
 
 
 CONV_OPS = _conv_ops()
