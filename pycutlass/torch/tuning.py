@@ -18,6 +18,7 @@ import torch
 
 from ..compiler.manager import Compiler
 from ..tune.autotune import DEFAULT_TOP_K
+from ..tune.sweep import default_jobs
 from . import kernels, reference
 from .calls import TOLERANCE, TORCH, Choice
 
@@ -145,11 +146,12 @@ def tune_calls(dispatch, calls, *, jobs, progress, prefer_faster, repetitions,
 
 
 def _compile(compiler, operations, jobs) -> set[str]:
-    """Compile in parallel units; a failed unit is retried one operation at a time to find the culprits."""
+    """Compile in parallel units (``jobs``, or as a sweep does, one per core that memory allows); a failed unit is
+    retried one operation at a time to find the culprits."""
     failed = set()
     if not operations:
         return failed
-    report = compiler.add_module(operations, jobs=jobs, errors="report")
+    report = compiler.add_module(operations, jobs=jobs or default_jobs(), errors="report")
     for unit_ops, _ in report.failures:
         for operation in unit_ops:
             if compiler.add_module([operation], jobs=1, errors="report").failures:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import types
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -832,3 +833,21 @@ def test_end_to_end_is_timed_in_the_callers_grad_mode(monkeypatch, inference):
     with (torch.inference_mode() if inference else contextlib.nullcontext()):
         module._choose_end_to_end(nn.Identity(), nn.Identity(), (torch.randn(2, 8),), sites, timer=timer)
     assert modes == [(inference, False)]
+
+
+def test_candidates_compile_on_every_core_unless_jobs_says_otherwise(monkeypatch):
+    """The model pass compiles the candidates it lacks as a sweep does: one process per core that memory allows (an
+    add_module without jobs would compile one unit after another)."""
+    from pycutlass.torch import tuning
+    from pycutlass.tune.sweep import default_jobs
+
+    asked = []
+
+    class Compiler:
+        def add_module(self, operations, *, jobs, errors):
+            asked.append(jobs)
+            return types.SimpleNamespace(failures=[])
+
+    assert tuning._compile(Compiler(), ["op"], None) == set() and asked == [default_jobs()]
+    assert tuning._compile(Compiler(), ["op"], 3) == set() and asked[-1] == 3
+    assert tuning._compile(Compiler(), [], None) == set() and len(asked) == 2  # nothing to compile: no call
