@@ -447,3 +447,26 @@ def test_testbed_sweep_compile_only_targets_the_given_arch(monkeypatch, capsys):
         assert "compiled 3 configurations; 0 compile unit(s) failed" in capsys.readouterr().out
         failures.append(([type("Op", (), {"name": "pycutlass_broken"})()], "error: boom"))
         assert sweep.main(["--gemm80", "1", "--seed", "3", "--compile-only", "--arch", "90"]) == 1
+
+
+def test_the_filter_tap_reuse_wgrad_gets_default_sizes_it_computes():
+    """PyCUTLASS's default conv sizes are 1x1 to 7x7 filters with channels in 8s, none of which the filter-tap-reuse
+    wgrad (3x3, stride 1, channels in 64s) computes: test_all_conv2d would refuse every case and fail. It gets 3x3
+    stride-1 sizes of its own; other operations keep the defaults."""
+    D = cutlass.DataType
+    math = cutlass.MathInstruction([64, 64, 16], D.float16, D.float16, D.float32, cutlass.OpClass.TensorOp)
+    nhwc = cutlass.TensorDescription(D.float16, cutlass.LayoutType.TensorNHWC, 8)
+    taps = cutlass.Conv2dOperation(cutlass.conv.Operator.wgrad, cutlass.conv.IteratorAlgorithm.optimized, 90,
+                                   cutlass.TileDescription([64, 9 * 64, 64], 0, None, math), nhwc, nhwc, nhwc,
+                                   cutlass.conv.StrideSupport.Strided, cutlass.LinearCombination(D.float16, 8,
+                                                                                                  D.float32))
+    assert taps.filter_taps
+    sizes = conv2d_testbed.default_problem_sizes(taps)
+    assert len(sizes) >= 4
+    for size in sizes:
+        taps.check_problem_size(size)  # raises ArgumentError on a size it does not compute
+    implicit = cutlass.Conv2dOperation(cutlass.conv.Operator.wgrad, cutlass.conv.IteratorAlgorithm.optimized, 90,
+                                       cutlass.TileDescription([64, 128, 64], 0, None, math), nhwc, nhwc, nhwc,
+                                       cutlass.conv.StrideSupport.Strided,
+                                       cutlass.LinearCombination(D.float16, 8, D.float32))
+    assert any((size.R, size.S) != (3, 3) for size in conv2d_testbed.default_problem_sizes(implicit))

@@ -106,7 +106,7 @@ class Conv2dLauncher(_common.Launcher):
 
 def default_problem_sizes(operation) -> list:
     """pycutlass's default conv sizes for ``operation``: channel counts in multiples of its access widths (exactly
-    A's width for fixed_channels)."""
+    A's width for fixed_channels); for the filter-tap-reuse wgrad, the 3x3 stride-1 problems it computes."""
     unit = max(8, operation.A.alignment, operation.B.alignment, operation.C.alignment)
     if operation.A.layout is LayoutType.TensorNC32HW32:
         unit = max(unit, 32)  # interleaved tensors hold channels in groups of 32
@@ -117,6 +117,10 @@ def default_problem_sizes(operation) -> list:
         return Conv2dProblemSize((n, h, w, c), (k * unit, r, s, c), (pad[0], pad[0], pad[1], pad[1]), stride,
                                  dilation)
 
+    if getattr(operation, "filter_taps", False):
+        # the filter-tap-reuse wgrad computes 3x3 filters at stride and dilation 1 with channels in 64s only
+        return [size(1, 8, 8, 8, 8, 3, 3, pad=(1, 1)), size(2, 11, 13, 16, 8, 3, 3, pad=(1, 1)),
+                size(1, 17, 11, 8, 16, 3, 3), size(3, 5, 7, 8, 8, 3, 3, pad=(2, 2))]
     return [
         size(1, 1, 1, 1, 1, 1, 1),
         size(1, 8, 8, 2, 1, 3, 3, pad=(1, 1)),
@@ -176,6 +180,8 @@ def sweep(launcher: Conv2dLauncher, extra_sizes=()) -> bool:
         run(Conv2dProblemSize((1, 56, 56, 8), (8, 1, 1, 8), (0, 0, 0, 0), (2, 2), (1, 1)))
     elif operation.iterator_algorithm not in (IteratorAlgorithm.fixed_channels, IteratorAlgorithm.few_channels):
         split_k_size = Conv2dProblemSize((1, 17, 11, 288), (160, 3, 3, 288), (1, 1, 1, 1), (1, 1), (1, 1))
+        if getattr(operation, "filter_taps", False):  # channels in 64s
+            split_k_size = Conv2dProblemSize((2, 17, 11, 128), (64, 3, 3, 128), (1, 1, 1, 1), (1, 1), (1, 1))
         for mode in (SplitKMode.Parallel, SplitKMode.Serial):
             for slices in (1, 2, 3, 4, 201):
                 run(split_k_size.reset_split_k_slices(slices), mode, 2.0, 2.0)
