@@ -452,6 +452,7 @@ class DaskExecutor:
         breakdown = summary.breakdown
         workers = self.client.scheduler_info().get("workers", {})
         gpu_workers = {address for address, info in workers.items() if GPU_RESOURCE in (info.get("resources") or {})}
+        every_worker_has_a_gpu = gpu_workers == set(workers)
         gpus = sum(int((info.get("resources") or {}).get(GPU_RESOURCE, 0)) for info in workers.values())
         by_key = {p.key: p for p in sweep.problems}
         futures: dict = {}  # future -> (kernel block, problem part, place, carried, the rows it owes)
@@ -480,9 +481,15 @@ class DaskExecutor:
             if carry:
                 summary.binaries_sent += len(block)
             payload = [_with_binary(k, cache) if carry else k for k in block]
+            if every_worker_has_a_gpu:  # the holder first; any other may steal it
+                where = dict(workers=[place] if place else None, allow_other_workers=place is not None)
+            else:
+                # Dask lets a loosely placed task be stolen by any worker, resources aside (a compile worker then
+                # fails on the GPU resource it lacks), so here any GPU worker may take it, with no preference: one
+                # that lacks the binaries says so and gets them
+                where = dict(workers=sorted(gpu_workers))
             future = self.client.submit(benchmark_task, payload, [p.to_dict() for p in part], harness, timeout,
-                                        worker_main, resources=resources, retries=self.retries, pure=False,
-                                        workers=[place] if place else None, allow_other_workers=place is not None)
+                                        worker_main, resources=resources, retries=self.retries, pure=False, **where)
             futures[future] = (block, part, place, carry, [(k["name"], p.to_dict()) for k in block for p in part])
             return future
 

@@ -172,6 +172,33 @@ def test_a_local_cluster_benchmarks_on_this_hosts_gpus(tmp_path, monkeypatch):
         assert summary.done == summary.submitted == 4 + 2 and summary.statuses["ok"] == 6, str(summary)
 
 
+@pytest.mark.slow
+def test_compile_workers_never_take_benchmark_tasks(tmp_path, monkeypatch):
+    """With workers that have no GPU beside one that has two, stealing (many short tasks, a GPU process that has to
+    start) must not hand a benchmark task to a worker without the GPU resource: Dask lets any worker steal a task
+    placed loosely on a holder, and such a worker fails on the resource it lacks. Every pair is measured on the GPU
+    worker and no worker is lost."""
+    from pycutlass.tune import runner
+
+    monkeypatch.setenv("FAKE_WORKER_DELAY", "0.02")
+    monkeypatch.setenv("FAKE_WORKER_STARTUP", "1")
+    monkeypatch.setenv("FAKE_WORKER_UUID_PARENT", "1")
+    problems = [GemmProblem(64 * i, 256, 128) for i in range(1, 9)]
+    sweep = Sweep(OPS[:4], problems, db=tmp_path / "r.db", name="s", session=session(tmp_path / "cache.db"))
+    sweep.compile(jobs=2, progress=False)
+    monkeypatch.setattr(runner, "visible_gpus", lambda: [0, 1])
+    with DaskExecutor("local:3") as executor:
+        before = set(executor.client.scheduler_info()["workers"])
+        summary = executor.benchmark(sweep, timeout=30, problems_per_task=1, worker_main=fake_worker_main,
+                                     progress=False)
+        assert summary.done == summary.submitted == 4 * 8 and summary.statuses["ok"] == 32, str(summary)
+        assert set(executor.client.scheduler_info()["workers"]) == before  # no worker died
+        gpu = [a for a, w in executor.client.scheduler_info()["workers"].items() if "GPU" in (w["resources"] or {})]
+        measured = {r["worker"].split("-")[-1] for r in sweep.db.query("select worker from runs")}
+        pid = executor.client.run(os.getpid, workers=gpu)[gpu[0]]
+        assert measured == {str(pid)}, measured  # the fake's uuid ends with its parent's pid: the GPU worker's
+
+
 def test_executor_rejects_bad_schedulers_and_gpu_less_clusters(tmp_path):
     with pytest.raises(cutlass.ArgumentError, match="local:N"):
         DaskExecutor("local:many")
