@@ -147,6 +147,39 @@ def test_sweep_times_conv_problems_against_torch_per_kind(tmp_path):
             assert row["rel_error"] is not None and row["rel_error"] < 5e-3, row
 
 
+def test_a_dask_sweep_times_every_kind_as_a_local_sweep_does(tmp_path):
+    """GEMM, grouped and Conv2d operations and their torch baselines through a local Dask cluster (compile workers
+    without a GPU beside the benchmark worker): the pairs a local sweep measures, all verified and ok, at times
+    within 20% of the local sweep's. The float16 grouped baseline is the CUDA graph of torch.matmul per group
+    (torch._grouped_mm loops over float16 groups on the host)."""
+    pytest.importorskip("distributed")
+    from pycutlass.tune.distributed import DaskExecutor
+    from pycutlass.tune.problems import Conv2dProblem, grouped_problems
+
+    problems = [PROBLEMS[1], *grouped_problems(4, (16, 300), 256, 128, seed=5, sets=1),
+                Conv2dProblem(4, 16, 16, 64, 128, 3, 3, pad=(1, 1))]
+    ops = [*GROUPED_OPS, CONV_OPS[0]]
+    found = {}
+    for mode in ("local", "dask"):
+        sweep = Sweep(ops, problems, db=tmp_path / f"{mode}.db", name=mode)
+        assert not sweep.compile().failed
+        if mode == "local":
+            summary = sweep.benchmark(config=QUICK, timeout=120, baseline=True)
+        else:
+            with DaskExecutor("local:2") as executor:
+                summary = executor.benchmark(sweep, config=QUICK, timeout=120, baseline=True)
+        assert summary.statuses == {"ok": 2 + 3 + 2}, str(summary)
+        found[mode] = {(r["kernel"], r["problem"]): r for r in sweep.db.query("select * from runs")}
+    assert set(found["local"]) == set(found["dask"])
+    for pair, local in found["local"].items():
+        remote = found["dask"][pair]
+        if not pair[0].startswith("torch"):
+            assert remote["rel_error"] is not None and remote["rel_error"] < 5e-3, remote
+        assert abs(remote["seconds"] / local["seconds"] - 1) < 0.2, (pair, local["seconds"], remote["seconds"])
+        if pair[0].startswith("torch.grouped"):
+            assert "torch._grouped_mm" not in (remote["message"] or "") and remote["seconds"] < 60e-6, remote
+
+
 def test_faulting_and_hanging_kernels_are_recorded_and_the_sweep_goes_on(tmp_path):
     good = [gemm((128, 128, 32)), gemm((64, 64, 32))]
     faulting, hanging = gemm((128, 64, 32), cls=FaultingGemm), gemm((64, 128, 32), cls=HangingGemm)
