@@ -131,7 +131,7 @@ def _add_phases(times: dict, phases: dict | None) -> None:
         times["phases"][name] = times["phases"].get(name, 0.0) + seconds
 
 
-def _measured(runner, request, timeout: float, stop, times: dict) -> dict:
+def _measured(runner, request, times: dict) -> dict:
     """``request(runner)`` (the worker's reply) as a row's measurement fields: a lost or failing worker process
     becomes a failed (or timed-out) measurement, and a replacement process starts for the next request."""
     import time as clock
@@ -186,7 +186,7 @@ def benchmark_task(kernels: list[dict], problems: list[dict], config_json: str, 
                             runner.adopted.add(name)
                         return runner.worker.request(("kernel", held["operation"], problem), timeout, stop)
 
-                    reply = _measured(runner, request, timeout, stop, times)
+                    reply = _measured(runner, request, times)
                     rows.append({"kernel": kernel["name"], "problem": problem, "facts": runner.facts,
                                  "measurement": reply["measurement"], "resources": reply.get("resources")})
         return {"rows": rows, "worker": slots.address, "gpu": ordinal, "times": times,
@@ -208,7 +208,7 @@ def baseline_task(baselines: list[dict], config_json: str, timeout: float, worke
             def request(runner, baseline=baseline):
                 return runner.worker.request(("baseline", baseline["problem"], *baseline["labels"]), timeout, stop)
 
-            reply = _measured(runner, request, timeout, stop, times)
+            reply = _measured(runner, request, times)
             rows.append({"kernel": baseline["name"], "problem": baseline["problem"], "facts": runner.facts,
                          "measurement": reply["measurement"], "resources": None})
         return {"rows": rows, "worker": slots.address, "gpu": ordinal, "times": times, "held": []}
@@ -421,7 +421,7 @@ class DaskExecutor:
         from ..compiler.manager import Compiler
         from .bench import BenchConfig
         from .progress import progress_bar as _progress
-        from .runner import baseline_labels, baseline_request, problem_kinds
+        from .runner import baseline_labels, baseline_request, operations_by_kind, problem_kinds
 
         for name, value in (("kernels_per_task", kernels_per_task), ("problems_per_task", problems_per_task)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -437,14 +437,15 @@ class DaskExecutor:
         kernels = []
         operations = sweep.ready_operations()
         for op in operations:
-            if not problem_kinds(op):
+            kinds = problem_kinds(op)
+            if not kinds:
                 continue
             key, resolved = compiler.key_and_target(op, sweep._target())
             if cache.lookup(key) is None:
                 continue
             kernels.append({"name": op.name, "key": key, "operation": op, "target": resolved.name,
                             "backend": compiler.backend_for(op).name, "kernel_symbol": op.kernel_symbol,
-                            "builder_symbol": op.builder_symbol, "kinds": problem_kinds(op)})
+                            "builder_symbol": op.builder_symbol, "kinds": kinds})
         harness = config.fingerprint
         done = {(r["kernel"], r["problem"]) for r in sweep.db.query(
             "select kernel, problem from runs where sweep = ? and harness = ?", [sweep.name, harness])}
@@ -496,8 +497,9 @@ class DaskExecutor:
         # The torch baselines first (they need no binary; any GPU takes them), a problem block per task.
         if baseline:
             owed = []
+            by_kind = operations_by_kind(operations)
             for problem in sweep.problems:
-                for labels in baseline_labels(problem, operations):
+                for labels in baseline_labels(problem, by_kind.get(problem.kind, [])):
                     name, request = baseline_request(sweep, problem, *labels)
                     if (name, problem.key) in done:
                         summary.skipped += 1

@@ -631,13 +631,20 @@ def problem_kinds(operation) -> tuple[str, ...]:
     return ()
 
 
+def operations_by_kind(operations) -> dict[str, list]:
+    """Problem kind -> the operations timed on it (``problem_kinds``), in the given order."""
+    found: dict[str, list] = {}
+    for op in operations:
+        for kind in problem_kinds(op):
+            found.setdefault(kind, []).append(op)
+    return found
+
+
 def baseline_labels(problem, operations) -> list[tuple[str, str, str | None]]:
-    """(A type, C type, convolution kind or None) of the baselines a problem needs: one per such triple among the
-    operations timed on it."""
+    """(A type, C type, convolution kind or None) of the baselines a problem needs: one per such triple among
+    ``operations``, those timed on it (``operations_by_kind``)."""
     labels = []
     for op in operations:
-        if problem.kind not in problem_kinds(op):
-            continue
         math_inst = op.tile_description.math_instruction
         label = (element_label(math_inst.element_a), element_label(op.C.element),
                  op.conv_kind.name if problem.kind == "conv2d" else None)
@@ -657,12 +664,13 @@ def _tasks(sweep, operations, baseline: bool) -> list:
     """Problem-major order (inputs are reused across kernels), each problem's baseline first (``problem_kinds``
     pairs operations with problems; each kind of convolution beside torch's own)."""
     tasks = []
+    by_kind = operations_by_kind(operations)
     for problem in sweep.problems:
+        kind_operations = by_kind.get(problem.kind, [])
         if baseline:
-            for labels in baseline_labels(problem, operations):
+            for labels in baseline_labels(problem, kind_operations):
                 name, request = baseline_request(sweep, problem, *labels)
                 tasks.append((name, problem, request))
-        for op in operations:
-            if problem.kind in problem_kinds(op):
-                tasks.append((op.name, problem, ("kernel", op, problem.to_dict())))
+        for op in kind_operations:
+            tasks.append((op.name, problem, ("kernel", op, problem.to_dict())))
     return tasks

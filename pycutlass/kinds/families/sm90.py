@@ -63,18 +63,17 @@ def epilogue_smem_bytes(tile_shape, cooperative: bool, epilogue: EpilogueSchedul
     return max(stages_c, stages_d) * stage if reuse else (stages_c + stages_d) * stage
 
 
-def _stage_bytes(tile: TileDescription, operand_bits: int) -> int:
+def _stage_bytes(tile_shape, operand_bits: int) -> int:
     """One main-loop stage: an A and a B tile."""
-    m, n, k = tile.threadblock_shape
+    m, n, k = tile_shape
     return (m + n) * k * operand_bits // 8
 
 
 def automatic_stages(tile_shape, operand_bits: int, cooperative: bool, element_c, epilogue_tile=None) -> int:
     """The main-loop stages of ``stages=0`` beside a TMA epilogue's buffers: what its buffers leave of the SM."""
-    m, n, k = tile_shape
     buffers = epilogue_smem_bytes(tile_shape, cooperative, EpilogueScheduleType.TmaWarpSpecialized, element_c,
                                   epilogue_tile)
-    return (_SMEM_BYTES - buffers - _SMEM_MARGIN) // ((m + n) * k * operand_bits // 8)
+    return (_SMEM_BYTES - buffers - _SMEM_MARGIN) // _stage_bytes(tile_shape, operand_bits)
 
 
 # Epilogue tile widths the GPU suite runs (16-, 32-bit outputs); the rows are the builder's (see check_epilogue_tile).
@@ -121,7 +120,7 @@ def check_explicit_stages(what: str, tile: TileDescription, cooperative: bool, e
     """Explicit stage counts must fit the SM's 227 KiB beside the epilogue's buffers (CUTLASS would fail the launch
     with an invalid shared-memory size)."""
     m, n, k = tile.threadblock_shape
-    stage = _stage_bytes(tile, operand_bits)
+    stage = _stage_bytes(tile.threadblock_shape, operand_bits)
     mainloop = tile.stages * stage
     epilogue_bytes = epilogue_smem_bytes(tile.threadblock_shape, cooperative, epilogue, element_c, tile.epilogue_tile)
     if tile.stages < 2 or mainloop + epilogue_bytes + _SMEM_MARGIN > _SMEM_BYTES:
