@@ -604,13 +604,14 @@ class Dispatch(SessionState):
                       device.index, cls, tuple(problem))
 
     def tune_calls(self, calls, *, jobs: int | None = None, progress: bool = True,
-                   prefer_faster: bool | None = None, repetitions: int = 30) -> list[Choice]:
-        """Tune every distinct call: compile all candidates at once, then check and time each beside torch."""
+                   prefer_faster: bool | None = None, repetitions: int = 30, max_compiles="auto") -> list[Choice]:
+        """Tune every distinct call: compile the candidates at once (at most ``max_compiles`` outside the kernel
+        cache; ``"auto"``: one round of ``jobs``), then check and time each beside torch."""
         from .tuning import tune_calls
 
         prefer = self.prefer_faster if prefer_faster is None else prefer_faster
         return tune_calls(self, list(calls), jobs=jobs, progress=progress, prefer_faster=prefer,
-                          repetitions=repetitions)
+                          repetitions=repetitions, max_compiles=max_compiles)
 
     # --- persistence ---------------------------------------------------------------------------------------------
     def export_state(self) -> dict:

@@ -45,7 +45,7 @@ class _Site:
 
 
 def _tune(gm: fx.GraphModule, example_inputs: tuple, dispatch, jobs, progress: bool,
-          prefer_faster: bool) -> tuple[list, list[_Site]]:
+          prefer_faster: bool, max_compiles="auto") -> tuple[list, list[_Site]]:
     """Runs the model once, recording each op call with the layer it came from, and tunes the recorded calls;
     returns the choices and the calls of fused modules among them."""
     fused = [m for m in gm.modules() if isinstance(m, (CutlassLinear, CutlassConv2d))]
@@ -68,7 +68,8 @@ def _tune(gm: fx.GraphModule, example_inputs: tuple, dispatch, jobs, progress: b
         finally:
             for hook in hooks:
                 hook.remove()
-    choices = dispatch.tune_calls(collector.calls, jobs=jobs, progress=progress, prefer_faster=prefer_faster)
+    choices = dispatch.tune_calls(collector.calls, jobs=jobs, progress=progress, prefer_faster=prefer_faster,
+                                  max_compiles=max_compiles)
     sites = [_Site(*owners[id(choice.call)], choice) for choice in choices if id(choice.call) in owners]
     # A host-bound model feels every microsecond: where torch won, the layer calls torch itself for that shape
     # (other shapes still go through the dispatch and its tuning table).

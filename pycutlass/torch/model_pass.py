@@ -60,7 +60,7 @@ def _graph_if_faster(gm: nn.Module, model: nn.Module, example_inputs: tuple, rep
 
 # --- the public API -------------------------------------------------------------------------------------------------
 def optimize(model: nn.Module, example_inputs, *, tune: bool = True, fold_batchnorm: bool = True,
-             prefer_faster: bool = True, jobs: int | None = None, progress: bool = True,
+             prefer_faster: bool = True, jobs: int | None = None, max_compiles="auto", progress: bool = True,
              dispatch=None, end_to_end: bool = True, cuda_graphs: bool = False, pack=None) -> nn.Module:
     """Traces ``model``, fuses its Linear/Conv2d (+ BatchNorm2d) (+ activation) into pycutlass ops and tunes them.
 
@@ -69,6 +69,10 @@ def optimize(model: nn.Module, example_inputs, *, tune: bool = True, fold_batchn
     shares the parameters of the layers it kept and of the Linear layers it fused. ``example_inputs``: the model's
     positional arguments (a tensor or a tuple), run once to learn shapes and, with ``tune``, to record the calls to
     tune. Tuning needs a GPU and happens only for a model on CUDA; a CPU model runs torch's math and is not tuned.
+    ``jobs``: parallel compile processes (default: one per core that memory allows). ``max_compiles``: how many
+    candidates outside the kernel cache tuning compiles: ``"auto"`` (default) one round of ``jobs``, taken rank by
+    rank across the layers, the heaviest layers first, every layer keeping its best-ranked candidate; an int; or
+    ``None`` for every layer's 8 best-ranked (docs/torch.md: what a first ``optimize`` costs).
     ``dispatch``: the :class:`~pycutlass.torch.dispatch.Dispatch` to tune with (default: the current session's).
     ``end_to_end`` (after tuning on CUDA): time whole forwards of ``model`` and of the result with a few placements
     of its layers (as tuned, only clear wins on kernels, all on torch) on ``example_inputs`` and keep the fastest,
@@ -85,6 +89,9 @@ def optimize(model: nn.Module, example_inputs, *, tune: bool = True, fold_batchn
     process loads with ``pycutlass.torch.use_pack(path)`` to run the same kernels without compiling
     (docs/packs.md).
     """
+    from .tuning import check_max_compiles
+
+    check_max_compiles(max_compiles)
     if pack is not None and not tune:
         raise ArgumentError("pack= writes the kernels tuning chose: it needs tune=True")
     for name, value in (("end_to_end", end_to_end), ("cuda_graphs", cuda_graphs)):
@@ -122,7 +129,8 @@ def optimize(model: nn.Module, example_inputs, *, tune: bool = True, fold_batchn
     elif tune:
         if not torch.cuda.is_available():
             raise NoGpuError("tuning needs a GPU: the model is on CUDA but torch sees no usable GPU")
-        choices, sites = _tune(gm, example_inputs, _dispatch(dispatch), jobs, progress, prefer_faster)
+        choices, sites = _tune(gm, example_inputs, _dispatch(dispatch), jobs, progress, prefer_faster,
+                                max_compiles)
         if pack is not None:
             from .packs import write_choices
 

@@ -2,6 +2,9 @@
 
 An SM90 GEMM layer's candidates are the ``top_k`` configurations of the SM90 grid ranked best for its shape
 (``kernels.ranked_gemm_candidates``); the union over the layers compiles once. Other classes use the fixed sets.
+``max_compiles`` caps what compiles from a cold kernel cache (an SM90 candidate costs ~20-30 s of one core): by
+default one round of the parallel compile, taken rank by rank across the layers (:func:`within_budget`), while
+candidates already in the kernel cache always count.
 
 Inputs are random normal tensors with the recorded shapes and strides (so layouts and channels_last survive).
 A candidate counts only if its result is within the dtype's tolerance of torch's; timings are medians of CUDA-event
@@ -12,13 +15,15 @@ model it replaces.
 """
 from __future__ import annotations
 
+import math
 import statistics
 
 import torch
 
 from ..compiler.manager import Compiler
 from ..tune.autotune import DEFAULT_TOP_K
-from ..tune.sweep import default_jobs
+from ..errors import ArgumentError
+from ..tune.sweep import cached_operation_names, default_jobs
 from . import kernels, reference
 from .calls import TOLERANCE, TORCH, Choice
 
@@ -111,15 +116,70 @@ def call_candidates(dispatch, calls, top_k: int | None = DEFAULT_TOP_K) -> dict:
     return found
 
 
+def check_max_compiles(max_compiles):
+    if max_compiles is None or max_compiles == "auto":
+        return max_compiles
+    if isinstance(max_compiles, bool) or not isinstance(max_compiles, int) or max_compiles < 1:
+        raise ArgumentError(f"max_compiles must be 'auto' (one round of the parallel compile), a positive int or "
+                            f"None (every layer's top_k candidates), got {max_compiles!r}")
+    return max_compiles
+
+
+def within_budget(drawn: dict, weights: dict, cached: set[str], budget: int | None) -> dict:
+    """Each call's candidates cut so that at most ``budget`` operations outside the kernel cache compile.
+
+    ``drawn``: call key -> ranked [(params, operation)]; ``weights``: call key -> its share of the work (flops times
+    calls). Every call keeps its best-ranked candidate, even past the budget (a call without one could not be
+    tuned). The rest of the budget is shared out by work: the next candidate goes to the call with the most work
+    per candidate it already has (so a classifier head of 0.01% of the flops gets no second pick while the MLP
+    gets several). Candidates in the kernel cache, or already chosen for another call, cost no compile and
+    always stay; each call's candidates keep their rank order."""
+    if budget is None:
+        return drawn
+    kept = {key: [] for key in drawn}
+    taken = {key: 0 for key in drawn}  # how far down its ranking each call has been read
+    chosen: set[str] = set()
+
+    def take(key, spend: bool) -> None:
+        params, operation = drawn[key][taken[key]]
+        taken[key] += 1
+        if spend or operation.name in cached or operation.name in chosen:
+            chosen.add(operation.name)
+            kept[key].append((params, operation))
+
+    for key in drawn:
+        if drawn[key]:
+            take(key, spend=True)
+    while True:
+        live = [key for key in drawn if taken[key] < len(drawn[key])]
+        if not live:
+            return kept
+        key = max(live, key=lambda k: weights.get(k, 0.0) / (len(kept[k]) + 1))
+        take(key, spend=len(chosen - cached) < budget)
+
+
+def _work(call) -> float:
+    """A call's multiply-adds up to a constant: m*n*k for a GEMM, n*h*w*c*k*r*s for a convolution."""
+    sizes = call.problem[:3] if call.op == "gemm" else call.problem[:7]
+    return float(math.prod(int(v) for v in sizes)) if sizes else 0.0
+
+
 def tune_calls(dispatch, calls, *, jobs, progress, prefer_faster, repetitions,
-               top_k: int | None = DEFAULT_TOP_K) -> list[Choice]:
+               top_k: int | None = DEFAULT_TOP_K, max_compiles="auto") -> list[Choice]:
     from ..tune.bench import BenchConfig, GemmBench
 
-    by_key = {}
+    max_compiles = check_max_compiles(max_compiles)
+    jobs = jobs or default_jobs()
+    by_key, weights = {}, {}
     for call in calls:
         by_key.setdefault(call.key, call)
+        weights[call.key] = weights.get(call.key, 0.0) + _work(call)
     todo = [call for key, call in by_key.items() if dispatch.lookup(key) is None]
     drawn = call_candidates(dispatch, todo, top_k)
+    if max_compiles is not None:
+        every = {op.name: op for ranked in drawn.values() for _, op in ranked}
+        cached = cached_operation_names(list(every.values()), dispatch.session)
+        drawn = within_budget(drawn, weights, cached, jobs if max_compiles == "auto" else max_compiles)
     operations = {}
     for call in todo:
         for _, operation in drawn[call.key]:

@@ -282,8 +282,9 @@ class FakeDispatch:
         finally:
             self.collecting_now = False
 
-    def tune_calls(self, calls, jobs=None, progress=True, prefer_faster=True):
+    def tune_calls(self, calls, jobs=None, progress=True, prefer_faster=True, max_compiles="auto"):
         self.tuned = (list(calls), jobs, progress, prefer_faster)
+        self.max_compiles = max_compiles
         if self.by_layer is not None:
             return [FakeChoice(call, *self.by_layer[call.layer]) for call in calls]
         return [FakeChoice(call, "torch" if call.op == "conv2d" else "cutlass_gemm_x", 20.0, 10.0 if
@@ -322,7 +323,10 @@ def test_tuning_records_each_call_with_its_layer(monkeypatch):
                          end_to_end=False)
     calls, jobs, progress, prefer_faster = dispatch.tuned
     assert [c.layer for c in calls] == ["features.0", "features.3", "proj", "fc"]
-    assert (jobs, progress, prefer_faster) == (3, False, True)
+    assert (jobs, progress, prefer_faster, dispatch.max_compiles) == (3, False, True, "auto")
+    optimize(model, torch.randn(2, 3, 16, 16), dispatch=dispatch, max_compiles=None, progress=False,
+             end_to_end=False)
+    assert dispatch.max_compiles is None
     rows = {r["layer"]: r for r in report(optimized).rows}
     assert rows["fc"]["kernel"] == "cutlass_gemm_x" and rows["fc"]["speedup"] == pytest.approx(1.5)
     assert rows["proj"]["kernel"] == "torch" and rows["proj"]["speedup"] == pytest.approx(0.5)
