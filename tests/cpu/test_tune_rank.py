@@ -442,3 +442,26 @@ def test_sm90_convolutions_rank_as_the_plain_kernel_with_two_ctas_where_their_st
     grouped = SearchSpace(kind=["grouped_gemm"], compute_capability=[90], dtypes=["bf16"],
                           threadblock_shape=[[64, 128, 64], [128, 128, 64]]).build()
     assert [config_of(op).schedule for op in grouped.operations] == ["pingpong", "cooperative"]  # Auto, pointer-array
+
+
+def test_a_transformer_mlp_layer_ranks_data_parallel_tiles_ahead_of_stream_k_and_drops_cooperative_256x192():
+    """bf16 6304x3072x768 with a bias (ViT-B/16's MLP at batch 32) on H200: cooperative stream-K ran 1.16-1.25x this
+    model's time at 4.55 waves while ping-pong ran 0.9x, and cooperative 256x192 ran 2-3x slower than 128x256."""
+    from pycutlass.torch import kernels
+    from pycutlass.tune.rank import cannot_win
+
+    cls = kernels.GemmClass("bfloat16", True, False, 8, "identity", True, False, 90)
+    grid = kernels.sm90_grid(cls)
+    names = [op.name for _, op in grid]
+    assert not any("_256x192x64_" in name and "_coop" in name for name in names)
+    assert any("_128x192x64_" in name and "_pp_" in name for name in names)  # 192 per thread: ping-pong keeps it
+    reason = cannot_win(config_of({**grid[0][0], "threadblock_shape": [256, 192, 64],
+                                   "kernel_schedule": "TmaWarpSpecializedCooperative"}))
+    assert reason and "192 per consumer thread" in reason
+    problem = GemmProblem(6304, 3072, 768)
+    best = [op.name for op in top_k([op for _, op in grid], problem, 4, "H200")]
+    assert not any("_sk_" in name for name in best), best
+    assert any("_128x192x64_" in name and "_pp_" in name for name in best), best
+    # just past one wave (1.14) stream-K keeps its place: a data-parallel second wave leaves most SMs idle
+    small = [op.name for op in top_k([op for _, op in grid], GemmProblem(6304, 768, 3072), 4, "H200")]
+    assert any("_sk_" in name for name in small), small
