@@ -10,7 +10,6 @@ from pathlib import Path
 
 import jinja2
 
-from ..epilogue.activations import support_code
 from . import abi
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -46,9 +45,8 @@ def translation_unit(operations) -> str:
     headers = [h for op in operations for h in op.headers()]
     structs = [s for op in operations for s in op.abi_structs()]
     preambles = [p for op in operations for p in _listed(op.preamble())]
-    shared = "".join(dict.fromkeys(op.shared_code() for op in operations))
-    bodies = "".join(op.emit_body() for op in operations)
-    return prelude(headers, structs, preambles) + "".join(support_code(shared + bodies)) + shared + bodies
+    shared = dict.fromkeys(op.shared_code() for op in operations)
+    return prelude(headers, structs, preambles) + "".join(shared) + "".join(op.emit_body() for op in operations)
 
 
 def _listed(preamble) -> list[str]:

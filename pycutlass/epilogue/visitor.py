@@ -31,13 +31,15 @@ import numpy as np
 
 from ..description.types import DataType
 from ..errors import ArgumentError, DescriptionError
-from .activations import CPP_FUNCTORS
 
 # Binary operators and the CUTLASS functor each becomes.
 BINARY_OPS = {"add": "cutlass::plus", "sub": "cutlass::minus", "mul": "cutlass::multiplies",
               "div": "cutlass::divides"}
 # Activations a node may apply (``relu.numpy(x)`` on a traced value), with their CUTLASS Array functors.
-UNARY_OPS = {**{name: cpp for name, cpp in CPP_FUNCTORS.items() if name != "identity"},
+UNARY_OPS = {"relu": "cutlass::epilogue::thread::ReLu", "tanh": "cutlass::epilogue::thread::Tanh",
+             "sigmoid": "cutlass::epilogue::thread::Sigmoid", "silu": "cutlass::epilogue::thread::SiLu",
+             "hardswish": "cutlass::epilogue::thread::HardSwish", "gelu": "cutlass::epilogue::thread::GELU",
+             "gelu_taylor": "cutlass::epilogue::thread::GELU_taylor",
              "leaky_relu": None}  # leaky_relu takes a constant slope: emitted as its own functor
 INPUT_KINDS = ("tensor", "row", "column", "scalar")
 REDUCTION_DIRECTIONS = ("row", "column")
