@@ -7,7 +7,7 @@ default one round of the parallel compile, taken rank by rank across the layers 
 candidates already in the kernel cache always count.
 
 Inputs are random normal tensors with the recorded shapes and strides (so layouts and channels_last survive).
-A candidate counts only if its result is within the dtype's tolerance of torch's; timings are medians of CUDA-event
+A candidate counts only if its result (into memory left NaN) is within the dtype's tolerance of torch's; timings are medians of CUDA-event
 samples with L2 flushed and a device sleep before each (the sweep harness's ``GemmBench.time``), so each is the
 kernel's GPU time and not its launch's host latency. torch is timed as eager code would
 run the same layer (``addmm`` / ``conv2d`` then the activation), so "faster than torch" means faster than the
@@ -224,6 +224,13 @@ def _median_us(bench, fn) -> float:
     return statistics.median(samples) * 1e6
 
 
+def _poison_like(expected) -> None:
+    """Leave NaN in the memory block the next allocation of ``expected``'s size gets (torch's caching allocator hands
+    a freed block of that size out again), so a candidate that leaves part of its output unwritten fails the check
+    instead of inheriting the previous candidate's correct values."""
+    torch.empty_like(expected).fill_(float("nan"))
+
+
 def _tune_one(dispatch, call, candidates, bench, generator, failed, prefer_faster) -> dict:
     tensors = _inputs(call, generator)
     expected = _reference(call, tensors)
@@ -233,6 +240,7 @@ def _tune_one(dispatch, call, candidates, bench, generator, failed, prefer_faste
         if operation.name in failed:
             continue
         try:
+            _poison_like(expected)
             out = _run(dispatch, call, tensors, operation.name)
             if not _close(out, expected, call.specs[0][2]):
                 continue

@@ -132,3 +132,28 @@ def test_the_model_pass_compiles_one_round_by_default(monkeypatch, max_compiles,
     assert len(timed["fc1-key"]) >= len(timed["head-key"])
     if max_compiles == "auto" and jobs == 16 and not cached:
         assert len(new) == 16 and len(timed["head-key"]) == 1 and len(timed["fc1-key"]) >= 3
+
+
+def test_a_candidate_that_leaves_its_output_unwritten_fails_the_check(monkeypatch):
+    """Each candidate's check runs into memory left NaN: a kernel that writes nothing must not inherit the correct
+    values the previous candidate left in the block the allocator hands out again."""
+    block = {"values": None}  # the one block a same-size allocation gets, as torch's caching allocator does
+
+    def poison(expected):
+        block["values"] = torch.full_like(expected, float("nan"))
+
+    def run(dispatch, call, tensors, kernel):
+        if kernel == "writes":
+            block["values"] = torch.ones(4, 4)
+        return block["values"].clone()  # "lazy" leaves whatever the block holds
+
+    monkeypatch.setattr(tuning, "_poison_like", poison)
+    monkeypatch.setattr(tuning, "_run", run)
+    monkeypatch.setattr(tuning, "_inputs", lambda call, generator: [])
+    monkeypatch.setattr(tuning, "_reference", lambda call, tensors: torch.ones(4, 4))
+    monkeypatch.setattr(tuning, "_eager", lambda call, tensors: None)
+    monkeypatch.setattr(tuning, "_median_us", lambda bench, fn: 1.0)
+    call = types.SimpleNamespace(specs=[((4, 4), (4, 1), torch.float16)])
+    candidates = [({}, types.SimpleNamespace(name="writes")), ({}, types.SimpleNamespace(name="lazy"))]
+    choice = tuning._tune_one(None, call, candidates, None, None, set(), False)
+    assert choice["candidates"] == 1 and choice["kernel"] == "writes"
