@@ -137,10 +137,11 @@ def main() -> None:
         report = Compiler.of(current()).add_module(operations, jobs=args.jobs, target=args.target, errors="report")
         print(f"{len(operations)} candidates, {len(report.failures)} failed units, {time.perf_counter() - start:.0f} s")
         return
+    budget = {"auto": "auto", "all": None}.get(args.max_compiles, args.max_compiles)
+    budget = int(budget) if isinstance(budget, str) and budget != "auto" else budget
     rows = []
     for name in args.models.split(","):
         try:
-            budget = {"auto": "auto", "all": None}.get(args.max_compiles) or int(args.max_compiles)
             rows.append(measure(name, args.grad_mode, budget))
         except Exception as error:  # noqa: BLE001  (one model failing keeps the other's numbers)
             rows.append({"model": name, "error": f"{type(error).__name__}: {error}"})

@@ -3,13 +3,13 @@
 An SM90 GEMM layer's candidates are the ``top_k`` configurations of the SM90 grid ranked best for its shape
 (``kernels.ranked_gemm_candidates``); the union over the layers compiles once. Other classes use the fixed sets.
 ``max_compiles`` caps what compiles from a cold kernel cache (an SM90 candidate costs ~20-30 s of one core): by
-default one round of the parallel compile, taken rank by rank across the layers (:func:`within_budget`), while
+default one round of the parallel compile, shared out by work across the layers (:func:`within_budget`), while
 candidates already in the kernel cache always count.
 
 Inputs are random normal tensors with the recorded shapes and strides (so layouts and channels_last survive).
-A candidate counts only if its result (into memory left NaN) is within the dtype's tolerance of torch's; timings are medians of CUDA-event
-samples with L2 flushed and a device sleep before each (the sweep harness's ``GemmBench.time``), so each is the
-kernel's GPU time and not its launch's host latency. torch is timed as eager code would
+A candidate counts only if its result (into memory left NaN) is within the dtype's tolerance of torch's; timings
+are medians of CUDA-event samples with L2 flushed and a device sleep before each (the sweep harness's
+``GemmBench.time``), so each is the kernel's GPU time and not its launch's host latency. torch is timed as eager code would
 run the same layer (``addmm`` / ``conv2d`` then the activation), so "faster than torch" means faster than the
 model it replaces.
 """
@@ -139,23 +139,26 @@ def within_budget(drawn: dict, weights: dict, cached: set[str], budget: int | No
     kept = {key: [] for key in drawn}
     taken = {key: 0 for key in drawn}  # how far down its ranking each call has been read
     chosen: set[str] = set()
+    compiles = 0
 
-    def take(key, spend: bool) -> None:
+    def take(key, first: bool) -> None:
+        nonlocal compiles
         params, operation = drawn[key][taken[key]]
         taken[key] += 1
-        if spend or operation.name in cached or operation.name in chosen:
+        free = operation.name in cached or operation.name in chosen
+        if free or first or compiles < budget:
+            compiles += not free
             chosen.add(operation.name)
             kept[key].append((params, operation))
 
     for key in drawn:
         if drawn[key]:
-            take(key, spend=True)
+            take(key, first=True)
     while True:
         live = [key for key in drawn if taken[key] < len(drawn[key])]
         if not live:
             return kept
-        key = max(live, key=lambda k: weights.get(k, 0.0) / (len(kept[k]) + 1))
-        take(key, spend=len(chosen - cached) < budget)
+        take(max(live, key=lambda k: weights.get(k, 0.0) / (len(kept[k]) + 1)), first=False)
 
 
 def _work(call) -> float:
@@ -177,8 +180,8 @@ def tune_calls(dispatch, calls, *, jobs, progress, prefer_faster, repetitions,
     todo = [call for key, call in by_key.items() if dispatch.lookup(key) is None]
     drawn = call_candidates(dispatch, todo, top_k)
     if max_compiles is not None:
-        every = {op.name: op for ranked in drawn.values() for _, op in ranked}
-        cached = cached_operation_names(list(every.values()), dispatch.session)
+        every = {op.name: op for ranked in drawn.values() for _, op in ranked}.values()
+        cached = cached_operation_names(list(every), dispatch.session)
         drawn = within_budget(drawn, weights, cached, jobs if max_compiles == "auto" else max_compiles)
     operations = {}
     for call in todo:

@@ -505,7 +505,8 @@ def _no_register_spills(params: Mapping):
     # cooperative splits the tile over two consumer warpgroups; the filter-tap-reuse wgrad over three
     consumers = 3 if p["kind"] == "conv2d" and tile_n == FILTER_TAPS_TILE_N else 2 if cooperative else 1
     registers = tile_m * tile_n * DataType[str(p["element_accumulator"])].bits // 32 // (128 * consumers)
-    if registers > accumulator_register_limit(schedule if consumers == 2 else ""):
+    limit = accumulator_register_limit(schedule) if consumers == 2 else ACCUMULATOR_REGISTER_LIMIT
+    if registers > limit:
         return (f"cannot win: accumulators spill registers ({schedule} {tile_m}x{tile_n} tile, {registers} per "
                 f"consumer thread)")
     return True
