@@ -604,14 +604,17 @@ class Dispatch(SessionState):
                       device.index, cls, tuple(problem))
 
     def tune_calls(self, calls, *, jobs: int | None = None, progress: bool = True,
-                   prefer_faster: bool | None = None, repetitions: int = 30, max_compiles="auto") -> list[Choice]:
+                   prefer_faster: bool | None = None, repetitions: int = 30, max_compiles="auto",
+                   timed=None) -> list[Choice]:
         """Tune every distinct call: compile the candidates at once (at most ``max_compiles`` outside the kernel
-        cache; ``"auto"``: one round of ``jobs``), then check and time each beside torch."""
+        cache; ``"auto"``: one round of ``jobs``), then check and time each beside torch. ``timed(phase)``, if
+        given: a context manager around each phase (``rank``, ``compile``, ``tune``), e.g.
+        ``OptimizeReport.timed``."""
         from .tuning import tune_calls
 
         prefer = self.prefer_faster if prefer_faster is None else prefer_faster
         return tune_calls(self, list(calls), jobs=jobs, progress=progress, prefer_faster=prefer,
-                          repetitions=repetitions, max_compiles=max_compiles)
+                          repetitions=repetitions, max_compiles=max_compiles, timed=timed)
 
     # --- persistence ---------------------------------------------------------------------------------------------
     def export_state(self) -> dict:

@@ -45,9 +45,11 @@ class _Site:
 
 
 def _tune(gm: fx.GraphModule, example_inputs: tuple, dispatch, jobs, progress: bool,
-          prefer_faster: bool, max_compiles="auto") -> tuple[list, list[_Site]]:
+          prefer_faster: bool, max_compiles="auto", timed=None) -> tuple[list, list[_Site]]:
     """Runs the model once, recording each op call with the layer it came from, and tunes the recorded calls;
-    returns the choices and the calls of fused modules among them."""
+    returns the choices and the calls of fused modules among them. ``timed(phase)``: a context manager that
+    accounts the phases' wall time (``OptimizeReport.timed``)."""
+    timed = timed or (lambda phase: contextlib.nullcontext())
     fused = [m for m in gm.modules() if isinstance(m, (CutlassLinear, CutlassConv2d))]
     owners: dict[int, tuple] = {}  # id(call) -> (module, input shape), to give torch's layers torch's own call
     first_call: dict[int, int] = {}  # id(module) -> index of its first call in collector.calls
@@ -63,13 +65,13 @@ def _tune(gm: fx.GraphModule, example_inputs: tuple, dispatch, jobs, progress: b
 
         hooks = [h for m in fused for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
         try:
-            with _Evaluating(gm), torch.no_grad():
+            with timed("record"), _Evaluating(gm), torch.no_grad():
                 gm(*example_inputs)
         finally:
             for hook in hooks:
                 hook.remove()
     choices = dispatch.tune_calls(collector.calls, jobs=jobs, progress=progress, prefer_faster=prefer_faster,
-                                  max_compiles=max_compiles)
+                                  max_compiles=max_compiles, timed=timed)
     sites = [_Site(*owners[id(choice.call)], choice) for choice in choices if id(choice.call) in owners]
     # A host-bound model feels every microsecond: where torch won, the layer calls torch itself for that shape
     # (other shapes still go through the dispatch and its tuning table).

@@ -98,26 +98,27 @@ def optimize(model: nn.Module, example_inputs, *, tune: bool = True, fold_batchn
         if not isinstance(value, bool):
             raise ArgumentError(f"{name} must be True or False, got {value!r}")
     example_inputs = _tuple(example_inputs)
-    gm = _trace(model)
-    shapes = _Shapes(gm)
-    try:
-        with _Evaluating(gm), torch.no_grad():
-            shapes.run(*example_inputs)
-    except Exception as exc:
-        where = f" at {shapes.node.format_node()}" if shapes.node is not None else ""
-        raise ArgumentError(f"the traced model failed on example_inputs{where} ({type(exc).__name__}: {exc}); pass "
-                            "the model's positional arguments, as a tensor or a tuple") from exc
-
     report = OptimizeReport()
-    matches = _find(gm, fold_batchnorm, model.training, report)
-    attrs_before = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
-    conv_nodes = _rewrite(gm, model, matches)
-    _keep_views_working(gm.graph, conv_nodes)
-    gm.graph.eliminate_dead_code()
-    _remove_orphans(gm, model, attrs_before)
-    gm.delete_all_unused_submodules()
-    gm.graph.lint()
-    gm.recompile()
+    with report.timed("trace"):
+        gm = _trace(model)
+        shapes = _Shapes(gm)
+        try:
+            with _Evaluating(gm), torch.no_grad():
+                shapes.run(*example_inputs)
+        except Exception as exc:
+            where = f" at {shapes.node.format_node()}" if shapes.node is not None else ""
+            raise ArgumentError(f"the traced model failed on example_inputs{where} ({type(exc).__name__}: {exc}); "
+                                "pass the model's positional arguments, as a tensor or a tuple") from exc
+
+        matches = _find(gm, fold_batchnorm, model.training, report)
+        attrs_before = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+        conv_nodes = _rewrite(gm, model, matches)
+        _keep_views_working(gm.graph, conv_nodes)
+        gm.graph.eliminate_dead_code()
+        _remove_orphans(gm, model, attrs_before)
+        gm.delete_all_unused_submodules()
+        gm.graph.lint()
+        gm.recompile()
     report.rows = [{"layer": m.layer, "op": m.op, "pattern": m.pattern, "shape": m.shape, "kernel": "-",
                     "cutlass_us": None, "torch_us": None, "speedup": None} for m in matches]
 
@@ -130,7 +131,7 @@ def optimize(model: nn.Module, example_inputs, *, tune: bool = True, fold_batchn
         if not torch.cuda.is_available():
             raise NoGpuError("tuning needs a GPU: the model is on CUDA but torch sees no usable GPU")
         choices, sites = _tune(gm, example_inputs, _dispatch(dispatch), jobs, progress, prefer_faster,
-                                max_compiles)
+                               max_compiles, report.timed)
         if pack is not None:
             from .packs import write_choices
 
@@ -139,15 +140,17 @@ def optimize(model: nn.Module, example_inputs, *, tune: bool = True, fold_batchn
                                 "pack: not written (no GEMM layer chose a pycutlass kernel)")
         rows = _fill_rows(report, choices)
         if end_to_end and sites:
-            traced = _trace(model)
-            record, moved = _choose_end_to_end(gm, model, example_inputs, sites, traced=traced)
+            with report.timed("end_to_end"):
+                traced = _trace(model)
+                record, moved = _choose_end_to_end(gm, model, example_inputs, sites, traced=traced)
             _record_end_to_end(report, rows, sites, record, moved)
             if record["chosen"] == _E2E_TRACED:
                 gm = traced
             elif record["chosen"] == _E2E_EAGER:
                 gm = _shallow_copy(model)
             if cuda_graphs:
-                gm = _graph_if_faster(gm, model, example_inputs, report)
+                with report.timed("graphs"):
+                    gm = _graph_if_faster(gm, model, example_inputs, report)
     if cuda_graphs and not isinstance(gm, CUDAGraphed) and not (report.end_to_end or {}).get("graphs"):
         report.notes.append("cuda_graphs: not tried (it needs the end-to-end check: a tuned model on CUDA with "
                             "end_to_end=True)")

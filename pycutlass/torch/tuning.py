@@ -15,6 +15,7 @@ model it replaces.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 
@@ -168,26 +169,39 @@ def _work(call) -> float:
 
 
 def tune_calls(dispatch, calls, *, jobs, progress, prefer_faster, repetitions,
-               top_k: int | None = DEFAULT_TOP_K, max_compiles="auto") -> list[Choice]:
-    from ..tune.bench import BenchConfig, GemmBench
-
+               top_k: int | None = DEFAULT_TOP_K, max_compiles="auto", timed=None) -> list[Choice]:
     max_compiles = check_max_compiles(max_compiles)
+    timed = timed or (lambda phase: contextlib.nullcontext())
     jobs = jobs or default_jobs()
     by_key, weights = {}, {}
     for call in calls:
         by_key.setdefault(call.key, call)
         weights[call.key] = weights.get(call.key, 0.0) + _work(call)
     todo = [call for key, call in by_key.items() if dispatch.lookup(key) is None]
-    drawn = call_candidates(dispatch, todo, top_k)
-    if max_compiles is not None:
-        every = {op.name: op for ranked in drawn.values() for _, op in ranked}.values()
-        cached = cached_operation_names(list(every), dispatch.session)
-        drawn = within_budget(drawn, weights, cached, jobs if max_compiles == "auto" else max_compiles)
+    with timed("rank"):
+        drawn = call_candidates(dispatch, todo, top_k)
+        if max_compiles is not None:
+            every = {op.name: op for ranked in drawn.values() for _, op in ranked}.values()
+            cached = cached_operation_names(list(every), dispatch.session)
+            drawn = within_budget(drawn, weights, cached, jobs if max_compiles == "auto" else max_compiles)
     operations = {}
     for call in todo:
         for _, operation in drawn[call.key]:
             operations.setdefault(operation.name, operation)
-    failed = _compile(Compiler.of(dispatch.session), list(operations.values()), jobs)
+    with timed("compile"):
+        failed = _compile(Compiler.of(dispatch.session), list(operations.values()), jobs)
+    with timed("tune"):
+        _tune_calls(dispatch, todo, drawn, failed, progress, prefer_faster, repetitions)
+    results = []
+    for call in calls:
+        choice = dispatch.lookup(call.key) or {}
+        results.append(Choice(call, choice.get("kernel", "-"), choice.get("us"), choice.get("torch_us")))
+    return results
+
+
+def _tune_calls(dispatch, todo, drawn, failed, progress, prefer_faster, repetitions) -> None:
+    from ..tune.bench import BenchConfig, GemmBench
+
     bar = _progress(todo, progress)
     # Kernel time on the GPU, not launch latency: a device sleep before each timed launch lets the host enqueue it
     # first (without it a small GEMM's time is mostly the host's, and the choice between kernels is noise).
@@ -201,11 +215,6 @@ def tune_calls(dispatch, calls, *, jobs, progress, prefer_faster, repetitions,
         with torch.cuda.device(call.device):
             choice = _tune_one(dispatch, call, drawn[call.key], bench, generator, failed, prefer_faster)
         dispatch.set_choice(call.key, choice, len(drawn[call.key]))
-    results = []
-    for call in calls:
-        choice = dispatch.lookup(call.key) or {}
-        results.append(Choice(call, choice.get("kernel", "-"), choice.get("us"), choice.get("torch_us")))
-    return results
 
 
 def _compile(compiler, operations, jobs) -> set[str]:

@@ -113,8 +113,16 @@ def test_the_model_pass_compiles_one_round_by_default(monkeypatch, max_compiles,
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
 
     dispatch = _Dispatch()
+    phases = []
+
+    @contextlib.contextmanager
+    def phase(name):
+        phases.append(name)
+        yield
+
     choices = tuning.tune_calls(dispatch, calls, jobs=jobs, progress=False, prefer_faster=False, repetitions=3,
-                                max_compiles=max_compiles)
+                                max_compiles=max_compiles, timed=phase)
+    assert phases == ["rank", "compile", "tune"]
     assert len(choices) == len(calls) and set(timed) == {call.key for call in calls}
     assert len(compiled) == len(set(compiled))
     if max_compiles is None:

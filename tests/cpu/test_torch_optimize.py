@@ -282,8 +282,11 @@ class FakeDispatch:
         finally:
             self.collecting_now = False
 
-    def tune_calls(self, calls, jobs=None, progress=True, prefer_faster=True, max_compiles="auto"):
+    def tune_calls(self, calls, jobs=None, progress=True, prefer_faster=True, max_compiles="auto", timed=None):
         self.tuned = (list(calls), jobs, progress, prefer_faster)
+        if timed is not None:
+            with timed("compile"):
+                pass
         self.max_compiles = max_compiles
         if self.by_layer is not None:
             return [FakeChoice(call, *self.by_layer[call.layer]) for call in calls]
@@ -331,6 +334,11 @@ def test_tuning_records_each_call_with_its_layer(monkeypatch):
     assert rows["fc"]["kernel"] == "cutlass_gemm_x" and rows["fc"]["speedup"] == pytest.approx(1.5)
     assert rows["proj"]["kernel"] == "torch" and rows["proj"]["speedup"] == pytest.approx(0.5)
     assert dispatch.layer == ""  # the hooks reset it after each fused module
+    # where the time went: the pass's own phases and the dispatch's, in the order they ran
+    seconds = report(optimized).seconds
+    assert list(seconds) == ["trace", "record", "compile"] and all(s >= 0.0 for s in seconds.values())
+    assert "time: trace " in str(report(optimized))
+    assert OptimizeReport.from_dict(report(optimized).to_dict()).seconds == seconds
 
 
 def test_layers_tuned_to_torch_call_torch_directly_for_that_shape(monkeypatch):
