@@ -105,6 +105,7 @@ def measure(name: str, grad_mode: str = "no_grad", max_compiles="auto") -> dict:
         row["optimize_s"] = round(time.perf_counter() - start, 1)
         report = pct.report(fast)
         row["optimize_phases_s"] = {phase: round(s, 1) for phase, s in report.seconds.items()}
+        row["end_to_end_check"] = report.end_to_end  # the placements the check timed (ms per forward)
         out = fast(x).float()
         row.update(forward_ms({"eager_ms": lambda: model(x), "compiled_ms": lambda: compiled(x),
                                "optimized_ms": lambda: fast(x)}))
@@ -160,9 +161,14 @@ def main() -> None:
         except Exception as error:  # noqa: BLE001  (one model failing keeps the other's numbers)
             rows.append({"model": name, "error": f"{type(error).__name__}: {error}"})
         print(f"{name}: done", flush=True)
-    summary = [{k: v for k, v in row.items() if k != "layer_rows"} for row in rows]
+    summary = [{k: v for k, v in row.items() if k not in ("layer_rows", "end_to_end_check")} for row in rows]
     print_table("the model pass (bf16, inference): optimize time, kept layers, forward ms", summary)
     for row in rows:
+        check = row.get("end_to_end_check") or {}
+        if check.get("candidates"):
+            print(f"{row['model']}: the end-to-end check, ms per forward: eager {check['eager_ms']:.3f}, " +
+                  ", ".join(f"{name} {ms:.3f}" for name, ms in check["candidates"].items()) +
+                  f"; chose {check['chosen']}")
         if row.get("layer_rows"):
             print_table(f"{row['model']}: distinct layers (kernel and torch times from the report)", row["layer_rows"])
     write_json(args.out, {"command": " ".join(sys.argv), "rows": rows})
