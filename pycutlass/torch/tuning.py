@@ -191,7 +191,7 @@ def tune_calls(dispatch, calls, *, jobs, progress, prefer_faster, repetitions,
     with timed("compile"):
         failed = _compile(Compiler.of(dispatch.session), list(operations.values()), jobs)
     with timed("tune"):
-        _tune_calls(dispatch, todo, drawn, failed, progress, prefer_faster, repetitions)
+        _check_and_time(dispatch, todo, drawn, failed, progress, prefer_faster, repetitions)
     results = []
     for call in calls:
         choice = dispatch.lookup(call.key) or {}
@@ -199,7 +199,9 @@ def tune_calls(dispatch, calls, *, jobs, progress, prefer_faster, repetitions,
     return results
 
 
-def _tune_calls(dispatch, todo, drawn, failed, progress, prefer_faster, repetitions) -> None:
+def _check_and_time(dispatch, todo, drawn, failed, progress, prefer_faster, repetitions) -> None:
+    """Each call's compiled candidates checked against float64 and timed beside torch; the choices go to the
+    dispatch."""
     from ..tune.bench import BenchConfig, GemmBench
 
     bar = _progress(todo, progress)
