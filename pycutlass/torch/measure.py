@@ -45,11 +45,10 @@ class _Site:
 
 
 def _tune(gm: fx.GraphModule, example_inputs: tuple, dispatch, jobs, progress: bool,
-          prefer_faster: bool, max_compiles="auto", timed=None) -> tuple[list, list[_Site]]:
+          prefer_faster: bool, max_compiles, timed) -> tuple[list, list[_Site]]:
     """Runs the model once, recording each op call with the layer it came from, and tunes the recorded calls;
     returns the choices and the calls of fused modules among them. ``timed(phase)``: a context manager that
     accounts the phases' wall time (``OptimizeReport.timed``)."""
-    timed = timed or (lambda phase: contextlib.nullcontext())
     fused = [m for m in gm.modules() if isinstance(m, (CutlassLinear, CutlassConv2d))]
     owners: dict[int, tuple] = {}  # id(call) -> (module, input shape), to give torch's layers torch's own call
     first_call: dict[int, int] = {}  # id(module) -> index of its first call in collector.calls

@@ -2,16 +2,16 @@
 
 An SM90 GEMM layer's candidates are the ``top_k`` configurations of the SM90 grid ranked best for its shape
 (``kernels.ranked_gemm_candidates``); the union over the layers compiles once. Other classes use the fixed sets.
-``max_compiles`` caps what compiles from a cold kernel cache (an SM90 candidate costs ~20-30 s of one core): by
+``max_compiles`` caps what compiles from a cold kernel cache (an SM90 candidate costs 20-50 s of one core): by
 default one round of the parallel compile, shared out by work across the layers (:func:`within_budget`), while
 candidates already in the kernel cache always count.
 
 Inputs are random normal tensors with the recorded shapes and strides (so layouts and channels_last survive).
 A candidate counts only if its result (into memory left NaN) is within the dtype's tolerance of torch's; timings
 are medians of CUDA-event samples with L2 flushed and a device sleep before each (the sweep harness's
-``GemmBench.time``), so each is the kernel's GPU time and not its launch's host latency. torch is timed as eager code would
-run the same layer (``addmm`` / ``conv2d`` then the activation), so "faster than torch" means faster than the
-model it replaces.
+``GemmBench.time``), so each is the kernel's GPU time and not its launch's host latency. torch is timed as eager
+code would run the same layer (``addmm`` / ``conv2d`` then the activation), so "faster than torch" means faster than
+the model it replaces.
 """
 from __future__ import annotations
 
