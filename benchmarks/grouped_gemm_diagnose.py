@@ -14,6 +14,14 @@ descriptors; (e) and (f) say what that and the B traffic cost. Each output is ch
 
     python benchmarks/grouped_gemm_diagnose.py [--out benchmarks/results/grouped_gemm_diagnose.json]
 
+``--case mixtral``: the same questions on Mixtral-8x7B's up projection (N = 14336, K = 4096, 16k routed rows), where
+both grouped kernels (pycutlass's and torch._grouped_mm) run at 630-655 TFLOP/s on H200 and a dense GEMM of the same
+work at 790-810: (g) the skewed routing of the MoE benchmark's set, (h) 8 equal groups, (i) one group of all the
+rows, beside pycutlass's dense SM90 GEMM with the same tile (GemmOperationUniversal) and torch.matmul. If (i) runs at
+the dense rate the loss is in grouping; if not, in the pointer-array kernel itself.
+
+    python benchmarks/grouped_gemm_diagnose.py [--case 64|mixtral] [--out ...]
+
 No stored result yet: it prints its tables.
 """
 from __future__ import annotations
@@ -30,22 +38,27 @@ import pycutlass as cutlass  # noqa: E402
 from common import bench_ms, device_name, print_table, write_json  # noqa: E402
 
 D = cutlass.DataType
-N, K = 2048, 1024
 CASE = [int(m) // 8 * 8 for m in np.linspace(16, 1024, 64)]  # grouped_gemm.py's 64-problem case
-VARIANTS = {
+MIXTRAL_16K = [1742, 1528, 2290, 1809, 1271, 1963, 3155, 2626]  # routed_counts(8, 16384): the MoE benchmark's draw
+CASES = {"64": (2048, 1024), "mixtral": (14336, 4096)}  # N, K
+VARIANTS = {"64": {
     "(a) case: 64 groups, M 16..1024": CASE,
     "(b) 64 groups, M rounded up to 128": [-(-m // 128) * 128 for m in CASE],
     "(c) 64 equal groups, M 512": [512] * 64,
     "(d) 64 equal groups, M 520": [520] * 64,
     "(e) 8 groups, M 4160": [4160] * 8,
     "(f) 1 group, M 33280": [33280],
-}
+}, "mixtral": {
+    "(g) 8 groups, skewed, 16384 rows": MIXTRAL_16K,
+    "(h) 8 equal groups, M 2048": [2048] * 8,
+    "(i) 1 group, M 16384": [16384],
+}}
 # grouped_gemm.py's two fastest SM90 tiles on the case (results/grouped_gemm-wide-h100.json)
 CONFIGS = [((128, 256, 64), (1, 2, 1), "TmaWarpSpecializedCooperative"),
            ((128, 256, 64), (2, 1, 1), "TmaWarpSpecializedCooperative")]
 
 
-def make_op(tile_shape, cluster, schedule):
+def make_op(tile_shape, cluster, schedule, dense=False):
     e = D.bfloat16
     A = cutlass.TensorDescription(e, cutlass.RowMajor, 8)
     B = cutlass.TensorDescription(e, cutlass.ColumnMajor, 8)
@@ -53,12 +66,17 @@ def make_op(tile_shape, cluster, schedule):
     math = cutlass.MathInstruction([64, tile_shape[1], 16], e, e, D.float32, cutlass.OpClass.TensorOp)
     tile = cutlass.TileDescription(list(tile_shape), 0, None, math, cluster_shape=list(cluster),
                                    kernel_schedule=cutlass.KernelScheduleType[schedule])
-    return cutlass.GemmOperationGrouped(90, tile, A, B, C, cutlass.LinearCombination(e, 8, D.float32, D.float32))
+    epilogue = cutlass.LinearCombination(e, 8, D.float32, D.float32)
+    if dense:
+        return cutlass.GemmOperationUniversal(90, tile, A, B, C, epilogue)
+    return cutlass.GemmOperationGrouped(90, tile, A, B, C, epilogue)
 
 
-def operations() -> list:
-    """The benchmarked operations (tests/gpu/precompile.py can compile them ahead of time)."""
-    return [make_op(*config) for config in CONFIGS]
+def operations(dense: bool = True) -> list:
+    """The benchmarked operations, grouped then (``dense``) the dense GEMMs of the same tiles (tests/gpu/precompile.py
+    can compile them ahead of time)."""
+    return [make_op(*config) for config in CONFIGS] + ([make_op(*config, dense=True) for config in CONFIGS]
+                                                        if dense else [])
 
 
 def label(config) -> str:
@@ -66,7 +84,7 @@ def label(config) -> str:
     return f"{m}x{n} c{cm}x{cn}"
 
 
-def run_variant(name, ms_list, ops) -> dict:
+def run_variant(name, ms_list, ops, dense_ops, N, K) -> dict:
     import torch
 
     groups, rows = len(ms_list), sum(ms_list)
@@ -80,7 +98,9 @@ def run_variant(name, ms_list, ops) -> dict:
     grouped_mm = bench_ms(lambda: torch._grouped_mm(A, B3, offs=offs))
     row = {"variant": name, "groups": groups, "rows": rows, "_grouped_mm us": grouped_mm * 1e3}
     if groups == 1:
-        row["torch.matmul us"] = bench_ms(lambda: torch.matmul(A, Bs[0])) * 1e3
+        matmul = bench_ms(lambda: torch.matmul(A, Bs[0]))
+        row["torch.matmul us"] = matmul * 1e3
+        row["torch.matmul TFLOP/s"] = flops / matmul / 1e9
     out = torch.empty(rows, N, device="cuda", dtype=torch.bfloat16)
     Ds = list(out.split(ms_list))
     problems = [cutlass.GemmCoord(m, N, K) for m in ms_list]
@@ -97,6 +117,19 @@ def run_variant(name, ms_list, ops) -> dict:
         row[f"{label(config)} us"] = ms * 1e3
         row[f"{label(config)} TFLOP/s"] = flops / ms / 1e9
         row[f"{label(config)} vs _grouped_mm"] = grouped_mm / ms
+    for op, config in zip(dense_ops if groups == 1 else [], CONFIGS):
+        out.fill_(float("nan"))
+        arguments = cutlass.GemmArguments(op, cutlass.GemmCoord(rows, N, K), A, Bs[0], out, out,
+                                          output_op=op.epilogue_type(1.0, 0.0))
+        op.run(arguments)
+        arguments.sync()
+        error = float((out.float() - reference).norm() / reference.norm())
+        if not error < 2e-2:
+            row[f"dense {label(config)} us"] = f"wrong (rel err {error:.2e})"
+            continue
+        ms = bench_ms(lambda: op.run(arguments))
+        row[f"dense {label(config)} us"] = ms * 1e3
+        row[f"dense {label(config)} TFLOP/s"] = flops / ms / 1e9
     torch.cuda.empty_cache()
     return row
 
@@ -105,20 +138,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                       "grouped_gemm_diagnose.json"))
+    parser.add_argument("--case", choices=sorted(CASES), default="64")
     args = parser.parse_args()
     if cutlass.compiler.target.detected_compute_capability() != 90:
         print("benchmarks/grouped_gemm_diagnose.py needs an SM90 GPU (tests/gpu/precompile.py can compile its "
               "operations here)")
         return
-    ops = operations()
+    N, K = CASES[args.case]
+    ops = operations(dense=args.case == "mixtral")
     print(cutlass.compiler.add_module(ops), flush=True)
+    grouped, dense = ops[:len(CONFIGS)], ops[len(CONFIGS):]
     rows = []
-    for name, ms_list in VARIANTS.items():
-        rows.append(run_variant(name, ms_list, ops))
+    for name, ms_list in VARIANTS[args.case].items():
+        rows.append(run_variant(name, ms_list, grouped, dense, N, K))
         print(rows[-1], flush=True)
     print_table(f"SM90 grouped kernel, bf16, N={N}, K={K}, on {device_name()}", rows)
-    write_json(args.out, {"N": N, "K": K, "variants": VARIANTS, "configs": [label(c) for c in CONFIGS],
-                          "rows": rows})
+    write_json(args.out, {"case": args.case, "N": N, "K": K, "variants": VARIANTS[args.case],
+                          "configs": [label(c) for c in CONFIGS], "rows": rows})
 
 
 if __name__ == "__main__":
