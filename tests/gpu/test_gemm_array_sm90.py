@@ -43,6 +43,7 @@ ARRAY_OPS = {
     "bf16_ttt_pp_clamp": array90(D.bfloat16, (R, R, R), (128, 128, 64), kernel=KS.TmaWarpSpecializedPingpong,
                                  clamp=True),
     "f16_tnn_coop_128x256_c2x1": array90(D.float16, (R, CM, CM), (128, 256, 64), (2, 1, 1)),
+    "bf16_tnt_coop_128x192_c1x2": array90(D.bfloat16, (R, CM, R), (128, 192, 64), (1, 2, 1)),
 }
 ORDINARY = sm90_suite.OPS["bf16_coop"]  # an operation built without array=True
 OPS = {**ARRAY_OPS, "ordinary_bf16_coop": ORDINARY}

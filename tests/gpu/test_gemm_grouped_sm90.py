@@ -60,6 +60,12 @@ OPS = {
     "f16_nnt_coop_256x128_leaky": grouped90(D.float16, (CM, CM, R), (256, 128, 64), activation="leaky_relu"),
     "bf16_tnt_pp_64x256_c2x1_silu": grouped90(D.bfloat16, (R, CM, R), (64, 256, 64), (2, 1, 1),
                                               KS.TmaWarpSpecializedPingpong, activation="silu"),
+    # tile N 192: partial N tiles in every odd problem, 192 float32 accumulators per thread at 256x192
+    "bf16_tnt_coop_256x192_c1x2": grouped90(D.bfloat16, (R, CM, R), (256, 192, 64), (1, 2, 1)),
+    "f16_ntn_coop_128x192_c2x1_relu": grouped90(D.float16, (CM, R, CM), (128, 192, 64), (2, 1, 1),
+                                                activation="relu"),
+    "bf16_ttt_pp_64x192_f32out": grouped90(D.bfloat16, (R, R, R), (64, 192, 64), kernel=KS.TmaWarpSpecializedPingpong,
+                                           out=D.float32),
 }
 # Per-group bias (N values per group, bias="column"): a CUTLASS EVT over the pointer-array epilogue.
 BIAS_OPS = {
@@ -68,6 +74,8 @@ BIAS_OPS = {
                                             KS.TmaWarpSpecializedPingpong, activation="gelu", bias="column"),
     "bf16_tnn_coop_f32out_leaky_bias": grouped90(D.bfloat16, (R, CM, CM), (128, 256, 64), out=D.float32,
                                                  activation="leaky_relu", bias="column"),
+    "f16_tnt_pp_64x192_c1x2_bias": grouped90(D.float16, (R, CM, R), (64, 192, 64), (1, 2, 1),
+                                             KS.TmaWarpSpecializedPingpong, bias="column"),
 }
 # LinearCombinationClamp (CUTLASS's LinCombEltAct<Clamp>, as for array=True); not built with bias="column".
 CLAMP_OPS = {
