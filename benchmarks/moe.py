@@ -60,10 +60,33 @@ TOLERANCE = 3e-2  # bf16 output
 from grouped_gemm import _tile_name as tile_name  # noqa: E402
 
 
+# Forward tiles beyond grouped_gemm.py's grid. Kernels of a few milliseconds run power-limited on H200 (ncu: SM clock
+# 1.40-1.57 GHz, not 1.98), where cuBLAS picks a 192x192 tile with a 1x2 cluster; on Mixtral's up projection at 16k
+# tokens 128x256 with a 1x2 cluster measured 2.2% faster than with 2x1 (benchmarks/grouped_gemm_diagnose.py --case
+# mixtral).
+FORWARD_EXTRA_TILES = [((128, 256, 64), (1, 2, 1), "TmaWarpSpecializedCooperative"),
+                       ((256, 128, 64), (2, 1, 1), "TmaWarpSpecializedCooperative"),
+                       ((256, 192, 64), (1, 2, 1), "TmaWarpSpecializedCooperative"),
+                       ((128, 192, 64), (2, 1, 1), "TmaWarpSpecializedCooperative")]
+
+
 def operations() -> list:
+    """The bf16 forward's grouped GEMMs (contiguous and masked layouts): grouped_gemm.py's SM90 grid and
+    FORWARD_EXTRA_TILES, A row-major, B column-major, D row-major."""
+    import pycutlass as cutlass
     from grouped_gemm import sm90_grid
 
-    return [op for ops in sm90_grid(["bf16"]).values() for op in ops]
+    bf16, f32 = cutlass.DataType.bfloat16, cutlass.DataType.float32
+    extra = []
+    for shape, cluster, schedule in FORWARD_EXTRA_TILES:
+        math = cutlass.MathInstruction([64, shape[1], 16], bf16, bf16, f32, cutlass.OpClass.TensorOp)
+        tile = cutlass.TileDescription(list(shape), 0, None, math, cluster_shape=list(cluster),
+                                       kernel_schedule=cutlass.KernelScheduleType[schedule])
+        extra.append(cutlass.GemmOperationGrouped(
+            90, tile, cutlass.TensorDescription(bf16, cutlass.RowMajor, 8),
+            cutlass.TensorDescription(bf16, cutlass.ColumnMajor, 8), cutlass.TensorDescription(bf16, cutlass.RowMajor, 8),
+            cutlass.LinearCombination(bf16, 8, f32, f32)))
+    return [op for ops in sm90_grid(["bf16"]).values() for op in ops] + extra
 
 
 # (tile, cluster, schedule, epilogue tile): a weight gradient over few tokens per expert is store-bound, where the
@@ -75,7 +98,9 @@ WGRAD_TILES = [((128, 128, 64), (1, 1, 1), "TmaWarpSpecializedCooperative", None
                ((256, 128, 64), (1, 1, 1), "TmaWarpSpecializedCooperative", None),
                ((128, 256, 64), (2, 1, 1), "TmaWarpSpecializedCooperative", (128, 64)),
                ((128, 256, 64), (1, 2, 1), "TmaWarpSpecializedCooperative", None),
-               ((256, 128, 64), (2, 1, 1), "TmaWarpSpecializedCooperative", None)]
+               ((256, 128, 64), (2, 1, 1), "TmaWarpSpecializedCooperative", None),
+               ((256, 192, 64), (1, 2, 1), "TmaWarpSpecializedCooperative", None),
+               ((128, 192, 64), (2, 1, 1), "TmaWarpSpecializedCooperative", (128, 64))]
 
 
 def wgrad_operations() -> list:
