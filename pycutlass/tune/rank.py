@@ -99,6 +99,7 @@ class Config:
     acc_bits: int
     ctas_per_sm: int = 1  # SM90: two for a convolution whose explicit stages fit half an SM
     epilogue_tile: tuple[int, int] | None = None  # SM90: an explicit TMA-epilogue sub-tile (None: CUTLASS's own)
+    fused_epilogue: bool = True  # a bias or an activation: the epilogue holds registers beside the accumulators
 
     @property
     def sm90(self) -> bool:
@@ -160,7 +161,8 @@ def config_of(item) -> Config:
         return Config(cc, tile, cluster, schedule, p.get("tile_scheduler") == "StreamK", p["stages"], warps,
                       _label_bits(p["element_a"]), _label_bits(p["element_c"]),
                       _label_bits(p["element_accumulator"]), ctas,
-                      tuple(epilogue_tile) if isinstance(epilogue_tile, (tuple, list)) else None)
+                      tuple(epilogue_tile) if isinstance(epilogue_tile, (tuple, list)) else None,
+                      bool(params.get("bias")) or p.get("epilogue", "linear_combination") != "linear_combination")
     td = getattr(item, "tile_description", None)
     if td is None:
         raise ArgumentError(f"rank: cannot read a configuration from {type(item).__name__}; give SpacePoints, "
@@ -178,7 +180,9 @@ def config_of(item) -> Config:
                   schedule, getattr(td.tile_scheduler, "name", "") == "StreamK", td.stages, warps,
                   _label_bits(mi.element_a), _label_bits(item.C.element), _label_bits(mi.element_accumulator),
                   getattr(item, "ctas_per_sm", 1) if sm90 else 1,
-                  tuple(td.epilogue_tile) if sm90 and getattr(td, "epilogue_tile", None) else None)
+                  tuple(td.epilogue_tile) if sm90 and getattr(td, "epilogue_tile", None) else None,
+                  bool(getattr(item, "bias", None)) or
+                  getattr(getattr(item, "epilogue_functor", None), "activation", None) is not None)
 
 
 # ---- cannot win: a rule the space applies before ranking -------------------------------------------------------------
@@ -189,7 +193,7 @@ def cannot_win(config: Config) -> str | None:
     valid = tm % 128 == 0 if config.schedule == "cooperative" else tm in (64, 128) and not config.stream_k
     if not config.sm90 or not valid:
         return None
-    if config.accumulator_registers > accumulator_register_limit(config.schedule):
+    if config.accumulator_registers > accumulator_register_limit(config.schedule, config.fused_epilogue):
         return (f"cannot win: accumulators spill registers ({config.schedule} {tm}x{tn} tile, "
                 f"{config.accumulator_registers} per consumer thread)")
     return None
@@ -304,7 +308,8 @@ def estimate(config: Config, problem, device: DeviceModel) -> Estimate:
         # a single resident CTA cannot hide its own epilogue and barriers; two or more overlap them
         efficiency *= 0.88 if resident == 1 else 1.0
         efficiency *= min(1.0, 0.7 + 0.1 * config.stages)
-    spill = config.accumulator_registers > (accumulator_register_limit(config.schedule) if config.sm90 else 255)
+    spill = config.accumulator_registers > (accumulator_register_limit(config.schedule, config.fused_epilogue)
+                                            if config.sm90 else 255)
     if spill:
         efficiency *= 0.06
         notes.append(f"{config.accumulator_registers} accumulator registers/thread spill")

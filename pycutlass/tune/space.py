@@ -460,14 +460,19 @@ def _no_clusters(params: Mapping):
 # CUTLASS's setmaxnreg budget for an SM90 consumer thread (ping-pong 240, cooperative 232); the mainloop also needs
 # registers for addresses, barriers and the epilogue, so accumulators beyond this many spill to local memory.
 ACCUMULATOR_REGISTER_LIMIT = 208
-# A cooperative consumer has less to spare: 256x192 (192 per thread) with a bias epilogue ran 2.0-2.9x the time of
-# 128x256 (128 per thread) on H200 (bf16 6304x3072x768), where ping-pong 128x192 (also 192) was the fastest tile.
+# A cooperative consumer with a fused epilogue has less to spare: 256x192 (192 per thread) with bias + GELU ran
+# 2.0-2.9x the time of 128x256 (128 per thread) on H200 (bf16 6304x3072x768), where ping-pong 128x192 (also 192) was
+# the fastest tile. With a plain linear combination the same 192 fit: 256x192 with a 1x2 cluster was the fastest of
+# nine grouped tiles on 5 of 24 MoE problems (benchmarks/moe.py, H200).
 COOPERATIVE_ACCUMULATOR_REGISTER_LIMIT = 160
 
 
-def accumulator_register_limit(schedule: str) -> int:
-    """Accumulator registers per consumer thread beyond which an SM90 schedule's tile cannot win."""
-    return COOPERATIVE_ACCUMULATOR_REGISTER_LIMIT if schedule == "cooperative" else ACCUMULATOR_REGISTER_LIMIT
+def accumulator_register_limit(schedule: str, fused_epilogue: bool = True) -> int:
+    """Accumulator registers per consumer thread beyond which an SM90 schedule's tile cannot win (``fused_epilogue``:
+    a bias or an activation, whose epilogue needs registers of its own)."""
+    if schedule == "cooperative" and fused_epilogue:
+        return COOPERATIVE_ACCUMULATOR_REGISTER_LIMIT
+    return ACCUMULATOR_REGISTER_LIMIT
 
 
 def sm90_schedule(name: str, tile_m: int, kind: str = "gemm") -> str:
@@ -491,7 +496,8 @@ def sm90_schedule(name: str, tile_m: int, kind: str = "gemm") -> str:
 def _no_register_spills(params: Mapping):
     """SM90 kernels whose consumer threads cannot hold the tile's accumulators (ping-pong or warp-specialized with
     a 128x256 float32 tile, cooperative with 256x256: 256 registers per thread) spill and run an order of magnitude
-    slower; cooperative 256x192 (192) runs two to three times slower: they cannot win."""
+    slower; cooperative 256x192 (192) with a bias or an activation runs two to three times slower: they cannot
+    win."""
     if params.get("kind") not in _ALL or params.get("compute_capability") != 90 or params.get("warp_count"):
         return True
     p = resolve_params({k: v for k, v in params.items() if k != "bias"})
@@ -505,7 +511,8 @@ def _no_register_spills(params: Mapping):
     # cooperative splits the tile over two consumer warpgroups; the filter-tap-reuse wgrad over three
     consumers = 3 if p["kind"] == "conv2d" and tile_n == FILTER_TAPS_TILE_N else 2 if cooperative else 1
     registers = tile_m * tile_n * DataType[str(p["element_accumulator"])].bits // 32 // (128 * consumers)
-    limit = accumulator_register_limit(schedule) if consumers == 2 else ACCUMULATOR_REGISTER_LIMIT
+    fused = bool(params.get("bias")) or p["epilogue"] != "linear_combination"
+    limit = accumulator_register_limit(schedule, fused) if consumers == 2 else ACCUMULATOR_REGISTER_LIMIT
     if registers > limit:
         return (f"cannot win: accumulators spill registers ({schedule} {tile_m}x{tile_n} tile, {registers} per "
                 f"consumer thread)")

@@ -15,8 +15,8 @@ from pycutlass.errors import ArgumentError
 from pycutlass.tune import autotune as autotune_module
 from pycutlass.tune.autotune import DEFAULT_TOP_K, Tuned, autotune
 from pycutlass.tune.problems import GemmProblem
-from pycutlass.tune.rank import config_of, device_model, estimate, rank, top_k
-from pycutlass.tune.space import SearchSpace
+from pycutlass.tune.rank import cannot_win, config_of, device_model, estimate, rank, top_k
+from pycutlass.tune.space import BUILTIN_FILTERS, SearchSpace
 from pycutlass.tune.sweep import Sweep
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -158,6 +158,27 @@ def test_spilling_configurations_are_pruned_with_their_reason(sm90):
     # the rule stays out of what the descriptions reject themselves, and out of Sm80 spaces
     assert not any("cannot win" in r for r in SearchSpace.preset("sm80-f16").build().pruned_by_reason)
 
+
+
+def test_cooperative_192_registers_fit_a_plain_epilogue_but_not_a_fused_one():
+    """Cooperative 256x192 (192 accumulators per thread): kept with a plain linear combination, pruned with a bias or
+    an activation, by the space's filter and by the ranker alike."""
+    def space(**dims):
+        dims = {"kind": ["gemm", "grouped_gemm"], **dims}
+        return SearchSpace(compute_capability=[90], dtypes=["bf16"], threadblock_shape=[[256, 192, 64]],
+                           kernel_schedule=["TmaWarpSpecializedCooperative"], filters=["no_register_spills"],
+                           **dims).build()
+
+    plain = space()
+    assert len(plain.operations) == 2 and not plain.pruned_by_reason
+    assert all(cannot_win(config_of(op)) is None and not config_of(op).fused_epilogue for op in plain.operations)
+    reason = "cannot win: accumulators spill registers (cooperative 256x192 tile, 192 per consumer thread)"
+    fused = space(epilogue=["gelu"])
+    assert not fused.operations and set(fused.pruned_by_reason) == {reason}
+    params = plain.params_of(plain.operations[0])
+    for fused_params in ({**params, "epilogue": "silu"}, {**params, "bias": "row"}):  # the model pass adds a bias
+        assert BUILTIN_FILTERS["no_register_spills"](fused_params) == reason
+        assert config_of(fused_params).fused_epilogue and cannot_win(config_of(fused_params)) == reason
 
 # --- top_k in autotune, Tuned, Sweep ---------------------------------------------------------------------------------
 SM80_TILES = [[64, 64, 32], [64, 128, 32], [128, 64, 32], [128, 128, 32], [128, 256, 32], [256, 128, 32]]
