@@ -73,20 +73,29 @@ FORWARD_EXTRA_TILES = [((128, 256, 64), (1, 2, 1), "TmaWarpSpecializedCooperativ
 def operations() -> list:
     """The bf16 forward's grouped GEMMs (contiguous and masked layouts): grouped_gemm.py's SM90 grid and
     FORWARD_EXTRA_TILES, A row-major, B column-major, D row-major."""
-    import pycutlass as cutlass
     from grouped_gemm import sm90_grid
 
+    return [op for ops in sm90_grid(["bf16"]).values() for op in ops] + \
+        _bf16_grouped(FORWARD_EXTRA_TILES, "RowMajor", "ColumnMajor")
+
+
+def _bf16_grouped(tiles, layout_a: str, layout_b: str) -> list:
+    """bf16 grouped GEMMs with float32 accumulation and a row-major bf16 D, one per (tile, cluster, schedule[,
+    epilogue tile]) of ``tiles``."""
+    import pycutlass as cutlass
+
     bf16, f32 = cutlass.DataType.bfloat16, cutlass.DataType.float32
-    extra = []
-    for shape, cluster, schedule in FORWARD_EXTRA_TILES:
+    A = cutlass.TensorDescription(bf16, getattr(cutlass, layout_a), 8)
+    B = cutlass.TensorDescription(bf16, getattr(cutlass, layout_b), 8)
+    C = cutlass.TensorDescription(bf16, cutlass.RowMajor, 8)
+    found = []
+    for shape, cluster, schedule, *epilogue_tile in tiles:
         math = cutlass.MathInstruction([64, shape[1], 16], bf16, bf16, f32, cutlass.OpClass.TensorOp)
         tile = cutlass.TileDescription(list(shape), 0, None, math, cluster_shape=list(cluster),
-                                       kernel_schedule=cutlass.KernelScheduleType[schedule])
-        extra.append(cutlass.GemmOperationGrouped(
-            90, tile, cutlass.TensorDescription(bf16, cutlass.RowMajor, 8),
-            cutlass.TensorDescription(bf16, cutlass.ColumnMajor, 8), cutlass.TensorDescription(bf16, cutlass.RowMajor, 8),
-            cutlass.LinearCombination(bf16, 8, f32, f32)))
-    return [op for ops in sm90_grid(["bf16"]).values() for op in ops] + extra
+                                       kernel_schedule=cutlass.KernelScheduleType[schedule],
+                                       epilogue_tile=epilogue_tile[0] if epilogue_tile else None)
+        found.append(cutlass.GemmOperationGrouped(90, tile, A, B, C, cutlass.LinearCombination(bf16, 8, f32, f32)))
+    return found
 
 
 # (tile, cluster, schedule, epilogue tile): a weight gradient over few tokens per expert is store-bound, where the
@@ -106,20 +115,7 @@ WGRAD_TILES = [((128, 128, 64), (1, 1, 1), "TmaWarpSpecializedCooperative", None
 def wgrad_operations() -> list:
     """The weight gradient's grouped GEMMs: A = dY_e^T (column-major, a view of the packed dY), B = X_e (row-major,
     a view of the packed X), D = dW_e row-major, bf16 with float32 accumulation."""
-    import pycutlass as cutlass
-
-    bf16, f32 = cutlass.DataType.bfloat16, cutlass.DataType.float32
-    A = cutlass.TensorDescription(bf16, cutlass.ColumnMajor, 8)
-    B = cutlass.TensorDescription(bf16, cutlass.RowMajor, 8)
-    C = cutlass.TensorDescription(bf16, cutlass.RowMajor, 8)
-    found = []
-    for shape, cluster, schedule, epilogue_tile in WGRAD_TILES:
-        math = cutlass.MathInstruction([64, shape[1], 16], bf16, bf16, f32, cutlass.OpClass.TensorOp)
-        tile = cutlass.TileDescription(list(shape), 0, None, math, cluster_shape=list(cluster),
-                                       kernel_schedule=cutlass.KernelScheduleType[schedule],
-                                       epilogue_tile=epilogue_tile)
-        found.append(cutlass.GemmOperationGrouped(90, tile, A, B, C, cutlass.LinearCombination(bf16, 8, f32, f32)))
-    return found
+    return _bf16_grouped(WGRAD_TILES, "ColumnMajor", "RowMajor")
 
 
 # fp8 e4m3 with row-wise scales: (tile, cluster, schedule), fast accumulation as torch's use_fast_accum=True
