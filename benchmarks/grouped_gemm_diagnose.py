@@ -15,14 +15,15 @@ descriptors; (e) and (f) say what that and the B traffic cost. Each output is ch
     python benchmarks/grouped_gemm_diagnose.py [--out benchmarks/results/grouped_gemm_diagnose.json]
 
 ``--case mixtral``: the same questions on Mixtral-8x7B's up projection (N = 14336, K = 4096, 16k routed rows), where
-both grouped kernels (pycutlass's and torch._grouped_mm) run at 630-655 TFLOP/s on H200 and a dense GEMM of the same
-work at 790-810: (g) the skewed routing of the MoE benchmark's set, (h) 8 equal groups, (i) one group of all the
-rows, beside pycutlass's dense SM90 GEMM with the same tile (GemmOperationUniversal) and torch.matmul. If (i) runs at
-the dense rate the loss is in grouping; if not, in the pointer-array kernel itself.
+both grouped kernels (pycutlass's and torch._grouped_mm) run at 630-670 TFLOP/s on H200, below the 790-810 that
+dense GEMMs of a few hundred microseconds reach: (g) the skewed routing of the MoE benchmark's set, (h) 8 equal
+groups, (i) one group of all the rows, beside pycutlass's dense SM90 GEMM with the same tile (GemmOperationUniversal)
+and torch.matmul on the same operands. If (i) runs at the dense kernels' rate the loss is in grouping; if not, in
+the pointer-array kernel or in the length of the run (H200: they run as fast, power-limited).
 
     python benchmarks/grouped_gemm_diagnose.py [--case 64|mixtral] [--out ...]
 
-No stored result yet: it prints its tables.
+H200 results: benchmarks/results/grouped_gemm_diagnose-{mixtral,64}-h200.json (RESULTS.md).
 """
 from __future__ import annotations
 
