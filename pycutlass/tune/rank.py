@@ -182,7 +182,7 @@ def config_of(item) -> Config:
                   getattr(item, "ctas_per_sm", 1) if sm90 else 1,
                   tuple(td.epilogue_tile) if sm90 and getattr(td, "epilogue_tile", None) else None,
                   bool(getattr(item, "bias", None)) or
-                  getattr(getattr(item, "epilogue_functor", None), "activation", None) is not None)
+                  getattr(getattr(item, "epilogue_functor", None), "kind", "LinearCombination") != "LinearCombination")
 
 
 # ---- cannot win: a rule the space applies before ranking -------------------------------------------------------------

@@ -179,6 +179,10 @@ def test_cooperative_192_registers_fit_a_plain_epilogue_but_not_a_fused_one():
     for fused_params in ({**params, "epilogue": "silu"}, {**params, "bias": "row"}):  # the model pass adds a bias
         assert BUILTIN_FILTERS["no_register_spills"](fused_params) == reason
         assert config_of(fused_params).fused_epilogue and cannot_win(config_of(fused_params)) == reason
+    grouped = next(op for op in plain.operations if op.name.startswith("pycutlass_gemm_grouped_sm90_"))
+    with_bias = pycutlass.GemmOperationGrouped(90, grouped.tile_description, grouped.A, grouped.B, grouped.C,
+                                               grouped.epilogue_functor, bias="column")
+    assert cannot_win(config_of(with_bias)) == reason  # an operation says the same through its bias
 
 # --- top_k in autotune, Tuned, Sweep ---------------------------------------------------------------------------------
 SM80_TILES = [[64, 64, 32], [64, 128, 32], [128, 64, 32], [128, 128, 32], [128, 256, 32], [256, 128, 32]]
