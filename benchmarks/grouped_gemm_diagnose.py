@@ -37,10 +37,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pycutlass as cutlass  # noqa: E402
 from common import bench_ms, device_name, print_table, write_json  # noqa: E402
+from pycutlass.tune.problems import routed_counts  # noqa: E402
 
 D = cutlass.DataType
 CASE = [int(m) // 8 * 8 for m in np.linspace(16, 1024, 64)]  # grouped_gemm.py's 64-problem case
-MIXTRAL_16K = [1742, 1528, 2290, 1809, 1271, 1963, 3155, 2626]  # routed_counts(8, 16384): the MoE benchmark's draw
+MIXTRAL_16K = list(routed_counts(8, 16384))  # the MoE benchmark's draw for Mixtral at 16k tokens
 CASES = {"64": (2048, 1024), "mixtral": (14336, 4096)}  # N, K
 VARIANTS = {"64": {
     "(a) case: 64 groups, M 16..1024": CASE,
@@ -105,32 +106,29 @@ def run_variant(name, ms_list, ops, dense_ops, N, K) -> dict:
     out = torch.empty(rows, N, device="cuda", dtype=torch.bfloat16)
     Ds = list(out.split(ms_list))
     problems = [cutlass.GemmCoord(m, N, K) for m in ms_list]
-    for op, config in zip(ops, CONFIGS):
+
+    def check_and_time(key, op, arguments):
+        """Poison the output, run once, check against torch, then time: the row's entries under ``key``."""
         out.fill_(float("nan"))
-        arguments = cutlass.GemmGroupedArguments(op, problems, As, Bs, None, Ds)
         op.run(arguments)
         arguments.sync()
         error = float((out.float() - reference).norm() / reference.norm())
         if not error < 2e-2:  # NaN fails too
-            row[f"{label(config)} us"] = f"wrong (rel err {error:.2e})"
-            continue
+            row[f"{key} us"] = f"wrong (rel err {error:.2e})"
+            return None
         ms = bench_ms(lambda: op.run(arguments))
-        row[f"{label(config)} us"] = ms * 1e3
-        row[f"{label(config)} TFLOP/s"] = flops / ms / 1e9
-        row[f"{label(config)} vs _grouped_mm"] = grouped_mm / ms
+        row[f"{key} us"] = ms * 1e3
+        row[f"{key} TFLOP/s"] = flops / ms / 1e9
+        return ms
+
+    for op, config in zip(ops, CONFIGS):
+        ms = check_and_time(label(config), op, cutlass.GemmGroupedArguments(op, problems, As, Bs, None, Ds))
+        if ms is not None:
+            row[f"{label(config)} vs _grouped_mm"] = grouped_mm / ms
     for op, config in zip(dense_ops if groups == 1 else [], CONFIGS):
-        out.fill_(float("nan"))
-        arguments = cutlass.GemmArguments(op, cutlass.GemmCoord(rows, N, K), A, Bs[0], out, out,
-                                          output_op=op.epilogue_type(1.0, 0.0))
-        op.run(arguments)
-        arguments.sync()
-        error = float((out.float() - reference).norm() / reference.norm())
-        if not error < 2e-2:
-            row[f"dense {label(config)} us"] = f"wrong (rel err {error:.2e})"
-            continue
-        ms = bench_ms(lambda: op.run(arguments))
-        row[f"dense {label(config)} us"] = ms * 1e3
-        row[f"dense {label(config)} TFLOP/s"] = flops / ms / 1e9
+        check_and_time(f"dense {label(config)}", op,
+                       cutlass.GemmArguments(op, cutlass.GemmCoord(rows, N, K), A, Bs[0], out, out,
+                                             output_op=op.epilogue_type(1.0, 0.0)))
     torch.cuda.empty_cache()
     return row
 
