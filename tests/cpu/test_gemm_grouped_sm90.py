@@ -362,6 +362,15 @@ def test_device_sizes_lay_out_the_sizes_kernel_inputs(monkeypatch):
     assert args._sizes_struct.columns == 1 and args._sizes_struct.stand_in == 0
 
 
+def test_the_sizes_kernel_block_is_as_wide_as_the_groups():
+    """One warp for a few groups, the next power of two beyond, at most the template's 1024 threads (then each
+    thread takes several groups)."""
+    op = grouped90()
+    widths = {groups: op.sizes_block(groups) for groups in (0, 1, 8, 32, 33, 128, 129, 1024, 1025, 5000)}
+    assert widths == {0: 32, 1: 32, 8: 32, 32: 32, 33: 64, 128: 128, 129: 256, 1024: 1024, 1025: 1024, 5000: 1024}
+    assert op.sizes_threads == 1024
+
+
 def test_device_sizes_rules(monkeypatch):
     import numpy as np
 

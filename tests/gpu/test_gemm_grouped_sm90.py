@@ -454,6 +454,23 @@ def test_device_sizes_match_the_packed_reference(key):
         assert 0 < args.threadblock_count <= args.sm_count
 
 
+@pytest.mark.parametrize("groups", [1, 33, 300, 1100])
+def test_device_sizes_at_every_width_of_the_sizes_kernel(groups):
+    """The sizes kernel's block is as wide as the groups (a warp, a power of two, 1024 threads that take several
+    groups each): every group's rows land where the packed reference puts them."""
+    op = OPS["f16_tnt_coop"]
+    rng = np.random.default_rng(70 + groups)
+    rows = 3000
+    packed = Packed(op, groups, rows, 64, 64, seed=71)
+    counts = _counts(rng, groups, rows, empty=min(3, groups - 1))
+    assert op.sizes_block(groups) == {1: 32, 33: 64, 300: 512, 1100: 1024}[groups]
+    args = packed.arguments(_device_sizes(counts))
+    op.run(args)
+    args.sync()
+    packed.check(counts, _tol(op))
+    assert args.size_flags() == 0
+
+
 @pytest.mark.parametrize("key", ["f16_tnt_coop", "bf16_tnt_pp_c2x1_gelu_bias"])
 def test_device_sizes_per_group_n_and_k_with_zero_sized_groups(key):
     """N_g <= N and K_g <= K per group, K = 0 (D = act(beta * C + bias)), M = 0 and N = 0 groups, one B list."""

@@ -575,7 +575,7 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
     def before_launch(self) -> None:
         if self._sizes_launch is not None:
             function, parameters = self._sizes_launch
-            driver.launch(function, (1, 1, 1), (self.operation.sizes_threads, 1, 1), 0, self.stream,
+            driver.launch(function, (1, 1, 1), (self.operation.sizes_block(self._group_count), 1, 1), 0, self.stream,
                           ctypes.addressof(parameters), self.operation.name + " sizes")
 
     # --- device state ---------------------------------------------------------------------------------------

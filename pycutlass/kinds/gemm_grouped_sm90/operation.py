@@ -160,6 +160,12 @@ class GemmOperationGroupedSm90(Sm90Operation, GemmOperationGrouped):
 
     sizes_threads = 1024  # one block; the template's __launch_bounds__
 
+    def sizes_block(self, groups: int) -> int:
+        """Threads of the sizes kernel's one block for ``groups`` groups: the next power of two from one warp up to
+        ``sizes_threads``. Its scan takes log2(threads) steps of two block-wide barriers each, and it runs before
+        every launch, so a block no wider than the groups keeps it short."""
+        return min(self.sizes_threads, max(32, 1 << max(groups - 1, 0).bit_length()))
+
     def launch_plan(self) -> dict:
         return {"kernel": self.kernel_symbol, "builder": self.builder_symbol, "precompute": None,
                 "sizes": self.sizes_symbol, "thread_count": self.thread_count}
