@@ -574,9 +574,9 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
 
     def before_launch(self) -> None:
         if self._sizes_launch is not None:
-            function, parameters = self._sizes_launch
-            driver.launch(function, (1, 1, 1), (self.operation.sizes_block(self._group_count), 1, 1), 0, self.stream,
-                          ctypes.addressof(parameters), self.operation.name + " sizes")
+            function, parameters, threads = self._sizes_launch
+            driver.launch(function, (1, 1, 1), (threads, 1, 1), 0, self.stream, ctypes.addressof(parameters),
+                          self.operation.name + " sizes")
 
     # --- device state ---------------------------------------------------------------------------------------
     def _allocate(self) -> None:
@@ -641,7 +641,9 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
         check_workspace(self, launch)
         if self.device_sizes:
             function = loaded_op.function(self.operation.sizes_symbol)
-            self._sizes_launch = (function, driver.pointer_array(ctypes.addressof(self._sizes_struct)))
+            # the group count is fixed for these arguments, so the block width is too
+            self._sizes_launch = (function, driver.pointer_array(ctypes.addressof(self._sizes_struct)),
+                                  self.operation.sizes_block(self._group_count))
 
 
 def _check_vector_kind(info, element, device_only: bool, what: str) -> None:
