@@ -538,8 +538,9 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="*", default=list(KINDS), choices=KINDS)
     parser.add_argument("--batches", nargs="*", type=int, default=None, help=f"default {list(BATCHES)}")
     parser.add_argument("--jobs", type=int, default=min(6, os.cpu_count() or 1))
-    parser.add_argument("--timer", choices=("kernel", "events"), default="kernel",
-                        help="the harness's timer: CUPTI kernel time (default) or CUDA events")
+    parser.add_argument("--timer", choices=("launch", "kernel", "events"), default="kernel",
+                        help="the harness's timer: CUPTI kernel time (default, as the recorded results were timed), "
+                             "the same from the end of the lead (launch), or CUDA events")
     parser.add_argument("--out", help="JSON output (default: benchmarks/results/conv2d.json, from any directory)",
                         default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "conv2d.json"))
     parser.add_argument("--verbose", action="store_true")

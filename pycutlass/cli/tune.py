@@ -55,7 +55,7 @@ def _problems(specs: tuple[str, ...]):
     return list(dict.fromkeys(found))
 
 
-def _bench_config(repetitions, cuda_graph, arg_pool, verify, max_seconds, timer="kernel"):
+def _bench_config(repetitions, cuda_graph, arg_pool, verify, max_seconds, timer="launch"):
     from ..tune.bench import BenchConfig
 
     return BenchConfig(repetitions=repetitions, cuda_graph=cuda_graph, arg_pool=arg_pool, verify=verify,
@@ -68,8 +68,10 @@ _harness_options = [
     click.option("--arg-pool", default=1, show_default=True, help="Argument sets cycled (> 1: pool beyond L2)."),
     click.option("--verify/--no-verify", default=True, show_default=True, help="Check each kernel once first."),
     click.option("--max-seconds", default=2.0, show_default=True, help="Time budget per (kernel, problem)."),
-    click.option("--timer", type=click.Choice(["kernel", "events"]), default="kernel", show_default=True,
-                 help="kernel: GPU timestamps from CUPTI; events: CUDA events around each call (under ncu/nsys)."),
+    click.option("--timer", type=click.Choice(["launch", "kernel", "events"]), default="launch", show_default=True,
+                 help="launch: GPU timestamps from CUPTI, from the end of the lead (the GPU's launch of the call "
+                      "counts); kernel: the same from the first kernel's start; events: CUDA events around each call "
+                      "(under ncu/nsys)."),
 ]
 
 

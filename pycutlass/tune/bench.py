@@ -4,9 +4,10 @@
 - inputs drawn on the GPU and float64 references computed there, once per problem, and kept while they fit
   (``GemmBench(cache_bytes=...)``); ``GemmBench.clock`` sums the seconds of each phase (:mod:`.breakdown`);
 - each kernel verified against a float64 reference once before it is timed; a wrong kernel is never timed;
-- warm-up, then every repetition timed by the GPU's own timestamps of the call's kernels (CUPTI, ``timer="kernel"``,
-  the default; :mod:`.kernel_timer`) or by CUDA events around the call (``timer="events"``, which adds the GPU front
-  end's 2-4 us per launch); L2 evicted by a read before each (or an argument pool larger than L2); at least
+- warm-up, then every repetition timed by the GPU's own timestamps (CUPTI, :mod:`.kernel_timer`): from the end of
+  the GPU-side lead to the end of the call's last kernel (``timer="launch"``, the default: the GPU's launch of the
+  call counts, as ncu and graph replay count it), or from the call's first kernel (``timer="kernel"``); or by CUDA
+  events around the call (``timer="events"``, which adds the GPU front end's 2-4 us per launch); L2 evicted by a read before each (or an argument pool larger than L2); at least
   ``repetitions`` samples and at most ``max_seconds``; median, minimum and inter-quartile range;
 - a GPU-side lead before each timed launch (``lead_us``, on by default): the GPU sleeps while the host enqueues the
   launch, so the time is the kernel's on the GPU, not the host's launch path, at every problem size;
@@ -49,7 +50,7 @@ _FP8 = ("float8_e4m3", "float8_e5m2")
 # its host path is about 24 us there; pycutlass's run() with prepared arguments is shorter. 50 us is twice the
 # longest, for slower hosts, and costs 50 us of GPU idle per sample (2.5 ms per pair at 50 repetitions).
 DEFAULT_LEAD_US = 50.0
-TIMERS = ("kernel", "events")
+TIMERS = ("kernel", "launch", "events")
 
 # Operands and float64 references a GemmBench keeps (half each): in a user's process (autotune, torch tuning) a little;
 # a sweep's benchmark worker, alone on its GPU, a share of the GPU's memory (its kernels need their output and
@@ -82,8 +83,11 @@ class BenchConfig:
     # GPU still sleeps, so a small kernel's time is its own, not its launch's host latency. 0 = no lead (then the
     # samples of kernels shorter than their host launch path time the host). DEFAULT_LEAD_US says why 50.
     lead_us: float = DEFAULT_LEAD_US
-    # "kernel": the span of the call's GPU activity from CUPTI's timestamps; "events": CUDA events around the call
-    timer: str = "kernel"
+    # "launch": the span of the call's GPU activity from CUPTI's timestamps, from the end of the lead, so the GPU
+    # front end's launch of the call counts (as ncu and a CUDA graph's period per launch count it); "kernel": the
+    # same from the start of the call's first kernel; "events": CUDA events around the call. None: "launch" with a
+    # lead, "kernel" without one.
+    timer: str | None = None
 
     def __post_init__(self):
         for name in ("warmup", "repetitions", "cuda_graph", "arg_pool", "seed"):
@@ -97,8 +101,13 @@ class BenchConfig:
         if isinstance(self.lead_us, bool) or not isinstance(self.lead_us, (int, float)) or not \
                 0 <= self.lead_us <= 100_000:
             raise ArgumentError(f"BenchConfig.lead_us must be between 0 and 100000 microseconds, got {self.lead_us!r}")
+        if self.timer is None:
+            object.__setattr__(self, "timer", "launch" if self.lead_us else "kernel")
         if self.timer not in TIMERS:
             raise ArgumentError(f"BenchConfig.timer must be one of {TIMERS}, got {self.timer!r}")
+        if self.timer == "launch" and not self.lead_us:
+            raise ArgumentError("BenchConfig(timer='launch') times from the end of the GPU-side lead, so it needs "
+                                "lead_us > 0; timer='kernel' times without one")
 
     @property
     def fingerprint(self) -> str:
@@ -279,12 +288,12 @@ class GemmBench:
         flush = self._flush is not None and pool <= 1
         # graph replays get the lead too: the replay's own host call would otherwise be timed once per sample
         lead = int(config.lead_us * self._cycles_per_us()) if config.lead_us else 0
-        with (self.open_kernel_timer() if config.timer == "kernel" else nullcontext()) as timer:
+        with (self.open_kernel_timer() if config.timer != "events" else nullcontext()) as timer:
             events = self._timed_loop(launch, graph, flush, lead, timer)
             torch.cuda.synchronize(self.device)
             if timer is None:
                 return [s.elapsed_time(e) / 1e3 / per_sample for s, e in events], note
-            spans = timer.spans(len(events))
+            spans = timer.spans(len(events), from_lead=config.timer == "launch")
         return [spans[i] / per_sample for i in range(len(events))], note
 
     def flush_l2(self) -> None:
@@ -297,17 +306,23 @@ class GemmBench:
         return KernelTimer.open()
 
     def _timed_loop(self, launch, graph, flush: bool, lead: int, timer) -> list:
-        """Issue the timed calls; events bracket each (they also give the early estimate for slow kernels)."""
+        """Issue the timed calls; events bracket each (they also give the early estimate for slow kernels). With the
+        kernel timer the start event goes before the flush and the lead, so nothing sits between the lead and the
+        call, and the lead is tagged (the "launch" timer starts where it ends)."""
         torch, config = self.torch, self.config
         events = []
         i = 0
         while len(events) < config.repetitions:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if timer is not None:
+                start.record()
             if flush:
                 self.flush_l2()
             if lead:
-                torch.cuda._sleep(lead)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+                with (timer.lead(len(events)) if timer is not None else nullcontext()):
+                    torch.cuda._sleep(lead)
+            if timer is None:
+                start.record()
             with (timer.sample(len(events)) if timer is not None else nullcontext()):
                 if graph is not None:
                     graph.replay()

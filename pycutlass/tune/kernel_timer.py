@@ -4,10 +4,14 @@ CUDA events around a launch also time what the GPU's front end does between the 
 on an H200), which is most of a 10 us kernel. CUPTI records each kernel's start and end on the GPU. The harness tags
 every timed call with an external correlation id; a sample is the span from the first GPU activity (kernel, memset,
 copy) of its call to the last, so an operation of several kernels (a split-K reduction, torch's cast) is timed whole,
-gaps included.
+gaps included. With the GPU-side lead tagged too (``lead(i)``), a sample can start where the lead ended instead
+(``spans(n, from_lead=True)``): the GPU front end's launch of the call is then counted with its kernels, as Nsight
+Compute's ``gpu__time_duration`` and a CUDA graph's period per launch count it.
 
     with KernelTimer.open() as timer:       # typed error when CUPTI is missing or taken (ncu, nsys)
         for i in range(n):
+            with timer.lead(i):             # optional: the GPU-side lead before the call
+                torch.cuda._sleep(cycles)
             with timer.sample(i):
                 launch()
         torch.cuda.synchronize()
@@ -39,24 +43,39 @@ class Activity:
     end: int
 
 
-def group_spans(activities, external: dict[int, int], expected: int) -> dict[int, float]:
-    """Seconds per sample: ``external`` maps a CUDA API call's correlation id to the sample id it ran under; each
-    sample's span runs from its first activity's start to its last one's end."""
+# External ids of the leads: sample i's lead is LEAD_ID + i (sample ids stay far below it).
+LEAD_ID = 1 << 40
+
+
+def group_spans(activities, external: dict[int, int], expected: int, from_lead: bool = False) -> dict[int, float]:
+    """Seconds per sample: ``external`` maps a CUDA API call's correlation id to the sample id it ran under (or
+    LEAD_ID + id for the sample's lead); each sample's span runs from its first activity's start to its last one's
+    end. ``from_lead``: from the end of the sample's lead instead, where the call waited for it (a call on another
+    stream that started before the lead ended keeps its own first start)."""
     first: dict[int, int] = {}
     last: dict[int, int] = {}
+    lead_end: dict[int, int] = {}
     for activity in activities:
         sample = external.get(activity.correlation)
         if sample is None or activity.end <= 0:
             continue
+        if sample >= LEAD_ID:
+            lead_end[sample - LEAD_ID] = max(lead_end.get(sample - LEAD_ID, activity.end), activity.end)
+            continue
         first[sample] = min(first.get(sample, activity.start), activity.start)
         last[sample] = max(last.get(sample, activity.end), activity.end)
-    spans = {sample: (last[sample] - first[sample]) * 1e-9 for sample in first}
-    missing = [i for i in range(expected) if i not in spans]
+    missing = [i for i in range(expected) if i not in first]
     if missing:
         raise KernelTimerError(f"CUPTI reported no GPU activity for {len(missing)} of {expected} timed calls "
                                f"(first: {missing[0]}); the timed call launched nothing, or activity records were "
                                f"dropped")
-    return spans
+    if from_lead:
+        missing = [i for i in range(expected) if i not in lead_end]
+        if missing:
+            raise KernelTimerError(f"CUPTI reported no lead before {len(missing)} of {expected} timed calls (first: "
+                                   f"{missing[0]}); timing from the lead needs a lead tagged before every call")
+        first = {sample: lead_end[sample] if lead_end[sample] <= start else start for sample, start in first.items()}
+    return {sample: (last[sample] - first[sample]) * 1e-9 for sample in first}
 
 
 class _Channel:
@@ -159,15 +178,23 @@ class KernelTimer:
 
     # --- what the harness calls ------------------------------------------------------------------------------------
     @contextmanager
-    def sample(self, index: int):
+    def _tagged(self, external_id: int):
         custom = self._cupti.ExternalCorrelationKind.CUSTOM0
-        self._cupti.activity_push_external_correlation_id(custom, index)
+        self._cupti.activity_push_external_correlation_id(custom, external_id)
         try:
             yield
         finally:
             self._cupti.activity_pop_external_correlation_id(custom)
 
-    def spans(self, expected: int) -> dict[int, float]:
+    def sample(self, index: int):
+        """The timed call of sample ``index`` runs inside."""
+        return self._tagged(index)
+
+    def lead(self, index: int):
+        """The GPU-side lead before sample ``index`` runs inside (what ``spans(from_lead=True)`` starts from)."""
+        return self._tagged(LEAD_ID + index)
+
+    def spans(self, expected: int, from_lead: bool = False) -> dict[int, float]:
         """Seconds per sample id; call after the timed stream synchronized."""
         self._cupti.activity_flush_all(1)
-        return group_spans(self._activities, self._external, expected)
+        return group_spans(self._activities, self._external, expected, from_lead)

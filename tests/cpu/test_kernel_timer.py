@@ -77,6 +77,20 @@ def test_spans_group_each_calls_activity_first_start_to_last_end():
         group_spans(activities, {1: 0, 2: 1}, expected=3)
 
 
+def test_spans_from_the_lead_start_where_the_calls_lead_ended():
+    lead = 1 << 40
+    activities = [Activity(7, 0, 90), Activity(1, 100, 300), Activity(1, 350, 400),   # lead 0 ends at 90
+                  Activity(8, 500, 990), Activity(2, 1000, 1900),                    # lead 1 ends at 990
+                  Activity(9, 2000, 2500), Activity(3, 2100, 2200)]                  # call 2 ran beside its lead
+    external = {7: lead, 1: 0, 8: lead + 1, 2: 1, 9: lead + 2, 3: 2}
+    assert group_spans(activities, external, expected=3) == pytest.approx({0: 300e-9, 1: 900e-9, 2: 100e-9})
+    # from the lead: the front end's 10 ns before each call count; a call that did not wait keeps its own start
+    assert group_spans(activities, external, expected=3, from_lead=True) == pytest.approx(
+        {0: 310e-9, 1: 910e-9, 2: 100e-9})
+    with pytest.raises(KernelTimerError, match="no lead before 1 of 3"):
+        group_spans(activities, {k: v for k, v in external.items() if k != 8}, expected=3, from_lead=True)
+
+
 class _Torch:
     """Just enough torch for GemmBench.time: events, sleep, synchronize (the harness's own GPU work is logged)."""
 
@@ -114,7 +128,7 @@ def _bench(config: BenchConfig, cupti: FakeCupti) -> GemmBench:
 
 def test_harness_samples_are_the_calls_gpu_spans_not_events_nor_the_flush_or_lead():
     cupti = FakeCupti()
-    bench = _bench(BenchConfig(repetitions=4, warmup=2), cupti)
+    bench = _bench(BenchConfig(repetitions=4, warmup=2, timer="kernel"), cupti)
     samples, _ = bench.time(lambda i: cupti.launch("gemm", 10_000 + 1_000 * i))
     # the warm-up runs before recording starts; the timed calls count from 0 again
     assert samples == pytest.approx([10e-6, 11e-6, 12e-6, 13e-6])
@@ -122,6 +136,22 @@ def test_harness_samples_are_the_calls_gpu_spans_not_events_nor_the_flush_or_lea
     # an operation of two kernels (torch's matmul then a cast) is timed from the first's start to the last's end
     samples, _ = bench.time(lambda i: cupti.launch("two", 7_000, 2_000, gap=500))
     assert samples == pytest.approx([9.5e-6] * 4)
+
+
+def test_launch_timer_counts_the_front_ends_gap_after_the_lead_and_not_the_flush():
+    cupti = FakeCupti()
+    config = BenchConfig(repetitions=3, warmup=1, timer="launch")
+    samples, _ = _bench(config, cupti).time(lambda i: cupti.launch("gemm", 10_000))
+    # FakeCupti leaves 5 us between two calls (the lead's end and the call's start): counted, unlike the flush's
+    assert samples == pytest.approx([15e-6] * 3)
+    assert not cupti.enabled and not cupti.stack
+    kernel, _ = _bench(BenchConfig(repetitions=3, warmup=1, timer="kernel"), cupti).time(
+        lambda i: cupti.launch("gemm", 10_000))
+    assert kernel == pytest.approx([10e-6] * 3)
+    # the default: from the lead when there is one, from the first kernel without
+    assert BenchConfig().timer == "launch" and BenchConfig(lead_us=0).timer == "kernel"
+    with pytest.raises(ArgumentError, match="lead_us > 0"):
+        BenchConfig(timer="launch", lead_us=0)
 
 
 def test_events_timer_keeps_the_event_times():
@@ -143,7 +173,8 @@ def test_kernel_timer_refuses_with_the_way_out_when_cupti_is_taken_or_launches_n
 
 
 def test_timer_is_part_of_the_fingerprint():
-    kernel, events = BenchConfig(), BenchConfig(timer="events")
+    kernel, launch, events = BenchConfig(timer="kernel"), BenchConfig(timer="launch"), BenchConfig(timer="events")
     assert json.loads(kernel.fingerprint)["timer"] == "kernel" and "timer" not in events.fingerprint
-    assert BenchConfig.from_json(kernel.fingerprint) == kernel
-    assert BenchConfig.from_json(events.fingerprint) == events
+    assert json.loads(launch.fingerprint)["timer"] == "launch"
+    for config in (kernel, launch, events):
+        assert BenchConfig.from_json(config.fingerprint) == config

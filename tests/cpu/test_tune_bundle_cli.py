@@ -219,7 +219,7 @@ def test_cli_checks_everything_before_creating_the_db(tmp_path, monkeypatch):
             "sweep", "--space", "sm80-f16-small", "--db", "r.db", "--compile-only", "--scheduler", "bogus"],
         "empty.toml is empty": ["sweep", "--space", "empty.toml", "--db", "r.db", "--compile-only"],
         "--problems is required to benchmark": ["sweep", "--space", "sm80-f16-small", "--db", "r.db"],
-        "'bogus' is not one of 'kernel', 'events'": ["sweep", "--space", "sm80-f16-small", "--db", "r.db", "--timer",
+        "'bogus' is not one of 'launch', 'kernel', 'events'": ["sweep", "--space", "sm80-f16-small", "--db", "r.db", "--timer",
                                                      "bogus"],
     }
     if detected_compute_capability() is None:
@@ -237,7 +237,8 @@ def test_cli_checks_everything_before_creating_the_db(tmp_path, monkeypatch):
 def test_cli_timer_option_reaches_the_harness():
     from pycutlass.cli.tune import _bench_config
 
-    assert _bench_config(50, 0, 1, True, 2.0).timer == "kernel"
+    assert _bench_config(50, 0, 1, True, 2.0).timer == "launch"
+    assert _bench_config(50, 0, 1, True, 2.0, "kernel").timer == "kernel"
     assert _bench_config(50, 0, 1, True, 2.0, "events").timer == "events"
 
 

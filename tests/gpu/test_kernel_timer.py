@@ -68,3 +68,17 @@ def test_timer_records_nothing_outside_its_samples():
         torch.cuda.synchronize()
         spans = timer.spans(1)
     assert set(spans) == {0} and spans[0] > 0
+
+
+def test_launch_timer_adds_the_front_ends_launch_and_stays_below_events():
+    """From the lead's end: a kernel's launch by the GPU front end counts (a little over the kernel timer), the
+    start event does not (below events)."""
+    problem = GemmProblem(1024, 1024, 1024)
+    found = {}
+    for timer in ("kernel", "launch", "events"):
+        found[timer] = measure_torch(GemmBench(BenchConfig(repetitions=40, timer=timer)), problem, "float16",
+                                     c_label="float16")
+        assert found[timer].status == "ok", found[timer].message
+    kernel, launch, events = (found[t].seconds * 1e6 for t in ("kernel", "launch", "events"))
+    assert kernel < launch < events, (kernel, launch, events)
+    assert launch - kernel < 5, (kernel, launch)
