@@ -2,6 +2,8 @@
 (timed by a deterministic stand-in for the GPU), merges and exports."""
 from __future__ import annotations
 
+import contextlib
+
 import json
 import math
 import sqlite3
@@ -433,12 +435,35 @@ class _Capture:
         self.log.append("captured")
 
 
+class _TaggingTimer:
+    """A kernel timer that logs where its tags open and close (CUPTI's external correlation ids)."""
+
+    def __init__(self, log):
+        self.log = log
+
+    @contextlib.contextmanager
+    def _tag(self, what):
+        self.log.append(f"{what}[")
+        yield
+        self.log.append(f"]{what}")
+
+    def lead(self, index):
+        return self._tag("lead")
+
+    def sample(self, index):
+        return self._tag("sample")
+
+    def spans(self, expected, from_lead=False):
+        return {i: 1e-6 for i in range(expected)}
+
+
 def _timed_stream(config, cycles_per_us=1500.0):
     """What GemmBench.time enqueues for 3 timed samples, after the warm-up (and capture)."""
     from pycutlass.tune.bench import GemmBench
 
     fake = _FakeTorch()
     bench = object.__new__(GemmBench)
+    bench.open_kernel_timer = lambda: contextlib.nullcontext(_TaggingTimer(fake.log))
     bench.torch, bench.config, bench.device = fake, config, None
     bench._flush = object()
     bench.flush_l2 = lambda: fake.log.append("flush")
@@ -448,7 +473,9 @@ def _timed_stream(config, cycles_per_us=1500.0):
     bench.clock = PhaseClock()
     samples, _ = bench.time(lambda i: fake.log.append("launch"))
     assert len(samples) == 3
-    return fake.log[fake.log.index("flush"):]  # each timed sample starts with the L2 flush
+    first = fake.log.index("flush")
+    # each timed sample starts with the L2 flush (with a CUPTI timer, the start event just before it)
+    return fake.log[first - 1 if config.timer != "events" else first:]
 
 
 def test_every_timed_launch_waits_behind_a_gpu_side_lead_by_default():
@@ -464,6 +491,17 @@ def test_every_timed_launch_waits_behind_a_gpu_side_lead_by_default():
     # lead_us=0: the launch directly after the flush, as harnesses timed before the lead
     assert _timed_stream(BenchConfig(repetitions=3, warmup=2, lead_us=0, **events)) == ["flush", "event", "launch",
                                                                                         "event"] * 3
+
+
+def test_cupti_timers_tag_the_lead_and_leave_nothing_between_it_and_the_call():
+    from pycutlass.tune.bench import BenchConfig
+
+    lead = ("sleep", int(50 * 1500.0))
+    for timer in ("launch", "kernel"):  # the launch timer starts where the tagged lead ends
+        stream = _timed_stream(BenchConfig(repetitions=3, warmup=2, timer=timer))
+        assert stream == ["event", "flush", "lead[", lead, "]lead", "sample[", "launch", "]sample", "event"] * 3, stream
+    assert _timed_stream(BenchConfig(repetitions=3, warmup=2, lead_us=0)) == [
+        "event", "flush", "sample[", "launch", "]sample", "event"] * 3
 
 
 def test_grouped_problems_pair_with_grouped_operations_and_their_own_baseline():
