@@ -198,3 +198,9 @@ class KernelTimer:
         """Seconds per sample id; call after the timed stream synchronized."""
         self._cupti.activity_flush_all(1)
         return group_spans(self._activities, self._external, expected, from_lead)
+
+    def lead_spans(self, expected: int) -> dict[int, float]:
+        """Seconds each of the first ``expected`` samples' leads ran on the GPU (those CUPTI reported)."""
+        self._cupti.activity_flush_all(1)
+        leads = {LEAD_ID + i: i for i in range(expected)}
+        return group_spans(self._activities, {c: leads[x] for c, x in self._external.items() if x in leads}, 0)

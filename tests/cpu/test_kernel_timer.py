@@ -114,6 +114,8 @@ class _Torch:
 
 
 def _bench(config: BenchConfig, cupti: FakeCupti) -> GemmBench:
+    for replaced in ("flush_l2", "open_kernel_timer", "_cycles_per_us"):  # stand-ins only for what the class has
+        assert callable(getattr(GemmBench, replaced, None)), replaced
     bench = object.__new__(GemmBench)
     bench.torch, bench.config, bench.device = _Torch(cupti), config, None
     bench._flush = object()
@@ -178,3 +180,75 @@ def test_timer_is_part_of_the_fingerprint():
     assert json.loads(launch.fingerprint)["timer"] == "launch"
     for config in (kernel, launch, events):
         assert BenchConfig.from_json(config.fingerprint) == config
+
+
+def _slowed_leads(cupti, torch_stand_in, lead_ns):
+    """Leads of ``lead_ns`` ns each, one value per lead from the iterable (the last repeats): a 50 us lead taking
+    longer ran at a lowered SM clock."""
+    lengths = iter(lead_ns)
+    last = [None]
+
+    def sleep(cycles):
+        last[0] = next(lengths, last[0])
+        cupti.launch("spin_kernel", last[0])
+
+    torch_stand_in.cuda._sleep = sleep
+
+
+def _fake_clock(monkeypatch) -> list:
+    """The harness's clock and rests, simulated: a rest advances the clock by its length. Returns the rests."""
+    import pycutlass.tune.bench as bench_module
+
+    now, rests = [0.0], []
+
+    def sleep(seconds):
+        rests.append(seconds)
+        now[0] += seconds
+
+    monkeypatch.setattr(bench_module, "time", types.SimpleNamespace(perf_counter=lambda: now[0], sleep=sleep))
+    return rests
+
+
+def test_samples_at_a_lowered_clock_are_timed_again_after_a_rest(monkeypatch):
+    import pycutlass.tune.bench as bench_module
+
+    rests = _fake_clock(monkeypatch)
+    cupti = FakeCupti()
+    bench = _bench(BenchConfig(repetitions=3, warmup=1, timer="launch"), cupti)
+    _slowed_leads(cupti, bench.torch, [70_000] * 3 + [50_500])  # first timing at 71% of full speed, then 99%
+    launched = []
+    samples, note = bench.time(lambda i: launched.append(i) or cupti.launch("gemm", 12_000 if len(launched) < 5 else
+                                                                            10_000))
+    assert rests == [bench_module.SETTLE_IDLE_S] and note == ""
+    assert samples == pytest.approx([15e-6] * 3)  # the second timing's (its warm-up ran again first)
+    assert len(launched) == 1 + 3 + 1 + 3
+
+
+def test_a_clock_that_stays_low_is_timed_within_the_budget_and_said(monkeypatch):
+    rests = _fake_clock(monkeypatch)
+    cupti = FakeCupti()
+    bench = _bench(BenchConfig(repetitions=3, warmup=1, timer="launch", settle_ms=250), cupti)
+    _slowed_leads(cupti, bench.torch, [80_000] * 3 + [65_000] * 3 + [70_000])  # best: the second timing
+    samples, note = bench.time(lambda i: cupti.launch("gemm", 10_000))
+    assert len(rests) == 2  # 250 ms holds two rests of 100 ms
+    assert "SM clock at 77% of full speed" in note and samples == pytest.approx([15e-6] * 3)
+    # settle_ms=0: the first timing stands, said
+    rests.clear()
+    bench = _bench(BenchConfig(repetitions=3, warmup=1, timer="launch", settle_ms=0), cupti)
+    _slowed_leads(cupti, bench.torch, [80_000])
+    assert "62% of full speed" in bench.time(lambda i: cupti.launch("gemm", 10_000))[1] and not rests
+    # CUDA events know no clock: timed once
+    bench = _bench(BenchConfig(repetitions=3, warmup=1, timer="events"), cupti)
+    assert bench.time(lambda i: cupti.launch("gemm", 10_000))[1] == "" and not rests
+
+
+def test_settling_is_part_of_the_fingerprint_and_checked():
+    assert json.loads(BenchConfig().fingerprint)["settle_ms"] == 300.0
+    assert "settle_ms" not in BenchConfig(settle_ms=0).fingerprint  # what harnesses before the field did
+    old = json.loads(BenchConfig(settle_ms=0).fingerprint)
+    assert BenchConfig.from_json(json.dumps(old)).settle_ms == 0
+    for config in (BenchConfig(), BenchConfig(settle_ms=0), BenchConfig(settle_ms=200)):
+        assert BenchConfig.from_json(config.fingerprint) == config
+    for bad in (-1, True, "50", 20_000):
+        with pytest.raises(ArgumentError, match="settle_ms"):
+            BenchConfig(settle_ms=bad)

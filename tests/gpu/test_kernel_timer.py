@@ -82,3 +82,26 @@ def test_launch_timer_adds_the_front_ends_launch_and_stays_below_events():
     kernel, launch, events = (found[t].seconds * 1e6 for t in ("kernel", "launch", "events"))
     assert kernel < launch < events, (kernel, launch, events)
     assert launch - kernel < 5, (kernel, launch)
+
+
+def test_after_heavy_work_the_harness_rests_the_gpu_and_times_as_on_a_rested_one():
+    """Back-to-back 4096^3 GEMMs hold an H200 at its power limit, which lowers the SM clock for tens of milliseconds
+    after; the leads show it, and the harness rests the GPU and times again, so the measurement reads as one on a
+    rested GPU. Without settling the same measurement runs slower, and says so."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    problem = GemmProblem(4096, 4096, 4096)
+
+    def after_heavy_work(config):
+        for _ in range(400):  # about 70 ms of heavy work
+            a @ b
+        torch.cuda.synchronize()
+        return measure_torch(GemmBench(config), problem, "bfloat16")
+
+    rested = measure_torch(GemmBench(BenchConfig(repetitions=30, warmup=3)), problem, "bfloat16")
+    settled = after_heavy_work(BenchConfig(repetitions=30, warmup=3))
+    unsettled = after_heavy_work(BenchConfig(repetitions=30, warmup=3, settle_ms=0))
+    assert rested.status == settled.status == unsettled.status == "ok"
+    assert settled.seconds <= rested.seconds * 1.03, (settled.seconds, rested.seconds, settled.message)
+    if unsettled.seconds > rested.seconds * 1.05:  # the GPU was held down: the measurement says by how much
+        assert "of full speed" in unsettled.message, unsettled.message

@@ -290,7 +290,8 @@ def test_graph_replay_and_argument_pool_agree_with_plain_timing(tmp_path):
         summary = sweep.benchmark(config=config, baseline=False)
         assert summary.statuses == {"ok": 2}, (name, summary)
         rows = sweep.db.query("select kernel, seconds, message, rel_error from runs where sweep = ?", [name])
-        assert all(not r["message"] and r["rel_error"] < 5e-3 for r in rows), rows  # no capture fallback note
+        # no capture fallback (a note on the SM clock may stand beside it)
+        assert all("capture failed" not in r["message"] and r["rel_error"] < 5e-3 for r in rows), rows
         results[name] = {r["kernel"]: r["seconds"] for r in rows}
     for op in ops:
         plain = results["plain"][op.name]
