@@ -1,6 +1,6 @@
 """Does the sweep harness measure the kernel? Its median against two independent measures of the same kernel.
 
-    python benchmarks/agreement.py [--out benchmarks/results/agreement-h200.json]     # GPU host
+    python benchmarks/agreement.py [--out benchmarks/results/agreement-h200.json] [--rounds 5]   # GPU host
     python benchmarks/tune_trust.py --agreement                                       # the same, from tune_trust
     python benchmarks/agreement.py --compile-only --target 90                         # CPU: compile its kernels
 
@@ -9,22 +9,29 @@ pycutlass SM90 kernel and the torch baseline (cuBLAS) are each timed three ways:
 
 - harness: ``measure_gemm`` / ``measure_torch`` with the default ``BenchConfig`` (what ``pycutlass sweep`` records:
   L2 flushed by a read, a GPU-side lead, the launch timer (CUPTI timestamps from the end of the lead to the end of
-  the call's last kernel), median); the same with ``timer="kernel"`` (from the start of the call's first kernel,
-  "kernel") and ``timer="events"`` (CUDA events around the call, "events") is reported beside it;
-- graph: a CUDA graph of 20 x (L2 flush, launch) replayed, minus a graph of the 20 flushes alone, over 20: launches
-  back to back with no host in between, L2 as cold as the harness's (a graph without the flushes is reported too:
-  "warm", the inputs left in L2 by the previous launch). A replay's period per launch is the kernel plus the gap
-  between two graph kernels; "launch_gap" is that period for an empty kernel (``torch.cuda._sleep(0)``), measured
-  once per run on a graph of 200 of them, and "graph_net" the graph figure less it;
+  the call's last kernel), median of 50); the same with ``timer="kernel"`` (from the start of the call's first
+  kernel, "kernel") and ``timer="events"`` (CUDA events around the call, "events") is reported beside it;
+- graph: a CUDA graph of 20 x (L2 flush, launch) and a graph of the 20 flushes alone, replayed in alternation; the
+  median difference of a replay pair over 20: launches back to back with no host in between, L2 as cold as the
+  harness's (a graph without the flushes is reported too: "warm", the inputs left in L2 by the previous launch). A
+  replay's period per launch is the kernel plus the gap between two graph kernels; "launch_gap" is that period for
+  an empty kernel (``torch.cuda._sleep(0)``), measured once per run on a graph of 200 of them, and "graph_net" the
+  graph figure less it;
 - ncu: Nsight Compute's ``gpu__time_duration.sum`` of every kernel the call launches (``--clock-control none``:
-  clocks as the harness sees them), in a child process, twice: "ncu" with ``--cache-control all`` (every cache,
-  instruction and constant caches included, flushed before each kernel) and "ncu_matched" with ``--cache-control
-  none`` and the harness's own L2 flush (a read of twice the L2) before each call, so the caches are in the state the
-  harness times.
+  clocks as the harness sees them; ``sm__cycles_elapsed.avg.per_second`` beside it, "ncu_mhz"), in a child
+  process, twice: "ncu" with ``--cache-control all`` (every cache, instruction and constant caches included, flushed
+  before each kernel) and "ncu_matched" with ``--cache-control none`` and the harness's own L2 flush (a read of twice
+  the L2) before each call, so the caches are in the state the harness times.
 
-Goal: harness within 3% of graph and of ncu for every pair. The table gives the verdict for the raw figures
-("within_3%") and for the ones that measure what the harness measures, the kernel with the harness's cache state
-("within_3%_matched": graph_net and ncu_matched), and the same for the kernel timer ("kernel_within_3%").
+The harness and the graph are measured in ``--rounds`` rounds over all pairs (the order reversed every other round,
+so no pair always follows the same one); each figure is the median over the rounds, and every round's harness
+figure is judged too. Each graph is replayed after the GPU rested as the harness rests it when its leads show a
+lowered SM clock; "notes" keeps what the harness said of a measurement (the clock it still ran below full speed at).
+
+Goal: the harness within 3% of the graph and of ncu for every pair. "within_3%" judges the harness against the
+measures taken in the harness's cache state, the graph and ncu_matched; "within_3%_raw" against the graph and ncu
+with every cache flushed; "rounds_within" counts the rounds whose own harness figure is within 3% of both;
+"kernel_within_3%" judges the kernel timer as "within_3%" does.
 """
 from __future__ import annotations
 
@@ -38,6 +45,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -48,7 +56,7 @@ DTYPES = {"f16_f32acc": "float16", "bf16": "bfloat16"}
 CONFIGS = {"small": ([64, 128, 64], [2, 1, 1], "TmaWarpSpecializedPingpong"),
            "medium": ([128, 128, 64], [2, 1, 1], "TmaWarpSpecializedPingpong"),
            "large": ([128, 256, 64], [2, 1, 1], "TmaWarpSpecializedCooperative")}
-GRAPH_LAUNCHES, GRAPH_REPLAYS, NCU_CALLS = 20, 15, 10
+GRAPH_LAUNCHES, GRAPH_REPLAYS, NCU_CALLS, ROUNDS = 20, 15, 10, 5
 AGREE = 0.03
 MARKER_CYCLES = 1000  # torch.cuda._sleep: a tiny kernel ("spin_kernel") that separates the series in ncu's output
 
@@ -124,6 +132,9 @@ def harness_us(pair: dict) -> dict:
         baseline = measure_torch(bench, problem, label, c_label=label)
         found["pycutlass" + suffix] = kernel.seconds * 1e6 if kernel.status == "ok" else None
         found["torch" + suffix] = baseline.seconds * 1e6 if baseline.status == "ok" else None
+        for who, measurement in (("pycutlass", kernel), ("torch", baseline)):
+            if measurement.message:  # e.g. the SM clock below full speed
+                found.setdefault(who + "_notes", []).append(f"{timer or 'default'}: {measurement.message}")
     return found
 
 
@@ -159,10 +170,22 @@ def graph_us(pair: dict, who: str) -> tuple[float, float]:
                         call()
         return graph
 
-    flushes = _replay_ms(capture(True))
-    cold = (_replay_ms(capture(True, launch)) - flushes) / GRAPH_LAUNCHES * 1e3
+    flushes, calls = capture(True), capture(True, launch)
+    cold = _replay_difference_ms(calls, flushes) / GRAPH_LAUNCHES * 1e3
     warm = _replay_ms(capture(False, launch)) / GRAPH_LAUNCHES * 1e3
     return cold, warm
+
+
+def _time_replay_ms(graph) -> float:
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(100_000)  # the replay call's host cost stays outside the interval
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
 
 
 def _replay_ms(graph) -> float:
@@ -171,16 +194,25 @@ def _replay_ms(graph) -> float:
 
     graph.replay()
     torch.cuda.synchronize()
-    samples = []
-    for _ in range(GRAPH_REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(100_000)  # the replay call's host cost stays outside the interval
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end))
-    return statistics.median(samples)
+    return statistics.median(_time_replay_ms(graph) for _ in range(GRAPH_REPLAYS))
+
+
+def _replay_difference_ms(graph, baseline) -> float:
+    """Median of (replay of ``graph`` - replay of ``baseline``) over GRAPH_REPLAYS pairs taken in alternation, the
+    order swapped every other pair: a drift of the clocks over the measurement falls on both alike."""
+    import torch
+
+    graph.replay()
+    baseline.replay()
+    torch.cuda.synchronize()
+    differences = []
+    for i in range(GRAPH_REPLAYS):
+        if i % 2:
+            other = _time_replay_ms(baseline)
+            differences.append(_time_replay_ms(graph) - other)
+        else:
+            differences.append(_time_replay_ms(graph) - _time_replay_ms(baseline))
+    return statistics.median(differences)
 
 
 GAP_LAUNCHES = 200
@@ -215,14 +247,19 @@ def ncu_path() -> str | None:
     return None
 
 
-def ncu_child(spec_path: str, flush_l2: bool = False) -> None:
-    """Under ncu: each series = a marker kernel, then NCU_CALLS calls (with ``flush_l2``: each after the harness's
-    L2 flush, a read of twice the L2); only this part is profiled."""
+# The two ncu runs (see the module's docstring): the child's mode and ncu's cache control
+NCU_MODES = {"ncu_us": ("kernels", "all"), "ncu_matched_us": ("flushed", "none")}
+NCU_CLOCK = "sm__cycles_elapsed.avg.per_second"  # the SM clock while the kernel ran (read in the "kernels" run)
+
+
+def ncu_child(spec_path: str, mode: str = "kernels") -> None:
+    """Under ncu: each series = a marker kernel, then NCU_CALLS calls; only this part is profiled. ``mode``:
+    "kernels" the calls alone; "flushed" each call after the harness's L2 flush (a read of twice the L2)."""
     import torch
 
     series = json.loads(Path(spec_path).read_text())
     launches = [_series(entry["pair"], entry["who"])[0] for entry in series]
-    flush = _harness_flush() if flush_l2 else None
+    flush = _harness_flush() if mode == "flushed" else None
     for launch in launches:
         launch()
     torch.cuda.synchronize()
@@ -240,20 +277,26 @@ def ncu_child(spec_path: str, flush_l2: bool = False) -> None:
 
 
 _UNITS = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6}
+# a rate's unit "cycle/<time>" or "<prefix>hz", to MHz
+_RATE_UNITS = {"cycle/nsecond": 1e3, "cycle/usecond": 1.0, "cycle/msecond": 1e-3, "cycle/second": 1e-6,
+               "ghz": 1e3, "mhz": 1.0, "khz": 1e-3, "hz": 1e-6}
 
 
-def parse_ncu_csv(text: str, series: int, calls: int = NCU_CALLS, flushed: bool = False) -> list[float | None]:
-    """Microseconds per call of each series from ncu's CSV (``--csv --metrics gpu__time_duration.sum``): rows
-    in launch order, a marker kernel (``spin_kernel``) before each series; a call's time is the sum of the kernels
-    it launched. ``flushed``: every call came after an L2 flush, and one flush ran before the first marker; the
+def parse_ncu_csv(text: str, series: int, calls: int = NCU_CALLS, flushed: bool = False,
+                  metric: str = "gpu__time_duration.sum") -> list[float | None]:
+    """Per series from ncu's CSV (``--csv --metrics gpu__time_duration.sum``): rows in launch order, a marker kernel
+    (``spin_kernel``) before each series. For the duration, microseconds per call: the sum of the kernels (or
+    graphs) the calls launched, over ``calls``; for a rate (``metric`` ending in ``per_second``), its mean over
+    them in MHz. ``flushed``: every call came after an L2 flush, and one flush ran before the first marker; the
     kernels of that one name the flush's kernels, whose rows are left out everywhere."""
     start = text.find('"ID"')
     if start < 0:
         raise ValueError("no CSV table in ncu's output")
+    rate = metric.endswith("per_second")
     groups: list[list[float]] = []
     flush_names: set[str] = set()
     for row in csv.DictReader(io.StringIO(text[start:])):
-        if row.get("Metric Name") != "gpu__time_duration.sum":
+        if row.get("Metric Name") != metric:
             continue
         name = row.get("Kernel Name", "")
         if any(word in name for word in ("spin_kernel", "sleep")):
@@ -266,42 +309,60 @@ def parse_ncu_csv(text: str, series: int, calls: int = NCU_CALLS, flushed: bool 
         if name in flush_names:
             continue
         value = float(row["Metric Value"].replace(",", ""))
-        groups[-1].append(value * _UNITS.get(row.get("Metric Unit", "nsecond"), 1e-3))
+        unit = row.get("Metric Unit", "cycle/nsecond" if rate else "nsecond").lower()
+        groups[-1].append(value * (_RATE_UNITS.get(unit, 1.0) if rate else _UNITS.get(unit, 1e-3)))
     if flushed and not flush_names:
         raise ValueError("no flush kernels before the first marker: cannot tell them from the measured ones")
-    found = [sum(group) / calls if group else None for group in groups]
+    if rate:
+        found = [sum(group) / len(group) if group else None for group in groups]
+    else:
+        found = [sum(group) / calls if group else None for group in groups]
     return (found + [None] * series)[:series]
 
 
-def ncu_us(entries: list[dict], matched: bool = False) -> tuple[list[float | None], str]:
-    """ncu's time per call of each entry: caches flushed by ncu (``matched=False``) or, ``matched``, left alone with
-    the harness's L2 flush before each call."""
+def ncu_us(entries: list[dict], column: str = "ncu_us", log_dir: str | None = None) \
+        -> tuple[list[float | None], list[float | None], str]:
+    """ncu's time per call of each entry, measured as ``column`` names (NCU_MODES), the SM clock (MHz) of the
+    "kernels" run, and a note on what failed. ``log_dir``: keep ncu's CSV there."""
+    mode, cache = NCU_MODES[column]
+    missing = [None] * len(entries)
     ncu = ncu_path()
     if ncu is None:
-        return [None] * len(entries), "ncu not found"
+        return missing, missing, "ncu not found"
     with tempfile.TemporaryDirectory() as folder:
         spec = Path(folder) / "series.json"
         spec.write_text(json.dumps(entries))
         log = Path(folder) / "ncu.csv"
-        command = [ncu, "--csv", "--metrics", "gpu__time_duration.sum", "--cache-control",
-                   "none" if matched else "all", "--clock-control", "none", "--profile-from-start", "off",
-                   "--log-file", str(log), sys.executable, os.path.abspath(__file__),
-                   "--ncu-child-flushed" if matched else "--ncu-child", str(spec)]
+        metrics = "gpu__time_duration.sum" + (f",{NCU_CLOCK}" if mode == "kernels" else "")
+        command = [ncu, "--csv", "--metrics", metrics, "--cache-control", cache, "--clock-control", "none",
+                   "--profile-from-start", "off", "--log-file", str(log)]
+        command += [sys.executable, os.path.abspath(__file__), "--ncu-child", str(spec), "--ncu-mode", mode]
         done = subprocess.run(command, capture_output=True, text=True, timeout=900)
         text = log.read_text() if log.exists() else ""
+        if log_dir:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+            (Path(log_dir) / f"{column[:-3]}.csv").write_text(text + "\n" + done.stdout[-4000:] + done.stderr[-4000:])
         if done.returncode or not text:
             why = (done.stderr or done.stdout or text)[-400:].strip().replace("\n", " ")
-            return [None] * len(entries), f"ncu failed: {why}"
+            return missing, missing, f"ncu failed: {why}"
         try:
-            return parse_ncu_csv(text, len(entries), flushed=matched), ""
+            times = parse_ncu_csv(text, len(entries), flushed=mode != "kernels")
+            clocks = parse_ncu_csv(text, len(entries), metric=NCU_CLOCK) if mode == "kernels" else missing
+            return times, clocks, ""
         except ValueError as exc:
-            return [None] * len(entries), f"ncu output unreadable: {exc}"
+            return missing, missing, f"ncu output unreadable: {exc}"
 
 
 # --- the table ----------------------------------------------------------------------------------------------------------
+def _within(value, other) -> tuple[float | None, bool | None]:
+    ratio = value / other if value and other else None
+    return (None, None) if ratio is None else (round(ratio, 4), abs(ratio - 1) <= AGREE)
+
+
 def agreement_rows(measured: list[dict]) -> list[dict]:
-    """Rows with the ratios and the verdict from ``measured`` = [{who, dtype, shape, kernel, harness_us, graph_us,
-    graph_warm_us, ncu_us}]."""
+    """Rows with the ratios and the verdicts from ``measured`` = [{who, dtype, shape, kernel, harness_us,
+    harness_rounds, kernel_us, graph_us, launch_gap_us, ncu_us, ncu_matched_us, ...}]; a verdict
+    with no reference to judge by is False."""
     rows = []
     for entry in measured:
         row = dict(entry)
@@ -309,67 +370,108 @@ def agreement_rows(measured: list[dict]) -> list[dict]:
             row["graph_net_us"] = entry["graph_us"] - entry["launch_gap_us"]
         # the harness's default timer ("launch"), and the "kernel" timer (from the first kernel's start) judged alike
         for timed, prefix in (("harness_us", ""), ("kernel_us", "kernel_")):
-            measured_us = entry.get(timed)
-            if timed != "harness_us" and measured_us is None:
+            value = entry.get(timed)
+            if timed != "harness_us" and value is None:
                 continue
-            for verdict, names in (("within_3%", ("graph_us", "ncu_us")),
-                                   ("within_3%_matched", ("graph_net_us", "ncu_matched_us"))):
+            for verdict, names in (("within_3%", ("graph_us", "ncu_matched_us")), ("within_3%_raw", ("graph_us", "ncu_us"))):
                 verdicts = []
                 for name in names:
-                    other = row.get(name)
-                    ratio = measured_us / other if measured_us and other else None
-                    row[f"{timed[:-3]}/{name[:-3]}"] = None if ratio is None else round(ratio, 4)
-                    if ratio is not None:
-                        verdicts.append(abs(ratio - 1) <= AGREE)
+                    ratio, ok = _within(value, row.get(name))
+                    row[f"{timed[:-3]}/{name[:-3]}"] = ratio
+                    if ok is not None:
+                        verdicts.append(ok)
                 row[prefix + verdict] = bool(verdicts) and all(verdicts)
-        for name in ("harness_us", "kernel_us", "events_us", "graph_us", "graph_warm_us", "launch_gap_us",
-                     "graph_net_us", "ncu_us", "ncu_matched_us"):
-            if isinstance(row.get(name), float):
-                row[name] = round(row[name], 2)
+        rounds = entry.get("harness_rounds") or []
+        if rounds:
+            judged = [[_within(value, row.get(name))[1] for name in ("graph_us", "ncu_matched_us")]
+                      for value in rounds]
+            row["rounds_verdicts"] = [any(v is not None for v in verdicts) and all(v is not False for v in verdicts)
+                                      for verdicts in judged]
+            row["rounds_within"] = f"{sum(row['rounds_verdicts'])}/{len(rounds)}"
+            present = [value for value in rounds if value]
+            row["harness_spread"] = round(max(present) / min(present), 4) if present else None
+        for name, value in list(row.items()):
+            if name.endswith("_us") and isinstance(value, float):
+                row[name] = round(value, 2)
+            elif name.endswith("_rounds") and isinstance(value, list):
+                row[name] = [None if v is None else round(v, 2) for v in value]
         rows.append(row)
     return rows
 
 
-def run(out_path: str | None = None) -> dict:
-    from common import print_table, write_json
+def _median(values: list) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
 
-    measured, ncu_entries = [], []
+
+def measure_rounds(rounds: int) -> list[dict]:
+    """The harness's and the graph's figures for every (pair, who), over ``rounds`` rounds of all pairs. Each graph
+    is replayed after the GPU rested as the harness rests it (``SETTLE_IDLE_S``)."""
+    from pycutlass.tune.bench import SETTLE_IDLE_S
+
     gap = launch_gap_us()
     print(f"  launch gap (graph period of an empty launch): {gap:.2f} us", flush=True)
+    series: dict[tuple, dict] = {}
     for pair in pairs():
-        harness = harness_us(pair)
         for who in ("pycutlass", "torch"):
-            cold, warm = graph_us(pair, who)
             kernel = operation_name(pair) if who == "pycutlass" else "torch.matmul"
-            measured.append({"who": who, "dtype": pair["dtype"], "shape": "x".join(map(str, pair["shape"])),
-                             "kernel": kernel.split("_tnt_")[-1], "harness_us": harness[who],
-                             "kernel_us": harness[who + "_kernel"], "events_us": harness[who + "_events"],
-                             "graph_us": cold,
-                             "graph_warm_us": warm, "launch_gap_us": gap})
-            ncu_entries.append({"pair": pair, "who": who})
-        print(f"  {measured[-2]['shape']} {pair['dtype']}: harness {harness}", flush=True)
+            series[(json.dumps(pair), who)] = {
+                "who": who, "dtype": pair["dtype"], "shape": "x".join(map(str, pair["shape"])),
+                "kernel": kernel.split("_tnt_")[-1], "launch_gap_us": gap, "pair": pair, "harness_rounds": [],
+                "kernel_rounds": [], "events_rounds": [], "graph_rounds": [], "graph_warm_rounds": [], "notes": []}
+    for round_index in range(rounds):
+        order = pairs() if round_index % 2 == 0 else pairs()[::-1]
+        for pair in order:
+            harness = harness_us(pair)
+            for who in ("pycutlass", "torch"):
+                entry = series[(json.dumps(pair), who)]
+                entry["harness_rounds"].append(harness[who])
+                entry["kernel_rounds"].append(harness[who + "_kernel"])
+                entry["events_rounds"].append(harness[who + "_events"])
+                entry["notes"] += [f"round {round_index + 1} {note}" for note in harness.get(who + "_notes", [])]
+                time.sleep(SETTLE_IDLE_S)  # rested as the harness rests a GPU whose clock it saw lowered
+                cold, warm = graph_us(pair, who)
+                entry["graph_rounds"].append(cold)
+                entry["graph_warm_rounds"].append(warm)
+            print(f"  round {round_index + 1}/{rounds} {'x'.join(map(str, pair['shape']))} {pair['dtype']}: "
+                  f"harness {harness}", flush=True)
+    measured = []
+    for entry in series.values():
+        for name in ("harness", "kernel", "events", "graph", "graph_warm"):
+            entry[f"{name}_us"] = _median(entry[f"{name}_rounds"])
+        measured.append(entry)
+    return measured
+
+
+def run(out_path: str | None = None, rounds: int = ROUNDS, ncu_logs: str | None = None) -> dict:
+    from common import print_table, write_json
+
+    measured = measure_rounds(rounds)
+    ncu_entries = [{"pair": entry.pop("pair"), "who": entry["who"]} for entry in measured]
     notes = []
-    for column, matched in (("ncu_us", False), ("ncu_matched_us", True)):
-        found, note = ncu_us(ncu_entries, matched=matched)
-        for entry, value in zip(measured, found):
+    for column in NCU_MODES:
+        found, clocks, note = ncu_us(ncu_entries, column, log_dir=ncu_logs)
+        for entry, value, mhz in zip(measured, found, clocks):
             entry[column] = value
+            if column == "ncu_us":
+                entry["ncu_mhz"] = mhz
         if note:
             notes.append(f"{column}: {note}")
     rows = agreement_rows(measured)
-    within = sum(row["within_3%"] for row in rows)
-    matched_within = sum(row["within_3%_matched"] for row in rows)
-    kernel_within = sum(row.get("kernel_within_3%", False) for row in rows)
-    kernel_matched = sum(row.get("kernel_within_3%_matched", False) for row in rows)
-    result = {"rows": rows, "launch_gap_us": round(gap, 3), "within_3%": within,
-              "within_3%_matched": matched_within, "kernel_within_3%": kernel_within,
-              "kernel_within_3%_matched": kernel_matched, "pairs": len(rows),
-              "ncu_note": "; ".join(notes),
-              "goal": "every pair within 3% of graph and ncu", "goal_met": within == len(rows),
-              "goal_met_matched": matched_within == len(rows)}
-    print_table(f"agreement: harness vs CUDA-graph replay (L2 flushed) vs ncu; {within}/{len(rows)} within 3% of the "
-                f"raw figures, {matched_within}/{len(rows)} of graph_net and ncu_matched; timer='kernel': "
-                f"{kernel_within}/{len(rows)} and {kernel_matched}/{len(rows)}"
-                + (f" ({result['ncu_note']})" if notes else ""), rows)
+    counts = {verdict: sum(row.get(verdict, False) for row in rows)
+              for verdict in ("within_3%", "within_3%_raw", "kernel_within_3%", "kernel_within_3%_raw")}
+    per_round = [sum(row["rounds_verdicts"][i] for row in rows) for i in range(rounds)]
+    result = {"rows": rows, "launch_gap_us": rows[0]["launch_gap_us"] if rows else None, **counts,
+              "rounds": rounds, "within_3%_per_round": per_round, "pairs": len(rows), "ncu_note": "; ".join(notes),
+              "goal": "every pair within 3% of graph and ncu", "goal_met": counts["within_3%"] == len(rows)}
+    shown = ["who", "dtype", "shape", "harness_us", "kernel_us", "events_us", "graph_us", "ncu_matched_us", "ncu_us",
+             "harness/graph", "harness/ncu_matched", "harness/ncu", "within_3%", "within_3%_raw", "rounds_within",
+             "harness_spread", "ncu_mhz"]
+    print_table(f"agreement over {rounds} rounds: harness vs CUDA-graph replay (L2 flushed) vs ncu; "
+                f"{counts['within_3%']}/{len(rows)} within 3% in the harness's cache state (each round: {per_round}), "
+                f"{counts['within_3%_raw']}/{len(rows)} of ncu with every cache flushed; timer='kernel': "
+                f"{counts['kernel_within_3%']}/{len(rows)}" + (f" ({result['ncu_note']})" if notes else ""),
+                [{name: row.get(name) for name in shown} for row in rows])
     if out_path:
         write_json(out_path, {"agreement": result})
     return result
@@ -378,14 +480,19 @@ def run(out_path: str | None = None) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds over all pairs (default %(default)s)")
+    parser.add_argument("--ncu-logs", default=None, help="a folder to keep ncu's CSV output in")
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--target", default=90)
     parser.add_argument("--jobs", type=int, default=None)
     parser.add_argument("--ncu-child", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--ncu-child-flushed", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--ncu-mode", default="kernels", choices=sorted({m for m, _ in NCU_MODES.values()}),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.ncu_child or args.ncu_child_flushed:
-        ncu_child(args.ncu_child or args.ncu_child_flushed, flush_l2=bool(args.ncu_child_flushed))
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    if args.ncu_child:
+        ncu_child(args.ncu_child, args.ncu_mode)
         return
     if args.compile_only:
         from pycutlass.compiler.manager import Compiler
@@ -394,7 +501,7 @@ def main() -> None:
         report = Compiler.of(current()).add_module(operations(), target=args.target, jobs=args.jobs)
         print(f"compiled {len(report.kernels)} operations")
         return
-    run(args.out)
+    run(args.out, args.rounds, args.ncu_logs)
 
 
 if __name__ == "__main__":
