@@ -34,7 +34,7 @@ def pack():
 @_with_harness
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 def pack_build(db_path, space, problem_specs, min_efficiency, target, sweep_name, device, jobs, top_k, repetitions,
-               cuda_graph, arg_pool, verify, max_seconds, timer, out):
+               cuda_graph, arg_pool, verify, max_seconds, timer, settle_ms, out):
     """Select, compile (for --target) and write a pack to OUT, from --db or by sweeping --space first."""
     from ..pack import build_pack
 
@@ -47,7 +47,8 @@ def pack_build(db_path, space, problem_specs, min_efficiency, target, sweep_name
                 raise click.UsageError("--space needs --problems")
             _require_gpu("pack build --space")
             db_path = _sweep_into(space, problem_specs, db_path, jobs, top_k,
-                                  _bench_config(repetitions, cuda_graph, arg_pool, verify, max_seconds, timer))
+                                  _bench_config(repetitions, cuda_graph, arg_pool, verify, max_seconds, timer,
+                                                settle_ms))
         path = build_pack(db_path, out, target=target, min_efficiency=min_efficiency, sweep=sweep_name,
                           device=device, jobs=jobs)
         from ..pack import load_pack

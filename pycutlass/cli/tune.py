@@ -55,11 +55,14 @@ def _problems(specs: tuple[str, ...]):
     return list(dict.fromkeys(found))
 
 
-def _bench_config(repetitions, cuda_graph, arg_pool, verify, max_seconds, timer="launch"):
+_SETTLE_MS = 300.0  # BenchConfig's default (DEFAULT_SETTLE_MS), without importing the harness to build the CLI
+
+
+def _bench_config(repetitions, cuda_graph, arg_pool, verify, max_seconds, timer="launch", settle_ms=_SETTLE_MS):
     from ..tune.bench import BenchConfig
 
     return BenchConfig(repetitions=repetitions, cuda_graph=cuda_graph, arg_pool=arg_pool, verify=verify,
-                       max_seconds=max_seconds, timer=timer)
+                       max_seconds=max_seconds, timer=timer, settle_ms=settle_ms)
 
 
 _harness_options = [
@@ -72,6 +75,9 @@ _harness_options = [
                  help="launch: GPU timestamps from CUPTI, from the end of the lead (the GPU's launch of the call "
                       "counts); kernel: the same from the first kernel's start; events: CUDA events around each call "
                       "(under ncu/nsys)."),
+    click.option("--settle-ms", type=click.FloatRange(0, 10_000), default=_SETTLE_MS, show_default=True,
+                 help="When the leads show the samples ran below 97% of full SM clock (a GPU at its power limit "
+                      "after heavy work), rest the GPU and time again within this many milliseconds; 0: never."),
 ]
 
 
@@ -108,7 +114,7 @@ def _with_harness(function):
                    "timing, idle, tail, ...).")
 @_with_harness
 def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundle_path, devices, scheduler, timeout,
-          no_baseline, top_k, breakdown, repetitions, cuda_graph, arg_pool, verify, max_seconds, timer):
+          no_baseline, top_k, breakdown, repetitions, cuda_graph, arg_pool, verify, max_seconds, timer, settle_ms):
     """Compile a search space and benchmark it over problems; results go to --db (resumable)."""
     from .. import Session
     from ..tune.db import ResultsDB
@@ -120,7 +126,7 @@ def sweep(space, problem_specs, db_path, name, compile_only, jobs, target, bundl
             ordinals = None if devices in (None, "all") else [int(d) for d in devices.split(",") if d.strip()]
         except ValueError:
             raise click.UsageError(f"--gpus takes 'all' or ordinals such as 0,1; got {devices!r}") from None
-        config = _bench_config(repetitions, cuda_graph, arg_pool, verify, max_seconds, timer)
+        config = _bench_config(repetitions, cuda_graph, arg_pool, verify, max_seconds, timer, settle_ms)
         if bundle_path:
             from ..tune.bundle import run_bundle
 

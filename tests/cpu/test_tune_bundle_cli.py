@@ -242,6 +242,18 @@ def test_cli_timer_option_reaches_the_harness():
     assert _bench_config(50, 0, 1, True, 2.0, "events").timer == "events"
 
 
+def test_cli_settle_option_reaches_the_harness_and_is_checked(tmp_path, monkeypatch):
+    from pycutlass.cli.tune import _SETTLE_MS, _bench_config
+    from pycutlass.tune.bench import DEFAULT_SETTLE_MS
+
+    assert _SETTLE_MS == DEFAULT_SETTLE_MS and _bench_config(50, 0, 1, True, 2.0).settle_ms == DEFAULT_SETTLE_MS
+    assert _bench_config(50, 0, 1, True, 2.0, "launch", 0.0).settle_ms == 0
+    monkeypatch.chdir(tmp_path)
+    out = CliRunner().invoke(main, ["sweep", "--space", "sm80-f16-small", "--db", "r.db", "--settle-ms", "-5"])
+    assert out.exit_code != 0 and "--settle-ms" in out.output and "Traceback" not in out.output
+    assert not list(tmp_path.iterdir())
+
+
 def test_resource_correlation_ranks_a_planted_predictor(tmp_path):
     """Times that grow with registers: the report must find registers as the strongest predictor."""
     from pycutlass.tune.resources import correlation_report, resource_points
