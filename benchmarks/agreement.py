@@ -207,11 +207,9 @@ def _replay_difference_ms(graph, baseline) -> float:
     torch.cuda.synchronize()
     differences = []
     for i in range(GRAPH_REPLAYS):
-        if i % 2:
-            other = _time_replay_ms(baseline)
-            differences.append(_time_replay_ms(graph) - other)
-        else:
-            differences.append(_time_replay_ms(graph) - _time_replay_ms(baseline))
+        order = (graph, baseline) if i % 2 == 0 else (baseline, graph)
+        took = {id(replayed): _time_replay_ms(replayed) for replayed in order}
+        differences.append(took[id(graph)] - took[id(baseline)])
     return statistics.median(differences)
 
 
@@ -285,8 +283,8 @@ _RATE_UNITS = {"cycle/nsecond": 1e3, "cycle/usecond": 1.0, "cycle/msecond": 1e-3
 def parse_ncu_csv(text: str, series: int, calls: int = NCU_CALLS, flushed: bool = False,
                   metric: str = "gpu__time_duration.sum") -> list[float | None]:
     """Per series from ncu's CSV (``--csv --metrics gpu__time_duration.sum``): rows in launch order, a marker kernel
-    (``spin_kernel``) before each series. For the duration, microseconds per call: the sum of the kernels (or
-    graphs) the calls launched, over ``calls``; for a rate (``metric`` ending in ``per_second``), its mean over
+    (``spin_kernel``) before each series. For the duration, microseconds per call: the sum of the kernels the calls
+    launched, over ``calls``; for a rate (``metric`` ending in ``per_second``), its mean over
     them in MHz. ``flushed``: every call came after an L2 flush, and one flush ran before the first marker; the
     kernels of that one name the flush's kernels, whose rows are left out everywhere."""
     start = text.find('"ID"')
@@ -359,6 +357,15 @@ def _within(value, other) -> tuple[float | None, bool | None]:
     return (None, None) if ratio is None else (round(ratio, 4), abs(ratio - 1) <= AGREE)
 
 
+def _agrees(value, row: dict, names) -> bool:
+    """``value`` within 3% of every reference in ``names`` that ``row`` has, and at least one has it."""
+    verdicts = [ok for ok in (_within(value, row.get(name))[1] for name in names) if ok is not None]
+    return bool(verdicts) and all(verdicts)
+
+
+VERDICTS = {"within_3%": ("graph_us", "ncu_matched_us"), "within_3%_raw": ("graph_us", "ncu_us")}
+
+
 def agreement_rows(measured: list[dict]) -> list[dict]:
     """Rows with the ratios and the verdicts from ``measured`` = [{who, dtype, shape, kernel, harness_us,
     harness_rounds, kernel_us, graph_us, launch_gap_us, ncu_us, ncu_matched_us, ...}]; a verdict
@@ -373,20 +380,13 @@ def agreement_rows(measured: list[dict]) -> list[dict]:
             value = entry.get(timed)
             if timed != "harness_us" and value is None:
                 continue
-            for verdict, names in (("within_3%", ("graph_us", "ncu_matched_us")), ("within_3%_raw", ("graph_us", "ncu_us"))):
-                verdicts = []
+            for verdict, names in VERDICTS.items():
                 for name in names:
-                    ratio, ok = _within(value, row.get(name))
-                    row[f"{timed[:-3]}/{name[:-3]}"] = ratio
-                    if ok is not None:
-                        verdicts.append(ok)
-                row[prefix + verdict] = bool(verdicts) and all(verdicts)
+                    row[f"{timed[:-3]}/{name[:-3]}"] = _within(value, row.get(name))[0]
+                row[prefix + verdict] = _agrees(value, row, names)
         rounds = entry.get("harness_rounds") or []
         if rounds:
-            judged = [[_within(value, row.get(name))[1] for name in ("graph_us", "ncu_matched_us")]
-                      for value in rounds]
-            row["rounds_verdicts"] = [any(v is not None for v in verdicts) and all(v is not False for v in verdicts)
-                                      for verdicts in judged]
+            row["rounds_verdicts"] = [_agrees(value, row, VERDICTS["within_3%"]) for value in rounds]
             row["rounds_within"] = f"{sum(row['rounds_verdicts'])}/{len(rounds)}"
             present = [value for value in rounds if value]
             row["harness_spread"] = round(max(present) / min(present), 4) if present else None
@@ -411,20 +411,20 @@ def measure_rounds(rounds: int) -> list[dict]:
 
     gap = launch_gap_us()
     print(f"  launch gap (graph period of an empty launch): {gap:.2f} us", flush=True)
+    numbered = list(enumerate(pairs()))
     series: dict[tuple, dict] = {}
-    for pair in pairs():
+    for index, pair in numbered:
         for who in ("pycutlass", "torch"):
             kernel = operation_name(pair) if who == "pycutlass" else "torch.matmul"
-            series[(json.dumps(pair), who)] = {
+            series[(index, who)] = {
                 "who": who, "dtype": pair["dtype"], "shape": "x".join(map(str, pair["shape"])),
                 "kernel": kernel.split("_tnt_")[-1], "launch_gap_us": gap, "pair": pair, "harness_rounds": [],
                 "kernel_rounds": [], "events_rounds": [], "graph_rounds": [], "graph_warm_rounds": [], "notes": []}
     for round_index in range(rounds):
-        order = pairs() if round_index % 2 == 0 else pairs()[::-1]
-        for pair in order:
+        for index, pair in numbered if round_index % 2 == 0 else numbered[::-1]:
             harness = harness_us(pair)
             for who in ("pycutlass", "torch"):
-                entry = series[(json.dumps(pair), who)]
+                entry = series[(index, who)]
                 entry["harness_rounds"].append(harness[who])
                 entry["kernel_rounds"].append(harness[who + "_kernel"])
                 entry["events_rounds"].append(harness[who + "_events"])

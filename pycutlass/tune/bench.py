@@ -294,8 +294,7 @@ class GemmBench:
 
     def _time(self, launch, pool: int, capture) -> tuple[list[float], str]:
         torch, config = self.torch, self.config
-        for i in range(config.warmup):
-            launch(i)
+        self._warm_up(launch)
         note = ""
         graph, per_sample = None, 1
         if config.cuda_graph:
@@ -321,16 +320,19 @@ class GemmBench:
             if clock >= FULL_CLOCK or time.perf_counter() + SETTLE_IDLE_S > deadline:
                 break
             time.sleep(SETTLE_IDLE_S)  # an idle GPU raises its clock sooner than a busy one
-            for i in range(config.warmup):
-                if graph is not None:
-                    graph.replay()
-                else:
-                    launch(i)
+            self._warm_up(launch, graph)
             torch.cuda.synchronize(self.device)
         samples, clock = best
         if clock < FULL_CLOCK:
             note = _join(note, f"timed with the SM clock at {clock:.0%} of full speed (power or thermal limit)")
         return samples, note
+
+    def _warm_up(self, launch, graph=None) -> None:
+        for i in range(self.config.warmup):
+            if graph is not None:
+                graph.replay()
+            else:
+                launch(i)
 
     def _timed_samples(self, launch, graph, flush: bool, lead: int, per_sample: int) -> tuple[list[float], float]:
         """One timed loop: the samples, and the SM clock they ran at as a share of full speed (from the leads'

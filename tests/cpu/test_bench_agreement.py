@@ -80,7 +80,7 @@ def test_agreement_rows_judge_every_pair_against_both_measures():
     rows = agreement.agreement_rows([
         {"who": "pycutlass", "harness_us": 100.0, "graph_us": 98.0, "ncu_matched_us": 101.0},  # within 3% of both
         {"who": "torch", "harness_us": 100.0, "graph_us": 90.0, "ncu_matched_us": 100.0},      # 11% off the graph
-        {"who": "torch", "harness_us": 100.0, "graph_us": 99.0, "ncu_matched_us": None},       # ncu missing: graph decides
+        {"who": "torch", "harness_us": 100.0, "graph_us": 99.0, "ncu_matched_us": None},  # ncu missing: graph decides
         {"who": "pycutlass", "harness_us": None, "graph_us": 99.0, "ncu_matched_us": 99.0},    # no harness: no verdict
         {"who": "torch", "harness_us": 100.0, "graph_us": None, "ncu_matched_us": None},       # nothing to judge by
     ])
@@ -93,7 +93,8 @@ def test_every_round_of_the_harness_is_judged_against_the_references():
     rows = agreement.agreement_rows([
         {"who": "pycutlass", "harness_us": 180.0, "harness_rounds": [179.5, 224.6, 180.0, 181.2, 180.4],
          "graph_us": 179.1, "ncu_matched_us": 181.3},
-        {"who": "torch", "harness_us": 7.0, "harness_rounds": [7.0, None, 6.5], "graph_us": 7.0, "ncu_matched_us": None},
+        {"who": "torch", "harness_us": 7.0, "harness_rounds": [7.0, None, 6.5], "graph_us": 7.0,
+         "ncu_matched_us": None},
     ])
     assert rows[0]["within_3%"] and rows[0]["rounds_verdicts"] == [True, False, True, True, True]
     assert rows[0]["rounds_within"] == "4/5" and rows[0]["harness_spread"] == pytest.approx(224.6 / 179.5, abs=1e-4)
