@@ -185,15 +185,19 @@ def problem_sets(tokens, pass_: str = "forward", layout: str = "contiguous") -> 
     return sets
 
 
-# (raster order, swizzle) tried for the two best tiles of each forward problem
+# (raster order, swizzle) tried for the two best tiles of each problem (the default: along_m with the operation's own
+# swizzle); --swizzle-8 adds WIDE_KNOBS, where a wave's tiles share each operand panel among more of them
 KNOBS = [("along_m", 2), ("along_m", 4), ("along_n", 1), ("along_n", 2), ("along_n", 4)]
+WIDE_KNOBS = [("along_m", 8), ("along_n", 8)]
 
 
-def tune_knobs(ops, timed: dict, bench, make_arguments, out, error_of, time_us=None, configs=None) -> dict:
+def tune_knobs(ops, timed: dict, bench, make_arguments, out, error_of, time_us=None, configs=None,
+               knob_list=KNOBS) -> dict:
     """The group scheduler's runtime knobs (no recompiling): raster order and swizzle for the two best tiles of
     ``timed`` (tile name -> us); checked (``error_of()`` after a NaN-poisoned run), then timed (``time_us(op,
     arguments)``, by default the harness's ``bench.time``): {label: us}. ``configs`` (a dict) receives each label's
-    (operation, knobs), and each of the two tiles' own name with its default knobs."""
+    (operation, knobs), and each of the two tiles' own name with its default knobs. ``knob_list``: the (raster,
+    swizzle) pairs to try."""
     import torch
 
     from pycutlass.tune.bench import summarize
@@ -208,7 +212,7 @@ def tune_knobs(ops, timed: dict, bench, make_arguments, out, error_of, time_us=N
         op = by_name[tile]
         if configs is not None:
             configs[tile] = (op, {})  # the tile at its default knobs
-        for raster, swizzle in KNOBS:
+        for raster, swizzle in knob_list:
             arguments = make_arguments(op, raster_order=raster, swizzle=swizzle)
             out.fill_(float("nan"))
             op.run(arguments)
@@ -244,7 +248,7 @@ def paired_ratio(torch_seconds, ours_seconds, rounds: int = PAIRED_ROUNDS) -> fl
     return round(statistics.median(ratios), 3)
 
 
-def run_problem(name: str, problem, ops, bench) -> dict:
+def run_problem(name: str, problem, ops, bench, knob_list=KNOBS) -> dict:
     import numpy as np
     import torch
 
@@ -298,7 +302,8 @@ def run_problem(name: str, problem, ops, bench) -> dict:
                     "best vs _grouped_mm": round(torch_s * 1e6 / timed[best], 3)})
         configs = {}
         knobbed = tune_knobs(ops, timed, bench, lambda op, **knobs: GemmGroupedArguments(
-            op, device_counts, A, B3, None, out, **knobs), out, lambda: error_of(out), configs=configs)
+            op, device_counts, A, B3, None, out, **knobs), out, lambda: error_of(out), configs=configs,
+                             knob_list=knob_list)
         if knobbed and min(knobbed.values()) < timed[best]:
             choice = min(knobbed, key=knobbed.get)
             row.update({"tuned": choice, "tuned us": round(knobbed[choice], 1),
@@ -318,7 +323,7 @@ def run_problem(name: str, problem, ops, bench) -> dict:
     return row
 
 
-def run_wgrad(name: str, problem, ops, bench) -> dict:
+def run_wgrad(name: str, problem, ops, bench, knob_list=KNOBS) -> dict:
     """dW_e = dY_e^T X_e for every expert with tokens: a K-grouped GEMM (K = the expert's token count)."""
     import numpy as np
     import torch
@@ -384,7 +389,7 @@ def run_wgrad(name: str, problem, ops, bench) -> dict:
         configs = {}
         knobbed = tune_knobs(ops, {tile: s * 1e6 for tile, s in timed.items()}, bench,
                              lambda op, **knobs: GemmGroupedArguments(op, problems, As, Bs, None, Ds, **knobs),
-                             dW, lambda: error_of(dW), configs=configs)
+                             dW, lambda: error_of(dW), configs=configs, knob_list=knob_list)
         tuned = min(knobbed, key=knobbed.get) if knobbed else None
         if tuned is not None and knobbed[tuned] < timed[best] * 1e6:
             row.update({"tuned": tuned, "tuned us": round(knobbed[tuned], 1),
@@ -456,9 +461,9 @@ def time_scaled(ops, bench, counts, A, B3, scale_a, scale_b, out, error_of) -> d
     return timed
 
 
-def run_fp8(name: str, problem, ops, bench) -> dict:
+def run_fp8(name: str, problem, ops, bench, knob_list=KNOBS) -> dict:
     """fp8 e4m3 contiguous forward with row-wise scales (per token, per output channel), counts on the device,
-    against torch._scaled_grouped_mm (row-wise scales, fast accumulation, bf16 output)."""
+    against torch._scaled_grouped_mm (row-wise scales, fast accumulation, bf16 output); it tries no knobs."""
     import numpy as np
     import torch
 
@@ -517,7 +522,7 @@ def blockwise_error(A, B3, scale_a, scale_b, counts, out, rows_per_group: int = 
     return sampled_error(counts, out, reference_of, rows_per_group)
 
 
-def run_blockwise(name: str, problem, ops, bench) -> dict:
+def run_blockwise(name: str, problem, ops, bench, knob_list=KNOBS) -> dict:
     """fp8 e4m3 contiguous forward with block-wise scales, counts on the device, against the same set in bf16
     (torch._grouped_mm, timed here; the forward part's pycutlass bf16 best is joined in when it ran)."""
     import numpy as np
@@ -555,7 +560,8 @@ def run_blockwise(name: str, problem, ops, bench) -> dict:
         knobbed = tune_knobs(ops, {tile: s * 1e6 for tile, s in timed.items()}, bench,
                              lambda op, **knobs: GemmGroupedArguments(op, device_counts, A, B3, None, out,
                                                                       scale_a=scale_a, scale_b=scale_b, **knobs),
-                             out, lambda: blockwise_error(A, B3, scale_a, scale_b, counts, out))
+                             out, lambda: blockwise_error(A, B3, scale_a, scale_b, counts, out),
+                             knob_list=knob_list)
         if knobbed and min(knobbed.values()) < timed[best] * 1e6:
             choice = min(knobbed, key=knobbed.get)
             row.update({"tuned": choice, "tuned us": round(knobbed[choice], 1),
@@ -568,7 +574,7 @@ def run_blockwise(name: str, problem, ops, bench) -> dict:
     return row
 
 
-def run_masked(name: str, problem, ops, bench) -> dict:
+def run_masked(name: str, problem, ops, bench, knob_list=KNOBS) -> dict:
     """The masked (decode) layout: every local expert at a fixed capacity, counts on the device, one CUDA graph per
     tile captured once and replayed; torch._grouped_mm on the same counts (packed rows, offsets), graph-replayed too."""
     import numpy as np
@@ -634,7 +640,7 @@ def run_masked(name: str, problem, ops, bench) -> dict:
                                                                       **knobs), D, error_of,
                              lambda op, arguments: summarize(graphed.time(lambda i: op.run(arguments),
                                                                           capture=stream)[0])[0] * 1e6,
-                             configs=configs)
+                             configs=configs, knob_list=knob_list)
         knobbed = {label: us / 1e6 for label, us in knobbed.items()}
         choice = min(knobbed, key=knobbed.get) if knobbed and min(knobbed.values()) < timed[best] else None
         tuned_s = knobbed[choice] if choice else timed[best]
@@ -650,16 +656,16 @@ def run_masked(name: str, problem, ops, bench) -> dict:
     return row
 
 
-def run_sets(sets: dict, tokens, run, operations_of, bench) -> list:
-    """Every problem of ``sets`` through ``run(label, problem, operations_of(), bench)``, labelled by set, projection
-    and routed tokens; each row printed as it comes."""
+def run_sets(sets: dict, tokens, run, operations_of, bench, knob_list=KNOBS) -> list:
+    """Every problem of ``sets`` through ``run(label, problem, operations_of(), bench, knob_list)``, labelled by set,
+    projection and routed tokens; each row printed as it comes."""
     import torch
 
     rows = []
     for name, problems in sets.items():
         for index, problem in enumerate(problems):
             label = f"{name} {'up' if index % 2 == 0 else 'down'} {tokens[index // 2]}"
-            rows.append(run(label, problem, operations_of(), bench))
+            rows.append(run(label, problem, operations_of(), bench, knob_list))
             torch.cuda.empty_cache()  # the problem's tensors went with its frame
             print({k: v for k, v in rows[-1].items() if not k.startswith("_")}, flush=True)
     return rows
@@ -685,6 +691,8 @@ def main() -> None:
     parser.add_argument("--tokens", default="4096,16384,65536")
     parser.add_argument("--out", default=str(RESULTS / "moe.json"))
     parser.add_argument("--parts", default="forward,wgrad,masked,fp8,blockwise")
+    parser.add_argument("--swizzle-8", action="store_true",
+                        help="also try swizzle 8 along M and N among the scheduler's knobs (WIDE_KNOBS)")
     args = parser.parse_args()
     parts = args.parts.split(",")
     # the operations of the parts asked for (forward and masked share the bf16 tiles)
@@ -708,10 +716,11 @@ def main() -> None:
 
     pycutlass.compiler.add_module(ops)
     bench = GemmBench(BenchConfig())
+    knob_list = KNOBS + WIDE_KNOBS if args.swizzle_8 else KNOBS
     tokens = [int(t) for t in args.tokens.split(",")]
     payload = {"device": device_name(), "torch": torch.__version__}
     if "wgrad" in parts:
-        wgrad = run_sets(problem_sets(tokens, pass_="wgrad"), tokens, run_wgrad, wgrad_operations, bench)
+        wgrad = run_sets(problem_sets(tokens, pass_="wgrad"), tokens, run_wgrad, wgrad_operations, bench, knob_list)
         loops = [row.get("best vs loop") for row in wgrad]
         grouped = [row.get("best vs _grouped_mm") for row in wgrad]
         tuned_loops = [row.get("tuned vs loop") for row in wgrad]
@@ -732,7 +741,7 @@ def main() -> None:
         print_table("summary (weight gradient)", [wsummary])
         payload.update(wgrad=wgrad, wgrad_summary=wsummary)
     if "fp8" in parts:
-        fp8 = run_sets(problem_sets(tokens), tokens, run_fp8, fp8_operations, bench)
+        fp8 = run_sets(problem_sets(tokens), tokens, run_fp8, fp8_operations, bench, knob_list)
         ratios = [row.get("best vs _scaled_grouped_mm") for row in fp8]
         fsummary = {"problems": len(fp8), "geomean best vs _scaled_grouped_mm": round(geomean(ratios) or 0, 3),
                     "min best vs _scaled_grouped_mm": min((r for r in ratios if r), default=None),
@@ -744,10 +753,10 @@ def main() -> None:
         print_table("summary (fp8 row-wise)", [fsummary])
         payload.update(fp8=fp8, fp8_summary=fsummary)
     if "blockwise" in parts:
-        blockwise = run_sets(problem_sets(tokens), tokens, run_blockwise, blockwise_operations, bench)
+        blockwise = run_sets(problem_sets(tokens), tokens, run_blockwise, blockwise_operations, bench, knob_list)
         payload.update(blockwise=blockwise)  # its summary follows the forward part (it joins the bf16 best)
     if "masked" in parts:
-        masked = run_sets(problem_sets(tokens, layout="masked"), tokens, run_masked, operations, bench)
+        masked = run_sets(problem_sets(tokens, layout="masked"), tokens, run_masked, operations, bench, knob_list)
         ratios = [row.get("best vs _grouped_mm") for row in masked]
         tuned = [row.get("tuned vs _grouped_mm") for row in masked]
         msummary = {"problems": len(masked), "geomean best vs _grouped_mm": round(geomean(ratios) or 0, 3),
@@ -769,7 +778,7 @@ def main() -> None:
         write_json(args.out, payload)
         return
     ops = operations()
-    rows = run_sets(problem_sets(tokens), tokens, run_problem, lambda: ops, bench)
+    rows = run_sets(problem_sets(tokens), tokens, run_problem, lambda: ops, bench, knob_list)
     tiles = sorted({tile for row in rows for tile in row["_tiles"]})
     fixed = {tile: geomean(row["_torch_us"] / row["_tiles"][tile] if row["_tiles"].get(tile) else None
                            for row in rows) for tile in tiles}
