@@ -23,7 +23,8 @@ heats over a large set's seconds of tiles, which favours torch; the paired ratio
 Weight gradient (``--parts wgrad``): each expert's dW = dY_e^T X_e as one K-grouped GEMM (K = the expert's tokens; A
 a column-major view of the packed dY, B a row-major view of the packed X, host sizes), against a loop of torch.mm per
 expert (replayed from a CUDA graph, so without host gaps) and torch._grouped_mm's 2-D x 2-D form (offsets along K);
-"tuned" also tries the group scheduler's raster and swizzle knobs on the two best tiles. Goal: >= 1.0x both.
+"tuned" also tries the group scheduler's raster and swizzle knobs on the two best tiles (``--swizzle-8`` adds
+swizzle 8 to the swizzles 1, 2 and 4 tried, in every part). Goal: >= 1.0x both.
 
 fp8 (``--parts fp8``): the contiguous forward sets in e4m3 with row-wise scales (float32 per token and per expert
 output channel, ``scales="rowwise"``), bf16 output, against ``torch._scaled_grouped_mm`` with the same scales and fast
