@@ -304,7 +304,7 @@ def run_problem(name: str, problem, ops, bench, knob_list=KNOBS) -> dict:
         configs = {}
         knobbed = tune_knobs(ops, timed, bench, lambda op, **knobs: GemmGroupedArguments(
             op, device_counts, A, B3, None, out, **knobs), out, lambda: error_of(out), configs=configs,
-                             knob_list=knob_list)
+            knob_list=knob_list)
         if knobbed and min(knobbed.values()) < timed[best]:
             choice = min(knobbed, key=knobbed.get)
             row.update({"tuned": choice, "tuned us": round(knobbed[choice], 1),
