@@ -243,6 +243,76 @@ def draw_gemmarray90(rng):
     return cfg
 
 
+FLOAT_OUTPUTS = ("float16", "bfloat16", "float32")
+
+
+def draw_moe90(rng):
+    """A GemmOperationGrouped(90) for the MoE layouts (group sizes in a device tensor: packed tokens or the masked
+    slabs): 16-bit operands, A and C row-major, a 16- or 32-bit float D, the grouped kernel's schedules, a per-group
+    bias now and then."""
+    math = draw_sm90_math(rng, elements=(D.float16, D.bfloat16))
+    cfg = dict(family="moe90", cc=90, **draw_sm90_tile(rng, 16), **draw_common(rng, math, False))
+    for key in ("a_align", "b_align"):
+        if rng.random() < 0.9:
+            cfg[key] = 8
+    if cfg["c_elem"] not in FLOAT_OUTPUTS or rng.random() < 0.8:
+        cfg["c_elem"] = rng.choice(FLOAT_OUTPUTS)
+        cfg["c_align"] = 128 // D[cfg["c_elem"]].bits
+    if cfg["epilogue"] == "FastLinearCombinationClamp" or cfg.get("element_epilogue") == "int32":
+        cfg.update(epilogue="LinearCombination", element_epilogue=None)
+    cfg["layouts"] = ["RowMajor", rng.choice(["RowMajor", "ColumnMajor"]), "RowMajor"]
+    if rng.random() < 0.6:  # the grouped kernel's own schedules and scheduler
+        cfg["tile_scheduler"] = "Default"
+        cfg["kernel_schedule"] = rng.choice(["Auto", "TmaWarpSpecializedCooperative", "TmaWarpSpecializedPingpong"])
+        cfg["epilogue_schedule"] = "Auto"
+    cfg["swizzle"] = rng.choice(["IdentitySwizzle1", "IdentitySwizzle2", "IdentitySwizzle4", "IdentitySwizzle8"])
+    cfg["precompute_mode"] = "Device"
+    cfg["bias"] = rng.choice([None, None, "column", "row"])
+    return draw_epilogue_tile(cfg)
+
+
+SCALED_FORMS = ("blockwise", "grouped_blockwise", "grouped_rowwise")
+
+
+def draw_scaled90(rng):
+    """An SM90 GEMM with scales: fp8 with block-wise scales (dense, or grouped with device-side sizes), or a grouped
+    GEMM with row-wise scales (fp8 or 16-bit operands, host-side sizes). Mostly drawn inside what the scaled main
+    loops take (tile N and K 128 for block-wise, float outputs, no bias), now and then outside it."""
+    form = rng.choice(SCALED_FORMS)
+    fp8 = form != "grouped_rowwise" or rng.random() < 0.6
+    element = D[rng.choice(("float8_e4m3", "float8_e5m2") if fp8 else ("float16", "bfloat16"))]
+    math = draw_sm90_math(rng, elements=(element,))
+    cfg = dict(family="scaled90", cc=90, form=form, scales=form.split("_")[-1], **draw_sm90_tile(rng, element.bits),
+               **draw_common(rng, math, False))
+    if fp8 and rng.random() < 0.5:
+        cfg["b_elem"] = rng.choice(("float8_e4m3", "float8_e5m2"))
+    for key in ("a_align", "b_align"):
+        if rng.random() < 0.9:
+            cfg[key] = 128 // element.bits
+    if rng.random() < 0.85:
+        cfg["c_elem"] = rng.choice(FLOAT_OUTPUTS)
+        cfg["c_align"] = 128 // D[cfg["c_elem"]].bits
+    if rng.random() < 0.85:
+        cfg["epilogue"] = rng.choice(("LinearCombination", "LinearCombinationGeneric"))
+        cfg["element_epilogue"] = rng.choice((None, "float32"))
+    if form != "grouped_rowwise" and rng.random() < 0.8:
+        cfg["tb"][1:] = [128, 128]
+        cfg["kernel_schedule"] = rng.choice(("Auto", "TmaWarpSpecializedCooperative", "TmaWarpSpecializedPingpong"))
+    if rng.random() < 0.8:
+        cfg["tile_scheduler"] = "Default"
+    if rng.random() < 0.7:
+        cfg["epilogue_schedule"] = "Auto"
+    cfg["layouts"] = ["RowMajor", "ColumnMajor", rng.choice(["RowMajor", "ColumnMajor"])] if fp8 else \
+        [rng.choice(["RowMajor", "ColumnMajor"]) for _ in range(3)]
+    if form == "grouped_blockwise":  # device-side sizes only: packed A and D
+        cfg["layouts"][2] = "RowMajor"
+    if form.startswith("grouped"):
+        cfg["precompute_mode"] = "Device"
+    cfg["swizzle"] = rng.choice(["IdentitySwizzle1", "IdentitySwizzle2", "IdentitySwizzle4", "IdentitySwizzle8"])
+    cfg["bias"] = None
+    return draw_epilogue_tile(cfg, chance=0.2)
+
+
 EVT_ACTIVATIONS = ("relu", "sigmoid", "tanh", "silu", "hardswish", "gelu", "gelu_taylor", "leaky_relu")
 
 
@@ -411,10 +481,14 @@ def draw_splitk90(rng):
 
 DRAWERS = {"gemm80": draw_gemm80, "conv80": draw_conv80, "gemm90": draw_gemm90, "conv90": draw_conv90,
            "grouped80": draw_grouped80, "grouped90": draw_grouped90, "gemmarray90": draw_gemmarray90,
-           "evt80": draw_evt80, "splitk80": draw_splitk80, "splitk90": draw_splitk90}
+           "evt80": draw_evt80, "splitk80": draw_splitk80, "splitk90": draw_splitk90, "moe90": draw_moe90,
+           "scaled90": draw_scaled90}
 
 
 # --- building ------------------------------------------------------------------------------------------------------
+GROUPED_FAMILIES = ("grouped80", "grouped90", "moe90", "scaled90")  # scaled90: its grouped forms (blockwise: above)
+
+
 def _epilogue(cfg):
     out, acc = D[cfg["c_elem"]], D[cfg["acc"]]
     ee = D[cfg["element_epilogue"]] if cfg.get("element_epilogue") else None
@@ -433,7 +507,8 @@ def build(cfg):
     """The configuration's main operation (for "splitk80" / "splitk90": the producer of the partial sums)."""
     if cfg.get("producer"):
         return build(dict(cfg, family=cfg["producer"], producer=None))
-    math = cutlass.MathInstruction(cfg["inst"], D[cfg["element"]], D[cfg["element"]], D[cfg["acc"]],
+    element_b = D[cfg["b_elem"]] if cfg["b_elem"] != cfg["a_elem"] else D[cfg["element"]]  # mixed fp8 pairs
+    math = cutlass.MathInstruction(cfg["inst"], D[cfg["element"]], element_b, D[cfg["acc"]],
                                    cutlass.OpClass[cfg["opclass"]], cutlass.MathOperation[cfg["math_op"]])
     extra = {}
     if "cluster" in cfg:
@@ -453,15 +528,19 @@ def build(cfg):
         tree = evt_class(cfg["tree"])(epilogue, tile, D[cfg["acc"]], C.alignment, D.float32, C.element)
         tree.initialize()
         op = cutlass.GemmOperationUniversal(cfg["cc"], tile, A, B, C, tree, swizzle, visitor=True)
-    elif cfg["family"].startswith("gemm"):
+    elif cfg["family"].startswith("gemm") or cfg.get("form") == "blockwise":
         kwargs = {"bias": cfg["bias"]} if cfg.get("bias") else {}
+        if cfg.get("scales"):
+            kwargs["scales"] = cfg["scales"]
         if cfg.get("array"):
             kwargs["array"] = True
         if cfg.get("direct_store"):
             kwargs["direct_store"] = True
         op = cutlass.GemmOperationUniversal(cfg["cc"], tile, A, B, C, epilogue, swizzle, **kwargs)
-    elif cfg["family"].startswith("grouped"):
+    elif cfg["family"] in GROUPED_FAMILIES:
         kwargs = {"bias": cfg["bias"]} if cfg.get("bias") else {}
+        if cfg.get("scales"):
+            kwargs["scales"] = cfg["scales"]
         op = cutlass.GemmOperationGrouped(cfg["cc"], tile, A, B, C, epilogue, swizzle,
                                           cutlass.SchedulerMode[cfg["precompute_mode"]], **kwargs)
     else:

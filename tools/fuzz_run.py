@@ -30,8 +30,12 @@ per-group bias now and then; NVRTC), ``gemmarray90`` (--array90; ``GemmOperation
 Mode.Array on lists of 1 to 5 matrices; NVRTC), ``evt80`` (--evt80; Sm80-family GEMMs whose epilogue is a random
 visitor tree, ``tools/fuzz_accept.py::draw_evt_tree``; NVRTC), ``splitk80`` (--splitk80; parallel split-K: an
 Sm80-family GEMM, now and then an NHWC conv2d, writing partial sums with a plain LinearCombination, and the
-ReductionOperation that sums them into D with its own epilogue; both nvcc) and ``splitk90`` (--splitk90; the same
-with an SM90 GEMM producer, GemmSplitKParallel's L mode over equal K slices; both NVRTC). The parent compiles each
+ReductionOperation that sums them into D with its own epilogue; both nvcc), ``splitk90`` (--splitk90; the same
+with an SM90 GEMM producer, GemmSplitKParallel's L mode over equal K slices; both NVRTC), ``moe90`` (--moe90; SM90
+grouped GEMMs with the group sizes in a device tensor: packed tokens or the masked layout, M or (M, N, K) per group,
+skewed counts with empty groups, now and then captured in a CUDA graph and replayed with new sizes; NVRTC) and
+``scaled90`` (--scaled90; fp8 with block-wise scales, dense or grouped on device sizes, and grouped GEMMs with
+row-wise scales on fp8 or 16-bit operands; NVRTC). The parent compiles each
 (backend, arch) group with ``add_module(ops, jobs=--jobs)`` (every operation of a configuration: ``fuzz_accept.build_all``; a failing
 batch is recompiled one operation at a time, to attribute the failures), then starts ``fuzz_run.py --one '<json>'``
 per configuration (``--parallel`` at a time, each with ``--timeout`` seconds). The child rebuilds the operations from
@@ -91,7 +95,7 @@ DONE_MARK = "FUZZ-DONE"     # the child finished its cases (what follows is tear
 DEFECTS = ("COMPILE-FAIL", "WRONG", "ERROR", "CRASH", "HANG", "MEMCHECK")
 STATUSES = ("ok", "argument-rejected") + DEFECTS
 FAMILIES = ("gemm80", "gemm90", "conv80", "conv90", "grouped80", "grouped90", "gemmarray90",
-            "evt80", "splitk80", "splitk90")  # drawn in this order
+            "evt80", "splitk80", "splitk90", "moe90", "scaled90")  # drawn in this order
 D = cutlass.DataType
 
 
@@ -400,10 +404,91 @@ def draw_splitk_problem(cfg, op, rng, attempt):
     return dict(sizes, **split)
 
 
+def _skewed_counts(rng, groups, total, empty):
+    """M per group summing to at most ``total``: lognormal weights (an MoE router's skew), ``empty`` groups at 0."""
+    weights = [rng.lognormvariate(0.0, 1.0) for _ in range(groups)]
+    for index in rng.sample(range(groups), min(empty, groups)):
+        weights[index] = 0.0
+    whole = sum(weights) or 1.0
+    return [int(total * w / whole) for w in weights]
+
+
+def _group_sizes(rng, counts, n, k, need, columns):
+    """(groups,) M only, or (groups, 3) rows of M and each group's own N <= n and K <= k (multiples of what the
+    alignments need, now and then 0)."""
+    if columns == 1:
+        return list(counts)
+    rows = []
+    for m in counts:
+        n_g = n if rng.random() < 0.5 else _round_up(rng.randint(0, n), need["n"]) if n else 0
+        k_g = k if rng.random() < 0.5 else _round_up(rng.randint(0, k), need["k"]) if k else 0
+        rows.append([m, min(n_g, n), min(k_g, k)])
+    return rows
+
+
+def draw_moe_problem(cfg, op, rng, attempt):
+    """Group sizes on the device (the MoE layouts): packed tokens (one A of ``rows`` x K, each group's rows after the
+    previous group's) or the masked layout (each group a slab of ``capacity`` rows); (groups,) M or (groups, 3) sizes;
+    skewed counts with empty groups; now and then captured in a CUDA graph and replayed with new sizes."""
+    need = _gemm_size_multiples(cfg, op)
+    groups = rng.choice([1, 2, 3, 5, 8, 16, 33, 64])
+    n, k = (_round_up(rng.randint(1, 320), need[dim]) for dim in "nk")
+    columns = 1 if rng.random() < 0.6 else 3
+    layout = rng.choice(["packed", "masked"])
+    problem = dict(layout=layout, groups=groups, n=n, k=k)
+    if layout == "packed":
+        problem.update(rows=rng.randint(1, 1500), with_c=rng.random() < 0.7)
+        total = problem["rows"]
+    else:
+        problem["capacity"] = rng.randint(1, 200)
+        total = groups * problem["capacity"]
+
+    def draw_sizes():
+        counts = _skewed_counts(rng, groups, rng.randint(0, total), rng.randint(0, groups // 3))
+        if layout == "masked":
+            counts = [min(m, problem["capacity"]) for m in counts]
+        return _group_sizes(rng, counts, n, k, need, columns)
+
+    problem["sizes"] = draw_sizes()
+    if attempt < 2 and rng.random() < 0.4:
+        problem["replay"] = draw_sizes()
+    return problem
+
+
+def draw_scaled_problem(cfg, op, rng, attempt):
+    """Block-wise (dense): M, N, K within the alignments, K and N often over several 128-blocks and ending in a
+    partial one; grouped block-wise: device sizes as the MoE layouts (packed or masked); grouped row-wise: host
+    sizes, packed scale vectors or lists of them."""
+    need = _gemm_size_multiples(cfg, op)
+    form = cfg["form"]
+    if form == "blockwise":
+        m, n = (_round_up(rng.randint(1, 600), need[dim]) for dim in "mn")
+        k = _round_up(rng.randint(1, 1100), need["k"])
+        return dict(m=m, n=n, k=k, alpha=round(rng.uniform(0.5, 2.0), 3), beta=rng.choice([0.0, -0.5, 1.0]))
+    if form == "grouped_blockwise":
+        groups = rng.choice([1, 2, 3, 5, 8, 16, 33])
+        n, k = _round_up(rng.randint(1, 400), need["n"]), _round_up(rng.randint(1, 700), need["k"])
+        masked = rng.random() < 0.4
+        rows = rng.randint(1, 200) if masked else rng.randint(1, 1500)
+        counts = _skewed_counts(rng, groups, groups * rows if masked else rows, rng.randint(0, groups // 3))
+        if masked:
+            counts = [min(m, rows) for m in counts]
+        return dict(groups=groups, n=n, k=k, rows=rows, masked=masked,
+                    sizes=_group_sizes(rng, counts, n, k, need, 1 if rng.random() < 0.6 else 3),
+                    alpha=round(rng.uniform(0.5, 2.0), 3), beta=rng.choice([0.0, 0.0, -0.5, 1.25]))
+    problem = draw_problem(dict(cfg, family="grouped90"), op, rng, attempt)
+    problem["scale_form"] = rng.choice(["packed", "lists"])
+    return problem
+
+
 def draw_problem(cfg, op, rng, attempt):
     """A random problem within what the operation's alignments allow (later attempts: stride and dilation 1)."""
     if cfg["family"] in ("splitk80", "splitk90"):
         return draw_splitk_problem(cfg, op, rng, attempt)
+    if cfg["family"] == "moe90":
+        return draw_moe_problem(cfg, op, rng, attempt)
+    if cfg["family"] == "scaled90":
+        return draw_scaled_problem(cfg, op, rng, attempt)
     if cfg["family"].startswith("gemm"):
         return draw_gemm_problem(cfg, op, rng, attempt)
     if cfg["family"] == "evt80":  # N a multiple of C's alignment, K of A's and B's; now and then a batch or numpy
@@ -610,11 +695,101 @@ def run_splitk(cfg, op, problem, seed):
     check(reduction, got, reference, tol=splitk_tolerance(op, reduction))
 
 
+def run_moe(cfg, op, problem, seed):
+    """Device-side sizes (tests/gpu/test_gemm_grouped_sm90.py's Packed and Masked: NaN-poisoned D with guard rows,
+    every group's rows against float64, nothing written elsewhere); with ``replay``, the run captured once in a CUDA
+    graph and replayed with the drawn sizes and then new ones written in place."""
+    import numpy as np
+    import torch
+
+    from tests.gpu.test_gemm_grouped_sm90 import Masked, Packed, _device_sizes
+
+    p = problem
+    bias = op.bias is not None
+    if p["layout"] == "packed":
+        data = Packed(op, p["groups"], p["rows"], p["n"], p["k"], seed=seed, with_c=p["with_c"], bias=bias)
+    else:
+        data = Masked(op, p["groups"], p["capacity"], p["n"], p["k"], seed=seed, bias=bias)
+    alpha, beta = _alpha_beta(op.C.element, op.epilogue_functor)
+    sizes = _device_sizes(p["sizes"])
+    stream = torch.cuda.Stream() if p.get("replay") else None
+    args = data.arguments(sizes, alpha=alpha, beta=beta, **({"stream": stream} if stream else {}))
+    tol = tolerance(op)
+
+    def check_sizes(values):
+        Measured.checked, Measured.tolerance = True, tol  # Packed / Masked compare each group against float64
+        data.check(values, tol)
+        flags = args.size_flags()
+        assert flags == 0, f"the sizes kernel flagged in-bounds sizes: {flags:#x}"
+
+    if not p.get("replay"):
+        op.run(args)
+        args.sync()
+        check_sizes(p["sizes"])
+        return
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        op.run(args)
+    for values in (p["sizes"], p["replay"]):
+        sizes.copy_(torch.from_numpy(np.asarray(values, dtype=np.int32)).to(sizes.device))
+        data.guarded.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check_sizes(values)
+    del graph
+
+
+def run_scaled(cfg, op, problem, seed):
+    """The GPU suites' runners for scaled fp8 (and row-wise 16-bit) operations, each against float64 of the
+    dequantized operands: tests/gpu/test_gemm_sm90_blockwise.py (dense block-wise),
+    test_gemm_grouped_sm90_blockwise.py's Experts (grouped block-wise, device sizes) and
+    test_gemm_grouped_sm90_fp8.py's run_rowwise (grouped row-wise, host sizes)."""
+    import torch
+
+    p = problem
+    if cfg["form"] == "blockwise":
+        from tests.gpu.test_gemm_sm90_blockwise import TOLERANCES, run_blockwise
+
+        error = run_blockwise(op, p["m"], p["n"], p["k"], seed=seed, alpha=p["alpha"], beta=p["beta"])
+        Measured.checked = True
+        Measured.error, Measured.tolerance = float(error), TOLERANCES[op.C.element]
+        assert error < Measured.tolerance, f"relative error {error:.3e} (tolerance {Measured.tolerance:.1e})"
+        return
+    if cfg["form"] == "grouped_blockwise":
+        from tests.gpu.test_gemm_grouped_sm90_blockwise import Experts
+
+        experts = Experts(op, p["groups"], p["rows"], p["n"], p["k"], seed=seed, masked=p["masked"])
+        sizes = torch.tensor(p["sizes"], dtype=torch.int32, device="cuda")
+        args = experts.arguments(sizes, alpha=p["alpha"], beta=p["beta"])
+        op.run(args)
+        args.sync()
+        problems = [(m, p["n"], p["k"]) if isinstance(m, int) else tuple(m) for m in p["sizes"]]
+        Measured.checked = True  # Experts.check compares each group against float64, then the NaN poison
+        experts.check(problems, alpha=p["alpha"], beta=p["beta"])
+        flags = args.size_flags()
+        assert flags == 0, f"the sizes kernel flagged in-bounds sizes: {flags:#x}"
+        return
+    from tests.gpu import test_gemm_grouped_sm90_fp8 as rowwise_suite
+
+    try:
+        rowwise_suite.run_rowwise(op, p["scale_form"], [tuple(size) for size in p["groups"]], seed)
+    except AssertionError as error:  # its comparison names the groups; anything else failed before comparing
+        Measured.checked = str(error).startswith("group ")
+        raise
+
+
 def run_problem(cfg, op, problem, seed):
     """Run one case; raises what the runner raises."""
     gemm_suite, conv_suite = _suites()
     if cfg["family"] in ("splitk80", "splitk90"):
         run_splitk(cfg, op, problem, seed)
+        return
+    if cfg["family"] == "moe90":
+        run_moe(cfg, op, problem, seed)
+        return
+    if cfg["family"] == "scaled90":
+        run_scaled(cfg, op, problem, seed)
         return
     if cfg["family"].startswith("grouped"):
         run_grouped(cfg, op, problem, seed)
@@ -899,6 +1074,8 @@ def describe(cfg) -> str:
     if cfg.get("tree"):
         epilogue = "tree: " + "; ".join(line.strip() for line in cfg["tree"].splitlines()[1:])
     parts += [epilogue, f"swizzle {cfg['swizzle']}"]
+    if cfg.get("scales"):
+        parts.append(f"scales {cfg['scales']}" + (" grouped" if cfg["form"].startswith("grouped") else ""))
     if cfg.get("reduction"):
         parts.append(_reduction_text(cfg))
     return ", ".join(parts)
@@ -921,8 +1098,16 @@ def _problem_text(problem) -> str:
         extras = "".join(f" {key}={problem[key]}" for key in ("batch", "array", "knobs", "lib", "slices", "workspace")
                          if key in problem)
         return f"M={problem['m']} N={problem['n']} K={problem['k']}{extras}"
+    if "sizes" in problem:  # device-side sizes: the layout, the bounds, the sizes (and the replay's)
+        layout = problem.get("layout") or ("masked" if problem.get("masked") else "packed")
+        bound = f"capacity {problem['capacity']}" if "capacity" in problem else f"rows {problem['rows']}"
+        sizes = " ".join("x".join(map(str, size)) if isinstance(size, list) else str(size)
+                         for size in problem["sizes"])
+        extras = " replayed with new sizes" if problem.get("replay") else ""
+        return f"{layout} {problem['groups']} groups, {bound}, N={problem['n']} K={problem['k']}: {sizes}{extras}"
     if "groups" in problem:
-        return "groups " + " ".join("x".join(map(str, size)) for size in problem["groups"])
+        extras = f" scales {problem['scale_form']}" if "scale_form" in problem else ""
+        return "groups " + " ".join("x".join(map(str, size)) for size in problem["groups"]) + extras
     p = problem
     extras = "".join(f" {key}={p[key]}" for key in ("split_k", "lib", "workspace") if key in p)
     return (f"N={p['n']} H={p['h']} W={p['w']} C={p['c']} K={p['k']} R={p['r']} S={p['s']} pad={p['pad']} "
@@ -968,7 +1153,8 @@ def _interrupt(signum, frame):
 def family_counts(args) -> dict:
     return {"gemm80": args.sm80, "gemm90": args.sm90, "conv80": args.conv80, "conv90": args.conv90,
             "grouped80": args.grouped80, "grouped90": args.grouped90, "gemmarray90": args.array90,
-            "evt80": args.evt80, "splitk80": args.splitk80, "splitk90": args.splitk90}
+            "evt80": args.evt80, "splitk80": args.splitk80, "splitk90": args.splitk90, "moe90": args.moe90,
+            "scaled90": args.scaled90}
 
 
 def orchestrate(args, plan):
@@ -1091,6 +1277,12 @@ def parse(argv=None):
                         help="Sm80-family parallel split-K GEMMs / conv2ds and their ReductionOperations (splitk80)")
     parser.add_argument("--splitk90", type=int, default=0,
                         help="SM90 GEMM parallel split-K (the L mode) and its ReductionOperations (splitk90)")
+    parser.add_argument("--moe90", type=int, default=0,
+                        help="SM90 grouped GEMMs with group sizes on the device: packed tokens and the masked "
+                             "layout, now and then replayed from a CUDA graph with new sizes (moe90)")
+    parser.add_argument("--scaled90", type=int, default=0,
+                        help="SM90 GEMMs with scales: fp8 block-wise (dense, and grouped with device sizes) and "
+                             "grouped row-wise (scaled90)")
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=16, help="parallel compile units")
     parser.add_argument("--parallel", type=int, default=8, help="child processes at once (sharing the GPU)")

@@ -248,7 +248,61 @@ def test_grouped_configurations_draw_and_rebuild(capsys):
     assert "5 configurations: {'grouped80': 3, 'grouped90': 2}" in printed and "REBUILDS AS" not in printed
 
 
-@pytest.mark.parametrize("family", ["gemm80", "splitk80"])
+def test_moe_and_scaled_families_draw_after_the_others_and_rebuild(capsys):
+    """moe90 and scaled90 come after every other family (earlier seeds draw what they drew); they rebuild under
+    their names with NVRTC, and their problems stay inside what the layouts take: packed sizes within the rows,
+    masked ones within the capacity, per-group N and K within the bounds and aligned, block-wise sizes aligned."""
+    import random
+
+    import pycutlass as cutlass
+
+    counts = {"gemm80": 2, "gemm90": 2, "grouped90": 2}
+    base = fuzz_run.draw_plan(23, counts)
+    plan = fuzz_run.draw_plan(23, dict(counts, moe90=6, scaled90=9))
+    assert [(e["name"], e["cfg"]) for e, _ in plan[:len(base)]] == [(e["name"], e["cfg"]) for e, _ in base]
+    drawn = plan[len(base):]
+    assert [e["family"] for e, _ in drawn] == ["moe90"] * 6 + ["scaled90"] * 9
+    assert {e["backend"] for e, _ in drawn} == {"nvrtc"}
+    forms = collections.Counter(e["cfg"]["form"] for e, _ in drawn if e["family"] == "scaled90")
+    assert len(forms) >= 2, forms
+    layouts, replays = collections.Counter(), 0
+    for entry, op in drawn:
+        cfg = entry["cfg"]
+        need = fuzz_run._gemm_size_multiples(cfg, op)
+        if cfg["family"] == "moe90" or cfg["form"].startswith("grouped"):
+            assert isinstance(op, cutlass.GemmOperationGrouped)
+        else:
+            assert isinstance(op, cutlass.GemmOperationUniversal) and op.scales == "blockwise"
+        for attempt in range(8):
+            problem = fuzz_run.draw_problem(cfg, op, random.Random(entry["seed"] + attempt), attempt % 3)
+            if cfg["family"] == "scaled90" and cfg["form"] == "blockwise":
+                assert all(problem[dim] > 0 and problem[dim] % need[dim] == 0 for dim in "mnk"), problem
+                continue
+            if cfg["family"] == "scaled90" and cfg["form"] == "grouped_rowwise":
+                assert problem["scale_form"] in ("packed", "lists") and problem["groups"]
+                continue
+            masked = problem.get("layout") == "masked" or problem.get("masked")
+            layouts["masked" if masked else "packed"] += 1
+            replays += bool(problem.get("replay"))
+            bound = problem["capacity"] if "capacity" in problem else problem["rows"]
+            for sizes in [problem["sizes"]] + ([problem["replay"]] if problem.get("replay") else []):
+                assert len(sizes) == problem["groups"]
+                rows = [size if isinstance(size, int) else size[0] for size in sizes]
+                assert min(rows) >= 0 and (max(rows) <= bound if masked else sum(rows) <= bound), problem
+                for size in sizes:
+                    if isinstance(size, list):
+                        m, n, k = size
+                        assert 0 <= n <= problem["n"] and 0 <= k <= problem["k"]
+                        assert n % need["n"] == 0 and k % need["k"] == 0, (size, need)
+    assert layouts["masked"] and layouts["packed"] and replays
+    fuzz_run.main(["--sm80", "0", "--sm90", "0", "--conv80", "0", "--conv90", "0", "--moe90", "2", "--scaled90", "3",
+                   "--seed", "23", "--dry-run"])
+    printed = capsys.readouterr().out
+    assert "5 configurations: {'moe90': 2, 'scaled90': 3}" in printed and "REBUILDS AS" not in printed
+    assert printed.count(", scales ") == 3
+
+
+@pytest.mark.parametrize("family", ["gemm80", "splitk80", "moe90", "scaled90"])
 def test_real_child_without_cuda_reports_an_error_not_a_crash(family):
     """The real child rebuilds the operations (for splitk80 both, names checked) and runs the first case up to the
     first CUDA call: an ERROR naming CUDA with the drawn problem, not a crash."""
@@ -262,8 +316,12 @@ def test_real_child_without_cuda_reports_an_error_not_a_crash(family):
     problem = records[0]["problem"]
     if family == "gemm80":
         assert {"m", "n", "k"} <= set(problem)  # (and the runner's own keys: knobs, lib)
-    else:
+    elif family == "splitk80":
         assert {"slices", "workspace"} <= set(problem) or "split_k" in problem
+    elif family == "moe90":
+        assert {"layout", "groups", "n", "k", "sizes"} <= set(problem)
+    else:
+        assert {"m", "n", "k"} <= set(problem) or "sizes" in problem or "scale_form" in problem
 
 
 def test_tolerance_and_check():
