@@ -257,15 +257,15 @@ def test_moe_and_scaled_families_draw_after_the_others_and_rebuild(capsys):
     import pycutlass as cutlass
 
     counts = {"gemm80": 2, "gemm90": 2, "grouped90": 2}
-    base = fuzz_run.draw_plan(23, counts)
-    plan = fuzz_run.draw_plan(23, dict(counts, moe90=6, scaled90=9))
+    base = fuzz_run.draw_plan(29, counts)
+    plan = fuzz_run.draw_plan(29, dict(counts, moe90=6, scaled90=9))
     assert [(e["name"], e["cfg"]) for e, _ in plan[:len(base)]] == [(e["name"], e["cfg"]) for e, _ in base]
     drawn = plan[len(base):]
     assert [e["family"] for e, _ in drawn] == ["moe90"] * 6 + ["scaled90"] * 9
     assert {e["backend"] for e, _ in drawn} == {"nvrtc"}
     forms = collections.Counter(e["cfg"]["form"] for e, _ in drawn if e["family"] == "scaled90")
     assert len(forms) >= 2, forms
-    layouts, replays = collections.Counter(), 0
+    layouts, scale_forms, replays = collections.Counter(), collections.Counter(), 0
     for entry, op in drawn:
         cfg = entry["cfg"]
         need = fuzz_run._gemm_size_multiples(cfg, op)
@@ -279,8 +279,11 @@ def test_moe_and_scaled_families_draw_after_the_others_and_rebuild(capsys):
                 assert all(problem[dim] > 0 and problem[dim] % need[dim] == 0 for dim in "mnk"), problem
                 continue
             if cfg["family"] == "scaled90" and cfg["form"] == "grouped_rowwise":
-                assert problem["scale_form"] in ("packed", "lists") and problem["groups"]
-                continue
+                scale_forms[problem["scale_form"]] += 1
+                if problem["scale_form"] != "device":  # host sizes, packed scale vectors or lists of them
+                    assert problem["scale_form"] in ("packed", "lists") and problem["groups"]
+                    continue
+                assert all(isinstance(size, int) for size in problem["sizes"])  # counts and scales on the device
             masked = problem.get("layout") == "masked" or problem.get("masked")
             layouts["masked" if masked else "packed"] += 1
             replays += bool(problem.get("replay"))
@@ -294,7 +297,7 @@ def test_moe_and_scaled_families_draw_after_the_others_and_rebuild(capsys):
                         m, n, k = size
                         assert 0 <= n <= problem["n"] and 0 <= k <= problem["k"]
                         assert n % need["n"] == 0 and k % need["k"] == 0, (size, need)
-    assert layouts["masked"] and layouts["packed"] and replays
+    assert layouts["masked"] and layouts["packed"] and replays and scale_forms["device"]
     fuzz_run.main(["--sm80", "0", "--sm90", "0", "--conv80", "0", "--conv90", "0", "--moe90", "2", "--scaled90", "3",
                    "--seed", "23", "--dry-run"])
     printed = capsys.readouterr().out

@@ -433,6 +433,8 @@ def test_blockwise_scales_arguments(monkeypatch):
     from pycutlass.gemm import GemmCoord, Mode
     from pycutlass.kinds.gemm_sm90.arguments import GemmArgumentsSm90
 
+    from .test_gemm_grouped_sm90 import _FakeDeviceTensor
+
     device = _FakeDevice()
 
     def materialize(self):
@@ -454,17 +456,25 @@ def test_blockwise_scales_arguments(monkeypatch):
 
     bound = build().bind()
     assert type(bound).__name__ == "Sm90BlockwiseGemmArgs" and bound.ptr_scale_a == bound.ptr_scale_b == 0x100000
+    assert bound.scale_a_ld == m
+    padded = _FakeDeviceTensor((m, 3), "<f4", strides=(1, m + 4))  # K blocks padded apart, in device memory
+    assert build(scale_a=padded).bind().scale_a_ld == m + 4
     for kwargs, message in ((dict(scale_a=torch.ones(m, 3)), "M contiguous"),
-                            (dict(scale_a=torch.ones(3, m + 4).t()[:m]), "M contiguous|must be dense"),
+                            (dict(scale_a=_FakeDeviceTensor((m, 3), "<f4", strides=(1, m + 2))), "a multiple of 4"),
+                            (dict(scale_a=_FakeDeviceTensor((m, 3), "<f4", strides=(1, m - 4))), "ld >= M"),
                             (dict(scale_a=torch.ones(3, m, dtype=torch.float16).t()), "are float32"),
                             (dict(scale_b=torch.ones(2, 2)), "shape \\(2, 3\\)"),
                             (dict(scale_b=torch.ones(3, 2).t()), "row-major"),
                             (dict(scale_b=None), "pass scale_a= .* and scale_b=")):
         with pytest.raises(cutlass.ArgumentError, match=message):
             build(**kwargs)
-    with pytest.raises(cutlass.ArgumentError, match="M must be a multiple of 4"):
-        cutlass.GemmArguments(op, GemmCoord(m - 2, n, k), A[:m - 2], B, C[:m - 2], C[:m - 2].clone(),
-                              scale_a=torch.ones(3, m - 2).t(), scale_b=sb, sm_count=132)
+    # M not a multiple of 4: its K blocks must lie a multiple of 4 apart (DeepGEMM's TMA-aligned scale_a)
+    odd = dict(A=A[:m - 2], B=B, C=C[:m - 2], D=C[:m - 2].clone(), scale_b=sb, sm_count=132)
+    with pytest.raises(cutlass.ArgumentError, match=r"pad the K blocks: torch.empty\(3, 96\).t\(\)\[:94\]"):
+        cutlass.GemmArguments(op, GemmCoord(m - 2, n, k), scale_a=torch.ones(3, m - 2).t(), **odd)
+    padded = cutlass.GemmArguments(op, GemmCoord(m - 2, n, k), **odd,
+                                   scale_a=_FakeDeviceTensor((m - 2, 3), "<f4", strides=(1, m)))
+    assert padded.bind().scale_a_ld == m
     with pytest.raises(cutlass.ArgumentError, match="Mode.Gemm with one batch"):
         cutlass.GemmArguments(op, GemmCoord(m, n, k), torch.zeros(2, m, k, dtype=torch.float8_e4m3fn),
                               torch.zeros(2, n, k, dtype=torch.float8_e4m3fn).transpose(1, 2),

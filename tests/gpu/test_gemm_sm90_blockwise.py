@@ -65,9 +65,10 @@ def _scales(rng, shape):
     return 2.0 ** rng.uniform(-6, 4, shape)
 
 
-def run_blockwise(op, m, n, k, seed, alpha=1.0, beta=0.0):
+def run_blockwise(op, m, n, k, seed, alpha=1.0, beta=0.0, ld_pad=0):
     """One run against float64 of the dequantized operands: A[i, j] * sa[i, j // 128] and B[j, l] * sb[l // 128,
-    j // 128]; returns the relative error."""
+    j // 128]; returns the relative error. scale_a's K blocks lie M rounded up to 4 (+ ``ld_pad``) apart, as
+    DeepGEMM lays them out (compact where M is a multiple of 4)."""
     rng = np.random.default_rng(seed)
     a = random_values(rng, (m, k), op.A.element)
     b = random_values(rng, (k, n), op.B.element)
@@ -83,7 +84,9 @@ def run_blockwise(op, m, n, k, seed, alpha=1.0, beta=0.0):
     dtype = getattr(torch, {D.bfloat16: "bfloat16", D.float16: "float16", D.float32: "float32"}[op.C.element])
     out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda") if op.C.layout is R else \
         torch.full((n, m), float("nan"), dtype=dtype, device="cuda").t()
-    scale_a = torch.from_numpy(sa.astype(np.float32)).cuda().t().contiguous().t()  # (M, K blocks), M contiguous
+    storage = torch.zeros(k_blocks, -(-m // 4) * 4 + ld_pad, dtype=torch.float32, device="cuda")
+    storage[:, :m] = torch.from_numpy(sa.T.astype(np.float32)).cuda()
+    scale_a = storage.t()[:m]  # (M, K blocks), M contiguous
     scale_b = torch.from_numpy(sb.astype(np.float32)).cuda()
     args = cutlass.GemmArguments(op, GemmCoord(m, n, k), A, B, C, out,
                                  op.epilogue_type(alpha, beta, *_activation_args(op)), scale_a=scale_a, scale_b=scale_b)
@@ -103,6 +106,16 @@ def test_blockwise_scales_against_float64(key, shape):
         shape = (-(-shape[0] // 8) * 8, *shape[1:])
     error = run_blockwise(op, *shape, seed=sum(shape))
     assert error < TOLERANCES[op.C.element], f"{shape}: relative error {error:.3e}"
+
+
+@pytest.mark.parametrize("key", ["e4m3_coop_bf16", "e4m3_pp_64x128_c2x1_f32", "e4m3e5m2_coop_256x128_c1x2_f16_gelu"])
+@pytest.mark.parametrize("shape,ld_pad", [((259, 200, 1008), 0), ((1, 136, 384), 0), ((37, 264, 144), 0),
+                                          ((300, 256, 512), 12)])
+def test_any_m_on_a_padded_scale_a(key, shape, ld_pad):
+    """M not a multiple of 4 (one row, odd rows over several tiles), and a scale_a whose K blocks lie further apart
+    than M: the builder lays scale_a out with the caller's stride."""
+    error = run_blockwise(OPS[key], *shape, seed=sum(shape), ld_pad=ld_pad)
+    assert error < TOLERANCES[OPS[key].C.element], f"{shape}: relative error {error:.3e}"
 
 
 @pytest.mark.parametrize("key", ["e4m3_coop_bf16", "e4m3_pp_64x128_c2x1_f32", "e5m2e4m3_coop_c2x1_bf16cm"])

@@ -26,8 +26,10 @@ class Sm90GemmArgs(AbiStruct):
 
 class Sm90BlockwiseGemmArgs(AbiStruct):
     """Sm90GemmArgs for operations built with ``scales="blockwise"`` (fp8 with block-wise scales): the same fields,
-    then the two scale tensors (float32; their CuTe layouts are computed by the builder from the problem shape).
-    A struct of its own, so that the units of every other SM90 GEMM stay as they are."""
+    then the two scale tensors (float32; their CuTe layouts are computed by the builder from the problem shape, with
+    scale_a's K blocks ``scale_a_ld`` apart). A struct of its own, so that the units of every other SM90 GEMM stay as
+    they are."""
 
     _pointers_ = Sm90GemmArgs._pointers_ + ("ptr_scale_a", "ptr_scale_b")
-    _fields_ = Sm90GemmArgs._fields_ + [("ptr_scale_a", ctypes.c_uint64), ("ptr_scale_b", ctypes.c_uint64)]
+    _fields_ = Sm90GemmArgs._fields_ + [("ptr_scale_a", ctypes.c_uint64), ("ptr_scale_b", ctypes.c_uint64),
+                                        ("scale_a_ld", ctypes.c_int64)]

@@ -45,9 +45,10 @@ class GemmArgumentsSm90(GemmArguments):
       mode over ``split_k_slices`` equal K slices (K must divide evenly, each slice 16-byte aligned), one partial
       product per slice into a workspace of C's element; on an operation with the Default tile scheduler.
     - ``scale_a``, ``scale_b``: the float32 scales of an operation built with ``scales="blockwise"`` (Mode.Gemm):
-      scale_a of shape (M, ceil(K / 128)) with M contiguous (strides (1, M), e.g. ``s.t().contiguous().t()`` of a
-      row-major one), one per row and K block of A; M must be a multiple of 4 (TMA loads its rows); scale_b of
-      shape (ceil(N / 128), ceil(K / 128)), row-major, one per 128 x 128 block of B.
+      scale_a of shape (M, ceil(K / 128)) with M contiguous, one per row and K block of A, its K blocks ``ld``
+      apart (strides (1, ld)): ld >= M and a multiple of 4, since TMA moves 16-byte rows (``s.t().contiguous().t()``
+      of a row-major one where M is a multiple of 4; else ``torch.empty(kb, ld).t()[:M]``, DeepGEMM's
+      TMA-aligned form); scale_b of shape (ceil(N / 128), ceil(K / 128)), row-major, one per 128 x 128 block of B.
     """
 
     _runs_before_launch = False  # stream-K Arguments turn it on once their workspace exists
@@ -190,23 +191,30 @@ class GemmArgumentsSm90(GemmArguments):
         _, block_n, block_k = BLOCK_SCALE
         k_blocks = -(-k // block_k)
         found = []
-        for label, value, shape, strides in (("scale_a", scale_a, (m, k_blocks), (1, m)),
-                                             ("scale_b", scale_b, (-(-n // block_n), k_blocks), (k_blocks, 1))):
+        for label, value, shape in (("scale_a", scale_a, (m, k_blocks)), ("scale_b", scale_b,
+                                                                            (-(-n // block_n), k_blocks))):
             info = describe(value, label)
             if info.element is not DataType.float32:
                 raise ArgumentError(f"{label}: block-wise scales are float32, got {info.element.label}")
-            laid_out = len(info.shape) == 2 and all(extent == 1 or stride == want for extent, stride, want in
-                                                    zip(info.shape, info.strides, strides))
-            if tuple(info.shape) != shape or not laid_out:
-                order = "M contiguous (strides (1, M))" if label == "scale_a" else "row-major"
-                raise ArgumentError(f"{label}: expected a float32 tensor of shape {shape}, {order}; got shape "
-                                    f"{info.shape}, strides {info.strides}")
+            if tuple(info.shape) != shape:
+                raise ArgumentError(f"{label}: expected a float32 tensor of shape {shape}, got shape {info.shape}")
             found.append(info)
-        if m % 4:
-            raise ArgumentError(f"{self.operation.name}: with block-wise scales M must be a multiple of 4 (TMA loads "
-                                f"scale_a's columns of M float32 values in 16-byte units), got M = {m}; pad A, D and "
-                                f"scale_a")
-        return tuple(found)
+        scale_a_info, scale_b_info = found
+        # scale_a: M contiguous, K blocks ld apart (one K block: no step along K, so the compact ld)
+        unit, ld = scale_a_info.strides
+        ld = ld if k_blocks > 1 else -(-m // 4) * 4
+        if not (m == 1 or unit == 1) or ld < m or ld % 4:
+            raise ArgumentError(
+                f"scale_a: expected M contiguous with its K blocks ld apart, ld >= M and a multiple of 4 (TMA moves "
+                f"16-byte rows), i.e. strides (1, ld); got strides {scale_a_info.strides} for M = {m}"
+                + (f"; for M not a multiple of 4 pad the K blocks: torch.empty({k_blocks}, {-(-m // 4) * 4}).t()[:{m}]"
+                   if m % 4 else ""))
+        if not all(extent == 1 or stride == want for extent, stride, want in
+                   zip(scale_b_info.shape, scale_b_info.strides, (k_blocks, 1))):
+            raise ArgumentError(f"scale_b: expected a row-major float32 tensor of shape {scale_b_info.shape}; got "
+                                f"strides {scale_b_info.strides}")
+        self._scale_a_ld = ld
+        return scale_a_info, scale_b_info
 
     def _check_bias(self, info):
         op = self.operation
@@ -254,6 +262,7 @@ class GemmArgumentsSm90(GemmArguments):
         a.batch_stride_bias = getattr(self, "_bias_batch_stride", 0)
         if self._scale_tensors is not None:
             a.ptr_scale_a, a.ptr_scale_b = self.ptr_scales
+            a.scale_a_ld = self._scale_a_ld
         if self.gemm_mode is Mode.GemmSplitKParallel:  # the L mode over K slices, into the workspace's slices
             chunk = k // self.split_k_slices
             a.k, a.l, a.splits = chunk, self.split_k_slices, 1
