@@ -362,6 +362,28 @@ def test_device_sizes_lay_out_the_sizes_kernel_inputs(monkeypatch):
     assert args._sizes_struct.columns == 1 and args._sizes_struct.stand_in == 0
 
 
+@pytest.mark.parametrize("layout_b", ["column", "row"])
+def test_the_empty_k_stand_in_covers_a_and_b_at_their_bounds(monkeypatch, layout_b):
+    """K = 0 groups on device sizes read A (rows x K') and B (K' x N) from one zeroed stand-in: it holds the larger,
+    also where N is far above the rows (a masked slab of 20 rows, N 240: B's 240 columns of K' used to read past
+    it)."""
+    _fake_device(monkeypatch)
+    sizes_seen = []
+    real_zeros = _FakeTensors.zeros
+    monkeypatch.setattr(_FakeTensors, "zeros", lambda self, nbytes: sizes_seen.append(nbytes) or real_zeros(self, nbytes))
+    op = grouped90(D.float16, (R, CM if layout_b == "column" else R, R))
+    groups, capacity, n, k = 3, 20, 240, 64
+    sizes = _FakeDeviceTensor((groups, 3), "<i4")
+    A, D_ = _FakeDeviceTensor((groups, capacity, k)), _FakeDeviceTensor((groups, capacity, n))
+    B = _FakeDeviceTensor((groups, k, n), strides=(n * k, 1, k) if layout_b == "column" else None)
+    args = cutlass.GemmGroupedArguments(op, sizes, A, B, None, D_, op.epilogue_type(1.0, 0.0))
+    s = args._sizes_struct
+    assert args.masked and s.stand_in and s.k_stand_in == 8
+    b_extent = s.k_stand_in * n if layout_b == "column" else s.k_stand_in * s.stand_in_ldb
+    assert s.stand_in_ldb == (8 if layout_b == "column" else n)
+    assert max(sizes_seen) >= 2 * max(b_extent, s.k_stand_in * capacity)  # bytes of float16
+
+
 def test_the_sizes_kernel_block_is_as_wide_as_the_groups():
     """One warp for a few groups, the next power of two beyond, at most the template's 1024 threads (then each
     thread takes several groups)."""

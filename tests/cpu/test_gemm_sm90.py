@@ -461,20 +461,23 @@ def test_blockwise_scales_arguments(monkeypatch):
     assert build(scale_a=padded).bind().scale_a_ld == m + 4
     for kwargs, message in ((dict(scale_a=torch.ones(m, 3)), "M contiguous"),
                             (dict(scale_a=_FakeDeviceTensor((m, 3), "<f4", strides=(1, m + 2))), "a multiple of 4"),
-                            (dict(scale_a=_FakeDeviceTensor((m, 3), "<f4", strides=(1, m - 4))), "ld >= M"),
+                            (dict(scale_a=_FakeDeviceTensor((m, 3), "<f4", strides=(1, m - 4))), "ld >= 96"),
                             (dict(scale_a=torch.ones(3, m, dtype=torch.float16).t()), "are float32"),
                             (dict(scale_b=torch.ones(2, 2)), "shape \\(2, 3\\)"),
                             (dict(scale_b=torch.ones(3, 2).t()), "row-major"),
                             (dict(scale_b=None), "pass scale_a= .* and scale_b=")):
         with pytest.raises(cutlass.ArgumentError, match=message):
             build(**kwargs)
-    # M not a multiple of 4: its K blocks must lie a multiple of 4 apart (DeepGEMM's TMA-aligned scale_a)
+    # M not a multiple of 4: scale_a's rows padded to one (DeepGEMM's TMA-aligned scale_a), K blocks >= M4 apart
     odd = dict(A=A[:m - 2], B=B, C=C[:m - 2], D=C[:m - 2].clone(), scale_b=sb, sm_count=132)
-    with pytest.raises(cutlass.ArgumentError, match=r"pad the K blocks: torch.empty\(3, 96\).t\(\)\[:94\]"):
+    with pytest.raises(cutlass.ArgumentError, match=r"rows padded to 96 .* torch.empty\(3, 96\).t\(\)"):
         cutlass.GemmArguments(op, GemmCoord(m - 2, n, k), scale_a=torch.ones(3, m - 2).t(), **odd)
+    with pytest.raises(cutlass.ArgumentError, match=r"rows padded to 96"):
+        cutlass.GemmArguments(op, GemmCoord(m - 2, n, k), **odd,
+                              scale_a=_FakeDeviceTensor((m - 2, 3), "<f4", strides=(1, m)))
     padded = cutlass.GemmArguments(op, GemmCoord(m - 2, n, k), **odd,
-                                   scale_a=_FakeDeviceTensor((m - 2, 3), "<f4", strides=(1, m)))
-    assert padded.bind().scale_a_ld == m
+                                   scale_a=_FakeDeviceTensor((m, 3), "<f4", strides=(1, m + 8)))
+    assert padded.bind().scale_a_ld == m + 8
     with pytest.raises(cutlass.ArgumentError, match="Mode.Gemm with one batch"):
         cutlass.GemmArguments(op, GemmCoord(m, n, k), torch.zeros(2, m, k, dtype=torch.float8_e4m3fn),
                               torch.zeros(2, n, k, dtype=torch.float8_e4m3fn).transpose(1, 2),

@@ -67,8 +67,9 @@ def _scales(rng, shape):
 
 def run_blockwise(op, m, n, k, seed, alpha=1.0, beta=0.0, ld_pad=0):
     """One run against float64 of the dequantized operands: A[i, j] * sa[i, j // 128] and B[j, l] * sb[l // 128,
-    j // 128]; returns the relative error. scale_a's K blocks lie M rounded up to 4 (+ ``ld_pad``) apart, as
-    DeepGEMM lays them out (compact where M is a multiple of 4)."""
+    j // 128]; returns the relative error. scale_a is DeepGEMM's TMA-aligned form: its rows padded to a multiple of
+    4 (NaN in the padding, which must not reach D), its K blocks that many (+ ``ld_pad``) apart; compact where M is
+    a multiple of 4."""
     rng = np.random.default_rng(seed)
     a = random_values(rng, (m, k), op.A.element)
     b = random_values(rng, (k, n), op.B.element)
@@ -84,9 +85,10 @@ def run_blockwise(op, m, n, k, seed, alpha=1.0, beta=0.0, ld_pad=0):
     dtype = getattr(torch, {D.bfloat16: "bfloat16", D.float16: "float16", D.float32: "float32"}[op.C.element])
     out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda") if op.C.layout is R else \
         torch.full((n, m), float("nan"), dtype=dtype, device="cuda").t()
-    storage = torch.zeros(k_blocks, -(-m // 4) * 4 + ld_pad, dtype=torch.float32, device="cuda")
+    rows = -(-m // 4) * 4
+    storage = torch.full((k_blocks, rows + ld_pad), float("nan"), dtype=torch.float32, device="cuda")
     storage[:, :m] = torch.from_numpy(sa.T.astype(np.float32)).cuda()
-    scale_a = storage.t()[:m]  # (M, K blocks), M contiguous
+    scale_a = storage.t()[:rows]  # (M rounded up to 4, K blocks), M contiguous
     scale_b = torch.from_numpy(sb.astype(np.float32)).cuda()
     args = cutlass.GemmArguments(op, GemmCoord(m, n, k), A, B, C, out,
                                  op.epilogue_type(alpha, beta, *_activation_args(op)), scale_a=scale_a, scale_b=scale_b)
@@ -112,8 +114,8 @@ def test_blockwise_scales_against_float64(key, shape):
 @pytest.mark.parametrize("shape,ld_pad", [((259, 200, 1008), 0), ((1, 136, 384), 0), ((37, 264, 144), 0),
                                           ((300, 256, 512), 12)])
 def test_any_m_on_a_padded_scale_a(key, shape, ld_pad):
-    """M not a multiple of 4 (one row, odd rows over several tiles), and a scale_a whose K blocks lie further apart
-    than M: the builder lays scale_a out with the caller's stride."""
+    """M not a multiple of 4 (one row, odd rows over several tiles) on scale_a's padded rows (NaN there), and a
+    scale_a whose K blocks lie further apart than M: the builder lays scale_a out with the caller's stride."""
     error = run_blockwise(OPS[key], *shape, seed=sum(shape), ld_pad=ld_pad)
     assert error < TOLERANCES[OPS[key].C.element], f"{shape}: relative error {error:.3e}"
 

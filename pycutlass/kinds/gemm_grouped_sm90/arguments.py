@@ -514,7 +514,11 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
             -(-max(n_cap, 1) // op.B.alignment) * op.B.alignment
         stand_in = 0
         if k_may_be_zero:
-            elements = stand_in_k * max(rows, 1) + stand_in_k * ldb_stand_in
+            # A and B both start at the stand-in: A is rows x K' (K' apart), B K' x N_cap (columns K' apart, or K'
+            # rows ldb apart), so it must hold the larger of the two
+            b_elements = stand_in_k * (ldb_stand_in if op.B.layout is LayoutType.RowMajor else
+                                       -(-max(n_cap, 1) // op.B.alignment) * op.B.alignment)
+            elements = max(stand_in_k * max(rows, 1), b_elements)
             if op.scales == "blockwise":  # K = 0 groups read zero scales there too (M of A's, N / 128 of B's)
                 elements = max(elements, 4 * max(rows, -(-n_cap // BLOCK_SCALE[1]), 1) * 8 // op.A.element.bits)
             stand_in = self.tensors.zeros(elements * op.A.element.bits // 8)

@@ -46,9 +46,11 @@ class GemmArgumentsSm90(GemmArguments):
       product per slice into a workspace of C's element; on an operation with the Default tile scheduler.
     - ``scale_a``, ``scale_b``: the float32 scales of an operation built with ``scales="blockwise"`` (Mode.Gemm):
       scale_a of shape (M, ceil(K / 128)) with M contiguous, one per row and K block of A, its K blocks ``ld``
-      apart (strides (1, ld)): ld >= M and a multiple of 4, since TMA moves 16-byte rows (``s.t().contiguous().t()``
-      of a row-major one where M is a multiple of 4; else ``torch.empty(kb, ld).t()[:M]``, DeepGEMM's
-      TMA-aligned form); scale_b of shape (ceil(N / 128), ceil(K / 128)), row-major, one per 128 x 128 block of B.
+      apart (strides (1, ld)), ld a multiple of 4 and at least M (``s.t().contiguous().t()`` of a row-major one).
+      TMA moves its columns in 16-byte units, so for M not a multiple of 4 its rows are padded: shape (M4,
+      ceil(K / 128)) with M4 = M rounded up to 4 (DeepGEMM's TMA-aligned ``torch.empty(kb, M4).t()``; the padding
+      rows are read and ignored). scale_b of shape (ceil(N / 128), ceil(K / 128)), row-major, one per 128 x 128
+      block of B.
     """
 
     _runs_before_launch = False  # stream-K Arguments turn it on once their workspace exists
@@ -191,24 +193,29 @@ class GemmArgumentsSm90(GemmArguments):
         _, block_n, block_k = BLOCK_SCALE
         k_blocks = -(-k // block_k)
         found = []
-        for label, value, shape in (("scale_a", scale_a, (m, k_blocks)), ("scale_b", scale_b,
-                                                                            (-(-n // block_n), k_blocks))):
+        rows = -(-m // 4) * 4  # TMA moves scale_a's columns in 16-byte units: its rows padded to a multiple of 4
+        for label, value, shapes in (("scale_a", scale_a, {(m, k_blocks), (rows, k_blocks)}),
+                                     ("scale_b", scale_b, {(-(-n // block_n), k_blocks)})):
             info = describe(value, label)
             if info.element is not DataType.float32:
                 raise ArgumentError(f"{label}: block-wise scales are float32, got {info.element.label}")
-            if tuple(info.shape) != shape:
-                raise ArgumentError(f"{label}: expected a float32 tensor of shape {shape}, got shape {info.shape}")
+            if tuple(info.shape) not in shapes:
+                raise ArgumentError(f"{label}: expected a float32 tensor of shape {' or '.join(map(str, sorted(shapes)))}"
+                                    f", got shape {info.shape}")
             found.append(info)
         scale_a_info, scale_b_info = found
-        # scale_a: M contiguous, K blocks ld apart (one K block: no step along K, so the compact ld)
-        unit, ld = scale_a_info.strides
-        ld = ld if k_blocks > 1 else -(-m // 4) * 4
-        if not (m == 1 or unit == 1) or ld < m or ld % 4:
+        if scale_a_info.shape[0] != rows:
             raise ArgumentError(
-                f"scale_a: expected M contiguous with its K blocks ld apart, ld >= M and a multiple of 4 (TMA moves "
-                f"16-byte rows), i.e. strides (1, ld); got strides {scale_a_info.strides} for M = {m}"
-                + (f"; for M not a multiple of 4 pad the K blocks: torch.empty({k_blocks}, {-(-m // 4) * 4}).t()[:{m}]"
-                   if m % 4 else ""))
+                f"scale_a: with M = {m} (not a multiple of 4) pass scale_a with its rows padded to {rows} (shape "
+                f"({rows}, {k_blocks}), M contiguous, e.g. torch.empty({k_blocks}, {rows}).t(); the padding rows are "
+                f"read and ignored): TMA moves its columns in 16-byte units")
+        # M contiguous, K blocks ld apart (one K block: no step along K, so the compact ld)
+        unit, ld = scale_a_info.strides
+        ld = ld if k_blocks > 1 else rows
+        if not (rows == 1 or unit == 1) or ld < rows or ld % 4:
+            raise ArgumentError(f"scale_a: expected M contiguous with its K blocks ld apart, ld >= {rows} and a "
+                                f"multiple of 4 (TMA moves 16-byte rows), i.e. strides (1, ld); got strides "
+                                f"{scale_a_info.strides}")
         if not all(extent == 1 or stride == want for extent, stride, want in
                    zip(scale_b_info.shape, scale_b_info.strides, (k_blocks, 1))):
             raise ArgumentError(f"scale_b: expected a row-major float32 tensor of shape {scale_b_info.shape}; got "
