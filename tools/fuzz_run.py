@@ -775,84 +775,19 @@ def run_scaled(cfg, op, problem, seed):
         return
     from tests.gpu import test_gemm_grouped_sm90_fp8 as rowwise_suite
 
-    if p["scale_form"] == "device":
-        run_rowwise_on_device_sizes(op, p, seed)
-        return
     try:
-        rowwise_suite.run_rowwise(op, p["scale_form"], [tuple(size) for size in p["groups"]], seed)
-    except AssertionError as error:  # its comparison names the groups; anything else failed before comparing
-        Measured.checked = str(error).startswith("group ")
+        if p["scale_form"] == "device":  # counts and scales on the device, under a CUDA graph
+            args = rowwise_suite.run_rowwise_on_device_counts(
+                op, p["layout"], p["groups"], p.get("capacity"), p.get("rows"), p["n"], p["k"],
+                [p["sizes"], p.get("replay") or p["sizes"]], seed, tol=tolerance(op))
+            flags = args.size_flags()
+            Measured.checked = True
+            assert flags == 0, f"the sizes kernel flagged in-bounds sizes: {flags:#x}"
+        else:
+            rowwise_suite.run_rowwise(op, p["scale_form"], [tuple(size) for size in p["groups"]], seed)
+    except AssertionError as error:  # its comparisons name the groups or the rows; else it failed before comparing
+        Measured.checked = Measured.checked or str(error).startswith(("group ", "a row no group owns"))
         raise
-
-
-def run_rowwise_on_device_sizes(op, problem, seed):
-    """Row-wise scales with the counts on the device (an fp8 MoE step): packed tokens (scale_a per packed row) or the
-    masked slabs (scale_a per slab row), captured once in a CUDA graph, replayed with the drawn counts and then the
-    replay's (or the same again), new scales written in place before each replay; every group against float64,
-    every row no group owns still NaN."""
-    import numpy as np
-    import torch
-
-    from tests.gpu.conftest import relative_error
-    from tests.gpu.gemm_cases import epilogue_reference, random_values, to_tensor
-    from tests.gpu.test_gemm_grouped import _activation_args as group_activation_args
-    from tests.gpu.test_gemm_grouped_sm90 import _device_sizes
-    from tests.gpu.test_gemm_grouped_sm90_fp8 import _scales
-
-    p = problem
-    groups, n, k, masked = p["groups"], p["n"], p["k"], p["layout"] == "masked"
-    rows = groups * p["capacity"] if masked else p["rows"]
-    rng = np.random.default_rng(seed)
-    a = random_values(rng, (rows, k), op.A.element)
-    b = random_values(rng, (groups, k, n), op.B.element)
-    c = random_values(rng, (rows, n), op.C.element)
-    A, C = (to_tensor(x, desc.element, cutlass.RowMajor, "torch") for x, desc in ((a, op.A), (c, op.C)))
-    B = to_tensor(b, op.B.element, op.B.layout, "torch")
-    out = torch.full((rows, n), float("nan"), dtype=C.dtype, device="cuda")
-    scale_a = torch.from_numpy(_scales(rng, rows)).cuda()
-    scale_b = torch.from_numpy(np.stack([_scales(rng, n) for _ in range(groups)])).cuda()
-    counts = _device_sizes(p["sizes"])
-
-    def view(tensor):  # the masked layout: (groups, capacity, ...)
-        return tensor.view(groups, p["capacity"], *tensor.shape[1:]) if masked else tensor
-
-    alpha, beta = 1.5, 0.5
-    stream = torch.cuda.Stream()
-    args = cutlass.GemmGroupedArguments(op, counts, view(A), B, view(C), view(out),
-                                        op.epilogue_type(alpha, beta, *group_activation_args(op)), stream=stream,
-                                        scale_a=view(scale_a), scale_b=scale_b)
-    stream.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        op.run(args)
-    tol = tolerance(op)
-    for values in (p["sizes"], p.get("replay") or p["sizes"]):
-        counts.copy_(torch.from_numpy(np.asarray(values, dtype=np.int32)).to(counts.device))
-        scale_a.copy_(torch.from_numpy(_scales(rng, rows)))
-        scale_b.mul_(0.5)
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        got = out.double().cpu().numpy()
-        sa, sb = scale_a.double().cpu().numpy(), scale_b.double().cpu().numpy()
-        written = np.zeros(got.shape, dtype=bool)
-        first = 0
-        Measured.checked, Measured.tolerance = True, tol
-        for g, m in enumerate(values):
-            start = g * p["capacity"] if masked else first
-            first += m
-            if m == 0:
-                continue
-            part = slice(start, start + m)
-            written[part] = True
-            accumulator = alpha * sa[part, None] * (a[part] @ b[g]) * sb[g][None, :]
-            reference = epilogue_reference(op, accumulator, c[part], 1.0, beta, group_activation_args(op))
-            error = relative_error(got[part], reference)
-            assert error < tol, f"group {g} ({m} rows): relative error {error:.3e} (tolerance {tol:.1e})"
-        assert np.isnan(got[~written]).all(), "a row no group owns was written"
-    flags = args.size_flags()
-    assert flags == 0, f"the sizes kernel flagged in-bounds sizes: {flags:#x}"
-    del graph
 
 
 def run_problem(cfg, op, problem, seed):
