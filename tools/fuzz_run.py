@@ -404,13 +404,14 @@ def draw_splitk_problem(cfg, op, rng, attempt):
     return dict(sizes, **split)
 
 
-def _skewed_counts(rng, groups, total, empty):
-    """M per group summing to at most ``total``: lognormal weights (an MoE router's skew), ``empty`` groups at 0."""
+def _skewed_counts(rng, groups, total, empty, capacity=None):
+    """M per group summing to at most ``total``: lognormal weights (an MoE router's skew), ``empty`` groups at 0;
+    each at most ``capacity`` where given (the masked layout's slabs)."""
     weights = [rng.lognormvariate(0.0, 1.0) for _ in range(groups)]
     for index in rng.sample(range(groups), min(empty, groups)):
         weights[index] = 0.0
     whole = sum(weights) or 1.0
-    return [int(total * w / whole) for w in weights]
+    return [min(int(total * w / whole), capacity or total) for w in weights]
 
 
 def _group_sizes(rng, counts, n, k, need, columns):
@@ -444,9 +445,8 @@ def draw_moe_problem(cfg, op, rng, attempt, columns=None):
         total = groups * problem["capacity"]
 
     def draw_sizes():
-        counts = _skewed_counts(rng, groups, rng.randint(0, total), rng.randint(0, groups // 3))
-        if layout == "masked":
-            counts = [min(m, problem["capacity"]) for m in counts]
+        counts = _skewed_counts(rng, groups, rng.randint(0, total), rng.randint(0, groups // 3),
+                                problem.get("capacity"))
         return _group_sizes(rng, counts, n, k, need, columns)
 
     problem["sizes"] = draw_sizes()
@@ -470,9 +470,8 @@ def draw_scaled_problem(cfg, op, rng, attempt):
         n, k = _round_up(rng.randint(1, 400), need["n"]), _round_up(rng.randint(1, 700), need["k"])
         masked = rng.random() < 0.4
         rows = rng.randint(1, 200) if masked else rng.randint(1, 1500)
-        counts = _skewed_counts(rng, groups, groups * rows if masked else rows, rng.randint(0, groups // 3))
-        if masked:
-            counts = [min(m, rows) for m in counts]
+        counts = _skewed_counts(rng, groups, groups * rows if masked else rows, rng.randint(0, groups // 3),
+                                rows if masked else None)
         return dict(groups=groups, n=n, k=k, rows=rows, masked=masked,
                     sizes=_group_sizes(rng, counts, n, k, need, 1 if rng.random() < 0.6 else 3),
                     alpha=round(rng.uniform(0.5, 2.0), 3), beta=rng.choice([0.0, 0.0, -0.5, 1.25]))
@@ -698,6 +697,12 @@ def run_splitk(cfg, op, problem, seed):
     check(reduction, got, reference, tol=splitk_tolerance(op, reduction))
 
 
+def _assert_no_size_flags(args):
+    """The sizes kernel must flag none of the drawn sizes (every one lies within the bounds and alignments)."""
+    flags = args.size_flags()
+    assert flags == 0, f"the sizes kernel flagged in-bounds sizes: {flags:#x}"
+
+
 def run_moe(cfg, op, problem, seed):
     """Device-side sizes (tests/gpu/test_gemm_grouped_sm90.py's Packed and Masked: NaN-poisoned D with guard rows,
     every group's rows against float64, nothing written elsewhere); with ``replay``, the run captured once in a CUDA
@@ -722,8 +727,7 @@ def run_moe(cfg, op, problem, seed):
     def check_sizes(values):
         Measured.checked, Measured.tolerance = True, tol  # Packed / Masked compare each group against float64
         data.check(values, tol)
-        flags = args.size_flags()
-        assert flags == 0, f"the sizes kernel flagged in-bounds sizes: {flags:#x}"
+        _assert_no_size_flags(args)
 
     if not p.get("replay"):
         op.run(args)
@@ -770,8 +774,7 @@ def run_scaled(cfg, op, problem, seed):
         problems = [(m, p["n"], p["k"]) if isinstance(m, int) else tuple(m) for m in p["sizes"]]
         Measured.checked = True  # Experts.check compares each group against float64, then the NaN poison
         experts.check(problems, alpha=p["alpha"], beta=p["beta"])
-        flags = args.size_flags()
-        assert flags == 0, f"the sizes kernel flagged in-bounds sizes: {flags:#x}"
+        _assert_no_size_flags(args)
         return
     from tests.gpu import test_gemm_grouped_sm90_fp8 as rowwise_suite
 
@@ -780,9 +783,8 @@ def run_scaled(cfg, op, problem, seed):
             args = rowwise_suite.run_rowwise_on_device_counts(
                 op, p["layout"], p["groups"], p.get("capacity"), p.get("rows"), p["n"], p["k"],
                 [p["sizes"], p.get("replay") or p["sizes"]], seed, tol=tolerance(op))
-            flags = args.size_flags()
             Measured.checked = True
-            assert flags == 0, f"the sizes kernel flagged in-bounds sizes: {flags:#x}"
+            _assert_no_size_flags(args)
         else:
             rowwise_suite.run_rowwise(op, p["scale_form"], [tuple(size) for size in p["groups"]], seed)
     except AssertionError as error:  # its comparisons name the groups or the rows; else it failed before comparing
