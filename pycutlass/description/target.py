@@ -18,6 +18,9 @@ _SHARED_MEMORY_PER_BLOCK = {80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 9
 # Template families and the smallest compute capability whose instructions they use.
 FAMILIES = {"sm80": 80, "sm90": 90}
 
+# The compute capabilities an operation may name (each selects the Sm80 family; 90 also has the SM90 family).
+OPERATION_COMPUTE_CAPABILITIES = (80, 86, 89, 90)
+
 
 @dataclass(frozen=True, order=True)
 class Target:
@@ -78,8 +81,8 @@ class Target:
 
 def family_of(compute_capability: int) -> str:
     """The template family an operation's compute capability selects."""
-    if compute_capability in (80, 86, 87, 89, 90):
+    if compute_capability in OPERATION_COMPUTE_CAPABILITIES:
         return "sm80"
     raise DescriptionError(f"compute capability {compute_capability!r} is not supported for operations; choose one "
-                           f"of [80, 86, 89, 90] (Hopper runs the Sm80 family: use 80 or 90)",
+                           f"of {list(OPERATION_COMPUTE_CAPABILITIES)} (Hopper runs the Sm80 family: use 80 or 90)",
                            rule="target.compute_capability")

@@ -10,7 +10,7 @@ import hashlib
 import inspect
 from pathlib import Path
 
-from ..description.target import family_of
+from ..description.target import OPERATION_COMPUTE_CAPABILITIES, family_of
 from ..description.tensor_description import TensorDescription
 from ..description.tile_description import TileDescription
 from ..description.types import DataType
@@ -25,7 +25,7 @@ def check_compute_capability(arch) -> int:
     """An operation's compute capability: it selects the template family (Hopper runs the Sm80 family too)."""
     if isinstance(arch, bool) or not isinstance(arch, int):
         raise DescriptionError(f"compute capability {arch!r} is not supported for operations; choose one of "
-                               f"[80, 86, 89, 90] (an integer)", rule="target.compute_capability")
+                               f"{list(OPERATION_COMPUTE_CAPABILITIES)} (an integer)", rule="target.compute_capability")
     family_of(arch)
     return arch
 

@@ -35,6 +35,18 @@ _SLOT_BYTES = _PARAMS_OFFSET + MAX_PARAMS_BYTES + MAX_TMA_RECORDS * ctypes.sizeo
 _TMA_BYTES = 128
 
 
+_GRID_LIMITS = (2**31 - 1, 65535, 65535)
+
+
+def check_grid(grid, name: str) -> None:
+    """A launch grid CUDA accepts. The Sm80 family puts N tiles in y and batches or split-K slices in z, so a large
+    batched problem can ask for more than 65535 there: refuse it before the launch, as CUTLASS's can_implement does."""
+    if any(not 0 <= extent <= limit for extent, limit in zip(grid, _GRID_LIMITS)):  # int32 words: < 0 overflowed
+        raise ArgumentError(f"{name}: the problem needs a launch grid of {tuple(grid)} thread blocks; CUDA allows at "
+                            f"most {_GRID_LIMITS[0]} x {_GRID_LIMITS[1]} x {_GRID_LIMITS[2]}. Split the batch across "
+                            f"calls, use fewer split-K slices, or a tile (or swizzle) with fewer blocks along y")
+
+
 def _probe_offset(index: int) -> int:
     """How far the probe build moves address ``index``: distinct, and 64 KiB-aligned like any vector access."""
     return (index + 1) << 36
@@ -201,6 +213,7 @@ class LoadedOperation:
         params = (ctypes.c_byte * info.params_bytes).from_buffer_copy(readback.params)
         if info.tma_count:
             self._encode_tma(readback, info, params)
+        check_grid((info.grid_x, info.grid_y, info.grid_z), self.name)
         shape = ((info.grid_x, info.grid_y, info.grid_z), (info.block_x, info.block_y, info.block_z),
                  info.shared_memory_bytes, info.semaphore_count, int(info.workspace_bytes),
                  int(info.workspace_bytes) if info.workspace_zero_bytes < 0 else int(info.workspace_zero_bytes))

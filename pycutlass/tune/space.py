@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from ..description.math_instruction import WARPGROUP_MATH_INSTRUCTIONS, MathInstruction
 from ..description.rules import summary as rule_summary
-from ..description.target import Target
+from ..description.target import OPERATION_COMPUTE_CAPABILITIES, Target
 from ..description.tensor_description import TensorDescription
 from ..description.tile_description import SM90_WARP_COUNTS, TileDescription
 from ..description import types as _types
@@ -43,7 +43,7 @@ from ..kinds.base import Operation
 from ..kinds.gemm_sm90.operation import TILE_N as SM90_TILE_N
 
 KINDS = ("gemm", "grouped_gemm", "conv2d")
-COMPUTE_CAPABILITIES = (80, 86, 89, 90)
+COMPUTE_CAPABILITIES = OPERATION_COMPUTE_CAPABILITIES
 MAX_POINTS = 100_000  # a raw grid larger than this is almost always a typo (an extra zero, a swapped list)
 AUTO = "auto"
 

@@ -432,7 +432,7 @@ def test_gemm_interleaved_combinations():
         cutlass.GemmOperationUniversal(80, tile, A, B, C, epilogue)
 
 
-@pytest.mark.parametrize("arch", [70, 75, 61, 100, "80", None])
+@pytest.mark.parametrize("arch", [70, 75, 61, 87, 100, "80", None])
 def test_gemm_unsupported_compute_capability(arch):
     with pytest.raises(DescriptionError) as info:
         f16_gemm(arch=arch)

@@ -123,3 +123,15 @@ def test_launch_for_checks_the_pairing_and_calls_before_launch_only_when_asked(r
     with pytest.raises(ArgumentError, match="built for mine, not other"):
         arguments.launch_for(Other())
     assert arguments._prepared.streams == [9]  # nothing launched for the wrong operation
+
+
+@pytest.mark.parametrize("grid", [(1, 1, 65536), (1, 70000, 1), (-5, 1, 1)])
+def test_a_grid_cuda_cannot_launch_is_refused_with_its_limits(grid):
+    # the builder's LaunchInfo words are int32: a negative x is a grid past 2**31 - 1
+    with pytest.raises(ArgumentError, match=r"launch grid .* CUDA allows at most 2147483647 x 65535 x 65535"):
+        launch.check_grid(grid, "op")
+
+
+@pytest.mark.parametrize("grid", [(0, 1, 1), (2**31 - 1, 65535, 65535), (132, 1, 1)])
+def test_a_grid_within_cudas_limits_passes(grid):
+    launch.check_grid(grid, "op")

@@ -366,6 +366,29 @@ def test_batched(form):
     assert_close(F16, to_float64(Dt).reshape(batch, m, n), a @ b + c, 2e-3)
 
 
+
+@pytest.mark.parametrize("batch", [65535, 65536])
+def test_batches_up_to_the_grid_limit_run_and_more_are_refused(batch):
+    import torch
+
+    m, n, k = 16, 24, 32
+    A = torch.randn(batch, m, k, device="cuda").half()
+    Bt = torch.randn(batch, n, k, device="cuda").half().transpose(1, 2)  # column-major
+    C = torch.randn(batch, m, n, device="cuda").half()
+    Dt = torch.full((batch, m, n), float("nan"), dtype=torch.float16, device="cuda")
+    args = lambda: cutlass.GemmArguments(F16_BATCHED, (m, n, k), A, Bt, C, Dt, F16_BATCHED.epilogue_type(1.0, 1.0),
+                                         gemm_mode=Mode.Batched, batch=batch)
+    if batch > 65535:  # the Sm80 family puts batches in grid z
+        with pytest.raises(cutlass.ArgumentError, match="launch grid"):
+            F16_BATCHED.run(args())
+        assert torch.isnan(Dt).all()
+        return
+    arguments = args()
+    F16_BATCHED.run(arguments)
+    arguments.sync()
+    reference = A.double() @ Bt.double() + C.double()
+    assert_close(F16, Dt.double().cpu().numpy(), reference.cpu().numpy(), 2e-3)
+
 def test_array():
     import torch
 
