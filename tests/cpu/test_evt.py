@@ -242,6 +242,8 @@ def test_array_mode_runs_single_tensors_batched(monkeypatch):
         _bound_arguments(monkeypatch, trees.RowReduction_, m, n, k, outputs, Mode.Array, batch, A, B)
     with pytest.raises(cutlass.ArgumentError, match="cannot split K"):
         _bound_arguments(monkeypatch, trees.RowReduction_, m, n, k, outputs, Mode.GemmSplitKParallel, batch)
+    with pytest.raises(cutlass.ArgumentError, match="batch 65536 exceeds 65535"):  # one grid z layer per batch
+        _bound_arguments(monkeypatch, trees.RowReduction_, m, n, k, outputs, Mode.Batched, 65536)
 
 
 @pytest.mark.slow

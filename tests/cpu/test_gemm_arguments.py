@@ -245,6 +245,19 @@ def test_grouped_mode_is_not_a_gemm_mode(op, gpu_calls):
     assert gpu_calls == []
 
 
+
+@pytest.mark.parametrize("batch", [65536, 70000])
+@pytest.mark.parametrize("mode", [Mode.Batched, Mode.Array])
+def test_more_batches_than_the_grid_holds_are_refused(batch, mode, gpu_calls):
+    # CUTLASS's batched swizzle keeps batch % 65536 grid layers: 65536 would write nothing, 70000 only 4464 batches
+    m = n = k = 8
+    batched = dict(A=a_(m, k, batch=batch), B=b_(k, n, batch=batch), C=c_(m, n, batch=batch),
+                   D=c_(m, n, batch=batch))
+    op = f16_gemm(swizzle=cutlass.BatchedIdentitySwizzle)
+    rejects(rf"^batch {batch} exceeds 65535: an Sm80-family GEMM runs each batch in its own layer", op,
+            problem_size=(m, n, k), gemm_mode=mode, batch=batch, **batched)
+    assert gpu_calls == []
+
 def test_bool_gemm_mode_is_rejected(op, gpu_calls):
     rejects(r"^gemm_mode must be one of", op, gemm_mode=True)
 

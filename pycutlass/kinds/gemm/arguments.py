@@ -18,6 +18,17 @@ from ..families.matrix import MatrixGeometry, check_output_geometry, matrix_geom
 from ..families.modes import Mode, interleaved_column_gather
 from .operation import GemmOperationUniversal
 
+SM80_MAX_BATCH = 65535  # CUDA's gridDim.z
+
+
+def check_sm80_batch(batch: int) -> None:
+    """An Sm80-family GEMM runs each batch in one layer of the grid's z; CUTLASS's batched swizzle even keeps only
+    batch % 65536 of them (65536 batches would write nothing)."""
+    if batch > SM80_MAX_BATCH:
+        raise ArgumentError(f"batch {batch} exceeds {SM80_MAX_BATCH}: an Sm80-family GEMM runs each batch in its own "
+                            f"layer of the launch grid's z, which CUDA caps at {SM80_MAX_BATCH}; split the batch "
+                            f"across calls")
+
 
 def _memo_key(operation, problem_size, A, B, C, D, output_op, gemm_mode, split_k_slices, batch, stream, device,
               session, bias, reordered):
@@ -143,6 +154,8 @@ class GemmArguments(OperationArguments):
         if mode in (Mode.Gemm, Mode.GemmSplitKParallel) and self.batch != 1:
             raise ArgumentError(f"batch must be 1 in {mode.name} mode (use Mode.Batched or Mode.Array), "
                                 f"got {self.batch}")
+        if operation.family == "sm80":
+            check_sm80_batch(self.batch)
         self.output_op = coerce_output_op(operation, output_op)
         m, n, k = self.problem_size
         check_problem_alignment(operation, m, n, k)

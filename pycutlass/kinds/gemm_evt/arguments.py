@@ -20,7 +20,7 @@ from ...errors import ArgumentError
 from ...runtime import driver
 from ...runtime.arguments import OperationArguments
 from ...runtime.tensors import describe, storage_type
-from ..gemm.arguments import GemmArguments
+from ..gemm.arguments import GemmArguments, check_sm80_batch
 from ..families.arguments import UNSET, check_problem_alignment, coerce_problem_size, split_k_slices_alias
 from ..families.modes import Mode
 from .abi import GemmEvtArgs
@@ -60,6 +60,7 @@ class GemmEvtArguments(GemmArguments):
             raise ArgumentError(f"batch must be a positive integer, got {batch!r}")
         if mode is Mode.Gemm and batch != 1:
             raise ArgumentError(f"batch must be 1 in Gemm mode (use Mode.Batched), got {batch}")
+        check_sm80_batch(int(batch))
         if not isinstance(output_op, EvtOutputOp) or \
                 output_op.description != operation.epilogue_functor.description:
             raise ArgumentError("output_op must come from operation.epilogue_type(**tensors and scalars by name, "
