@@ -408,6 +408,18 @@ def test_device_tensor_address_alignment_is_checked_before_the_gpu(op, gpu_calls
             A=FakeDeviceArray((M, K), (K, 1), address=0x7F0000000002))
 
 
+
+def test_a_reversed_batch_view_is_refused_for_tma_and_taken_by_the_sm80_family(op, gpu_calls):
+    sm90 = cutlass.GemmOperationUniversal(90, cutlass.TileDescription([128, 128, 64], 0, None, cutlass.MathInstruction(
+        [64, 128, 16], cutlass.float16, cutlass.float16, cutlass.float32, cutlass.OpClass.TensorOp)),
+        td(cutlass.float16, cutlass.RowMajor, 8), td(cutlass.float16, cutlass.ColumnMajor, 8),
+        td(cutlass.float16, cutlass.RowMajor, 8), cutlass.LinearCombination(cutlass.float16, 8))
+    reversed_a = FakeDeviceArray((2, M, K), (-M * K, K, 1), address=0x7F0000100000)  # a[::-1] of a (2, M, K) array
+    batched = dict(A=reversed_a, B=b_(batch=2), C=c_(batch=2), D=c_(batch=2), gemm_mode=Mode.Batched, batch=2)
+    rejects(r"^A: batch stride -8192 is negative; TMA addresses memory with positive strides only", sm90, **batched)
+    with pytest.raises(NoGpuError, match="test stub"):  # CUTLASS 2.x steps its pointers by a signed batch stride
+        args(op, **batched)
+
 def test_batched_column_major_host_operand_as_3d_view(op, gpu_calls):
     column_major_batch = np.zeros((2, N, K), np.float16).transpose(0, 2, 1)  # each matrix column-major, dense
     with pytest.raises(NoGpuError, match="test stub"):

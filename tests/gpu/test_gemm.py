@@ -391,6 +391,24 @@ def test_batches_up_to_the_grid_limit_run_and_more_are_refused(batch):
     reference = A.double() @ Bt.double() + C.double()
     assert_close(F16, Dt.double().cpu().numpy(), reference.cpu().numpy(), 2e-3)
 
+
+def test_a_reversed_batch_view_steps_back_through_memory():
+    """cupy's a[::-1]: the batch stride is negative and the address that of the view's first batch."""
+    cupy = pytest.importorskip("cupy")
+    batch, m, n, k = 3, 40, 48, 64
+    rng = np.random.default_rng(8)
+    a = random_values(rng, (batch, m, k), D.float16)
+    b = random_values(rng, (batch, k, n), D.float16)
+    A = cupy.asarray(np.ascontiguousarray(a[::-1], np.float16))[::-1]  # a's batches in reverse order
+    Bt = cupy.asarray(np.ascontiguousarray(np.swapaxes(b, 1, 2), np.float16)).transpose(0, 2, 1)  # col-major
+    Dt = cupy.full((batch, m, n), cupy.nan, dtype=cupy.float16)
+    assert A.strides[0] < 0
+    args = cutlass.GemmArguments(F16_BATCHED, (m, n, k), A, Bt, None, Dt, F16_BATCHED.epilogue_type(1.0, 0.0),
+                                 gemm_mode=Mode.Batched, batch=batch)
+    F16_BATCHED.run(args)
+    args.sync()
+    assert_close(F16, cupy.asnumpy(Dt).astype(np.float64), a @ b, 2e-3)
+
 def test_array():
     import torch
 

@@ -169,6 +169,9 @@ class GemmArgumentsSm90(GemmArguments):
             raise ArgumentError(f"{found[1].name}: C broadcast from a vector (PyCUTLASS's bias) is not built for SM90 "
                                 f"operations (TMA reads whole matrices); build the operation with bias='row' or "
                                 f"'column' and pass the vector as bias=")
+        if geometry.batch_stride < 0:  # a reversed batch view (cupy, numpy): TMA strides are unsigned
+            raise ArgumentError(f"{found[1].name}: batch stride {geometry.batch_stride} is negative; TMA addresses "
+                                f"memory with positive strides only: pass the batches in increasing order")
         m, n, k = self.problem_size
         if label == "A" and k == 0:
             raise ArgumentError(f"{self.operation.name}: K must be at least 1 (TMA descriptors need nonzero extents)")
