@@ -409,6 +409,27 @@ def test_a_reversed_batch_view_steps_back_through_memory():
     args.sync()
     assert_close(F16, cupy.asnumpy(Dt).astype(np.float64), a @ b, 2e-3)
 
+
+def test_an_output_past_two_to_the_31_elements():
+    """D of 65544 x 32768 (2**31 + 2**18 elements, 4.3 GB): offsets into it need 64 bits."""
+    import torch
+
+    m, n, k = 65544, 32768, 16
+    if torch.cuda.mem_get_info()[0] < 12 * 2**30:
+        pytest.skip("needs about 5 GB of free GPU memory")
+    generator = torch.Generator(device="cuda").manual_seed(9)
+    A = torch.randn(m, k, device="cuda", generator=generator).half()
+    Bt = torch.randn(n, k, device="cuda", generator=generator).half().t()  # column-major
+    Dt = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+    args = cutlass.GemmArguments(F16, (m, n, k), A, Bt, None, Dt, F16.epilogue_type(1.0, 0.0))
+    F16.run(args)
+    args.sync()
+    rows = torch.tensor([0, 1, 31337, 65535, 65536, m - 2, m - 1], device="cuda")  # row 65536 starts past 2**31
+    reference = A[rows].double() @ Bt.double()
+    assert_close(F16, Dt[rows].double().cpu().numpy(), reference.cpu().numpy(), 2e-3)
+    assert not torch.isnan(Dt).any()
+    del Dt
+
 def test_array():
     import torch
 
