@@ -127,6 +127,18 @@ def compat_positional(what: str, positional: tuple, names: tuple, keywords: dict
     return values
 
 
+SM80_MAX_BATCH = 65535  # CUDA's gridDim.z
+
+
+def check_sm80_batch(batch: int) -> None:
+    """An Sm80-family GEMM runs each batch in one layer of the grid's z; CUTLASS's batched swizzle even keeps only
+    batch % 65536 of them (65536 batches would write nothing)."""
+    if batch > SM80_MAX_BATCH:
+        raise ArgumentError(f"batch {batch} exceeds {SM80_MAX_BATCH}: an Sm80-family GEMM runs each batch in its own "
+                            f"layer of the launch grid's z, which CUDA caps at {SM80_MAX_BATCH}; split the batch "
+                            f"across calls")
+
+
 def check_split_k_output(operation, mode, split_k_slices, output_op) -> None:
     """Split-K keeps partial results in D's type where that rounds them: reject what would come out wrong.
 

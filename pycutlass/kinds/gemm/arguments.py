@@ -12,22 +12,12 @@ from ...runtime.tensors import PartialsAddress, describe, gathered_copy, pointer
 from .. import registry
 from .abi import GemmUniversalArgs
 from ..families.arguments import (  # noqa: F401  (their names as this module had them)
-    UNSET, _positive_int, check_keywords, check_problem_alignment, check_split_k_output, coerce_output_op,
-    coerce_problem_size, compat_positional, problem_alignment_checks, split_k_slices_alias, zero_unwritten_partials)
+    UNSET, _positive_int, check_keywords, check_problem_alignment, check_sm80_batch, check_split_k_output,
+    coerce_output_op, coerce_problem_size, compat_positional, problem_alignment_checks, split_k_slices_alias,
+    zero_unwritten_partials)
 from ..families.matrix import MatrixGeometry, check_output_geometry, matrix_geometry
 from ..families.modes import Mode, interleaved_column_gather
 from .operation import GemmOperationUniversal
-
-SM80_MAX_BATCH = 65535  # CUDA's gridDim.z
-
-
-def check_sm80_batch(batch: int) -> None:
-    """An Sm80-family GEMM runs each batch in one layer of the grid's z; CUTLASS's batched swizzle even keeps only
-    batch % 65536 of them (65536 batches would write nothing)."""
-    if batch > SM80_MAX_BATCH:
-        raise ArgumentError(f"batch {batch} exceeds {SM80_MAX_BATCH}: an Sm80-family GEMM runs each batch in its own "
-                            f"layer of the launch grid's z, which CUDA caps at {SM80_MAX_BATCH}; split the batch "
-                            f"across calls")
 
 
 def _memo_key(operation, problem_size, A, B, C, D, output_op, gemm_mode, split_k_slices, batch, stream, device,

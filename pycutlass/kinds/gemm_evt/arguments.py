@@ -20,8 +20,9 @@ from ...errors import ArgumentError
 from ...runtime import driver
 from ...runtime.arguments import OperationArguments
 from ...runtime.tensors import describe, storage_type
-from ..gemm.arguments import GemmArguments, check_sm80_batch
-from ..families.arguments import UNSET, check_problem_alignment, coerce_problem_size, split_k_slices_alias
+from ..gemm.arguments import GemmArguments
+from ..families.arguments import (UNSET, check_problem_alignment, check_sm80_batch, coerce_problem_size,
+                                  split_k_slices_alias)
 from ..families.modes import Mode
 from .abi import GemmEvtArgs
 from .operation import GemmOperationEvt
