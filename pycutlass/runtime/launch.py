@@ -35,15 +35,15 @@ _SLOT_BYTES = _PARAMS_OFFSET + MAX_PARAMS_BYTES + MAX_TMA_RECORDS * ctypes.sizeo
 _TMA_BYTES = 128
 
 
-_GRID_LIMITS = (2**31 - 1, 65535, 65535)
+GRID_LIMITS = (2**31 - 1, 65535, 65535)  # CUDA's gridDim.x, y, z
 
 
 def check_grid(grid, name: str) -> None:
     """A launch grid CUDA accepts. The Sm80 family puts N tiles in y and batches or split-K slices in z, so a large
     batched problem can ask for more than 65535 there: refuse it before the launch, as CUTLASS's can_implement does."""
-    if any(not 0 <= extent <= limit for extent, limit in zip(grid, _GRID_LIMITS)):  # int32 words: < 0 overflowed
+    if any(not 0 <= extent <= limit for extent, limit in zip(grid, GRID_LIMITS)):  # int32 words: < 0 overflowed
         raise ArgumentError(f"{name}: the problem needs a launch grid of {tuple(grid)} thread blocks; CUDA allows at "
-                            f"most {_GRID_LIMITS[0]} x {_GRID_LIMITS[1]} x {_GRID_LIMITS[2]}. Split the batch across "
+                            f"most {GRID_LIMITS[0]} x {GRID_LIMITS[1]} x {GRID_LIMITS[2]}. Split the batch across "
                             f"calls, use fewer split-K slices, or a tile (or swizzle) with fewer blocks along y")
 
 

@@ -12,6 +12,7 @@ from ...description.coords import GemmCoord
 from ...description.types import LayoutType
 from ...epilogue.functors import EpilogueArguments
 from ...errors import ArgumentError, UnknownKeywordError
+from ...runtime.launch import GRID_LIMITS
 from .modes import Mode
 
 @functools.cache
@@ -127,7 +128,7 @@ def compat_positional(what: str, positional: tuple, names: tuple, keywords: dict
     return values
 
 
-SM80_MAX_BATCH = 65535  # CUDA's gridDim.z
+SM80_MAX_BATCH = GRID_LIMITS[2]  # one grid z layer per batch
 
 
 def check_sm80_batch(batch: int) -> None:
