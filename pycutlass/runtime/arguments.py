@@ -20,6 +20,7 @@ from ..session import Session, SessionState, current
 from . import driver
 from .device import Devices, normalize_device
 from .launch import PreparedLaunch, loaded, patched_launch, prepare
+from .overlap import byte_range, check_outputs_apart, same_geometry
 from .tensors import DeviceTensors, tensors_device, torch_signature
 
 
@@ -67,11 +68,39 @@ class ArgumentsMemo(SessionState):
 class _Seen:
     """What the full path found for one problem signature: the kind's attributes and the cached Params."""
 
-    __slots__ = ("attributes", "loaded_op", "template", "tensors", "vector_bytes", "abi_struct", "extra")
+    __slots__ = ("attributes", "loaded_op", "template", "tensors", "vector_bytes", "abi_struct", "extra", "footprint")
 
-    def __init__(self, attributes, loaded_op, template, tensors, vector_bytes, abi_struct, extra):
+    def __init__(self, attributes, loaded_op, template, tensors, vector_bytes, abi_struct, extra, footprint):
         self.attributes, self.loaded_op, self.template = attributes, loaded_op, template
         self.tensors, self.vector_bytes, self.abi_struct, self.extra = tensors, vector_bytes, abi_struct, extra
+        self.footprint = footprint
+
+
+class Footprint:
+    """Where each address of a seen problem reaches, relative to it, and which ones the kernel writes: enough to
+    tell, from new addresses alone, that no output can overlap another operand (the full path decides otherwise)."""
+
+    __slots__ = ("pairs",)
+
+    def __init__(self, operands, written, in_place):
+        written_ids = {id(info) for info in written}
+        # (output, source) that may share an address: the same view, as the signature fixes both views
+        allowed = {(id(output), id(source)) for output, source in in_place if same_geometry(output, source)}
+        spans = [None if info is None or info.kind != "device" or not info.numel else
+                 tuple(edge - info.device_address for edge in byte_range(info)) for info in operands]
+        # (output position, other position, their reaches, whether the two may share one address)
+        self.pairs = tuple(
+            (p, q, *spans[p], *spans[q], (id(operands[p]), id(operands[q])) in allowed)
+            for p in range(len(operands)) for q in range(len(operands))
+            if p != q and spans[p] is not None and spans[q] is not None and id(operands[p]) in written_ids and
+            not (q < p and id(operands[q]) in written_ids))
+
+    def apart(self, addresses) -> bool:
+        for p, q, p_low, p_high, q_low, q_high, may_share in self.pairs:
+            a, b = addresses[p], addresses[q]
+            if a + p_low < b + q_high and b + q_low < a + p_high and not (may_share and a == b):
+                return False
+        return True
 
 
 def memo_key(*call, tensors, stream, session):
@@ -132,6 +161,7 @@ class OperationArguments:
         self.reordered = reordered
 
     def _materialize(self) -> None:
+        check_outputs_apart(self._written(), self._read(), self._in_place())
         self._attach_device(self._tensor_infos())
         self._allocate()
         self._prepare()
@@ -152,6 +182,8 @@ class OperationArguments:
         for address, vector_bytes in zip(addresses, seen.vector_bytes):
             if not address or address % vector_bytes:
                 return False  # the full path says what is wrong
+        if not seen.footprint.apart(addresses):
+            return False  # an output may overlap another operand: the full path decides exactly
         self.__dict__.update(seen.attributes)
         self.tensors = seen.tensors  # device tensors only: nothing was copied in, nothing to copy back
         self._launch_from(seen, addresses, keep_alive)
@@ -169,7 +201,8 @@ class OperationArguments:
                 setattr(abi_struct, field, address)
             seen.loaded_op.check_patched(abi_struct, self._prepared, self.stream)
 
-    def _remember(self, memo_key, vector_bytes, attribute_names, extra=None) -> None:
+    def _remember(self, memo_key, vector_bytes, attribute_names, extra=None, operands=()) -> None:
+        """``operands``: the TensorInfo behind each address (None: absent or standing in for another)."""
         template = self._loaded_op.cached_template(self._abi_struct)
         if template is None:  # Params that cannot be patched: such a problem takes the full path every time
             return
@@ -177,13 +210,28 @@ class OperationArguments:
         attributes = {name: getattr(self, name) for name in names}
         # A fresh, empty DeviceTensors: the memo must not keep this object's buffers alive.
         seen = _Seen(attributes, self._loaded_op, template, DeviceTensors(self.device, self.stream),
-                     tuple(vector_bytes), self._abi_struct, extra)
+                     tuple(vector_bytes), self._abi_struct, extra,
+                     Footprint(operands, self._written(), self._in_place()))
         ArgumentsMemo.of(self.session).put(memo_key, seen)
 
     # --- the kind interface ---------------------------------------------------------------------------------
     def _tensor_infos(self) -> list:
         """Every TensorInfo the kind validated (they decide the device)."""
         raise NotImplementedError
+
+    def _written(self) -> list:
+        """The TensorInfos the kernel writes (from ``_tensor_infos()``): none may overlap another operand."""
+        raise NotImplementedError
+
+    def _read(self) -> list:
+        """The TensorInfos the kernel reads for this problem (all by default; a kind may leave out an operand that
+        this call never reads, such as C with beta = 0)."""
+        return self._tensor_infos()
+
+    def _in_place(self) -> list:
+        """(output, source) TensorInfo pairs that may be the very same view: the kernel reads each element of the
+        source before the thread that read it writes that element of the output (D = C in an epilogue)."""
+        return []
 
     def _allocate(self) -> None:
         """Copy host tensors and allocate through ``self.tensors`` (the device is current)."""

@@ -146,7 +146,7 @@ class Conv2dArguments(OperationArguments):
             op = self.operation
             self._remember(memo_key, [x.alignment * x.element.bits // 8 for x in (op.A, op.B, op.C, op.C)],
                            ("problem_size", "split_k_slices", "split_k_mode", "output_op", "parallel", "bias",
-                            "reordered"))
+                            "reordered"), operands=self._memo_operands())
 
     def _validate_and_prepare(self, operation, problem_size, A, B, C, D, output_op, split_k_mode, split_k_slices,
                               stream, device, session, bias=None, reordered=False):
@@ -309,6 +309,25 @@ class Conv2dArguments(OperationArguments):
     # --- device state ---------------------------------------------------------------------------------------
     def _tensor_infos(self) -> list:
         return [info for info, _ in self._operands.values()]
+
+    def _memo_operands(self) -> list:
+        """The TensorInfo behind each fast-path address (A, B, C, D); None where C is absent or not read."""
+        read = {id(info) for info in self._read()}
+        return [info if label == "D" or id(info) in read else None
+                for label, info in ((label, self._operands.get(label, (None,))[0]) for label in "ABCD")]
+
+    def _written(self) -> list:
+        # In parallel split-K the kernel writes only its workspace; C and D are the reduction's.
+        return [] if self.parallel or "D" not in self._operands else [self._operands["D"][0]]
+
+    def _read(self) -> list:
+        unread = {"D"} | ({"C"} if self.parallel or self.output_op.beta == 0 else set())  # beta = 0: no source load
+        return [info for label, (info, _) in self._operands.items() if label not in unread]
+
+    def _in_place(self) -> list:
+        if "C" not in self._operands or "D" not in self._operands:
+            return []
+        return [(self._operands["D"][0], self._operands["C"][0])]
 
     def _allocate(self) -> None:
         op = self.operation

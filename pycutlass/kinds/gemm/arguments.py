@@ -118,7 +118,13 @@ class GemmArguments(OperationArguments):
             op = self.operation
             self._remember(memo_key, [x.alignment * x.element.bits // 8 for x in (op.A, op.B, op.C, op.C)],
                            ("gemm_mode", "problem_size", "output_op", "split_k_slices", "batch", "bias",
-                            "reordered"))
+                            "reordered"), operands=self._memo_operands())
+
+    def _memo_operands(self) -> list:
+        """The TensorInfo behind each fast-path address (A, B, C, D); None where C is absent or not read."""
+        read = {id(info) for info in self._read()}
+        return [next((info for info in self._operand_infos(label) if id(info) in read or label == "D"), None)
+                for label in "ABCD"]
 
     def _validate_and_prepare(self, operation, problem_size, A, B, C, D, output_op, gemm_mode, split_k_slices, batch,
                               stream, device, session, bias=None, reordered=False):
@@ -291,6 +297,27 @@ class GemmArguments(OperationArguments):
     # --- device state ---------------------------------------------------------------------------------------
     def _tensor_infos(self) -> list:
         return [info for form, found, _ in self._operands.values() for info in (found if form == "list" else [found])]
+
+    def _operand_infos(self, label) -> list:
+        if label not in self._operands:
+            return []
+        form, found, _ = self._operands[label]
+        return list(found) if form == "list" else [found]
+
+    def _written(self) -> list:
+        # In parallel split-K the GEMM writes only its own workspace; C and D are the reduction's.
+        return [] if self.gemm_mode is Mode.GemmSplitKParallel else self._operand_infos("D")
+
+    def _read(self) -> list:
+        _, _, k = self.problem_size
+        unread = {"C"} if self.output_op.beta == 0 else set()  # the epilogue loads no source with beta = 0
+        if k == 0:
+            unread |= {"A", "B"}  # a zeroed stand-in is read instead
+        skipped = {id(info) for label in unread for info in self._operand_infos(label)}
+        return [info for info in self._tensor_infos() if id(info) not in skipped]
+
+    def _in_place(self) -> list:
+        return list(zip(self._operand_infos("D"), self._operand_infos("C")))
 
     def _allocate(self) -> None:
         op = self.operation

@@ -53,7 +53,7 @@ class GemmArgumentsArraySm90(GemmArgumentsSm90):
     def _from_memo(self, memo_key, session, addresses, keep_alive) -> bool:
         return False
 
-    def _remember(self, memo_key, vector_bytes, attribute_names, extra=None) -> None:
+    def _remember(self, memo_key, vector_bytes, attribute_names, extra=None, operands=()) -> None:
         return
 
     # --- device state ---------------------------------------------------------------------------------------

@@ -154,6 +154,18 @@ class GemmEvtArguments(GemmArguments):
     def _tensor_infos(self) -> list:
         return [info for _, info, _ in self._operands.values()] + [t[0] for t in self._tree_tensors.values()]
 
+    def _written(self) -> list:
+        return [slot[0] for slot in self._tree_tensors.values() if slot[4]]
+
+    def _read(self) -> list:
+        return self._tensor_infos()
+
+    def _in_place(self) -> list:
+        # The epilogue loads each element of an M x N input tensor in the thread that stores that element of an
+        # output (one thread map for loads and stores), so an output may be the very same view as such an input.
+        inputs = [slot[0] for slot in self._tree_tensors.values() if slot[1] == "tensor"]
+        return [(output, source) for output in self._written() for source in inputs]
+
     def _allocate(self) -> None:
         self.addresses, self.lds, self.batch_strides = {}, {}, {}
         for label, (_, info, geometry) in self._operands.items():

@@ -23,6 +23,7 @@ from ...errors import ArgumentError, CudaError
 from ...runtime import driver
 from ...runtime.arguments import ArgumentsMemo, OperationArguments, memo_key
 from ...runtime.launch import PreparedLaunch
+from ...runtime.overlap import byte_range, ranges_apart, same_geometry
 from ...runtime.tensors import DeviceTensors, describe, storage_type
 from ..families.arguments import (check_keywords, check_problem_alignment, coerce_output_op, coerce_problem_size,
                                   problem_alignment_checks)
@@ -102,7 +103,7 @@ class GemmGroupedArguments(OperationArguments):
             op = self.operation
             self._remember(memo_key, [x.alignment * x.element.bits // 8 for x in (op.A, op.B, op.C, op.C)],
                            ("problem_sizes", "output_op", "tile_count", "threadblock_count", "workspace",
-                            "workspace_bytes"), extra=(self._blob, self._blob_offsets))
+                            "workspace_bytes"), extra=(self._blob, self._blob_offsets, self._footprint()))
 
     def _from_seen(self, memo_key, session, As, Bs, Cs, Ds) -> bool:
         """The fast path: the group was validated before; only the tensors' addresses are new."""
@@ -117,7 +118,14 @@ class GemmGroupedArguments(OperationArguments):
         vector_bytes = np.array(seen.vector_bytes, dtype=np.uint64)[:, None]
         if not pointers.all() or (pointers % vector_bytes).any():
             return False  # the full path says what is wrong
-        blob, offsets = seen.extra
+        blob, offsets, (reach, used, in_place) = seen.extra
+        lows, highs = pointers.astype(np.int64) + reach[..., 0], pointers.astype(np.int64) + reach[..., 1]
+        used = used.copy()
+        used[2] &= ~(in_place & (pointers[2] == pointers[3]))  # C the very view of its D: updated in place
+        written = np.zeros(used.shape, dtype=bool)
+        written[3] = True
+        if not ranges_apart(lows[used], highs[used], written[used]):
+            return False  # an output may overlap another operand: the full path decides exactly
         blob = bytearray(blob)
         for label, row in zip("ABCD", pointers):
             offset = offsets[f"ptr_{label}"]
@@ -209,6 +217,36 @@ class GemmGroupedArguments(OperationArguments):
     # --- device state ---------------------------------------------------------------------------------------
     def _tensor_infos(self) -> list:
         return [info for operands in self._operands for info, _ in operands.values()]
+
+    def _written(self) -> list:
+        return [operands["D"][0] for operands in self._operands]
+
+    def _read(self) -> list:
+        # Not read: C with beta = 0 (the epilogue loads no source), A and B of K = 0 groups (a stand-in is read).
+        skipped = {id(operands[label][0]) for (_, _, k), operands in zip(self.problem_sizes, self._operands)
+                   for label in ("A", "B", "C") if label in operands and
+                   (label == "C" and self.output_op.beta == 0 or label != "C" and k == 0)}
+        return [info for info in self._tensor_infos() if id(info) not in skipped]
+
+    def _in_place(self) -> list:
+        return [(operands["D"][0], operands["C"][0]) for operands in self._operands if "C" in operands]
+
+    def _footprint(self):
+        """For the fast path: each operand's byte reach from its address (labels x groups x 2), which of them the
+        kernel reads or writes, and which groups' C is the same view as their D (geometry; addresses per call)."""
+        count = len(self._operands)
+        reach, used = np.zeros((4, count, 2), dtype=np.int64), np.zeros((4, count), dtype=bool)
+        in_place = np.zeros(count, dtype=bool)
+        accessed = {id(info) for info in (*self._read(), *self._written())}
+        for g, operands in enumerate(self._operands):
+            for row, label in enumerate("ABCD"):
+                info = operands.get(label, (None,))[0]
+                if info is not None and info.kind == "device" and info.numel and id(info) in accessed:
+                    used[row, g] = True
+                    reach[row, g] = [edge - info.device_address for edge in byte_range(info)]
+            if "C" in operands:
+                in_place[g] = same_geometry(operands["D"][0], operands["C"][0])
+        return reach, used, in_place
 
     def _allocate(self) -> None:
         count = len(self.problem_sizes)

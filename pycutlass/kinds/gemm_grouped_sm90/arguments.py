@@ -308,6 +308,20 @@ class GemmGroupedArgumentsSm90(GemmGroupedArguments):
             return [self._sizes_info, *self._packed.values(), *self._b_infos, *extra]
         return super()._tensor_infos() + extra
 
+    def _written(self) -> list:
+        return [self._packed["D"]] if self.device_sizes else super()._written()
+
+    def _read(self) -> list:
+        if not self.device_sizes:
+            return super()._read()
+        unread = self._packed.get("C") if self.output_op.beta == 0 else None  # no source is loaded
+        return [info for info in self._tensor_infos() if info is not unread]
+
+    def _in_place(self) -> list:
+        if not self.device_sizes:
+            return super()._in_place()
+        return [(self._packed["D"], self._packed["C"])] if "C" in self._packed else []
+
     # --- device-side sizes ------------------------------------------------------------------------------------
     def _validate_device_sizes(self, op, sizes, As, Bs, Cs, Ds, output_op, stream, device, session) -> None:
         OperationArguments.__init__(self, op, stream, device, session)

@@ -96,11 +96,11 @@ class GemmArgumentsSm90(GemmArguments):
             self._prepared.use_programmatic_dependent_launch()
         return found
 
-    def _remember(self, memo_key, vector_bytes, attribute_names, extra=None) -> None:
+    def _remember(self, memo_key, vector_bytes, attribute_names, extra=None, operands=()) -> None:
         if self._bias_vector is not None or self._stream_k or self._scale_tensors is not None:
             return
         super()._remember((memo_key, self._knobs), vector_bytes, (*attribute_names, "_knobs", "_bias_vector",
-                                                                  "workspace", "workspace_bytes"), extra)
+                                                                  "workspace", "workspace_bytes"), extra, operands)
 
     def _validate_and_prepare(self, operation, problem_size, A, B, C, D, output_op, gemm_mode, split_k_slices, batch,
                               stream, device, session, bias=None, reordered=False):

@@ -5,7 +5,7 @@ from ...description.types import LayoutType
 from ...emit.abi import fill_epilogue
 from ...errors import ArgumentError
 from ...runtime.arguments import OperationArguments
-from ...runtime.tensors import PartialsAddress, as_flat, describe, is_device_pointer, pointer_operand
+from ...runtime.tensors import PartialsAddress, TensorInfo, as_flat, describe, is_device_pointer, pointer_operand
 from ..families.arguments import coerce_output_op
 from ..families.matrix import check_output_geometry, matrix_geometry
 from .abi import ReductionArgs
@@ -130,6 +130,21 @@ class ReductionArguments(OperationArguments):
 
     def _tensor_infos(self) -> list:
         return [info for info, _ in self._infos.values()]
+
+    def _written(self) -> list:
+        return [self._infos["destination"][0]]
+
+    def _read(self) -> list:
+        m, n = self.problem_size
+        element = self.operation.element_workspace
+        partials = TensorInfo("workspace", "device", element, (self.partitions, m * n), (self.partition_stride, 1),
+                              device_address=self.workspace)  # the split-K partial results
+        source = self._infos.get("source")
+        return [partials] + ([source[0]] if source is not None and self.output_op.beta != 0 else [])
+
+    def _in_place(self) -> list:
+        source = self._infos.get("source")
+        return [] if source is None else [(self._infos["destination"][0], source[0])]
 
     def after_build(self, loaded_op, launch, abi_struct) -> None:
         if self._pdl:
