@@ -36,6 +36,7 @@ SUITES = {"tests.gpu.test_gemm": (("NVCC_OPS", "nvcc"), ("NVRTC_OPS", "nvrtc")),
           "tests.gpu.test_conv2d_sm90_drawn": (("DRAWN", "nvrtc"),),
           "tests.gpu.test_fp8_scales_drawn": (("BLOCKWISE", "nvrtc"), ("ROWWISE", "nvrtc")),
           "tests.gpu.test_gemm_sm90_drawn": (("DRAWN", "nvrtc"),),
+          "tests.gpu.test_overlap": (("OPS", "nvrtc"),),
           "tests.gpu.test_tune": (("GROUPED_OPS", "nvcc"), ("CONV_OPS", "nvcc")),
           "benchmarks/conv2d.py": (("operations", "nvcc"), ("sm90_operations", "nvrtc"))}
 
