@@ -17,11 +17,11 @@ from pycutlass.description.types import DataType
 from pycutlass.gemm import Mode
 from pycutlass.kinds.conv2d.arguments import Conv2dArguments
 from pycutlass.kinds.conv2d.operation import Conv2dOperation
-from pycutlass.runtime.arguments import Footprint, OperationArguments
+from pycutlass.runtime.arguments import Footprint
 from pycutlass.runtime.overlap import check_outputs_apart, ranges_apart, share_memory
 from pycutlass.runtime.tensors import TensorInfo
 
-from .test_gemm_arguments import f16_gemm
+from .test_gemm_arguments import f16_gemm, gpu_calls  # noqa: F401  (autouse: the first GPU step raises NoGpuError)
 from .test_gemm_grouped_arguments import f16_op as grouped_op
 from .test_gemm_sm90 import sm90
 from .. import evt_trees as trees
@@ -29,18 +29,6 @@ from .. import evt_trees as trees
 BASE = 0x7F0000000000
 M, N, K = 64, 32, 128
 OVERLAP = "shares memory with"
-
-
-@pytest.fixture(autouse=True)
-def gpu_calls(monkeypatch):
-    calls = []
-
-    def attach_device(self, infos):
-        calls.append(self)
-        raise NoGpuError("test stub: validation finished and the GPU was asked for")
-
-    monkeypatch.setattr(OperationArguments, "_attach_device", attach_device)
-    return calls
 
 
 class Dev:
