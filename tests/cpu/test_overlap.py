@@ -275,3 +275,22 @@ def test_visitor_tree_outputs():
     refused(lambda: run(Dev((M, N), offset=3 << 20), Dev((M, N), offset=3 << 20)), "Z and T share memory")
     refused(lambda: run(Dev((M, N), offset=3 << 20), Dev((M, N), offset=(4 << 20) - 8)), "T shares memory with vector")
     refused(lambda: run(Dev((M, N), offset=0), Dev((M, N), offset=5 << 20)), "Z shares memory with A")
+
+
+def test_a_visitor_tree_output_whose_rows_or_batches_overlap_is_refused():
+    op = trees.operation(trees.RowBroadcast_)
+    a, b = Dev((M, K)), Dev((K, N), (1, K), offset=1 << 20)
+    c, vector = Dev((M, N), offset=2 << 20), Dev((N,), offset=4 << 20)
+
+    def run(Z, batch=1, a=a, b=b, c=c):
+        values = dict(c=c, vector=vector, alpha=1.0, beta=0.5, Z=Z, T=Dev((batch, M, N), offset=6 << 20))
+        return GemmArguments(op, [M, N, K], a, b, None, None, gemm_mode=Mode.Batched if batch > 1 else Mode.Gemm,
+                             batch=batch, output_op=op.epilogue_type(**values, problem_size=[M, N]))
+
+    refused(lambda: run(Dev((M, N), (N - 8, 1), offset=3 << 20)), "Z: leading stride 24 is smaller than the 32")
+    batch = 2
+    a3, b3 = Dev((batch, M, K)), Dev((batch, K, N), (K * N, 1, K), offset=1 << 20)
+    c3 = Dev((batch, M, N), offset=2 << 20)
+    accepted(lambda: run(Dev((batch, M, N), offset=3 << 20), batch, a3, b3, c3))
+    refused(lambda: run(Dev((batch, M, N), (M * N - 8 * N, N, 1), offset=3 << 20), batch, a3, b3, c3),
+            "Z: batch stride 1792 makes output matrices overlap")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...description.types import LayoutType
 from ...epilogue.visitor import EvtOutputOp
 from ...errors import ArgumentError
 from ...runtime import driver
@@ -23,6 +24,7 @@ from ...runtime.tensors import describe, storage_type
 from ..gemm.arguments import GemmArguments
 from ..families.arguments import (UNSET, check_problem_alignment, check_sm80_batch, coerce_problem_size,
                                   split_k_slices_alias)
+from ..families.matrix import MatrixGeometry, check_output_geometry
 from ..families.modes import Mode
 from .abi import GemmEvtArgs
 from .operation import GemmOperationEvt
@@ -114,6 +116,11 @@ class GemmEvtArguments(GemmArguments):
                                     f"alignment {op.C.alignment}")
             if is_output and batch_stride == 0 and batch > 1:
                 raise ArgumentError(f"{name}: an output needs one matrix per batch")
+            if is_output and m > 1 and n > 1 and ld < n:
+                raise ArgumentError(f"{name}: leading stride {ld} is smaller than the {n} elements of one row; rows of "
+                                    f"an output would overlap")
+            if is_output:
+                check_output_geometry(info, MatrixGeometry(ld, batch_stride), LayoutType.RowMajor, m, n, batch)
         else:
             length = {"row": n, "column": m}[kind]
             if not info.is_contiguous or info.numel not in (length, batch * length):
