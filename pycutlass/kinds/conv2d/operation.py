@@ -81,7 +81,7 @@ _INTERLEAVED = (LayoutType.TensorNC32HW32, LayoutType.TensorC32RSK32, LayoutType
 _FLOAT_TYPES = (DataType.float64, DataType.float32, DataType.tfloat32, DataType.float16, DataType.bfloat16)
 _MAX_FILTER_OPTIMIZED = 32  # optimized fprop/dgrad iterators precompute masks for R, S <= 32
 _MAX_TENSOR_BYTES = 2**31  # cutlass::conv::device::ImplicitGemmConvolution::can_implement
-_MAX_GRID_YZ = 65535
+_MAX_GRID_YZ = 65535  # CUDA's gridDim.y and z (runtime.launch.GRID_LIMITS, a layer this one may not import)
 
 
 class Conv2dOperation(TiledOperation):
