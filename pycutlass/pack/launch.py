@@ -116,11 +116,12 @@ def _output(a, b, out):
 class _Seen:
     """A call signature's kernel choice, and (device operands) its bound launch once one call has run."""
 
-    __slots__ = ("operation", "knobs", "vector_bytes", "problem", "bound")
+    __slots__ = ("operation", "knobs", "vector_bytes", "problem", "bound", "footprint")
 
     def __init__(self, operation, knobs, vector_bytes, problem):
         self.operation, self.knobs, self.vector_bytes, self.problem = operation, knobs, vector_bytes, problem
         self.bound = None
+        self.footprint = None  # where (a, b, c, bias, out) reach: a seen call's out must not overlap the others
 
     def aligned(self, operands) -> bool:
         for t, width in zip(operands, self.vector_bytes):
@@ -162,7 +163,8 @@ def run_gemm(pack, a, b, out, c, alpha, beta, bias, activation, stream):
     if seen is not None and seen.bound is not None:  # a seen device call: patch its addresses, launch
         pointers = (_address(a), _address(b), _address(c) if c_read else 0, 0 if bias is None else _address(bias),
                     _address(out))
-        if seen.bound.launch_pointers(pointers, stream or 0):
+        # an out that may overlap an input goes through GemmArguments, which refuses it or finds it apart
+        if seen.footprint.apart(pointers) and seen.bound.launch_pointers(pointers, stream or 0):
             return out
     seen = resolve(pack, a, b, out, c, c_read, bias, activation, key)
     operation = seen.operation
@@ -177,7 +179,18 @@ def run_gemm(pack, a, b, out, c, alpha, beta, bias, activation, stream):
         from ..runtime.launch import bind_launch
 
         seen.bound = bind_launch(arguments, [address or 0 for address in addresses], seen.vector_bytes)
+        seen.footprint = _footprint((a, b, c if c_read else None, bias, out))
     return out
+
+
+def _footprint(operands):
+    """The byte reach of a call's (a, b, c, bias, out) from their addresses; out is written, c may be out itself."""
+    from ..runtime.arguments import Footprint
+    from ..runtime.tensors import describe
+
+    infos = [None if t is None else describe(t, name) for t, name in zip(operands, ("a", "b", "c", "bias", "out"))]
+    out, c = infos[4], infos[2]
+    return Footprint(infos, [out], [] if c is None else [(out, c)])
 
 
 def _gemm_arguments(operation, knobs, problem, a, b, c, d, bias, alpha, beta, stream, session):

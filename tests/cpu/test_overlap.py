@@ -294,3 +294,16 @@ def test_a_visitor_tree_output_whose_rows_or_batches_overlap_is_refused():
     accepted(lambda: run(Dev((batch, M, N), offset=3 << 20), batch, a3, b3, c3))
     refused(lambda: run(Dev((batch, M, N), (M * N - 8 * N, N, 1), offset=3 << 20), batch, a3, b3, c3),
             "Z: batch stride 1792 makes output matrices overlap")
+
+
+def test_a_packs_seen_call_checks_its_out_against_the_inputs_before_launching():
+    from pycutlass.pack.launch import _footprint
+
+    a, b = Dev((M, K)), Dev((K, N), (1, K), offset=1 << 20)
+    c, out = Dev((M, N), offset=2 << 20), Dev((M, N), offset=3 << 20)
+    footprint = _footprint((a, b, c, None, out))
+    a_, b_, c_, out_ = (BASE + 2 * offset for offset in (0, 1 << 20, 2 << 20, 3 << 20))
+    assert footprint.apart((a_, b_, c_, 0, out_))
+    assert footprint.apart((a_, b_, out_, 0, out_))  # c is out: in place
+    assert not footprint.apart((a_, b_, c_, 0, a_ + 64))  # out over a: the full path decides (and refuses)
+    assert not footprint.apart((a_, b_, out_ + 2, 0, out_))
