@@ -180,3 +180,13 @@ def test_validation_precedes_any_device_work():
     As, Bs, Cs, Ds = tensors(PROBLEMS)
     with pytest.raises(ArgumentError):
         GemmGroupedArguments(op, PROBLEMS, As, Bs, Cs, Ds[:1])
+
+
+def test_device_side_sizes_on_an_sm80_family_operation_say_which_family_takes_them():
+    op = f16_op()
+    sizes = _DeviceArray((4,), 0x1000)
+    sizes.__cuda_array_interface__["typestr"] = "<i4"
+    with pytest.raises(ArgumentError, match=r"group sizes in a tensor .* need an SM90 grouped operation; this one "
+                                            r"builds the Sm80-family kernel"):
+        GemmGroupedArguments(op, sizes, [_DeviceArray((100, 64), 0x2000)], [_DeviceArray((4, 64, 32), 0x40000)],
+                             None, [_DeviceArray((100, 32), 0x80000)])

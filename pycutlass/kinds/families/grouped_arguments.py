@@ -9,6 +9,14 @@ from ...errors import ArgumentError
 _ARRAY_ALIGNMENT = 16  # bytes; each per-problem array starts aligned in the shared buffer
 
 
+def is_device_sizes(problem_sizes) -> bool:
+    """Whether ``problem_sizes`` is a tensor (the device-sizes path) rather than a list of (M, N, K)."""
+    if isinstance(problem_sizes, (list, tuple)) or problem_sizes is None:
+        return False
+    return isinstance(problem_sizes, np.ndarray) or hasattr(problem_sizes, "__cuda_array_interface__") or \
+        hasattr(problem_sizes, "__dlpack__") or type(problem_sizes).__module__.startswith("torch")
+
+
 def fill_group_arrays(struct, arguments) -> None:
     """The per-group device arrays (sizes, operand pointers, leading dimensions) and the workspace of ``arguments``
     into a grouped ABI struct (the Sm80 kernel's and the SM90 pointer-array kernel's have these fields alike)."""

@@ -29,7 +29,7 @@ from ..families.arguments import (check_keywords, check_problem_alignment, coerc
                                   problem_alignment_checks)
 from ..families.grouped_arguments import (  # noqa: F401  (their names as this module had them)
     fill_group_arrays, pack_arrays, pack_problem_arrays, problem_arrays)
-from ..families.grouped_arguments import plural_alias as _alias
+from ..families.grouped_arguments import is_device_sizes, plural_alias as _alias
 from ..families.matrix import MatrixGeometry, check_output_geometry, matrix_geometry
 from .. import registry
 from .abi import GemmGroupedArgs
@@ -144,6 +144,12 @@ class GemmGroupedArguments(OperationArguments):
         if not isinstance(operation, GemmOperationGrouped):
             raise ArgumentError(f"GemmGroupedArguments needs a GemmOperationGrouped, got {type(operation).__name__}")
         super().__init__(operation, stream, device, session)
+        if is_device_sizes(problem_sizes):
+            raise ArgumentError(f"{operation.name}: group sizes in a tensor (device-side sizes: the MoE packed and "
+                                f"masked layouts) need an SM90 grouped operation; this one builds the Sm80-family "
+                                f"kernel, which reads a host list of GemmCoord(M, N, K) (an SM90 tile at compute "
+                                f"capability 90, not an Sm80 instruction shape or warp arrangement, builds the SM90 "
+                                f"kernel)")
         if not isinstance(problem_sizes, (list, tuple)):
             raise ArgumentError(f"problem_sizes must be a list of pycutlass.gemm.GemmCoord(M, N, K), "
                                 f"got {type(problem_sizes).__name__}")

@@ -37,8 +37,8 @@ from ...runtime.arguments import OperationArguments
 from ...runtime.tensors import describe, storage_type
 from ..families.arguments import coerce_output_op
 from ..families.matrix import matrix_geometry
-from ..families.grouped_arguments import (fill_group_arrays, pack_arrays, pack_problem_arrays, plural_alias,
-                                          problem_arrays)
+from ..families.grouped_arguments import (fill_group_arrays, is_device_sizes, pack_arrays, pack_problem_arrays,
+                                          plural_alias, problem_arrays)
 from ..families.sm90_arguments import (  # noqa: F401  (their names as this module had them)
     GROUP_RASTER_ORDERS as RASTER_ORDERS, check_group_knobs, check_sm_count, check_workspace, persistent_sm_count)
 from ..gemm_grouped.arguments import GemmGroupedArguments
@@ -59,14 +59,6 @@ def _part_pointers(parts, address_of) -> np.ndarray:
             bases[id(info)] = address_of(info) if info.numel else 0
         pointers[g] = bases[id(info)] + offset if bases[id(info)] else 0
     return pointers
-
-
-def is_device_sizes(problem_sizes) -> bool:
-    """Whether ``problem_sizes`` is a tensor (the device-sizes path) rather than a list of (M, N, K)."""
-    if isinstance(problem_sizes, (list, tuple)) or problem_sizes is None:
-        return False
-    return isinstance(problem_sizes, np.ndarray) or hasattr(problem_sizes, "__cuda_array_interface__") or \
-        hasattr(problem_sizes, "__dlpack__") or type(problem_sizes).__module__.startswith("torch")
 
 
 class GemmGroupedArgumentsSm90(GemmGroupedArguments):
