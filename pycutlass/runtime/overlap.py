@@ -150,16 +150,7 @@ def ranges_apart(lows, highs, is_output) -> bool:
     Sorted by low, two ranges intersect exactly when the later one starts before the earlier one ends, so one pass
     with the furthest end reached so far by outputs and by inputs finds every intersection that involves an
     output."""
-    if len(lows) <= 8:
-        order = sorted(range(len(lows)), key=lows.__getitem__)
-        output_end = input_end = -1
-        for i in order:
-            if lows[i] < output_end or (is_output[i] and lows[i] < input_end):
-                return False
-            if is_output[i]:
-                output_end = max(output_end, highs[i])
-            else:
-                input_end = max(input_end, highs[i])
+    if len(lows) == 0:
         return True
     lows, highs, is_output = (np.asarray(x) for x in (lows, highs, is_output))
     order = np.argsort(lows, kind="stable")
