@@ -103,6 +103,30 @@ def test_an_output_beside_its_input_in_one_buffer_runs_and_one_over_it_is_refuse
     assert torch.equal(buffer, before)  # nothing ran
 
 
+@pytest.mark.parametrize("family", list(GEMMS))
+def test_batches_interleaved_row_by_row_are_written_in_place(family):
+    """Attention-style output: a (B, M, N) view of (M, B, N) memory. Its batches interleave row by row without
+    sharing an element: D is that view, updated in place (C is D) on the full and the fast path, then poisoned with
+    NaN beside a packed C."""
+    op = GEMMS[family]
+    generator = torch.Generator().manual_seed(15)
+    batch, m, n, k = 3, 136, 72, 96
+    for in_place in (True, True, False):  # in place: full path, then fast path; then D poisoned, C packed
+        a = _random(batch, m, k, generator=generator)
+        b = _random(batch, n, k, generator=generator).transpose(1, 2)  # column-major B per batch
+        heads = _random(m, batch, n, generator=generator)
+        d = heads.transpose(0, 1)  # (B, M, N), strides (N, B * N, 1)
+        c = d if in_place else _random(batch, m, n, generator=generator)
+        reference = _gemm_reference(a, b, c, 1.5, 0.5).cpu().numpy()
+        if not in_place:
+            heads.fill_(float("nan"))
+        arguments = cutlass.GemmArguments(op, [m, n, k], a, b, c, d, output_op=op.epilogue_type(1.5, 0.5),
+                                          gemm_mode=cutlass.gemm.Mode.Batched, batch=batch)
+        op.run(arguments)
+        arguments.sync()
+        assert relative_error(d.cpu().numpy(), reference) < TOLERANCE
+
+
 def test_conv2d_updates_c_in_place():
     generator = torch.Generator().manual_seed(13)
     ps = Conv2dProblemSize((2, 14, 14, 32), (64, 3, 3, 32), (1, 1, 1, 1), (1, 1), (1, 1),

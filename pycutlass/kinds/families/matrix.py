@@ -106,16 +106,31 @@ def matrix_geometry(info: TensorInfo, layout: LayoutType, rows: int, cols: int, 
 
 
 
+def elements_distinct(extents_and_strides) -> bool:
+    """Whether a strided view gives every element its own address: taking its dimensions by increasing stride,
+    each stride must step past everything the smaller ones reach. That decides every view made by slicing and
+    permuting a contiguous tensor, such as a batched (B, M, N) view of (M, B, N) memory, whose batches interleave
+    row by row without sharing an element; a view it cannot decide counts as overlapping."""
+    reach = 0
+    for extent, stride in sorted(((e, abs(s)) for e, s in extents_and_strides if e > 1), key=lambda d: d[1]):
+        if stride <= reach:
+            return False
+        reach += (extent - 1) * stride
+    return True
+
+
 def check_output_geometry(info: TensorInfo, geometry: MatrixGeometry, layout: LayoutType, rows: int, cols: int,
                           batch: int) -> None:
-    """Outputs may not broadcast or overlap between batches."""
+    """Outputs may not broadcast, and no two of their elements may share an address: two tiles would race."""
     if geometry.broadcast:
         raise ArgumentError(f"{info.name}: the output cannot be a broadcast view")
     if batch > 1 and rows and cols:
-        one = (rows - 1 if layout is LayoutType.RowMajor else cols - 1) * geometry.ld + \
-              (cols if layout is LayoutType.RowMajor else rows)
         if layout.is_interleaved:
-            one = rows * cols
-        if abs(geometry.batch_stride) < one:
-            raise ArgumentError(f"{info.name}: batch stride {geometry.batch_stride} makes output matrices overlap "
-                                f"(each spans {one} elements)")
+            apart = abs(geometry.batch_stride) >= rows * cols
+        else:
+            contiguous, strided = (cols, rows) if layout is LayoutType.RowMajor else (rows, cols)
+            apart = elements_distinct(((contiguous, 1), (strided, geometry.ld), (batch, geometry.batch_stride)))
+        if not apart:
+            raise ArgumentError(f"{info.name}: batch stride {geometry.batch_stride} with leading dimension "
+                                f"{geometry.ld} makes output matrices overlap (batches of {rows} x {cols} must not "
+                                f"share an element)")
