@@ -13,12 +13,18 @@ from dataclasses import dataclass
 from ..errors import ArgumentError
 
 
+INT32_MAX = 2**31 - 1  # CUTLASS's coordinates hold 32-bit ints (Coord<rank, int>)
+
+
 def _nonneg(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int,)) and not hasattr(value, "__index__"):
         raise ArgumentError(f"{name} must be an integer, got {value!r}")
     value = int(value)
     if value < 0:
         raise ArgumentError(f"{name} must be >= 0, got {value}")
+    if value > INT32_MAX:  # a kernel would read it wrapped around, and compute a different problem
+        raise ArgumentError(f"{name} must be at most {INT32_MAX}: CUTLASS's coordinates hold 32-bit integers, got "
+                            f"{value}")
     return value
 
 

@@ -11,17 +11,53 @@ from __future__ import annotations
 
 import ctypes
 
+from ..errors import ArgumentError
+
 MAX_ACTIVATION_ARGS = 4
 
 _CPP_TYPE = {ctypes.c_int32: "int32_t", ctypes.c_int64: "int64_t", ctypes.c_uint64: "uint64_t",
              ctypes.c_double: "double"}
 
 
-class AbiStruct(ctypes.Structure):
+_INT32_RANGE = (-2**31, 2**31 - 1)
+
+
+class _CheckedInt32:
+    """An int32 field that refuses what it cannot hold: ctypes would store it wrapped around, and the kernel would
+    compute another problem. The arguments' own checks name the limits first; this is the net under them. Reads and
+    ``offset`` pass through to ctypes' field."""
+
+    def __init__(self, field, owner: str, name: str):
+        self.field, self.offset, self.size = field, field.offset, field.size
+        self._where = f"{owner}.{name}"
+
+    def __get__(self, instance, owner=None):
+        return self if instance is None else self.field.__get__(instance, owner)
+
+    def __set__(self, instance, value):
+        if not _INT32_RANGE[0] <= value <= _INT32_RANGE[1]:
+            raise ArgumentError(f"{self._where}: {value} does not fit the kernel's int32_t "
+                                f"({_INT32_RANGE[0]} to {_INT32_RANGE[1]})")
+        self.field.__set__(instance, value)
+
+
+class _AbiStructType(type(ctypes.Structure)):
+    def __init__(cls, name, bases, namespace, **kwargs):
+        super().__init__(name, bases, namespace, **kwargs)
+        if namespace.get("_device_written_", False):
+            return  # only read on the host: ctypes' own fields read fastest
+        for field_name, ctype in namespace.get("_fields_", ()):  # ctypes made their descriptors in __new__
+            if ctype is ctypes.c_int32:
+                setattr(cls, field_name, _CheckedInt32(cls.__dict__[field_name], name, field_name))
+
+
+class AbiStruct(ctypes.Structure, metaclass=_AbiStructType):
     """A padding-free C struct. Declared without padding, its C++ twin's offsets follow from its field sizes.
 
     ``_pointers_`` names the fields that hold device addresses: the runtime reuses Params built for one set of
-    addresses with another by patching exactly what those fields became (see ``runtime.params``).
+    addresses with another by patching exactly what those fields became (see ``runtime.params``). The int32 fields
+    of structs the host writes refuse values they cannot hold (``ArgumentError``); ``_device_written_ = True``
+    marks structs only the builder kernels write.
     """
 
     _pointers_: tuple[str, ...] = ()
@@ -83,6 +119,8 @@ class LaunchInfo(AbiStruct):
     bytes at its end must be zero at every launch (stream-K's barriers; the reduction tiles before them are
     written before they are read, so CUTLASS itself zeroes only the barriers)."""
 
+    _device_written_ = True
+
     _fields_ = [("grid_x", ctypes.c_int32), ("grid_y", ctypes.c_int32), ("grid_z", ctypes.c_int32),
                 ("block_x", ctypes.c_int32), ("block_y", ctypes.c_int32), ("block_z", ctypes.c_int32),
                 ("shared_memory_bytes", ctypes.c_int32),
@@ -103,6 +141,8 @@ class TmaRecord(AbiStruct):
     convolution): only ``offset`` counts; the descriptor's 128 bytes hold the encode arguments CUTLASS's
     ``make_im2col_tma_copy_desc`` computed (``kinds/conv2d_sm90``'s capture), which the runtime encodes through
     ``cuTensorMapEncodeIm2col``."""
+
+    _device_written_ = True
 
     _fields_ = [("offset", ctypes.c_int32), ("rank", ctypes.c_int32), ("data_type", ctypes.c_int32),
                 ("swizzle", ctypes.c_int32), ("interleave", ctypes.c_int32), ("l2_promotion", ctypes.c_int32),

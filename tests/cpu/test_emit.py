@@ -308,3 +308,23 @@ def test_abi_cpp_types_match_ctypes():
     assert "  double alpha;" in struct and f"  double activation_args[{abi.MAX_ACTIVATION_ARGS}];" in struct
     assert all(s.cpp_definition() in source for s in ALL_STRUCTS)
     assert names.ELEMENT[cutlass.float16] == "cutlass::half_t"
+
+
+def test_int32_fields_refuse_what_they_cannot_hold():
+    """ctypes would store 2**31 as -2**31: a kernel would compute another problem, so setting it raises."""
+    args = GemmUniversalArgs()
+    args.m, args.n = 2**31 - 1, -(2**31)
+    assert (args.m, args.n) == (2**31 - 1, -(2**31))
+    for value in (2**31, 3_000_000_000, -(2**31) - 1):
+        with pytest.raises(cutlass.ArgumentError, match=rf"GemmUniversalArgs.k: {value} does not fit the kernel's "
+                                                        r"int32_t"):
+            args.k = value
+    assert args.k == 0
+    args.lda = 2**40  # int64 fields hold any stride a tensor can have
+    assert GemmUniversalArgs.from_buffer_copy(args).m == 2**31 - 1
+    with pytest.raises(cutlass.ArgumentError, match="GemmCoord.m must be at most 2147483647"):
+        cutlass.GemmCoord(2**31, 1, 1)
+    with pytest.raises(cutlass.ArgumentError, match="MatrixCoord.row must be at most 2147483647"):
+        cutlass.MatrixCoord(2**31, 1)
+    # the structs the builder kernels write are read with ctypes' own fields
+    assert type(vars(abi.LaunchInfo)["grid_x"]).__name__ == "CField"
