@@ -16,8 +16,9 @@ def _signature(t):
     if t is None:
         return None
     stride = getattr(t, "stride", None)
-    if callable(stride):  # torch (get_device: -1 on the CPU)
-        return (t.shape, stride(), t.dtype, t.get_device())
+    if callable(stride):  # torch (get_device: -1 on the CPU; a negated view must reach describe, which refuses it)
+        is_neg = getattr(t, "is_neg", None)
+        return (t.shape, stride(), t.dtype, t.get_device(), is_neg is not None and is_neg())
     device = getattr(t, "device", None)
     return (type(t), t.shape, getattr(t, "strides", None), str(getattr(t, "dtype", None)),
             getattr(device, "id", None))

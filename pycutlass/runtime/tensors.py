@@ -8,6 +8,7 @@ in ``describe()``, before any allocation.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -85,6 +86,12 @@ def describe(obj, name: str) -> TensorInfo:
         if element is None:
             raise ArgumentError(f"{name}: torch dtype {obj.dtype} is not supported; use one of "
                                 f"{sorted(_TORCH_NAMES)}")
+        if obj.layout is not sys.modules["torch"].strided:
+            raise ArgumentError(f"{name}: a {obj.layout} torch tensor has no strided storage to read; pass a dense "
+                                f"tensor (.to_dense())")
+        if obj.is_neg():  # the memory holds the negated values (a lazily negated view, such as z.conj().imag)
+            raise ArgumentError(f"{name}: the tensor has torch's negative bit set, so its memory holds the negated "
+                                f"values; pass tensor.resolve_neg()")
         shape, strides = tuple(obj.shape), obj.stride()
         index = obj.get_device()  # -1 off CUDA
         if index >= 0:
@@ -157,8 +164,8 @@ def torch_signature(obj):
     """(dtype, shape, strides, device) of a plain CUDA torch tensor or parameter, read cheaply; None for anything
     else (other subclasses may override what the signature reads)."""
     kind = type(obj)
-    if (kind.__module__, kind.__name__) not in _PLAIN_TORCH_TYPES or not obj.is_cuda:
-        return None
+    if (kind.__module__, kind.__name__) not in _PLAIN_TORCH_TYPES or not obj.is_cuda or obj.is_neg():
+        return None  # a negated view must reach describe(), which refuses it
     return obj.dtype, obj.shape, obj.stride(), obj.get_device()
 
 

@@ -179,6 +179,19 @@ def test_non_contiguous_host_array(op, gpu_calls):
     assert gpu_calls == []
 
 
+def test_torch_tensors_without_plain_strided_memory(op, gpu_calls):
+    torch = pytest.importorskip("torch")
+    # z.conj().imag is a view whose memory holds the negated values (torch's negative bit): reading it raw would
+    # flip a sign silently
+    negated = torch.zeros(M, K, dtype=torch.complex64).conj().imag.to(torch.float16)
+    assert not negated.is_neg()  # .to() resolves it; the lazily negated float16 view comes from _neg_view
+    rejects(r"^A: the tensor has torch's negative bit set, .* tensor.resolve_neg\(\)$", op,
+            A=torch.zeros(M, K, dtype=torch.float16)._neg_view())
+    rejects(r"^A: a torch.sparse_coo torch tensor has no strided storage", op,
+            A=torch.zeros(M, K, dtype=torch.float16).to_sparse())
+    assert gpu_calls == []
+
+
 # --- problem size -----------------------------------------------------------------------------------------------------
 def test_problem_size_alignment(op, gpu_calls):
     k = K + 4

@@ -400,3 +400,12 @@ def test_pack_binaries_drop_only_unreferenced_local_data_symbols(pack_path, comp
     assert any(s[1] >> 4 == 1 and s[1] & 0xF == 2 for s in after)  # the kernels (global functions) are kept
     # (NVRTC's SM90 cubins carry thousands of such symbols; this Sm80-family nvcc cubin may carry none)
     assert slim_cubin(b"not an ELF file") == b"not an ELF file"
+
+
+def test_a_negated_torch_view_never_shares_a_seen_calls_signature():
+    torch = pytest.importorskip("torch")
+    from pycutlass.pack.launch import _signature
+
+    t = torch.zeros(8, 16, dtype=torch.float16)
+    assert _signature(t) == _signature(torch.ones(8, 16, dtype=torch.float16))
+    assert _signature(t._neg_view()) != _signature(t)  # so it takes the full path, which refuses it
