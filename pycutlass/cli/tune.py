@@ -186,7 +186,7 @@ def _echo_breakdown(summary, wanted: bool) -> None:
                    "'all' for every configuration.")
 def tune(space, problem_specs, db_path, policy, jobs, retune, top_k):
     """Find the fastest kernel of a space for each problem (tuning cache in --db)."""
-    from ..tune.autotune import autotune, candidates
+    from ..tune.autotune import autotune, candidates, check_problem_kind
 
     if top_k == "all":
         top_k = None
@@ -201,7 +201,9 @@ def tune(space, problem_specs, db_path, policy, jobs, retune, top_k):
     with _reported():
         problems = _problems(problem_specs)
         search_space = _space(space)
-        candidates(search_space)  # a space the tuner refuses (no candidate, two classes) is named before the GPU
+        operations, _ = candidates(search_space)  # a space the tuner refuses (no candidate, two classes) or a
+        for problem in problems:  # problem its kind cannot compute is named before the GPU
+            check_problem_kind(operations, problem)
         _require_gpu("tune")
         for problem in problems:
             result = autotune(search_space, problem, db=str(db_path), policy=policy, jobs=jobs, retune=retune,

@@ -47,12 +47,18 @@ def bucket_of(problem, policy) -> tuple:
         except TypeError:
             raise ArgumentError(f"a key policy function must return JSON-able values, got {bucket!r}") from None
         return tuple(bucket) if isinstance(bucket, list) else bucket if isinstance(bucket, tuple) else (bucket,)
+    if policy not in ("exact", "pow2"):
+        raise ArgumentError(f"key policy must be 'exact', 'pow2' or a function of the problem, got {policy!r}")
+    kind = getattr(problem, "kind", "gemm")
+    if kind != "gemm":  # a grouped set or a convolution: its own key (a grouped set's is a digest of its shapes)
+        if policy == "pow2":
+            raise ArgumentError(f"key policy 'pow2' rounds a GEMM's M, N and K; a {kind} problem is keyed "
+                                f"'exact' or by a function of the problem")
+        return (problem.key,)
     shape = (problem.m, problem.n, problem.k, problem.batch)
     if policy == "exact":
         return shape
-    if policy == "pow2":
-        return tuple(next_pow2(v) for v in shape)
-    raise ArgumentError(f"key policy must be 'exact', 'pow2' or a function of the problem, got {policy!r}")
+    return tuple(next_pow2(v) for v in shape)
 
 
 def policy_name(policy) -> str:
@@ -146,16 +152,30 @@ def candidates(space_or_operations) -> tuple[list, dict]:
     return operations, params
 
 
+def check_problem_kind(operations, problem) -> None:
+    """The candidates must compute the problem's kind: GEMM operations GEMMs, grouped ones grouped sets (SM90
+    grouped ones also the masked layout), Conv2d operations convolutions."""
+    from .db import operation_class
+    from .runner import problem_kinds
+
+    kind = getattr(problem, "kind", None)
+    takes = problem_kinds(operations[0])
+    if kind not in takes:
+        raise ArgumentError(f"autotune: the candidates ({operation_class(operations[0])}) are timed on "
+                            f"{' or '.join(takes) or 'no'} problems, got a {kind} problem ({problem!r})")
+
+
 def gpu_measure(config=None, session: Session | None = None, device: int | None = None):
-    """The default measurement: the sweep harness in this process; returns seconds or None (wrong/failed)."""
-    from .bench import BenchConfig, GemmBench, measure_gemm
+    """The default measurement: the sweep harness in this process (GEMM, grouped GEMM or Conv2d, by the problem's
+    kind); returns seconds or None (wrong/failed)."""
+    from .bench import BenchConfig, GemmBench, measure_kernel
 
     # 50 repetitions: on an H100, 20 picked kernels up to 10% off the best at 4096^3; 50 kept all 10 shapes within 1%
     bench = GemmBench(config or BenchConfig(), device)
 
     def measure(operation, problem):
         try:
-            measurement, _ = measure_gemm(bench, operation, problem, session)
+            measurement, _ = measure_kernel(bench, operation, problem, session)
         except ArgumentError:  # this candidate cannot run this problem (e.g. its alignment): not a choice
             return None
         return measurement.seconds if measurement.status == "ok" else None
@@ -240,6 +260,7 @@ class _Tuner:
         return op, row
 
     def tune(self, problem, *, retune: bool = False) -> TuneResult:
+        self._check_kind(problem)
         key = self.key(problem)
         if not retune:
             hit = self.cached(key)
@@ -254,6 +275,9 @@ class _Tuner:
         best = min(good, key=good.get)
         self.db.put_tuning(key, best, self.params.get(best, {}), good[best], policy_name(self.policy), len(ready))
         return TuneResult(self.by_name[best], good[best], key, False, len(ready), timings, self.op_class)
+
+    def _check_kind(self, problem) -> None:
+        check_problem_kind(self.operations, problem)
 
     def candidates_for(self, problem) -> list:
         """What tuning ``problem`` compiles and times: the ``top_k`` best-ranked candidates, then those already in

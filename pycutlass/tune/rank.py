@@ -5,7 +5,8 @@
         print(candidate.score, candidate.reason, candidate.point.operation.name)
 
 The score is an estimated fraction of the device's peak tensor throughput (higher is better), from a pure-Python
-model of one GEMM: tile quantization and waves over the SMs, the mainloop's arithmetic intensity per tile (a
+model of one GEMM (a grouped GEMM is the same model over its groups in one persistent launch, a convolution the
+implicit GEMM of its kind): tile quantization and waves over the SMs, the mainloop's arithmetic intensity per tile (a
 cluster's TMA multicast halves the loads of the shared operand), the kernel schedule (persistent cooperative and
 ping-pong hide a tile's epilogue behind the next tile, the plain warp-specialized kernel runs a CTA per tile and is
 the one to beat in a single wave; stream-K for problems under one wave), accumulator registers per consumer thread
@@ -100,6 +101,7 @@ class Config:
     ctas_per_sm: int = 1  # SM90: two for a convolution whose explicit stages fit half an SM
     epilogue_tile: tuple[int, int] | None = None  # SM90: an explicit TMA-epilogue sub-tile (None: CUTLASS's own)
     fused_epilogue: bool = True  # a bias or an activation: the epilogue holds registers beside the accumulators
+    conv_kind: str | None = None  # a convolution's kind (fprop, dgrad, wgrad): which implicit GEMM it computes
 
     @property
     def sm90(self) -> bool:
@@ -162,7 +164,8 @@ def config_of(item) -> Config:
                       _label_bits(p["element_a"]), _label_bits(p["element_c"]),
                       _label_bits(p["element_accumulator"]), ctas,
                       tuple(epilogue_tile) if isinstance(epilogue_tile, (tuple, list)) else None,
-                      bool(params.get("bias")) or p.get("epilogue", "linear_combination") != "linear_combination")
+                      bool(params.get("bias")) or p.get("epilogue", "linear_combination") != "linear_combination",
+                      p.get("conv_kind") if p["kind"] == "conv2d" else None)
     td = getattr(item, "tile_description", None)
     if td is None:
         raise ArgumentError(f"rank: cannot read a configuration from {type(item).__name__}; give SpacePoints, "
@@ -182,7 +185,8 @@ def config_of(item) -> Config:
                   getattr(item, "ctas_per_sm", 1) if sm90 else 1,
                   tuple(td.epilogue_tile) if sm90 and getattr(td, "epilogue_tile", None) else None,
                   bool(getattr(item, "bias", None)) or
-                  getattr(getattr(item, "epilogue_functor", None), "kind", "LinearCombination") != "LinearCombination")
+                  getattr(getattr(item, "epilogue_functor", None), "kind", "LinearCombination") != "LinearCombination",
+                  getattr(getattr(item, "conv_kind", None), "name", None) if kind == "conv2d" else None)
 
 
 # ---- cannot win: a rule the space applies before ranking -------------------------------------------------------------
@@ -265,20 +269,45 @@ def _problem_shape(problem) -> tuple[int, int, int, int]:
         raise ArgumentError(f"rank: the problem must be a GemmProblem (m, n, k, batch), got {problem!r}") from None
 
 
+def gemm_groups(problem, conv_kind: str | None = None) -> list[tuple[int, int, int, int]]:
+    """The (M, N, K, batch) GEMMs one launch computes for ``problem``: a GEMM itself, a grouped GEMM's groups (the
+    masked layout's rows up to each count), a convolution's implicit GEMM of ``conv_kind`` (fprop by default)."""
+    kind = getattr(problem, "kind", "gemm")
+    if kind == "grouped_gemm":
+        return [(m, n, k, 1) for m, n, k in problem.shapes]
+    if kind == "masked_grouped_gemm":
+        return [(count, problem.n, problem.k, 1) for count in problem.counts if count] or [(1, problem.n, problem.k, 1)]
+    if kind == "conv2d":
+        return [(*problem.gemm_shape(conv_kind or "fprop"), 1)]
+    return [_problem_shape(problem)]
+
+
+_GROUPS_OF_KIND = ("grouped_gemm", "masked_grouped_gemm", "conv2d")  # the kinds gemm_groups reads besides GEMM
+
+
+def _is_gemm(problem) -> bool:
+    return getattr(problem, "kind", "gemm") == "gemm" and hasattr(problem, "m")
+
+
 def estimate(config: Config, problem, device: DeviceModel) -> Estimate:
-    """Estimated seconds of one configuration on one problem, and the terms that decided it."""
-    M, N, K, batch = _problem_shape(problem)
+    """Estimated seconds of one configuration on one problem, and the terms that decided it.
+
+    A grouped GEMM (and a convolution's implicit GEMM) is the same model over its groups: one persistent launch
+    spreads every group's tiles over the SMs, so waves count all the tiles, each tile costs what its own group's K
+    asks, and memory moves every group's operands."""
+    groups = gemm_groups(problem, config.conv_kind)
     tm, tn, tk = config.tile
     cm, cn = config.cluster
     a_bytes, c_bytes = config.a_bits / 8, config.c_bits / 8
     peak = device.peak_flops_16bit * _PEAK_SCALE.get(config.a_bits, 1.0)
     if config.cc != device.compute_capability and config.sm90 != (device.compute_capability == 90):
         peak *= 0.5  # a kernel of the other family still runs, but not as designed
-    tiles_m = math.ceil(math.ceil(M / tm) / cm) * cm  # a cluster launches whole: round the grid up to it
-    tiles_n = math.ceil(math.ceil(N / tn) / cn) * cn
-    tiles = tiles_m * tiles_n * batch
-    k_iters = max(1, math.ceil(K / tk))
-    quantization = (M * N * batch) / (tiles * tm * tn)
+    # per group: its tiles (a cluster launches whole: round the grid up to it) and K iterations per tile
+    tiles_of = [math.ceil(math.ceil(M / tm) / cm) * cm * math.ceil(math.ceil(N / tn) / cn) * cn * batch
+                for M, N, K, batch in groups]
+    k_iters_of = [max(1, math.ceil(K / tk)) for _, _, K, _ in groups]
+    tiles = sum(tiles_of)
+    quantization = sum(M * N * batch for M, N, _, batch in groups) / (tiles * tm * tn)
 
     # Mainloop efficiency from the tile's arithmetic intensity; multicast shares A across a cluster's N and B across
     # its M, halving the shared operand's loads.
@@ -286,6 +315,8 @@ def estimate(config: Config, problem, device: DeviceModel) -> Estimate:
     intensity = 2 * tm * tn * tk / loads
     efficiency = intensity / (intensity + _INTENSITY_HALF)
     notes = [f"{tm}x{tn} AI {intensity:.0f}"]
+    if len(groups) > 1:
+        notes.append(f"{len(groups)} groups")
     if cm * cn > 1:
         notes.append(f"cluster {cm}x{cn} multicast")
     if config.sm90:
@@ -296,12 +327,11 @@ def estimate(config: Config, problem, device: DeviceModel) -> Estimate:
         if config.schedule == "cooperative" and tm == 128 and tn <= 64:
             efficiency *= 0.92  # two warpgroups on a small tile: 64x64 per warpgroup, little work per barrier
         resident = config.ctas_per_sm
-        mainloop_factor, store_factor = epilogue_tile_factors(config, k_iters)
-        efficiency *= mainloop_factor
+        factors = [epilogue_tile_factors(config, k_iters) for k_iters in k_iters_of]
         if config.epilogue_tile is not None:
             notes.append(f"epilogue tile {config.epilogue_tile[0]}x{config.epilogue_tile[1]}")
     else:
-        store_factor = 1.0
+        factors = [(1.0, 1.0)] * len(groups)
         smem = config.stages * (tm + tn) * tk * a_bytes
         # registers allow about 16 warps at 128 per thread (65536 per SM)
         resident = max(1, min(int(device.smem_per_sm // max(smem, 1)), 16 // max(1, config.warps)))
@@ -316,9 +346,12 @@ def estimate(config: Config, problem, device: DeviceModel) -> Estimate:
 
     slots = (device.sm_count // (cm * cn)) * (cm * cn) * resident
     per_slot = peak / (device.sm_count * resident)
-    flops_tile = 2.0 * tm * tn * tk * k_iters
-    t_main = flops_tile / (per_slot * efficiency)
-    t_epilogue = tm * tn * c_bytes / (device.dram_bytes_per_s / device.sm_count) * store_factor
+    epilogue_s = tm * tn * c_bytes / (device.dram_bytes_per_s / device.sm_count)
+    # a tile's mainloop and epilogue times, averaged over all tiles (one group: exactly its own)
+    t_main = sum(count * 2.0 * tm * tn * tk * k_iters / (per_slot * efficiency * mainloop)
+                 for count, k_iters, (mainloop, _) in zip(tiles_of, k_iters_of, factors)) / tiles
+    t_epilogue = sum(count * epilogue_s * store for count, (_, store) in zip(tiles_of, factors)) / tiles
+    k_iters = sum(count * k for count, k in zip(tiles_of, k_iters_of)) / tiles
     # What of a tile's epilogue the next tile's work hides: a persistent ping-pong CTA runs the other warpgroup's
     # mainloop meanwhile, a cooperative one only has its producer load ahead. The plain warp-specialized kernel is
     # not persistent (a CTA per tile): nothing hides its epilogue, and each tile past the first wave pays its own
@@ -351,7 +384,7 @@ def estimate(config: Config, problem, device: DeviceModel) -> Estimate:
     # bandwidth (about 60% of the SMs saturate DRAM on a Hopper).
     active = min(tiles, slots) if not config.stream_k else min(slots, tiles * k_iters)
     pull = min(1.0, active / (0.6 * slots))
-    dram = ((M + N) * K * a_bytes + M * N * c_bytes) * batch
+    dram = sum(((M + N) * K * a_bytes + M * N * c_bytes) * batch for M, N, K, batch in groups)
     if config.stream_k and math.ceil(tiles * k_iters / slots) < k_iters:
         dram += min(slots, tiles * k_iters) * tm * tn * 4 * 2  # split tiles' float32 partials, written and read
     l2 = tiles * k_iters * loads
@@ -500,10 +533,12 @@ def rank(points, problem, device=None, history=None, *, sm_count: int | None = N
     if not items:
         return []
     configs = [config_of(item) for item in items]
-    _problem_shape(problem)
+    gemm = _is_gemm(problem)
+    if not gemm and getattr(problem, "kind", None) not in _GROUPS_OF_KIND:
+        raise ArgumentError(f"rank: the problem must be a GemmProblem, GroupedGemmProblem, MaskedGroupedProblem or "
+                            f"Conv2dProblem (pycutlass.tune.problems), got {problem!r}")
     dev = device_model(device, compute_capability=configs[0].cc, sm_count=sm_count)
-    flops = 2.0 * problem.m * problem.n * problem.k * getattr(problem, "batch", 1)
-    nvmmh = _nvmmh(dev, model)
+    nvmmh = _nvmmh(dev, model) if gemm else None  # NVIDIA's model estimates one GEMM
     estimates = [estimate(config, problem, dev) for config in configs]
     seconds = [found.seconds for found in estimates]
     reasons = [found.reason for found in estimates]
@@ -528,9 +563,11 @@ def rank(points, problem, device=None, history=None, *, sm_count: int | None = N
     scored = []
     for index, (item, config) in enumerate(zip(items, configs)):
         peak = dev.peak_flops_16bit * _PEAK_SCALE.get(config.a_bits, 1.0)
+        flops = sum(2.0 * M * N * K * batch for M, N, K, batch in gemm_groups(problem, config.conv_kind))
         scored.append([item, flops / seconds[index] / peak, reasons[index], index])
+    # measured history is read for GEMM shapes (nearby shapes: within 2x in M, N and K)
     measured = history_scores(_history_rows(history), filter(None, map(_name_of, items)), problem) \
-        if history is not None else {}
+        if history is not None and gemm else {}
     if measured:
         best_model = max(s[1] for s in scored)
         for entry in scored:

@@ -80,14 +80,22 @@ def cached_operation_names(operations, session: Session, target=None) -> set[str
 
 
 def ranked_union(operations, problems, top_k: int, *, device=None, history=None, sm_count=None) -> list:
-    """The operations among the ``top_k`` best-ranked for at least one problem, in their original order."""
+    """The operations among the ``top_k`` best-ranked of their operation class for at least one problem they are
+    timed on (GEMM, grouped GEMM or Conv2d: ``runner.problem_kinds``), in their original order."""
+    from .db import operation_class
     from .rank import top_k as best
+    from .runner import operations_by_kind
 
+    classes_by_kind = {}
+    for kind, serving in operations_by_kind(operations).items():
+        by_class = {}
+        for op in serving:
+            by_class.setdefault(operation_class(op), []).append(op)
+        classes_by_kind[kind] = list(by_class.values())
     chosen = set()
     for problem in problems:
-        if getattr(problem, "kind", "gemm") != "gemm" or not hasattr(problem, "m"):
-            return list(operations)  # the ranking models GEMMs only: keep everything for other kinds
-        chosen |= {op.name for op in best(operations, problem, top_k, device, history, sm_count=sm_count)}
+        for candidates in classes_by_kind.get(problem.kind, ()):
+            chosen |= {op.name for op in best(candidates, problem, top_k, device, history, sm_count=sm_count)}
     return [op for op in operations if op.name in chosen]
 
 

@@ -490,3 +490,82 @@ def test_a_transformer_mlp_layer_ranks_data_parallel_tiles_ahead_of_stream_k_and
     # just past one wave (1.14) stream-K keeps its place: a data-parallel second wave leaves most SMs idle
     small = [op.name for op in top_k([op for _, op in grid], GemmProblem(6304, 768, 3072), 4, "H200")]
     assert any("_sk_" in name for name in small), small
+
+
+# --- grouped GEMM and Conv2d problems ------------------------------------------------------------------------------
+def test_a_grouped_set_is_the_gemm_model_over_its_groups():
+    from pycutlass.tune.problems import Conv2dProblem, GroupedGemmProblem, MaskedGroupedProblem
+
+    h200 = device_model("H200")
+    grouped = SearchSpace(kind=["grouped_gemm"], compute_capability=[90], dtypes=["bf16"],
+                          threadblock_shape=[[64, 128, 64], [128, 128, 64], [128, 256, 64]]).build().operations
+    for op in grouped:  # one group: exactly the GEMM's estimate
+        config = config_of(op)
+        assert estimate(config, GroupedGemmProblem(((1000, 3000, 520),)), h200).seconds == \
+            estimate(config, GemmProblem(1000, 3000, 520), h200).seconds
+    # eight experts of ~100 rows pad each to a whole 128-row tile (eight rows of tiles where one GEMM of their 824
+    # rows needs seven), and each reads its own 4096 x 4096 weights
+    experts = GroupedGemmProblem(tuple((100 + 3 * e, 4096, 4096) for e in range(8)))
+    large = next(op for op in grouped if config_of(op).tile[:2] == (128, 256))
+    padded, packed = estimate(config_of(large), experts, h200), estimate(config_of(large), GemmProblem(824, 4096, 4096),
+                                                                         h200)
+    assert padded.seconds > packed.seconds and "8 groups" in padded.reason and "of the tiles' area" in padded.reason
+    # the masked layout computes each expert's rows up to its count; empty experts cost nothing
+    masked = MaskedGroupedProblem(8, 256, 4096, 4096, (100, 0, 103, 106, 109, 112, 115, 118))
+    sparse = GroupedGemmProblem(tuple((m, 4096, 4096) for m in (100, 103, 106, 109, 112, 115, 118)))
+    for op in grouped:
+        assert estimate(config_of(op), masked, h200).seconds == estimate(config_of(op), sparse, h200).seconds
+    # a convolution ranks as the implicit GEMM of its own kind
+    conv = SearchSpace(kind=["conv2d"], compute_capability=[90], conv_kind=["fprop", "wgrad"],
+                       threadblock_shape=[[128, 64, 64]]).build().operations
+    layer = Conv2dProblem(32, 56, 56, 64, 64, 3, 3, (1, 1))
+    for op in conv:
+        m, n, k = layer.gemm_shape(op.conv_kind.name)
+        assert estimate(config_of(op), layer, h200).seconds == estimate(config_of(op), GemmProblem(m, n, k),
+                                                                        h200).seconds
+    with pytest.raises(ArgumentError, match="GemmProblem, GroupedGemmProblem, MaskedGroupedProblem or "
+                                            "Conv2dProblem"):
+        rank(grouped, object(), h200)
+
+
+def test_autotune_ranks_grouped_and_conv_problems_and_keys_them_exactly(monkeypatch, tmp_path):
+    from pycutlass.tune.problems import Conv2dProblem, GroupedGemmProblem
+
+    compiles, measured = _CountingCompiles(monkeypatch), _fake_gpu(monkeypatch)
+    session = pycutlass.Session(cache_path=tmp_path / "kernels.db")
+    tiles = [[64, 128, 64], [128, 128, 64], [128, 256, 64], [256, 128, 64]]
+    grouped = SearchSpace(kind=["grouped_gemm"], compute_capability=[90], dtypes=["bf16"], threadblock_shape=tiles,
+                          cluster_shape=[[1, 1, 1], [1, 2, 1]])
+    experts = GroupedGemmProblem(tuple((m, 2048, 7168) for m in (48, 96, 244, 130, 64, 180)))
+    result = autotune(grouped, experts, db=tmp_path / "t.db", session=session, device_facts=FACTS, top_k=3)
+    assert result.candidates == 3 and len(compiles.names) == 3 and sorted(measured) == sorted(compiles.names)
+    assert set(compiles.names) == {op.name for op in top_k(grouped.build().operations, experts, 3, "H100")}
+    assert experts.key in result.key
+    again = autotune(grouped, experts, db=tmp_path / "t.db", session=session, device_facts=FACTS, top_k=3)
+    assert again.from_cache and again.operation.name == result.operation.name and len(compiles.names) == 3
+    with pytest.raises(ArgumentError, match="'pow2' rounds a GEMM's M, N and K"):
+        autotune(grouped, experts, db=tmp_path / "t.db", session=session, device_facts=FACTS, policy="pow2")
+    with pytest.raises(ArgumentError, match="timed on grouped_gemm or masked_grouped_gemm problems, got a gemm"):
+        autotune(grouped, GemmProblem(128, 128, 128), db=tmp_path / "t.db", session=session, device_facts=FACTS)
+    conv = SearchSpace(kind=["conv2d"], compute_capability=[90], conv_kind=["wgrad"], threadblock_shape=tiles)
+    layer = Conv2dProblem(32, 28, 28, 128, 128, 3, 3, (1, 1))
+    found = autotune(conv, layer, db=tmp_path / "t.db", session=session, device_facts=FACTS, top_k=2)
+    assert found.candidates == 2 and found.operation.conv_kind.name == "wgrad"
+
+
+def test_a_sweeps_top_k_ranks_each_operation_class_on_the_problems_it_times(monkeypatch, tmp_path):
+    from pycutlass.tune.problems import GroupedGemmProblem, ProblemSet
+    from pycutlass.tune.sweep import ranked_union
+
+    gemm = SearchSpace(compute_capability=[90], dtypes=["f16", "bf16"],
+                       threadblock_shape=[[64, 128, 64], [128, 128, 64], [128, 256, 64]]).build().operations
+    grouped = SearchSpace(kind=["grouped_gemm"], compute_capability=[90], dtypes=["bf16"],
+                          threadblock_shape=[[64, 128, 64], [128, 128, 64], [128, 256, 64]]).build().operations
+    operations = gemm + grouped
+    problems = ProblemSet("mixed", [GemmProblem(4096, 4096, 4096), GroupedGemmProblem(((96, 4096, 4096),) * 8)])
+    kept = ranked_union(operations, problems, 1, device="H200")
+    # one per class for the GEMM (f16 and bf16) and one grouped for the grouped set
+    assert len(kept) == 3
+    assert {op.tile_description.math_instruction.element_a.name for op in kept if op in gemm} == \
+        {"float16", "bfloat16"}
+    assert [op for op in kept if op in grouped] == top_k(grouped, problems[1], 1, "H200")
