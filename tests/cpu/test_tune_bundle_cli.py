@@ -218,6 +218,9 @@ def test_cli_checks_everything_before_creating_the_db(tmp_path, monkeypatch):
         "'bogus' is neither a local cluster nor a scheduler address; allowed: 'local' or 'local:N'": [
             "sweep", "--space", "sm80-f16-small", "--db", "r.db", "--compile-only", "--scheduler", "bogus"],
         "empty.toml is empty": ["sweep", "--space", "empty.toml", "--db", "r.db", "--compile-only"],
+        "are timed on gemm problems, got a grouped_gemm problem": [
+            "tune", "--space", "sm80-f16-small", "--problem", "grouped:count=4:m=64..256:n=512:k=512", "--db",
+            "tune.db"],
         "--problems is required to benchmark": ["sweep", "--space", "sm80-f16-small", "--db", "r.db"],
         "'bogus' is not one of 'launch', 'kernel', 'events'": ["sweep", "--space", "sm80-f16-small", "--db", "r.db", "--timer",
                                                      "bogus"],
