@@ -357,6 +357,23 @@ def test_autotune_top_k_compiles_only_the_ranked_few_and_runs_the_winner(tmp_pat
     assert ((d.double() - reference).norm() / reference.norm()).item() < 5e-3
 
 
+def test_autotune_times_grouped_sets_and_convolutions_and_keeps_the_winner(tmp_path):
+    """autotune on a grouped set (both scheduler modes of one tile) and on a convolution (one kind), each candidate
+    verified against float64 before it is timed; the second call answers from the tuning cache."""
+    from pycutlass.tune.autotune import autotune
+    from pycutlass.tune.problems import Conv2dProblem, grouped_problems
+
+    experts = list(grouped_problems(5, (16, 300), 256, 128, seed=4))[0]
+    grouped = autotune(GROUPED_OPS[1:], experts, db=tmp_path / "t.db", top_k=None)
+    assert grouped.operation in GROUPED_OPS[1:] and grouped.candidates == 2 and not grouped.from_cache
+    assert all(seconds is not None and seconds > 0 for seconds in grouped.timings.values()), grouped.timings
+    again = autotune(GROUPED_OPS[1:], experts, db=tmp_path / "t.db", top_k=None)
+    assert again.from_cache and again.operation.name == grouped.operation.name
+    layer = Conv2dProblem(4, 16, 16, 64, 128, 3, 3, pad=(1, 1))
+    conv = autotune(CONV_OPS[1:], layer, db=tmp_path / "t.db", top_k=1)
+    assert conv.operation is CONV_OPS[1] and conv.seconds > 0
+
+
 def test_breakdown_accounts_for_a_real_sweep(tmp_path):
     """Where a real worker's time goes: every phase shows, and the parts add up to the whole."""
     ops = [gemm((128, 128, 32)), gemm((64, 64, 32))]
