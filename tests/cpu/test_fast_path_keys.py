@@ -23,6 +23,9 @@ class Tensor:
     def get_device(self):
         return self._device
 
+    def is_neg(self):  # torch's negative bit: a lazily negated view
+        return getattr(self, "negated", False)
+
 
 Tensor.__module__ = "torch"
 
@@ -52,6 +55,9 @@ def test_what_never_takes_the_fast_path():
     cpu = Tensor((64, 64), (64, 1))
     cpu.is_cuda = False
     assert key(a, cpu) is None
+    negated = Tensor((64, 64), (64, 1))
+    negated.negated = True
+    assert key(a, negated) is None  # its memory holds the negated values: the full path refuses it
     assert key(a, a, output_op=[1.0, 0.5]) is None  # unhashable: the full path coerces it
     assert key(a, a, stream=object()) is None  # an odd stream: the full path says what is wrong
 

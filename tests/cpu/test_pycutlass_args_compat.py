@@ -403,6 +403,9 @@ class Tensor:
     def get_device(self):
         return 0
 
+    def is_neg(self):  # torch's negative bit: a lazily negated view
+        return getattr(self, "negated", False)
+
 
 Tensor.__module__ = "torch"
 
