@@ -54,6 +54,8 @@ _CONNECT_TIMEOUT_S = 60
 # busy_timeout first, so that switching to WAL also waits for other processes instead of failing.
 _PRAGMAS = ("PRAGMA busy_timeout=60000", "PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL")
 _CLAIM_POLL_MIN_S = 0.02
+_BUSY_RETRIES = 5  # a lock reported busy at once (not after busy_timeout): tried again after 0.05-3 s in all
+_BUSY_BACKOFF_S = 0.05
 _CLAIM_POLL_MAX_S = 0.2
 # Primary SQLite result codes meaning "the file is damaged or is not a database at all".
 _CORRUPTION_CODES = {getattr(sqlite3, "SQLITE_CORRUPT", 11), getattr(sqlite3, "SQLITE_NOTADB", 26)}
@@ -278,20 +280,27 @@ class ArtifactCache:
             raise CacheError(f"artifact cache {os.fspath(self.path)} was opened read-only: cannot {what}")
 
     def _with_recovery(self, operation: Callable[[Database], _T]) -> _T:
-        """Run ``operation`` on the connection; if the file turns out corrupt, start over on a fresh one."""
+        """Run ``operation`` on the connection; if the file turns out corrupt, start over on a fresh one. A lock
+        SQLite reports busy without waiting (it does so where waiting could deadlock, or while another process
+        recovers the WAL) is tried again a few times: every operation is one transaction, rolled back on failure."""
         with self._lock:
             if self._read_only:
                 return self._read(operation)
-            try:
+            for attempt in range(_BUSY_RETRIES + 1):
                 try:
-                    return operation(self._database())
-                except sqlite3.DatabaseError as exc:
-                    if self._memory or not _is_corruption(exc):
-                        raise
-                    self._discard_corrupt_file(exc)
-                    return operation(self._database())
-            except sqlite3.Error as exc:
-                raise CacheError(f"artifact cache {os.fspath(self.path)}: {exc}") from exc
+                    try:
+                        return operation(self._database())
+                    except sqlite3.DatabaseError as exc:
+                        if self._memory or not _is_corruption(exc):
+                            raise
+                        self._discard_corrupt_file(exc)
+                        return operation(self._database())
+                except sqlite3.Error as exc:
+                    if _is_busy(exc) and attempt < _BUSY_RETRIES:
+                        time.sleep(_BUSY_BACKOFF_S * 2**attempt * (1 + random.random()))
+                        continue
+                    raise CacheError(f"artifact cache {os.fspath(self.path)}: {exc}") from exc
+            raise AssertionError("unreachable")
 
     def _read(self, operation: Callable[[Database], _T]) -> _T:
         """Read-only: run ``operation``; with an immutable connection, again if a writer changed the file."""
@@ -672,6 +681,13 @@ def _as_int(value: object) -> object:
         return int(value)  # type: ignore[call-overload]
     except (TypeError, ValueError):
         return value
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
 
 
 def _is_corruption(exc: sqlite3.DatabaseError) -> bool:

@@ -269,6 +269,39 @@ def _compile_worker(db_file: str, log_file: str, error_dir: str, keys: list[str]
         raise
 
 
+def test_a_lock_reported_busy_at_once_is_tried_again_then_named(cache_file: Path, monkeypatch) -> None:
+    """SQLite answers some lock conflicts with SQLITE_BUSY without waiting on busy_timeout (where waiting could
+    deadlock, or during another process's WAL recovery): the operation, one transaction, runs again after a short
+    backoff; a lock that stays busy is a CacheError naming the cache."""
+    cache = ArtifactCache(cache_file)
+    cache.store([("k", "kernel_k", {})], b"binary", "cubin")
+    monkeypatch.setattr(store.time, "sleep", lambda seconds: None)
+    calls = []
+
+    def flaky(db):
+        calls.append(1)
+        if len(calls) < 3:
+            raise sqlite3.OperationalError("database is locked")
+        return cache._lookup(db, "k")
+
+    assert cache._with_recovery(flaky).name == "kernel_k" and len(calls) == 3
+
+    def always_busy(db):
+        raise sqlite3.OperationalError("database is locked")
+
+    with pytest.raises(CacheError, match=r"artifact cache .*: database is locked"):
+        cache._with_recovery(always_busy)
+
+    def other_failure(db):
+        calls.append(1)
+        raise sqlite3.OperationalError("no such table: nothing")
+
+    calls.clear()
+    with pytest.raises(CacheError, match="no such table"):
+        cache._with_recovery(other_failure)
+    assert len(calls) == 1  # only a busy lock is tried again
+
+
 def test_concurrent_processes_compile_each_key_once(tmp_path: Path) -> None:
     db_file, log_file, error_dir = tmp_path / "shared.db", tmp_path / "compiles.log", tmp_path / "errors"
     error_dir.mkdir()
