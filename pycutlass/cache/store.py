@@ -54,7 +54,7 @@ _CONNECT_TIMEOUT_S = 60
 # busy_timeout first, so that switching to WAL also waits for other processes instead of failing.
 _PRAGMAS = ("PRAGMA busy_timeout=60000", "PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL")
 _CLAIM_POLL_MIN_S = 0.02
-_BUSY_RETRIES = 5  # a lock reported busy at once (not after busy_timeout): tried again after 0.05-3 s in all
+_BUSY_RETRIES = 5  # a lock reported busy at once (not after busy_timeout): tried again, backing off 1.5-3.1 s in all
 _BUSY_BACKOFF_S = 0.05
 _CLAIM_POLL_MAX_S = 0.2
 # Primary SQLite result codes meaning "the file is damaged or is not a database at all".
