@@ -260,7 +260,7 @@ class _Tuner:
         return op, row
 
     def tune(self, problem, *, retune: bool = False) -> TuneResult:
-        self._check_kind(problem)
+        check_problem_kind(self.operations, problem)
         key = self.key(problem)
         if not retune:
             hit = self.cached(key)
@@ -275,9 +275,6 @@ class _Tuner:
         best = min(good, key=good.get)
         self.db.put_tuning(key, best, self.params.get(best, {}), good[best], policy_name(self.policy), len(ready))
         return TuneResult(self.by_name[best], good[best], key, False, len(ready), timings, self.op_class)
-
-    def _check_kind(self, problem) -> None:
-        check_problem_kind(self.operations, problem)
 
     def candidates_for(self, problem) -> list:
         """What tuning ``problem`` compiles and times: the ``top_k`` best-ranked candidates, then those already in

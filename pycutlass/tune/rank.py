@@ -560,10 +560,14 @@ def rank(points, problem, device=None, history=None, *, sm_count: int | None = N
             for index, value in enumerate(theirs):
                 if value is None:
                     seconds[index] *= scale
+    flops_of = {}  # by convolution kind (one entry for every other problem)
     scored = []
     for index, (item, config) in enumerate(zip(items, configs)):
         peak = dev.peak_flops_16bit * _PEAK_SCALE.get(config.a_bits, 1.0)
-        flops = sum(2.0 * M * N * K * batch for M, N, K, batch in gemm_groups(problem, config.conv_kind))
+        flops = flops_of.get(config.conv_kind)
+        if flops is None:
+            flops = flops_of[config.conv_kind] = sum(2.0 * M * N * K * batch for M, N, K, batch in
+                                                     gemm_groups(problem, config.conv_kind))
         scored.append([item, flops / seconds[index] / peak, reasons[index], index])
     # measured history is read for GEMM shapes (nearby shapes: within 2x in M, N and K)
     measured = history_scores(_history_rows(history), filter(None, map(_name_of, items)), problem) \
